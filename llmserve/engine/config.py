@@ -1,0 +1,102 @@
+"""Engine configuration: one typed object, validated once, passed down."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DTYPES = ("fp32", "bf16", "int8")
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "fp32", "bfloat16": "bf16",
+                  "fp32": "fp32", "bf16": "bf16", "int8": "int8"}
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """vLLM-style ``speculative_config``."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    model: str | None = None
+    # Stop speculating for a request whose recent acceptance rate falls below this.
+    min_acceptance: float = 0.25
+    # Skip speculation when this many requests are decoding (compute-bound already).
+    max_batch_for_spec: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft"):
+            raise ValueError(f"speculative method must be 'ngram' or 'draft', got {self.method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.method == "draft" and not self.model:
+            raise ValueError("draft speculation needs 'model'")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
+        if d is None or isinstance(d, SpeculativeConfig):
+            return d
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys: {sorted(unknown)}")
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "SmolLM2-135M-Instruct"
+    dtype: str = "fp32"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None  # used when num_kv_blocks is not given
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int | None = None
+    threads: int | None = None
+    batch_min_share: float = 0.1
+    speculative_config: SpeculativeConfig | dict | None = None
+    model_store: str | None = None
+    served_model_name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        d = _DTYPE_ALIASES.get(str(self.dtype).lower())
+        if d is None:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        self.dtype = d
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be at least 1")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be at least 1")
+        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int) -> int:
+        """Blocks in the pool: explicit, from a memory budget, or enough for a full batch.
+
+        The default (no count, no budget) sizes the pool for ``max_num_seqs`` requests
+        of 1/4 context each, at least one full context, at most 2 GiB.
+        """
+        bs = self.block_size
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        if self.kv_cache_memory_bytes is not None:
+            n = self.kv_cache_memory_bytes // (kv_bytes_per_token * bs)
+            if n < 1:
+                raise ValueError("kv_cache_memory_bytes is smaller than one KV block")
+            return int(n)
+        want_tokens = max(max_model_len, self.max_num_seqs * max_model_len // 4)
+        cap_tokens = (2 << 30) // kv_bytes_per_token
+        return max(1, -(-min(want_tokens, cap_tokens) // bs))

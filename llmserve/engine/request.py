@@ -1,0 +1,102 @@
+"""A request's token state as the scheduler and runner see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from llmserve.engine.sampling_params import SamplingParams
+
+REALTIME = 0
+BATCH = 1
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.finished else None
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+             RequestStatus.FINISHED_ABORTED}
+
+
+def parse_priority(value: int | str | None) -> int:
+    """``"realtime"`` → 0, ``"batch"`` → 1, integers as given (lower runs first)."""
+    if value is None:
+        return REALTIME
+    if isinstance(value, bool):
+        raise ValueError("priority must be 'realtime', 'batch' or an integer")
+    if isinstance(value, int):
+        return value
+    names = {"realtime": REALTIME, "batch": BATCH}
+    if isinstance(value, str) and value.lower() in names:
+        return names[value.lower()]
+    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated.
+
+    There is no prefill or decode phase: the request has ``num_tokens`` tokens and
+    ``num_computed_tokens`` of them have KV in the cache; each step computes some of
+    the rest. ``spec_token_ids`` are draft tokens proposed for the next step; they are
+    not part of ``all_token_ids`` until accepted.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int
+    arrival_time: float = 0.0
+    priority: int = REALTIME
+    cache_salt: str | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    first_scheduled_time: float | None = None
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def is_batch_class(self) -> bool:
+        return self.priority > REALTIME

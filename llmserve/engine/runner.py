@@ -1,0 +1,79 @@
+"""Turns a scheduler plan into tensors, runs the model, returns logits for sampling rows.
+
+Tokens of one step are laid out group by group (requests with the same number of
+new tokens are adjacent, decodes first), so attention can batch each group while
+the matrix products see one flat, unpadded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.scheduler import ScheduledRequest, SchedulerOutput
+from llmserve.models.attention import AttentionMetadata, build_group
+from llmserve.models.llama import LlamaForCausalLM
+
+
+@dataclass(slots=True)
+class RunOutput:
+    logits: torch.Tensor  # [num_sample_rows, vocab]
+    # request_id -> (first row in logits, number of rows): 1 + number of draft tokens
+    rows: dict[str, tuple[int, int]]
+    forward_seconds: float = 0.0
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype = torch.float32) -> None:
+        self.model = model
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.kv_caches = model.allocate_kv_cache(kv.num_blocks, kv.block_size, kv_dtype)
+        self.n_rep = model.num_heads // model.num_kv_heads
+
+    def execute(self, plan: SchedulerOutput) -> RunOutput:
+        bs = self.block_size
+        by_len: dict[int, list[ScheduledRequest]] = {}
+        for s in plan.scheduled:
+            by_len.setdefault(s.num_tokens + len(s.spec_token_ids), []).append(s)
+
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        groups = []
+        sample_rows: list[int] = []
+        rows: dict[str, tuple[int, int]] = {}
+        for q_len in sorted(by_len):
+            members = by_len[q_len]
+            start = len(ids)
+            ctx_lens, tables = [], []
+            for s in members:
+                req = s.request
+                c = req.num_computed_tokens
+                tokens = req.all_token_ids[c:c + s.num_tokens] + s.spec_token_ids
+                table = self.kv.block_ids(req.request_id)
+                pos = torch.arange(c, c + q_len)
+                bt = torch.tensor(table, dtype=torch.long)
+                positions.append(pos)
+                slots.append(bt[pos // bs] * bs + pos % bs)
+                row0 = len(ids)
+                ids.extend(tokens)
+                ctx_lens.append(c + q_len)
+                tables.append(table)
+                if s.sample:
+                    n_rows = 1 + len(s.spec_token_ids)
+                    rows[req.request_id] = (len(sample_rows), n_rows)
+                    sample_rows.extend(range(row0 + q_len - n_rows, row0 + q_len))
+            groups.append(build_group(start, q_len, ctx_lens, tables, bs, self.n_rep))
+
+        meta = AttentionMetadata(torch.cat(slots), groups)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        pos_t = torch.cat(positions)
+        hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
+        else:
+            logits = torch.empty(0, self.model.config.vocab_size)
+        return RunOutput(logits, rows)

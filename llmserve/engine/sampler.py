@@ -1,0 +1,117 @@
+"""Turn logits into tokens: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+
+``process`` produces the distribution a row actually samples from; speculative
+decoding's rejection sampler reuses it so that speculation changes nothing about
+what is sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmserve.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]  # tokens generated so far (before this row's position)
+    generator: torch.Generator | None
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+def apply_penalties(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
+    """Repetition (prompt + output, HF's rule), presence and frequency (output only, OpenAI's)."""
+    p = row.params
+    v = logits.shape[-1]
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long)
+        seen = seen[seen < v]
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
+        out = torch.tensor(row.output_ids, dtype=torch.long)
+        counts = torch.bincount(out[out < v], minlength=v).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def process(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
+    """One row's final sampling distribution (probabilities) — or its penalised logits if greedy."""
+    p = row.params
+    logits = logits.float().clone()
+    if p.needs_penalties:
+        apply_penalties(logits, row)
+    if p.greedy:
+        return logits
+    logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        drop = (cum - sorted_p) >= p.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop[0] = False
+        probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
+    if p.min_p > 0.0:
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    return probs / probs.sum()
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+class Sampler:
+    """Samples one token per row; seeded rows use their own generator."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.generator = torch.Generator()
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        else:
+            self.generator.seed()
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
+        out: list[SampledToken] = []
+        need_lp = any(r.params.logprobs is not None for r in rows)
+        logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
+        greedy_fast = all(r.params.greedy and not r.params.needs_penalties for r in rows)
+        if greedy_fast:
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = []
+            for i, row in enumerate(rows):
+                dist = process(logits[i], row)
+                if row.params.greedy:
+                    tokens.append(int(dist.argmax().item()))
+                else:
+                    tokens.append(draw(dist, row.generator or self.generator))
+        for i, (tok, row) in enumerate(zip(tokens, rows)):
+            out.append(self.describe(tok, row, logprobs[i] if logprobs is not None else None))
+        return out
+
+    @staticmethod
+    def describe(tok: int, row: SampleRow, logprobs: torch.Tensor | None) -> SampledToken:
+        """Attach the model's (raw) logprob of the chosen token and the top-n alternatives."""
+        n = row.params.logprobs
+        if logprobs is None or n is None:
+            return SampledToken(tok)
+        top = []
+        if n > 0:
+            vals, idx = torch.topk(logprobs, n)
+            top = list(zip(idx.tolist(), vals.tolist()))
+        return SampledToken(tok, float(logprobs[tok].item()), top)

@@ -1,0 +1,79 @@
+"""Per-request sampling parameters, shaped like vLLM's so users feel at home."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How one request turns logits into tokens and when it stops.
+
+    ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k.
+    ``max_tokens=None`` means "up to the model's context".
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+               f"must be at least 1, got {self.max_tokens}")
+        _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, "top_k", f"must be -1 (disabled) or positive, got {self.top_k}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+               f"must be in [-2, 2], got {self.presence_penalty}")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+               f"must be in [-2, 2], got {self.frequency_penalty}")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty",
+               f"must be positive, got {self.repetition_penalty}")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+               f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+class InvalidParameterError(ValueError):
+    """A request parameter is out of range; ``param`` names it (OpenAI's error ``param``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param} {message}")
+        self.param = param
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidParameterError(param, message)

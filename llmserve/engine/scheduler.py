@@ -1,0 +1,262 @@
+"""The iteration-level scheduler: a pure planner over requests and KV blocks.
+
+Each step hands out a token budget ``{request_id: n}``. There is no prefill or
+decode phase: a request needs ``num_tokens - num_computed_tokens`` tokens (plus any
+draft tokens), and gets as many as the budget allows, so a long prompt is split
+into chunks that share a forward pass with decoding requests. No torch, no I/O:
+``schedule()`` plans, ``update_from_output()`` applies what the model produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    # Share of scheduled tokens guaranteed to lower-priority (batch) requests when
+    # they have work; below it they are served first for a step.
+    batch_min_share: float = 0.1
+    # Smoothing of the per-class token accounting behind ``batch_min_share``.
+    share_decay: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if not 0.0 <= self.batch_min_share < 1.0:
+            raise ValueError("batch_min_share must be in [0, 1)")
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_tokens: int  # tokens of all_token_ids computed this step (spec tokens excluded)
+    spec_token_ids: list[int]
+    # True when this step reaches the end of the known tokens, so logits are sampled.
+    sample: bool
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    total_tokens: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Waiting and running queues, priority order, budget and preemption."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._tokens_by_class = [0.0, 0.0]  # decayed tokens: [realtime, batch]
+
+    # ---- queue management ------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError at once if it could never run."""
+        cap = min(self.config.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        need = request.num_prompt_tokens + request.max_tokens
+        if request.num_prompt_tokens == 0:
+            raise ValueError("the prompt is empty")
+        if need > cap:
+            raise ValueError(
+                f"this request needs {need} tokens ({request.num_prompt_tokens} in the prompt + "
+                f"{request.max_tokens} max_tokens) but at most {cap} fit "
+                f"(max_model_len {self.config.max_model_len}, KV pool "
+                f"{self.kv.num_blocks * self.kv.block_size} tokens)")
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request from outside (stop string, abort); frees its blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        self.kv.free(req)
+        return req
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- planning ------------------------------------------------------------------
+    def _order_key(self, batch_first: bool):
+        def key(r: Request):
+            cls = r.is_batch_class
+            return ((0 if cls else 1) if batch_first else 0, r.priority, r.arrival_time)
+        return key
+
+    def _batch_starved(self) -> bool:
+        share = self.config.batch_min_share
+        if share <= 0.0:
+            return False
+        has_batch = any(r.is_batch_class for r in self.waiting) or any(r.is_batch_class for r in self.running)
+        has_rt = any(not r.is_batch_class for r in self.waiting) or any(not r.is_batch_class for r in self.running)
+        if not (has_batch and has_rt):
+            return False
+        rt, batch = self._tokens_by_class
+        return batch < share * (rt + batch)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        key = self._order_key(self._batch_starved())
+        scheduled: dict[str, ScheduledRequest] = {}
+
+        # Running requests first, in priority order; preempt when blocks run out.
+        self.running.sort(key=key)
+        queue = list(self.running)
+        while queue and budget > 0:
+            req = queue.pop(0)
+            if req not in self.running:
+                continue  # preempted as a victim earlier in this loop
+            n = req.num_tokens - req.num_computed_tokens
+            n = min(n, budget)
+            spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
+            spec = spec[:max(0, budget - n)]
+            while not self.kv.allocate_slots(req, n + len(spec)):
+                victim = self._pick_victim(exclude=None)
+                if victim is req and spec:
+                    spec = []  # first try without the draft tokens
+                    continue
+                self._preempt(victim, scheduled, out)
+                if victim in queue:
+                    queue.remove(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = ScheduledRequest(
+                    req, n, list(spec), req.num_computed_tokens + n == req.num_tokens)
+            budget = self.config.max_num_batched_tokens - sum(
+                s.num_tokens + len(s.spec_token_ids) for s in scheduled.values())
+
+        # Then waiting requests, while there are budget and sequence slots.
+        if not out.preempted:
+            self.waiting.sort(key=key)
+            for req in list(self.waiting):
+                if budget <= 0:
+                    break
+                if len(self.running) >= self.config.max_num_seqs:
+                    if not self._preempt_for(req, scheduled, out):
+                        break
+                hits, num_hit = ([], 0)
+                if req.num_computed_tokens == 0:
+                    hits, num_hit = self.kv.get_computed_blocks(req)
+                n = min(req.num_tokens - num_hit, budget)
+                saved = req.num_computed_tokens
+                req.num_computed_tokens = num_hit
+                ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
+                if not ok and self._preempt_for(req, scheduled, out):
+                    ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
+                if not ok:
+                    req.num_computed_tokens = saved
+                    break  # keep priority order: do not let later requests jump ahead
+                self.kv.record_prefix_lookup(req.num_tokens, num_hit)
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = num_hit
+                self.waiting.remove(req)
+                self.running.append(req)
+                req.status = RequestStatus.RUNNING
+                scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
+                budget -= n
+
+        out.scheduled = list(scheduled.values())
+        out.total_tokens = sum(s.num_tokens + len(s.spec_token_ids) for s in out.scheduled)
+        self._account(out)
+        return out
+
+    def _account(self, out: SchedulerOutput) -> None:
+        d = self.config.share_decay
+        rt = sum(s.num_tokens for s in out.scheduled if not s.request.is_batch_class)
+        b = out.total_tokens - rt
+        self._tokens_by_class = [self._tokens_by_class[0] * d + rt, self._tokens_by_class[1] * d + b]
+
+    def _pick_victim(self, exclude: Request | None) -> Request:
+        """Lowest priority first (largest number), then the latest arrival."""
+        cands = [r for r in self.running if r is not exclude]
+        return max(cands, key=lambda r: (r.priority, r.arrival_time))
+
+    def _preempt_for(self, req: Request, scheduled: dict, out: SchedulerOutput) -> bool:
+        """Preempt one running request of strictly lower priority than ``req``, if any."""
+        lower = [r for r in self.running if r.priority > req.priority]
+        if not lower:
+            return False
+        self._preempt(max(lower, key=lambda r: (r.priority, r.arrival_time)), scheduled, out)
+        return True
+
+    def _preempt(self, victim: Request, scheduled: dict, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        scheduled.pop(victim.request_id, None)
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.spec_token_ids = []
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.insert(0, victim)
+        out.preempted.append(victim)
+
+    # ---- applying the model's output -------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: dict[str, list[int]]) -> list[Request]:
+        """Append sampled tokens, advance computed counts, finish and free.
+
+        ``sampled[request_id]`` holds the tokens produced for a request that sampled
+        this step: the accepted draft tokens followed by one new token. Returns the
+        requests that finished.
+        """
+        finished = []
+        for s in out.scheduled:
+            req = s.request
+            if req.is_finished or req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += s.num_tokens
+            req.spec_token_ids = []
+            if s.sample:
+                new = sampled.get(req.request_id, [])
+                # Accepted drafts already have KV: count them as computed.
+                req.num_computed_tokens += max(0, len(new) - 1)
+                status = self._append(req, new)
+                if status is not None:
+                    self.finish_request(req.request_id, status)
+                    finished.append(req)
+                    continue
+                # Drop blocks reserved for drafts that were rejected.
+                self.kv.trim(req, req.num_tokens)
+            self.kv.cache_computed_blocks(req)
+        return finished
+
+    def _append(self, req: Request, new: list[int]) -> RequestStatus | None:
+        sp = req.sampling_params
+        for tok in new:
+            req.all_token_ids.append(tok)
+            if (tok in req.eos_token_ids and not sp.ignore_eos) or tok in sp.stop_token_ids:
+                req.stop_reason = tok if tok in sp.stop_token_ids else None
+                return RequestStatus.FINISHED_STOPPED
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+                return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,80 @@
+"""Engine counters and recent-window rates (busy fraction, tokens/s).
+
+The server's Prometheus layer subscribes as a listener; the ``/load`` report reads
+``window()``. Plain Python, no locks: only the engine thread writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Protocol
+
+
+class StatsListener(Protocol):
+    def on_first_token(self, ttft: float, queue_time: float) -> None: ...
+    def on_tokens(self, n: int, gap: float | None) -> None: ...
+    def on_finished(self, reason: str, e2e: float, prompt_tokens: int, output_tokens: int) -> None: ...
+
+
+class EngineStats:
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: dict[str, int] = {}
+        self.num_steps = 0
+        self._steps: deque[tuple[float, float, int, int]] = deque()  # start, end, tokens, generated
+        self._last_token_time: dict[str, float] = {}
+        self.listeners: list[StatsListener] = []
+
+    def on_arrival(self, req) -> None:
+        pass
+
+    def on_first_scheduled(self, req, now: float) -> None:
+        pass
+
+    def on_step(self, t0: float, t1: float, plan) -> None:
+        self.num_steps += 1
+        gen = sum(1 for s in plan.scheduled if s.sample)
+        self._steps.append((t0, t1, plan.total_tokens, gen))
+        cutoff = t1 - self.window_s
+        while self._steps and self._steps[0][1] < cutoff:
+            self._steps.popleft()
+        self.prompt_tokens += sum(
+            max(0, min(s.request.num_prompt_tokens, s.request.num_computed_tokens + s.num_tokens)
+                - s.request.num_computed_tokens) for s in plan.scheduled)
+
+    def on_first_token(self, req, now: float) -> None:
+        for lst in self.listeners:
+            lst.on_first_token(now - req.arrival_time, 0.0)
+
+    def on_tokens(self, req, n: int, now: float) -> None:
+        self.generation_tokens += n
+        prev = self._last_token_time.get(req.request_id)
+        self._last_token_time[req.request_id] = now
+        for lst in self.listeners:
+            lst.on_tokens(n, None if prev is None else now - prev)
+
+    def on_finished(self, req, reason: str | None, metrics) -> None:
+        reason = reason or "abort"
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        self._last_token_time.pop(req.request_id, None)
+        e2e = (metrics.finished_time or time.monotonic()) - metrics.arrival_time
+        for lst in self.listeners:
+            lst.on_finished(reason, e2e, req.num_prompt_tokens, req.num_output_tokens)
+
+    def window(self, now: float | None = None) -> dict[str, Any]:
+        """Busy fraction and throughput over the last ``window_s`` seconds."""
+        now = time.monotonic() if now is None else now
+        start = now - self.window_s
+        busy = tokens = gen = 0.0
+        for t0, t1, n, g in self._steps:
+            if t1 < start:
+                continue
+            busy += t1 - max(t0, start)
+            tokens += n
+            gen += g
+        span = self.window_s
+        return {"busy_fraction": min(1.0, busy / span), "tokens_per_s": tokens / span,
+                "generation_tokens_per_s": gen / span}

@@ -1,0 +1,74 @@
+"""Attention over a paged KV pool.
+
+The KV pool of a layer is one tensor of ``num_slots = num_blocks * block_size`` rows;
+token ``t`` of a request lives in row ``block_table[t // bs] * bs + t % bs``. Each step
+writes the new tokens' K/V to their slots, then attends per *group*: requests with
+the same number of query tokens (all decodes form one group) share one batched
+``scaled_dot_product_attention`` call over their gathered, padded contexts. The
+gather indices and masks are built once per step and reused by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttnGroup:
+    start: int  # first token row of the group in the flat batch
+    num_seqs: int
+    q_len: int
+    kv_index: torch.Tensor  # [B, Lk] slot ids of each sequence's context (padded)
+    mask: torch.Tensor  # [B, 1, n_rep * q_len, Lk] True where attention is allowed
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] slot of each new token
+    groups: list[AttnGroup] = field(default_factory=list)
+
+
+def build_group(start: int, q_len: int, context_lens: list[int], block_tables: list[list[int]],
+                block_size: int, n_rep: int) -> AttnGroup:
+    """Gather indices and causal masks for sequences whose last ``q_len`` tokens are new."""
+    b = len(context_lens)
+    lk = max(context_lens)
+    pos = torch.arange(lk)
+    blocks = torch.zeros(b, -(-lk // block_size), dtype=torch.long)
+    for i, bt in enumerate(block_tables):
+        n = min(len(bt), blocks.shape[1])
+        blocks[i, :n] = torch.tensor(bt[:n], dtype=torch.long)
+    kv_index = blocks[:, pos // block_size] * block_size + (pos % block_size)
+    ctx = torch.tensor(context_lens).view(b, 1, 1)
+    # query i of a sequence sits at absolute position ctx - q_len + i
+    q_pos = ctx - q_len + torch.arange(q_len).view(1, q_len, 1)
+    mask = pos.view(1, 1, lk) <= q_pos  # also masks padding: pos > q_pos >= ... < ctx
+    mask = mask.unsqueeze(1).repeat(1, 1, n_rep, 1)
+    return AttnGroup(start, b, q_len, kv_index, mask)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, KVH, D]; caches: [S, KVH, D]. Returns [T, H * D]."""
+    t, h, d = q.shape
+    kvh = k.shape[1]
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    out = torch.empty(t, h * d, dtype=q.dtype)
+    for g in meta.groups:
+        b, lq = g.num_seqs, g.q_len
+        rows = slice(g.start, g.start + b * lq)
+        # Fold the query heads that share a KV head into the query-length axis, so
+        # grouped-query attention needs no copy of K/V per query head.
+        qg = q[rows].view(b, lq, h, d).permute(0, 2, 1, 3).reshape(b, kvh, (h // kvh) * lq, d)
+        kg = k_cache[g.kv_index].permute(0, 2, 1, 3)
+        vg = v_cache[g.kv_index].permute(0, 2, 1, 3)
+        if kg.dtype != qg.dtype:
+            kg, vg = kg.to(qg.dtype), vg.to(qg.dtype)
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+        out[rows] = o.reshape(b, h, lq, d).permute(0, 2, 1, 3).reshape(b * lq, h * d)
+    return out

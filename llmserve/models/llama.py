@@ -1,0 +1,92 @@
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV pool.
+
+Weights come in Hugging Face names and layout (see ``llmserve.models.loader``). The
+model works on a flat batch of tokens ``[T]`` from many requests at once: matrix
+products see no padding; only attention is grouped (``llmserve.models.attention``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from llmserve.models.attention import AttentionMetadata, paged_attention
+from llmserve.models.config import ModelConfig
+from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
+from llmserve.models.rope import RotaryEmbedding
+
+
+class _Layer:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory) -> None:
+        p = f"model.layers.{i}."
+        self.input_norm = w[p + "input_layernorm.weight"].float()
+        self.post_norm = w[p + "post_attention_layernorm.weight"].float()
+        self.qkv: LinearLayer = linear(torch.cat([w[p + "self_attn.q_proj.weight"],
+                                                  w[p + "self_attn.k_proj.weight"],
+                                                  w[p + "self_attn.v_proj.weight"]]))
+        self.o: LinearLayer = linear(w[p + "self_attn.o_proj.weight"])
+        self.gate_up: LinearLayer = linear(torch.cat([w[p + "mlp.gate_proj.weight"],
+                                                      w[p + "mlp.up_proj.weight"]]))
+        self.down: LinearLayer = linear(w[p + "mlp.down_proj.weight"])
+
+
+class LlamaForCausalLM:
+    """Inference-only forward pass; holds no KV state of its own."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 linear: LinearFactory | None = None) -> None:
+        linear = linear or dense_factory()
+        self.config = config
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.eps = c.rms_norm_eps
+        missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in weights]
+        if missing:
+            raise ValueError(f"model weights lack {missing}")
+        self.embed = weights["model.embed_tokens.weight"].float()
+        self.layers = [_Layer(c, weights, i, linear) for i in range(c.num_hidden_layers)]
+        self.norm = weights["model.norm.weight"].float()
+        head = weights.get("lm_head.weight")
+        if head is None or c.tie_word_embeddings:
+            head = self.embed
+        self.lm_head: LinearLayer = linear(head)
+        self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm, for every input token."""
+        t = input_ids.shape[0]
+        x = self.embed[input_ids]
+        cos, sin = self.rope.tables(positions)
+        for layer, (kc, vc) in zip(self.layers, kv_caches):
+            h = self._rms(x, layer.input_norm)
+            qkv = layer.qkv(h)
+            q = qkv[:, :self.q_size].view(t, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+            q = self.rope.apply(q, cos, sin)
+            k = self.rope.apply(k, cos, sin)
+            x = x + layer.o(paged_attention(q, k, v, kc, vc, meta, self.scale))
+            h = self._rms(x, layer.post_norm)
+            gu = layer.gate_up(h)
+            g, u = gu.chunk(2, dim=-1)
+            x = x + layer.down(F.silu(g) * u)
+        return x
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and output head for the rows that sample only."""
+        return self.lm_head(self._rms(hidden, self.norm)).float()
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks * block_size, self.num_kv_heads, self.head_dim)
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+                for _ in range(self.config.num_hidden_layers)]
