@@ -66,6 +66,34 @@ class ModelConfig:
             name=name,
         )
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A Hugging Face ``config.json`` dictionary (a ``LlamaConfig``) for this model.
+
+        ``from_hf_dict(to_hf_dict())`` round-trips every field except ``name``.
+        """
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id),
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
+
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes of K and V one token occupies across all layers."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes

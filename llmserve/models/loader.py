@@ -32,3 +32,47 @@ class WeightLoader(Protocol):
 
 class ModelLoadError(ValueError):
     """A model file or folder is missing, truncated, corrupt or unsupported."""
+
+
+def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama-family model needs, by HF name, with its shape."""
+    c = config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+            p + "self_attn.q_proj.weight": (q, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        })
+    return shapes
+
+
+def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Raise ``ModelLoadError`` unless ``weights`` has every tensor the config implies, shaped right.
+
+    Loaders call this so that a checkpoint that does not match its config fails
+    here, naming the file and the tensor, instead of deep inside the model.
+    Extra tensors (biases, rotary caches) are allowed.
+    """
+    expected = expected_weight_shapes(config)
+    missing = [n for n in expected if n not in weights]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{source}: missing tensors {missing[:5]}{more}")
+    for name, shape in expected.items():
+        got = tuple(weights[name].shape)
+        if got != shape:
+            raise ModelLoadError(f"{source}: tensor {name} has shape {got}, config implies {shape}")

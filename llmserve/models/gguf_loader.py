@@ -1,0 +1,222 @@
+"""GGUF loader: llama.cpp's single-file format, dequantized to fp32 under HF names.
+
+Three things differ from a Hugging Face checkpoint and are undone here:
+
+- names: ``blk.{i}.attn_q.weight`` instead of ``model.layers.{i}.self_attn.q_proj.weight``;
+- shapes: GGUF lists dimensions fastest-first (``ne``), the reverse of torch;
+- Q and K rows: llama.cpp's ``convert_hf_to_gguf.py`` permutes the rows of
+  ``attn_q``/``attn_k`` from HF's "rotate half" RoPE layout to GGML's interleaved
+  one. We apply the inverse (as ``transformers``' ``LlamaTensorProcessor`` does),
+  so the model code sees exactly what ``transformers`` would load.
+
+A GGUF file is untrusted input: any failure while parsing it becomes a
+``ModelLoadError`` that names the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmserve.models.config import ModelConfig
+from llmserve.models.loader import ModelLoadError, check_weights
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+GGUF_MAGIC = b"GGUF"
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None when it has no Llama counterpart."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (GGML interleaved RoPE → HF rotate-half).
+
+    llama.cpp viewed each head's rows as (2, head_dim/2) and swapped the axes; we
+    view them as (head_dim/2, 2) and swap back. Works for weights and biases.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _open(path: Path) -> Any:
+    import gguf  # deferred: importing it costs ~0.3 s and only this loader needs it
+
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as e:  # the reader fails in many ways on a truncated or corrupt file
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _fields(reader: Any, path: Path) -> dict[str, Any]:
+    """Scalar and string metadata; large arrays (token lists) are skipped, their length kept."""
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0].name == "ARRAY" and len(field.data) > 16:
+            out[key + "#len"] = len(field.data)
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception as e:
+            raise ModelLoadError(f"{path}: unreadable metadata field {key!r} ({e})") from e
+    return out
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    """HF ``rope_scaling`` from ``{arch}.rope.scaling.*`` (or the old ``rope.scale_linear``)."""
+    p = f"{arch}.rope."
+    kind = meta.get(p + "scaling.type")
+    factor = meta.get(p + "scaling.factor")
+    if kind is None and meta.get(p + "scale_linear") is not None:
+        kind, factor = "linear", meta[p + "scale_linear"]
+    if kind in (None, "none"):
+        return None
+    out: dict[str, Any] = {"rope_type": str(kind)}
+    for gguf_key, hf_key in (("scaling.factor", "factor"),
+                             ("scaling.original_context_length", "original_max_position_embeddings"),
+                             ("scaling.attn_factor", "attention_factor"),
+                             ("scaling.yarn_beta_fast", "beta_fast"),
+                             ("scaling.yarn_beta_slow", "beta_slow")):
+        if (v := meta.get(p + gguf_key)) is not None:
+            out[hf_key] = v
+    if factor is not None:
+        out["factor"] = float(factor)
+    return out
+
+
+def config_from_reader(reader: Any, path: Path) -> ModelConfig:
+    """Build a ``ModelConfig`` from GGUF metadata and tensor shapes."""
+    meta = _fields(reader, path)
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
+    names = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs, Llama 3.1-style scaling) "
+                             "are not supported")
+
+    def need(key: str) -> Any:
+        if (v := meta.get(f"{arch}.{key}")) is None:
+            raise ModelLoadError(f"{path}: missing metadata {arch}.{key}")
+        return v
+
+    hidden, n_head = int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // n_head)
+    rope_dim = meta.get(f"{arch}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ModelLoadError(f"{path}: partial rotary embedding (rope dim {rope_dim} < head dim {head_dim}) "
+                             "is not supported")
+    # The embedding's rows are the model's vocabulary (it may be padded past the tokenizer's).
+    embd = names.get("token_embd.weight")
+    vocab = int(embd.shape[-1]) if embd is not None else meta.get("tokenizer.ggml.tokens#len")
+    if not vocab:
+        raise ModelLoadError(f"{path}: cannot tell the vocabulary size (no token_embd.weight, no tokens)")
+    eos = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                  "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    try:
+        return ModelConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(need("feed_forward_length")),
+            num_hidden_layers=int(need("block_count")),
+            num_attention_heads=n_head,
+            num_key_value_heads=int(meta.get(f"{arch}.attention.head_count_kv") or n_head),
+            head_dim=head_dim,
+            rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(meta, arch),
+            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+            tie_word_embeddings="output.weight" not in names,
+            bos_token_id=int(bos) if bos is not None else None,
+            eos_token_id=list(dict.fromkeys(eos)),
+            name=path.stem,
+        )
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{path}: invalid model metadata ({e})") from e
+
+
+def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
+    """One GGUF tensor as an fp32 torch tensor in torch's dimension order."""
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # ne is fastest-first
+    try:
+        # A plain ndarray view: numpy.memmap slicing overhead dominates otherwise.
+        arr = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot decode tensor {tensor.name} "
+                             f"({tensor.tensor_type.name}, shape {shape}): {e}") from e
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, copy=True)  # detach from the read-only memory map
+    return torch.from_numpy(arr)
+
+
+class GGUFLoader:
+    """``WeightLoader`` for ``.gguf`` files of the Llama architecture."""
+
+    def can_load(self, path: Path) -> bool:
+        return path.is_file() and path.suffix.lower() == ".gguf"
+
+    def read_config(self, path: Path) -> ModelConfig:
+        """The config alone, without dequantizing anything."""
+        return config_from_reader(_open(path), path)
+
+    def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+        reader = _open(path)
+        config = config_from_reader(reader, path)
+        weights: dict[str, torch.Tensor] = {}
+        for tensor in reader.tensors:
+            name = hf_name(tensor.name)
+            if name is None:
+                log.warning("%s: ignoring tensor %s (no Llama counterpart)", path, tensor.name)
+                continue
+            w = _dequantize(tensor, path)
+            if ".self_attn.q_proj." in name:
+                w = torch.from_numpy(reverse_permute(w.numpy(), config.num_attention_heads).copy())
+            elif ".self_attn.k_proj." in name:
+                w = torch.from_numpy(reverse_permute(w.numpy(), config.num_key_value_heads).copy())
+            # A sum is NaN/inf when any element is (or when weights are absurdly large,
+            # which is as broken): one cheap pass instead of an isfinite mask.
+            if not math.isfinite(w.sum().item()):
+                raise ModelLoadError(f"{path}: tensor {tensor.name} holds NaN or infinite values (corrupt file?)")
+            weights[name] = w
+        check_weights(config, weights, path)
+        return config, weights

@@ -1,0 +1,101 @@
+"""Hugging Face folder loader: ``config.json`` plus one or more ``*.safetensors``.
+
+Tensors keep their HF names; anything not fp32 is converted to fp32, and fp32
+tensors stay memory-mapped (``safetensors`` maps the file), which is what makes
+the GGUF conversion cache fast to reopen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmserve.models.config import ModelConfig
+from llmserve.models.files import read_json
+from llmserve.models.loader import ModelLoadError, check_weights
+
+INDEX = "model.safetensors.index.json"
+# Architectures whose checkpoints are plain Llama: same tensors, same math.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """The ``ModelConfig`` of a HF folder; ``generation_config.json`` may add stop ids."""
+    path = folder / "config.json"
+    try:
+        d: dict[str, Any] = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot read config ({e})") from e
+    model_type = d.get("model_type", "llama")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+    if model_type == "mistral" and d.get("sliding_window"):
+        raise ModelLoadError(f"{path}: sliding-window attention is not supported")
+    try:
+        config = ModelConfig.from_hf_dict(d, name=folder.name)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{path}: invalid config ({type(e).__name__}: {e})") from e
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        try:
+            eos = read_json(gen).get("eos_token_id")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ModelLoadError(f"{gen}: cannot read ({e})") from e
+        extra = [eos] if isinstance(eos, int) else list(eos or [])
+        config.eos_token_id = list(dict.fromkeys([*config.eos_token_id, *extra]))
+    return config
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The shards of a folder: those the index names, else every ``*.safetensors``."""
+    index = folder / INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(read_json(index)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise ModelLoadError(f"{index}: cannot read the shard index ({e})") from e
+        files = [folder / n for n in names]
+        if missing := [f.name for f in files if not f.is_file()]:
+            raise ModelLoadError(f"{index}: names shards that are missing: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        hint = " (pytorch_model.bin is not supported; convert it to safetensors)" \
+            if (folder / "pytorch_model.bin").exists() else ""
+        raise ModelLoadError(f"{folder}: no *.safetensors files{hint}")
+    return files
+
+
+def load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the shards as fp32 on CPU; a bad shard raises naming it."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            shard = load_file(f, device="cpu")
+        except Exception as e:  # SafetensorError, OSError, or a header that does not parse
+            raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({e})") from e
+        for name, t in shard.items():
+            if name in weights:
+                raise ModelLoadError(f"{f}: tensor {name} also appears in another shard")
+            weights[name] = t if t.dtype == torch.float32 else t.float()
+    return weights
+
+
+class HFLoader:
+    """``WeightLoader`` for a Hugging Face Llama folder."""
+
+    def can_load(self, path: Path) -> bool:
+        return path.is_dir() and (path / "config.json").is_file()
+
+    def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+        config = read_hf_config(path)
+        weights = load_safetensors(safetensors_files(path))
+        if config.tie_word_embeddings:
+            # One layout for the model code: a tied head is the embedding, never a copy.
+            weights.pop("lm_head.weight", None)
+        check_weights(config, weights, path)
+        return config, weights
