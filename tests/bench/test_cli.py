@@ -1,0 +1,76 @@
+"""The command line end to end against the fake server: table, JSON, PNG, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from llmserve.bench.cli import add_bench_args, config_from_args, main
+from llmserve.bench.report import compare_rows, load_result
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_bench_args(p)
+    return p.parse_args(argv)
+
+
+def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, capsys):
+    base = ["--base-url", fake_server.url("/ok/v1"), "--num-prompts", "10", "--disable-tqdm",
+            "--random-input-len", "16", "--random-output-len", "4", "--ignore-eos",
+            "--tokenizer", str(tiny_tokenizer_dir), "--batch-share", "0.3",
+            "--goodput", "ttft:10000", "--metric-percentiles", "50,90,99"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(base + ["--save-result", str(a), "--plot", "--label", "A"]) == 0
+    assert main(base + ["--save-result", str(b), "--request-rate", "50", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Serving Benchmark Result" in out and "Per priority class" in out
+
+    data = load_result(a)
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    s = data["summary"]
+    assert s["completed"] == 10 and s["failed"] == 0 and s["total_output_tokens"] == 40
+    assert s["good_completed"] == 10 and "p50_ttft_ms" in s and "p99_e2el_ms" in s
+    assert data["config"]["endpoint"]["model"] == "fake-model"
+    assert data["config"]["load"]["request_rate"] == "inf"
+    assert data["meta"]["token_counts"].startswith("exact")
+    assert len(data["requests"]) == 10 and "chunk_s" in data["requests"][0]
+    assert set(data["per_class"]) == {"batch", "default"}
+    assert data["per_class"]["batch"]["completed"] == 3
+    sent = fake_server.stats.bodies
+    assert sum(body.get("priority") == "batch" for body in sent) == 6  # 3 per run
+    assert all(body["ignore_eos"] for body in sent)
+
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "B / A" in out and "request_throughput" in out and "load config differs" in out
+    rows = {k: (va, vb, r) for k, va, vb, r in compare_rows(data, load_result(b))}
+    assert rows["completed"] == (10, 10, 1.0)
+    va, vb, r = rows["mean_ttft_ms"]
+    assert r == pytest.approx(vb / va)
+
+
+def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys):
+    out_file = tmp_path / "f.json"
+    code = main(["--base-url", fake_server.url("/http500/v1"), "--model", "m", "--num-prompts", "4",
+                 "--disable-tqdm", "--random-input-len", "4", "--save-result", str(out_file)])
+    assert code == 1
+    assert "http_500" in capsys.readouterr().out
+    s = json.loads(out_file.read_text())["summary"]
+    assert s["failed"] == 4 and s["failures_by_kind"] == {"http_500": 4} and s["mean_ttft_ms"] is None
+
+
+def test_model_defaults_to_the_served_one(fake_server):
+    cfg = config_from_args(parse(["--base-url", fake_server.url("/ok/v1")]))
+    assert cfg.endpoint.model == "fake-model"
+
+
+def test_bad_flags_are_rejected():
+    for argv in (["--model", "m", "--request-rate", "0"], ["--model", "m", "--goodput", "x:1"],
+                 ["--model", "m", "--dataset-name", "jsonl"], ["--model", "m", "--batch-share", "2"],
+                 ["--model", "m", "--metric-percentiles", "0"]):
+        with pytest.raises(ValueError):
+            config_from_args(parse(argv))
+    assert main(["--model", "m", "--max-concurrency", "0"]) == 2
