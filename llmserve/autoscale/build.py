@@ -1,0 +1,40 @@
+"""Assemble a pool's scaling stack from its config: the policy, wrapped in bounds."""
+
+from __future__ import annotations
+
+from llmserve.autoscale.bounds import BoundedPolicy
+from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
+from llmserve.autoscale.kpa import KPAPolicy
+from llmserve.autoscale.policy import ScalingPolicy
+from llmserve.autoscale.predictive import PredictivePolicy
+from llmserve.autoscale.static import StaticPolicy
+from llmserve.autoscale.threshold import ThresholdPolicy
+
+
+def build_inner_policy(config: AutoscaleConfig) -> ScalingPolicy:
+    """The bare policy named by ``config.policy``, without bounds."""
+    name = config.policy
+    if name == "threshold":
+        return ThresholdPolicy(config.threshold, config.slo)
+    if name == "kpa":
+        return KPAPolicy(config.kpa)
+    if name == "predictive":
+        return PredictivePolicy(config.predictive, config.slo)
+    if name == "static":
+        return StaticPolicy(config.static)
+    raise ValueError(f"unknown scaling policy {name!r}")
+
+
+def build_policy(config: AutoscaleConfig) -> BoundedPolicy:
+    """The full stack the controller and the simulator both run.
+
+    A static pool bypasses the step caps and cooldowns (it is fixed by
+    definition); every other policy gets ``config.bounds``.
+    """
+    inner = build_inner_policy(config)
+    if config.policy == "static":
+        n = config.static.instances
+        bounds = BoundsConfig(min_instances=n, max_instances=max(n, 1), scale_up_cooldown_s=0.0,
+                              scale_down_window_s=0.0, max_step_up=max(n, 1), max_step_down=max(n, 1))
+        return BoundedPolicy(inner, bounds)
+    return BoundedPolicy(inner, config.bounds)

@@ -1,0 +1,122 @@
+"""Build :class:`PoolSignals` from what a gateway sees: requests and load reports.
+
+The live gateway and the simulator feed the same collector the same events
+(a request arrived, its first token came back, it finished) and the instances'
+load reports, so both hand the policies numbers measured the same way. Time is
+always passed in; nothing here reads a clock.
+
+Arrival tokens per second counts the prompt tokens that arrived plus, for each
+arrival, the mean output length of recently finished requests: the output
+length of a request is unknown when it arrives, and the work it brings is
+mostly decode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Iterable, Mapping, Protocol
+
+from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.signals import PoolSignals
+
+
+class InstanceLoad(Protocol):
+    """The load-report fields the signals use (``llmserve.load_report.LoadReport`` has them)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    busy_fraction: float
+    tokens_per_s: float
+    max_num_seqs: int
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list; None when empty."""
+    if not sorted_values:
+        return None
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values) - 1e-9) - 1))
+    return sorted_values[k]
+
+
+class SignalCollector:
+    """Sliding windows over gateway events, turned into one snapshot per tick.
+
+    ``window_s`` covers arrival rates; ``latency_window_s`` covers the TTFT and
+    e2e percentiles (longer, because a p99 needs samples).
+    """
+
+    def __init__(self, window_s: float = 10.0, latency_window_s: float = 30.0,
+                 output_tokens_prior: float = 256.0, output_tokens_tau: int = 200) -> None:
+        if window_s <= 0 or latency_window_s <= 0:
+            raise ValueError("signal collector: windows must be positive")
+        if output_tokens_tau < 1:
+            raise ValueError("signal collector: output_tokens_tau must be >= 1")
+        self.window_s = window_s
+        self.latency_window_s = latency_window_s
+        self.mean_output_tokens = output_tokens_prior
+        self._output_w = 1.0 / output_tokens_tau
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._ttft: deque[tuple[float, float]] = deque()
+        self._e2e: deque[tuple[float, float]] = deque()
+
+    def record_arrival(self, t: float, prompt_tokens: int) -> None:
+        self._arrivals.append((t, prompt_tokens))
+
+    def record_first_token(self, t: float, ttft_s: float) -> None:
+        self._ttft.append((t, ttft_s))
+
+    def record_finish(self, t: float, e2e_s: float, output_tokens: int) -> None:
+        self._e2e.append((t, e2e_s))
+        self.mean_output_tokens += (output_tokens - self.mean_output_tokens) * self._output_w
+
+    @staticmethod
+    def _prune(d: deque, since: float) -> None:
+        while d and d[0][0] <= since:
+            d.popleft()
+
+    def snapshot(self, now: float, loads: Iterable[InstanceLoad], queue_depth: Mapping[str, int],
+                 counts: Mapping[InstanceState, int]) -> PoolSignals:
+        """The signals at ``now``; ``loads`` are the ready instances' latest reports."""
+        self._prune(self._arrivals, now - self.window_s)
+        self._prune(self._ttft, now - self.latency_window_s)
+        self._prune(self._e2e, now - self.latency_window_s)
+        n_arr = len(self._arrivals)
+        prompt = sum(p for _, p in self._arrivals)
+        ttft = sorted(v for _, v in self._ttft)
+        e2e = sorted(v for _, v in self._e2e)
+
+        loads = list(loads)
+        k = len(loads)
+        busy = kv = fill = tput = 0.0
+        waiting = running = 0
+        for r in loads:
+            waiting += r.num_waiting
+            running += r.num_running
+            busy += r.busy_fraction
+            kv += r.kv_cache_usage
+            fill += r.num_running / r.max_num_seqs if r.max_num_seqs > 0 else 0.0
+            tput += r.tokens_per_s
+        d = max(k, 1)
+        return PoolSignals(
+            now=now,
+            window_s=self.window_s,
+            arrival_rate=n_arr / self.window_s,
+            arrival_tokens_per_s=(prompt + n_arr * self.mean_output_tokens) / self.window_s,
+            queue_depth=dict(queue_depth),
+            waiting=waiting,
+            running=running,
+            ttft_p50=percentile(ttft, 50),
+            ttft_p99=percentile(ttft, 99),
+            e2e_p50=percentile(e2e, 50),
+            e2e_p99=percentile(e2e, 99),
+            busy_fraction=busy / d,
+            kv_usage=kv / d,
+            batch_fill=fill / d,
+            throughput_per_instance=tput / d,
+            ready=counts.get(InstanceState.READY, 0),
+            warming=counts.get(InstanceState.WARMING, 0),
+            starting=counts.get(InstanceState.STARTING, 0),
+            draining=counts.get(InstanceState.DRAINING, 0),
+        )

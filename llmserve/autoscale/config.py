@@ -1,0 +1,199 @@
+"""Typed configuration for the scaling policies and the bounds wrapped around them.
+
+One object, :class:`AutoscaleConfig`, is built once (from YAML, CLI flags or a
+test) and passed down. The live controller and the capacity simulator both hand
+it to :func:`llmserve.autoscale.build_policy`, so they run the exact same stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
+
+PolicyName = Literal["threshold", "kpa", "predictive", "static"]
+POLICY_NAMES: tuple[str, ...] = ("threshold", "kpa", "predictive", "static")
+UtilisationMetric = Literal["busy", "kv", "batch"]
+
+
+def _check(ok: bool, name: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"autoscale config: {name} {msg}")
+
+
+@dataclass(slots=True)
+class SLOConfig:
+    """Latency targets seen at the gateway: what every policy is trying to keep."""
+
+    ttft_s: float = 2.0
+    e2e_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(self.ttft_s > 0, "slo.ttft_s", f"must be positive, got {self.ttft_s}")
+        _check(self.e2e_s > 0, "slo.e2e_s", f"must be positive, got {self.e2e_s}")
+
+
+@dataclass(slots=True)
+class BoundsConfig:
+    """Limits applied around any policy (see :mod:`llmserve.autoscale.bounds`).
+
+    Scale-up reacts fast (a short cooldown) and scale-down slowly (the maximum
+    desired count over a long window), because a missing instance costs SLO
+    while a spare one only costs money, and flapping costs both.
+    """
+
+    min_instances: int = 1
+    max_instances: int = 64
+    scale_up_cooldown_s: float = 15.0
+    scale_down_window_s: float = 300.0
+    max_step_up: int = 8
+    max_step_down: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.min_instances >= 0, "bounds.min_instances", f"must be >= 0, got {self.min_instances}")
+        _check(self.max_instances >= max(1, self.min_instances), "bounds.max_instances",
+               f"must be >= max(1, min_instances), got {self.max_instances}")
+        _check(self.scale_up_cooldown_s >= 0, "bounds.scale_up_cooldown_s", "must be >= 0")
+        _check(self.scale_down_window_s >= 0, "bounds.scale_down_window_s", "must be >= 0")
+        _check(self.max_step_up >= 1, "bounds.max_step_up", f"must be >= 1, got {self.max_step_up}")
+        _check(self.max_step_down >= 1, "bounds.max_step_down", f"must be >= 1, got {self.max_step_down}")
+
+
+@dataclass(slots=True)
+class ThresholdConfig:
+    """The classic reactive baseline.
+
+    ``metric`` picks the utilisation signal: ``busy`` (share of wall time in
+    forward passes), ``kv`` (KV cache usage) or ``batch`` (running / max_num_seqs).
+    The default is ``batch`` because a continuous-batching engine is "busy" as soon
+    as one request is decoding, so busy fraction saturates long before capacity.
+    """
+
+    metric: UtilisationMetric = "batch"
+    scale_up_utilisation: float = 0.8
+    scale_down_utilisation: float = 0.4
+    target_utilisation: float = 0.6
+    max_queue_per_instance: float = 2.0
+    latency_step: int = 1
+
+    def __post_init__(self) -> None:
+        _check(0 < self.scale_down_utilisation < self.scale_up_utilisation <= 1.0, "threshold",
+               "needs 0 < scale_down_utilisation < scale_up_utilisation <= 1")
+        _check(self.scale_down_utilisation <= self.target_utilisation <= self.scale_up_utilisation,
+               "threshold.target_utilisation", "must lie between the down and up thresholds")
+        _check(self.max_queue_per_instance >= 0, "threshold.max_queue_per_instance", "must be >= 0")
+        _check(self.latency_step >= 1, "threshold.latency_step", "must be >= 1")
+
+
+@dataclass(slots=True)
+class KPAConfig:
+    """Knative Pod Autoscaler defaults: 60 s stable window, 6 s panic window, panic at 2x."""
+
+    target_concurrency: float = 16.0
+    stable_window_s: float = 60.0
+    panic_window_s: float = 6.0
+    panic_threshold: float = 2.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check(self.target_concurrency > 0, "kpa.target_concurrency", "must be positive")
+        _check(0 < self.panic_window_s <= self.stable_window_s, "kpa.panic_window_s",
+               "must be positive and no longer than the stable window")
+        _check(self.panic_threshold > 1.0, "kpa.panic_threshold", "must be > 1")
+        _check(self.max_scale_up_rate > 1.0, "kpa.max_scale_up_rate", "must be > 1")
+        _check(self.max_scale_down_rate > 1.0, "kpa.max_scale_down_rate", "must be > 1")
+
+
+@dataclass(slots=True)
+class PredictiveConfig:
+    """Forecast-driven policy (see :mod:`llmserve.autoscale.predictive`).
+
+    ``lead_time_s`` is how far ahead capacity must be started: the cold start plus
+    one controller tick. ``capacity_tokens_per_s`` is the prior for one instance's
+    throughput at the latency SLO; the policy corrects it online. ``margin_z`` is
+    the square-root-staffing factor: N = R + z * sqrt(R) for an offered load of R
+    instances, so the relative headroom shrinks as the pool grows.
+    """
+
+    lead_time_s: float = 150.0
+    level_tau_s: float = 60.0
+    trend_tau_s: float = 600.0
+    seasonality: bool = False
+    season_period_s: float = 86400.0
+    season_bins: int = 288
+    season_tau_periods: float = 1.0
+    capacity_tokens_per_s: float = 1000.0
+    capacity_tau_s: float = 300.0
+    capacity_probe_per_s: float = 0.0005
+    capacity_probe_ceiling: float = 1.5
+    capacity_low_water: float = 0.6
+    target_utilisation: float = 0.9
+    margin_z: float = 1.0
+    max_queue_per_instance: float = 2.0
+    fallback_step_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        _check(self.lead_time_s >= 0, "predictive.lead_time_s", "must be >= 0")
+        _check(self.level_tau_s > 0 and self.trend_tau_s > 0, "predictive.*_tau_s", "must be positive")
+        _check(self.season_period_s > 0, "predictive.season_period_s", "must be positive")
+        _check(self.season_bins >= 2, "predictive.season_bins", "must be >= 2")
+        _check(self.season_tau_periods > 0, "predictive.season_tau_periods", "must be positive")
+        _check(self.capacity_tokens_per_s > 0, "predictive.capacity_tokens_per_s", "must be positive")
+        _check(self.capacity_tau_s > 0, "predictive.capacity_tau_s", "must be positive")
+        _check(self.capacity_probe_per_s >= 0, "predictive.capacity_probe_per_s", "must be >= 0")
+        _check(self.capacity_probe_ceiling >= 1.0, "predictive.capacity_probe_ceiling", "must be >= 1")
+        _check(0 < self.capacity_low_water < 1, "predictive.capacity_low_water", "must be in (0, 1)")
+        _check(0 < self.target_utilisation <= 1, "predictive.target_utilisation", "must be in (0, 1]")
+        _check(self.margin_z >= 0, "predictive.margin_z", "must be >= 0")
+        _check(self.max_queue_per_instance >= 0, "predictive.max_queue_per_instance", "must be >= 0")
+        _check(0 < self.fallback_step_fraction <= 1, "predictive.fallback_step_fraction",
+               "must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class StaticConfig:
+    """A fixed pool: the baseline that every elastic policy is priced against."""
+
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.instances >= 0, "static.instances", f"must be >= 0, got {self.instances}")
+
+
+@dataclass(slots=True)
+class AutoscaleConfig:
+    """Everything a pool's scaling stack needs; ``policy`` names the one in charge."""
+
+    policy: PolicyName = "predictive"
+    tick_s: float = 2.0
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
+    threshold: ThresholdConfig = field(default_factory=ThresholdConfig)
+    kpa: KPAConfig = field(default_factory=KPAConfig)
+    predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
+    static: StaticConfig = field(default_factory=StaticConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.policy in POLICY_NAMES, "policy", f"must be one of {POLICY_NAMES}, got {self.policy!r}")
+        _check(self.tick_s > 0, "tick_s", f"must be positive, got {self.tick_s}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AutoscaleConfig":
+        """Build from a nested dictionary (a YAML section); unknown keys are errors."""
+        return _from_dict(cls, d)
+
+
+def _from_dict(cls: type, d: dict[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(d) - set(known)
+    if unknown:
+        raise ValueError(f"autoscale config: unknown keys for {cls.__name__}: {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    defaults = cls()
+    for name, value in d.items():
+        current = getattr(defaults, name)
+        if is_dataclass(current) and isinstance(value, dict):
+            kwargs[name] = _from_dict(type(current), value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)

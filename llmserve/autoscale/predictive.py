@@ -1,0 +1,106 @@
+"""The default policy: provision for the load that will arrive after a cold start.
+
+A new instance takes ``lead_time_s`` (cold start plus a tick) to take traffic, so
+this policy sizes the pool for the arrival rate forecast that far ahead (Holt's
+linear trend, or yesterday's profile at the same hour once a full day has been
+seen), divided by the per-instance capacity at the SLO that it measures online,
+plus a square-root queueing margin. Reactive signals are the safety net: when the
+gateway queue builds up or p99 latency is over target although nothing is on
+its way, the forecast was wrong and the pool grows by a fraction at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmserve.autoscale.capacity import CapacityEstimate, update_capacity
+from llmserve.autoscale.config import PredictiveConfig, SLOConfig
+from llmserve.autoscale.forecast import (
+    HoltState,
+    SeasonalProfile,
+    holt_forecast,
+    holt_update,
+    seasonal_delta,
+    seasonal_update,
+)
+from llmserve.autoscale.policy import Decision
+from llmserve.autoscale.signals import PoolSignals
+
+
+@dataclass(frozen=True, slots=True)
+class PredictiveState:
+    """Forecaster state, learned daily profile and capacity estimate."""
+
+    holt: HoltState | None
+    season: SeasonalProfile | None
+    capacity: CapacityEstimate
+
+
+def instances_for(load_tokens_per_s: float, capacity_tokens_per_s: float, target_utilisation: float,
+                  margin_z: float) -> int:
+    """Square-root staffing: R + z * sqrt(R) instances for an offered load of R.
+
+    R is the load in instance units at ``target_utilisation`` of the SLO capacity.
+    The margin absorbs the Poisson and length noise around the forecast, which
+    grows like the square root of the load, so big pools run hotter than small ones.
+    """
+    if load_tokens_per_s <= 0:
+        return 0
+    r = load_tokens_per_s / (capacity_tokens_per_s * target_utilisation)
+    return math.ceil(r + margin_z * math.sqrt(r) - 1e-9)
+
+
+class PredictivePolicy:
+    """Forecast over the lead time, capacity measured online, reactive fallback."""
+
+    def __init__(self, config: PredictiveConfig, slo: SLOConfig) -> None:
+        self.config = config
+        self.slo = slo
+
+    def initial_state(self) -> PredictiveState:
+        cfg = self.config
+        season = SeasonalProfile.empty(cfg.season_period_s, cfg.season_bins) if cfg.seasonality else None
+        return PredictiveState(None, season, CapacityEstimate(cfg.capacity_tokens_per_s))
+
+    def forecast(self, state: PredictiveState, now: float) -> tuple[float, str]:
+        """Demand (tokens/s) to provision for now: max of the level and the lead-time forecast."""
+        cfg = self.config
+        holt = state.holt
+        if holt is None:
+            return 0.0, "no history"
+        ahead, how = holt_forecast(holt, cfg.lead_time_s), "holt"
+        if state.season is not None:
+            delta = seasonal_delta(state.season, now, cfg.lead_time_s)
+            if delta is not None:
+                ahead, how = holt.level + delta, "seasonal"
+        return max(holt.level, ahead, 0.0), how
+
+    def decide(self, ctx: PoolSignals, state: PredictiveState) -> Decision:
+        cfg = self.config
+        y = ctx.arrival_tokens_per_s
+        holt = holt_update(state.holt, ctx.now, y, cfg.level_tau_s, cfg.trend_tau_s)
+        season = state.season
+        if season is not None:
+            season = seasonal_update(season, ctx.now, y, cfg.season_tau_periods)
+        capacity = update_capacity(state.capacity, ctx, cfg, self.slo)
+        new_state = PredictiveState(holt, season, capacity)
+
+        demand, how = self.forecast(new_state, ctx.now)
+        cap = capacity.tokens_per_s
+        desired = instances_for(demand, cap, cfg.target_utilisation, cfg.margin_z)
+        if ctx.in_flight > 0:
+            desired = max(desired, 1)
+        reason = (f"{how} forecast {demand:.0f} tok/s in {cfg.lead_time_s:g}s / "
+                  f"{cap:.0f} tok/s per instance -> {desired}")
+
+        if ctx.coming == 0 and ctx.ready > 0:
+            queue_per_instance = ctx.queued / ctx.ready
+            over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
+            if queue_per_instance > cfg.max_queue_per_instance or over > 1.0:
+                bump = ctx.provisioned + max(1, math.ceil(cfg.fallback_step_fraction * ctx.provisioned))
+                if bump > desired:
+                    desired = bump
+                    reason = (f"fallback: queue {queue_per_instance:.1f}/instance, p99 {over:.2f}x target "
+                              f"-> {desired}")
+        return Decision(desired, new_state, reason)

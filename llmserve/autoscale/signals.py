@@ -1,0 +1,88 @@
+"""What a scaling policy sees of a pool at one controller tick.
+
+A policy is a pure function of these numbers and its own state, so the same
+values can come from the live gateway (load reports, its own latency records) or
+from the capacity simulator. Rates and percentiles cover a recent window ending
+at ``now``; ``None`` means "no sample in the window", which is different from zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignals:
+    """One tick's view of a pool; the only input a policy gets besides its state."""
+
+    now: float
+    window_s: float = 10.0
+    # Demand seen at the gateway.
+    arrival_rate: float = 0.0
+    arrival_tokens_per_s: float = 0.0
+    queue_depth: dict[str, int] = field(default_factory=dict)
+    # Summed over ready instances' load reports.
+    waiting: int = 0
+    running: int = 0
+    # Latency observed at the gateway over the window (seconds).
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    e2e_p50: float | None = None
+    e2e_p99: float | None = None
+    # Means over ready instances.
+    busy_fraction: float = 0.0
+    kv_usage: float = 0.0
+    batch_fill: float = 0.0
+    throughput_per_instance: float = 0.0
+    # Instances by lifecycle state.
+    ready: int = 0
+    warming: int = 0
+    starting: int = 0
+    draining: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "arrival_rate", "arrival_tokens_per_s", "throughput_per_instance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("waiting", "running", "ready", "warming", "starting", "draining"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def queued(self) -> int:
+        """Requests held at the gateway, all classes."""
+        return sum(self.queue_depth.values())
+
+    @property
+    def coming(self) -> int:
+        """Instances that will take traffic without any new decision."""
+        return self.warming + self.starting
+
+    @property
+    def provisioned(self) -> int:
+        """Ready plus coming: the count a desired number is compared against."""
+        return self.ready + self.warming + self.starting
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the pool: queued at the gateway, waiting or running in engines."""
+        return self.queued + self.waiting + self.running
+
+    def utilisation(self, metric: str) -> float:
+        """The mean utilisation signal named by ``metric`` (``busy``, ``kv`` or ``batch``)."""
+        if metric == "busy":
+            return self.busy_fraction
+        if metric == "kv":
+            return self.kv_usage
+        if metric == "batch":
+            return self.batch_fill
+        raise ValueError(f"unknown utilisation metric {metric!r}")
+
+    def latency_over(self, ttft_target: float, e2e_target: float | None = None) -> float:
+        """How far p99 latency is over target, as a ratio (<= 1 means within target)."""
+        ratio = 0.0
+        if self.ttft_p99 is not None:
+            ratio = self.ttft_p99 / ttft_target
+        if e2e_target is not None and self.e2e_p99 is not None:
+            ratio = max(ratio, self.e2e_p99 / e2e_target)
+        return ratio

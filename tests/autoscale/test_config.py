@@ -1,0 +1,37 @@
+import pytest
+
+from llmserve.autoscale import AutoscaleConfig, BoundsConfig, build_policy
+from llmserve.autoscale.config import PredictiveConfig, StaticConfig, ThresholdConfig
+from llmserve.autoscale.signals import PoolSignals
+
+
+def test_from_dict_builds_nested_sections():
+    cfg = AutoscaleConfig.from_dict({"policy": "kpa", "bounds": {"max_instances": 7},
+                                     "kpa": {"target_concurrency": 4}})
+    assert cfg.policy == "kpa" and cfg.bounds.max_instances == 7 and cfg.kpa.target_concurrency == 4
+    assert cfg.bounds.min_instances == 1  # default keeps scale-to-zero off
+
+
+@pytest.mark.parametrize("bad", [{"policy": "magic"}, {"bounds": {"max_instances": 0}},
+                                 {"bounds": {"bogus": 1}}, {"tick_s": 0}])
+def test_invalid_config_is_rejected(bad):
+    with pytest.raises(ValueError):
+        AutoscaleConfig.from_dict(bad)
+
+
+def test_threshold_band_must_be_ordered():
+    with pytest.raises(ValueError):
+        ThresholdConfig(scale_up_utilisation=0.3, scale_down_utilisation=0.5)
+    with pytest.raises(ValueError):
+        BoundsConfig(min_instances=5, max_instances=2)
+    with pytest.raises(ValueError):
+        PredictiveConfig(capacity_tokens_per_s=0)
+
+
+def test_static_stack_holds_its_size_regardless_of_load():
+    policy = build_policy(AutoscaleConfig(policy="static", static=StaticConfig(instances=5)))
+    state = policy.initial_state()
+    for t, ready in ((0, 0), (10, 5), (20, 5)):
+        d = policy.decide(PoolSignals(now=t, ready=ready, arrival_rate=1000, queue_depth={"rt": 99}), state)
+        state = d.state
+        assert d.desired == 5

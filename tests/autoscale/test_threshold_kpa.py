@@ -1,0 +1,36 @@
+from llmserve.autoscale.config import KPAConfig, SLOConfig, ThresholdConfig
+from llmserve.autoscale.kpa import KPAPolicy
+from llmserve.autoscale.signals import PoolSignals
+from llmserve.autoscale.threshold import ThresholdPolicy
+
+THR = ThresholdPolicy(ThresholdConfig(), SLOConfig(ttft_s=2.0))
+
+
+def test_threshold_proportional_outside_the_band_and_holds_inside():
+    assert THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.9), None).desired == 6
+    assert THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.6), None).desired == 4
+    assert THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.15), None).desired == 1
+
+
+def test_threshold_latency_adds_only_when_nothing_is_coming():
+    hot = dict(now=1, ready=4, batch_fill=0.6, ttft_p99=5.0)
+    assert THR.decide(PoolSignals(**hot), None).desired == 5
+    assert THR.decide(PoolSignals(**hot, warming=1), None).desired == 5  # the coming one counts
+    queued = dict(now=1, ready=2, batch_fill=0.6, queue_depth={"realtime": 9})
+    assert THR.decide(PoolSignals(**queued), None).desired == 3
+
+
+def test_threshold_does_not_scale_down_with_a_queue():
+    d = THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.1, queue_depth={"batch": 1}), None)
+    assert d.desired == 4
+
+
+def test_kpa_stable_window_averages_concurrency():
+    kpa = KPAPolicy(KPAConfig(target_concurrency=10.0))
+    state = kpa.initial_state()
+    for t in range(0, 120, 2):
+        d = kpa.decide(PoolSignals(now=t, ready=3, running=25 if t % 4 else 35), state)
+        state = d.state
+    assert d.desired == 3  # mean 30 / 10
+    assert state.panic_since is None
+    assert len(state.samples) == 30  # only the stable window is kept
