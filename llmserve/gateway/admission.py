@@ -1,0 +1,264 @@
+"""Admission: the gateway's realtime and batch queues for one pool, pure.
+
+A request is sent upstream only when an instance has room (``has_room``), else it
+waits here. Realtime goes first, but while both classes wait, batch is owed
+``batch_min_share`` of dispatches (a deficit counter: each contested dispatch
+earns batch that much credit, one credit buys a batch dispatch), so batch never
+starves yet cannot take more than its share from waiting realtime work. Each
+class has a cap (beyond it: 429 with ``Retry-After``) and a queue deadline
+(past it the item is expired with a reason; the app answers 503).
+
+Callers pass ``now`` from a monotonic clock; FIFO order within a class relies on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmserve.gateway.instance import InstanceView
+from llmserve.load_report import LoadReport
+
+T = TypeVar("T")
+
+
+class Priority(enum.IntEnum):
+    REALTIME = 0
+    BATCH = 1
+
+
+def priority_class(value: int | str | None) -> Priority:
+    """``None`` / ``"realtime"`` / integers <= 0 → realtime; ``"batch"`` / integers > 0 → batch."""
+    if value is None:
+        return Priority.REALTIME
+    if isinstance(value, bool):
+        raise ValueError("priority must be 'realtime', 'batch' or an integer")
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("realtime", "batch"):
+            return Priority.REALTIME if v == "realtime" else Priority.BATCH
+        try:
+            value = int(v)
+        except ValueError:
+            raise ValueError(
+                f"priority must be 'realtime', 'batch' or an integer, got {value!r}") from None
+    if isinstance(value, int):
+        return Priority.REALTIME if value <= 0 else Priority.BATCH
+    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
+
+
+class ClassLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_queue: int = Field(ge=1)  # waiting requests; beyond it 429
+    deadline_s: float = Field(gt=0.0)  # longest wait in the gateway's queue; beyond it 503
+
+
+class AdmissionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    realtime: ClassLimits = ClassLimits(max_queue=512, deadline_s=30.0)
+    batch: ClassLimits = ClassLimits(max_queue=4096, deadline_s=600.0)
+    batch_min_share: float = Field(0.2, ge=0.0, le=1.0)
+
+    def limits(self, priority: Priority) -> ClassLimits:
+        return self.realtime if priority is Priority.REALTIME else self.batch
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    ticket: int
+    priority: Priority
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    retry_after_s: int
+    reason: str
+    status: int = 429
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket(Generic[T]):
+    """A queued item."""
+
+    ticket: int
+    item: T
+    priority: Priority
+    enqueued_at: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Expired(Generic[T]):
+    entry: Ticket[T]
+    waited_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassStats:
+    depth: int
+    oldest_wait_s: float
+    admitted: int
+    rejected: int
+    dispatched: int
+    expired: int
+    removed: int
+    wait_s_sum: float  # over dispatched items; with ``dispatched``, the mean wait
+
+
+_RATE_WINDOW_S = 10.0
+
+
+class _ClassQueue(Generic[T]):
+    def __init__(self) -> None:
+        self.items: OrderedDict[int, Ticket[T]] = OrderedDict()
+        self.recent_dispatches: deque[float] = deque(maxlen=4096)
+        self.admitted = self.rejected = self.dispatched = self.expired = self.removed = 0
+        self.wait_s_sum = 0.0
+
+
+class AdmissionQueue(Generic[T]):
+    """Realtime and batch queues of one pool.
+
+    Every item offered and admitted ends exactly one way: returned by
+    ``next_to_dispatch``, returned by ``expire``, removed by ``remove``, or still
+    queued. Items past their deadline are never dispatched; ``next_to_dispatch``
+    sets them aside for the next ``expire`` call.
+    """
+
+    def __init__(self, config: AdmissionConfig | None = None) -> None:
+        self.config = config or AdmissionConfig()
+        self._queues = {p: _ClassQueue[T]() for p in Priority}
+        self._ids = itertools.count(1)
+        self._batch_credit = 0.0
+        self._expired: list[Expired[T]] = []
+
+    def __len__(self) -> int:
+        return sum(len(q.items) for q in self._queues.values())
+
+    def depth(self, priority: Priority) -> int:
+        return len(self._queues[priority].items)
+
+    def offer(self, item: T, priority: Priority, now: float) -> Admitted | Rejected:
+        q, limits = self._queues[priority], self.config.limits(priority)
+        if len(q.items) >= limits.max_queue:
+            q.rejected += 1
+            return Rejected(self._retry_after(priority, now),
+                            f"the {priority.name.lower()} queue is full "
+                            f"({limits.max_queue} waiting)")
+        ticket = next(self._ids)
+        q.items[ticket] = Ticket(ticket, item, priority, now, now + limits.deadline_s)
+        q.admitted += 1
+        return Admitted(ticket, priority)
+
+    def remove(self, ticket: int) -> bool:
+        """Withdraw a waiting item (its client went away). False if not waiting."""
+        for q in self._queues.values():
+            if q.items.pop(ticket, None) is not None:
+                q.removed += 1
+                return True
+        return False
+
+    def next_to_dispatch(self, now: float, has_capacity: bool) -> Ticket[T] | None:
+        """The item to send upstream now, or None (nothing waiting or no capacity)."""
+        self._set_aside_expired(now)
+        if not has_capacity:
+            return None
+        rt, batch = self._queues[Priority.REALTIME], self._queues[Priority.BATCH]
+        if rt.items and batch.items:
+            self._batch_credit += self.config.batch_min_share
+            if self._batch_credit >= 1.0 - 1e-9:
+                self._batch_credit -= 1.0
+                chosen = batch
+            else:
+                chosen = rt
+        elif rt.items:
+            chosen = rt
+        elif batch.items:
+            chosen = batch
+        else:
+            return None
+        _, entry = chosen.items.popitem(last=False)
+        chosen.dispatched += 1
+        chosen.wait_s_sum += now - entry.enqueued_at
+        chosen.recent_dispatches.append(now)
+        return entry
+
+    def expire(self, now: float) -> list[Expired[T]]:
+        """Remove and return every item past its deadline (the app answers 503)."""
+        self._set_aside_expired(now)
+        out, self._expired = self._expired, []
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of anything waiting, for the caller's wake-up timer."""
+        heads = [next(iter(q.items.values())).deadline for q in self._queues.values() if q.items]
+        return min(heads) if heads else None
+
+    def stats(self, now: float) -> dict[Priority, ClassStats]:
+        out = {}
+        for p, q in self._queues.items():
+            oldest = next(iter(q.items.values())).enqueued_at if q.items else now
+            out[p] = ClassStats(len(q.items), now - oldest, q.admitted, q.rejected,
+                                q.dispatched, q.expired, q.removed, q.wait_s_sum)
+        return out
+
+    def _set_aside_expired(self, now: float) -> None:
+        for p, q in self._queues.items():
+            while q.items:
+                entry = next(iter(q.items.values()))
+                if entry.deadline > now:
+                    break
+                q.items.popitem(last=False)
+                q.expired += 1
+                waited = now - entry.enqueued_at
+                self._expired.append(Expired(entry, waited, (
+                    f"request waited {waited:.1f} s in the {p.name.lower()} queue, past its "
+                    f"deadline of {self.config.limits(p).deadline_s:g} s; no instance had room")))
+
+    def _retry_after(self, priority: Priority, now: float) -> int:
+        """Seconds until the queue has likely drained enough: depth / recent rate."""
+        q, deadline = self._queues[priority], self.config.limits(priority).deadline_s
+        while q.recent_dispatches and q.recent_dispatches[0] < now - _RATE_WINDOW_S:
+            q.recent_dispatches.popleft()
+        rate = len(q.recent_dispatches) / _RATE_WINDOW_S
+        if rate <= 0:
+            return max(1, math.ceil(deadline))
+        return max(1, min(math.ceil(deadline), math.ceil(len(q.items) / rate)))
+
+
+# ---- per-instance room --------------------------------------------------------------
+
+class ConcurrencyConfig(BaseModel):
+    """How many requests an instance may hold (running plus waiting in it).
+
+    Default: its reported ``max_num_seqs`` times ``oversubscription`` (a little
+    above 1 keeps the engine's batch full between completions; the engine queues
+    the excess). ``fixed`` overrides; ``default`` applies when neither is known.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fixed: int | None = Field(None, ge=1)
+    oversubscription: float = Field(1.0, gt=0.0)
+    default: int = Field(8, ge=1)
+
+
+def concurrency_target(report: LoadReport | None, config: ConcurrencyConfig) -> int:
+    if config.fixed is not None:
+        return config.fixed
+    if report is not None and report.max_num_seqs > 0:
+        return max(1, math.ceil(report.max_num_seqs * config.oversubscription))
+    return config.default
+
+
+def has_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
+    return instance.est_load < concurrency_target(instance.report, config)

@@ -1,0 +1,185 @@
+"""The gateway's typed configuration: the schema of ``gateway.yaml``.
+
+Loaded and validated once at start (``GatewayConfig.load``), then passed down;
+nothing below reads files or the environment. See ``docs/gateway.example.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, field_validator,
+                      model_validator)
+
+from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
+from llmserve.gateway.balancer.picker import BalancerConfig
+from llmserve.gateway.canary import CanaryConfig
+from llmserve.gateway.circuit import BreakerConfig
+from llmserve.gateway.health import OutlierConfig, RetryBudgetConfig
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def normalize_url(url: str) -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing slash; raises ValueError."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"upstream {url!r}: the scheme must be http or https")
+    if not parts.hostname:
+        raise ValueError(f"upstream {url!r} has no host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"upstream {url!r} must not have a query or fragment")
+    try:
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as e:
+        raise ValueError(f"upstream {url!r}: {e}") from None
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+class VersionConfig(_Strict):
+    name: str
+    weight: float = Field(ge=0.0)  # relative; normalised over the model's versions
+    upstreams: list[str] = Field(default_factory=list)  # base URLs; may start empty
+    upstream_model: str | None = None  # rewrite the request's "model" to this upstream
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"version name {v!r}: use letters, digits and . _ : / -")
+        return v
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        out = [normalize_url(u) for u in urls]
+        dupes = sorted({u for u in out if out.count(u) > 1})
+        if dupes:
+            raise ValueError(f"upstreams listed twice: {dupes}")
+        return out
+
+
+class CanarySettings(CanaryConfig):
+    """A rollout of ``version`` against ``stable``; the analysis owns ``version``'s weight."""
+
+    version: str
+    stable: str
+    auto_start: bool = True  # start the rollout when the gateway starts
+
+
+class ModelConfig(_Strict):
+    name: str  # the served model name clients put in "model"
+    versions: list[VersionConfig] = Field(min_length=1)
+    canary: CanarySettings | None = None
+    admission: AdmissionConfig = AdmissionConfig()
+    concurrency: ConcurrencyConfig = ConcurrencyConfig()
+    balancer: BalancerConfig = BalancerConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"model name {v!r}: use letters, digits and . _ : / -")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        names = [v.name for v in self.versions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model {self.name!r}: version names must be unique, got {names}")
+        urls = [u for v in self.versions for u in v.upstreams]
+        dupes = sorted({u for u in urls if urls.count(u) > 1})
+        if dupes:
+            raise ValueError(f"model {self.name!r}: upstreams in more than one version: {dupes}")
+        c = self.canary
+        if c is not None:
+            for role, v in (("canary version", c.version), ("stable version", c.stable)):
+                if v not in names:
+                    raise ValueError(f"model {self.name!r}: {role} {v!r} is not among {names}")
+            if c.version == c.stable:
+                raise ValueError(f"model {self.name!r}: canary and stable must differ")
+            if self.version(c.version).weight != 0:
+                raise ValueError(f"model {self.name!r}: the canary analysis sets the weight of "
+                                 f"{c.version!r}; give it weight 0 in the config")
+        if sum(v.weight for v in self.versions) <= 0:
+            raise ValueError(f"model {self.name!r}: the version weights sum to 0")
+        return self
+
+    def version(self, name: str) -> VersionConfig:
+        return next(v for v in self.versions if v.name == name)
+
+    @property
+    def base_weights(self) -> dict[str, float]:
+        return {v.name: v.weight for v in self.versions}
+
+
+class AuthConfig(_Strict):
+    api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client auth
+    admin_key: SecretStr | None = None  # unset: the admin API is disabled
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        if any(len(k.get_secret_value()) < 8 for k in keys):
+            raise ValueError("API keys must be at least 8 characters")
+        return keys
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and len(key.get_secret_value()) < 16:
+            raise ValueError("the admin key must be at least 16 characters")
+        return key
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(32 * 1024, ge=1024)  # all request headers together
+    connect_timeout_s: float = Field(5.0, gt=0.0)
+    request_timeout_s: float = Field(600.0, gt=0.0)  # upstream, whole response
+
+
+class PollingConfig(_Strict):
+    load_interval_s: float = Field(0.25, gt=0.0)  # GET /load (or /metrics)
+    ready_interval_s: float = Field(2.0, gt=0.0)  # GET /ready
+    timeout_s: float = Field(1.0, gt=0.0)
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(3, ge=1)  # tries per request, first included
+    budget: RetryBudgetConfig = RetryBudgetConfig()
+
+
+class GatewayConfig(_Strict):
+    models: list[ModelConfig] = Field(min_length=1)
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
+    polling: PollingConfig = PollingConfig()
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    outlier: OutlierConfig = OutlierConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewayConfig:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GatewayConfig:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        return cls.model_validate(data)
