@@ -82,6 +82,8 @@ def build_payload(req: SampleRequest, cfg: EndpointConfig) -> dict[str, Any]:
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     if req.priority != DEFAULT_PRIORITY:
+        # Only non-default classes carry the field, so servers without priorities
+        # see plain OpenAI requests unless --batch-share asks for more.
         body["priority"] = req.priority
     body.update(cfg.extra_body)
     return body

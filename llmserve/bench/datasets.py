@@ -29,7 +29,7 @@ from llmserve.bench.tokenizer import Tokenizer, count_tokens, exact_text
 
 DATASET_STREAM = 2  # sub-stream of the run seed, independent of arrivals
 PRIORITY_STREAM = 3
-DEFAULT_PRIORITY = "default"
+DEFAULT_PRIORITY = "realtime"  # what llmserve's gateway assumes when no priority is sent
 BATCH_PRIORITY = "batch"
 
 Message = dict[str, str]

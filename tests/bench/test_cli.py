@@ -37,7 +37,7 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
     assert data["config"]["load"]["request_rate"] == "inf"
     assert data["meta"]["token_counts"].startswith("exact")
     assert len(data["requests"]) == 10 and "chunk_s" in data["requests"][0]
-    assert set(data["per_class"]) == {"batch", "default"}
+    assert set(data["per_class"]) == {"batch", "realtime"}
     assert data["per_class"]["batch"]["completed"] == 3
     sent = fake_server.stats.bodies
     assert sum(body.get("priority") == "batch" for body in sent) == 6  # 3 per run
