@@ -1,0 +1,26 @@
+"""llmserve: an elastic, OpenAI-compatible LLM serving platform.
+
+The engine API (``LLM``, ``SamplingParams``, ``AsyncEngine``) is imported lazily so
+that the gateway and controller, which never need torch, stay light.
+"""
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "AsyncEngine", "EngineConfig", "RequestOutput"]
+
+_LAZY = {
+    "LLM": "llmserve.engine.llm",
+    "SamplingParams": "llmserve.engine.sampling_params",
+    "AsyncEngine": "llmserve.engine.async_engine",
+    "EngineConfig": "llmserve.engine.config",
+    "RequestOutput": "llmserve.engine.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'llmserve' has no attribute {name!r}")

@@ -92,6 +92,15 @@ class EngineCore:
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None) -> Request:
         """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
+        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority,
+                                                cache_salt=cache_salt, arrival_time=arrival_time)
+        self.enqueue(req, prompt_text)
+        return req
+
+    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                        *, priority: int | str | None = 0, cache_salt: str | None = None,
+                        arrival_time: float | None = None) -> tuple[Request, str | None]:
+        """Tokenise and check a request without touching engine state (safe from any thread)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass token ids")
@@ -120,6 +129,11 @@ class EngineCore:
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
                       cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
+        return req, prompt_text
+
+    def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
+        """Hand a prepared request to the scheduler (engine thread only)."""
+        params = req.sampling_params
         self.scheduler.add_request(req)
         gen = None
         if params.seed is not None:
@@ -127,13 +141,12 @@ class EngineCore:
             gen.manual_seed(params.seed)
         detok = None
         if self.tokenizer is not None:
-            detok = self.tokenizer.incremental_detokenizer(prompt_ids, params.skip_special_tokens)
-        self._tracks[request_id] = _Track(
-            req, detok, prompt_text, gen, RequestMetrics(now),
+            detok = self.tokenizer.incremental_detokenizer(req.prompt_token_ids, params.skip_special_tokens)
+        self._tracks[req.request_id] = _Track(
+            req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
             hold_back=max((len(s) for s in params.stop), default=1) - 1)
         self.stats.on_arrival(req)
-        return req
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is; its KV blocks are freed at once."""
@@ -182,14 +195,16 @@ class EngineCore:
         lps: dict[str, list[TokenLogprob]] = {}
         if self.spec is not None:
             return self.spec.verify(plan, run, self._row)
-        rows, order = [], []
+        rows, order, idx = [], [], []
         for s in plan.scheduled:
             if s.sample:
                 rows.append(self._row(s.request))
                 order.append(s.request.request_id)
+                idx.append(run.rows[s.request.request_id][0])
         if not rows:
             return sampled, lps
-        for rid, tok in zip(order, self.sampler.sample(run.logits, rows)):
+        logits = run.logits[torch.tensor(idx, dtype=torch.long)]
+        for rid, tok in zip(order, self.sampler.sample(logits, rows)):
             sampled[rid] = [tok.token_id]
             if tok.logprob is not None:
                 lps[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]

@@ -9,6 +9,7 @@ into chunks that share a forward pass with decoding requests. No torch, no I/O:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from llmserve.engine.kv_cache import KVCacheManager
@@ -124,8 +125,17 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        key = self._order_key(self._batch_starved())
+        starved = self._batch_starved()
+        key = self._order_key(starved)
         scheduled: dict[str, ScheduledRequest] = {}
+        # When batch work is owed its share, realtime requests leave this much budget.
+        reserve = math.ceil(self.config.batch_min_share * budget) if starved else 0
+
+        def avail(r: Request) -> int:
+            if r.is_batch_class:
+                return budget
+            return budget - max(0, reserve - sum(
+                x.num_tokens for x in scheduled.values() if x.request.is_batch_class))
 
         # Running requests first, in priority order; preempt when blocks run out.
         self.running.sort(key=key)
@@ -134,10 +144,11 @@ class Scheduler:
             req = queue.pop(0)
             if req not in self.running:
                 continue  # preempted as a victim earlier in this loop
-            n = req.num_tokens - req.num_computed_tokens
-            n = min(n, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, avail(req))
+            if n <= 0:
+                continue
             spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
-            spec = spec[:max(0, budget - n)]
+            spec = spec[:max(0, avail(req) - n)]
             while not self.kv.allocate_slots(req, n + len(spec)):
                 victim = self._pick_victim(exclude=None)
                 if victim is req and spec:
@@ -166,7 +177,9 @@ class Scheduler:
                 hits, num_hit = ([], 0)
                 if req.num_computed_tokens == 0:
                     hits, num_hit = self.kv.get_computed_blocks(req)
-                n = min(req.num_tokens - num_hit, budget)
+                n = min(req.num_tokens - num_hit, avail(req))
+                if n <= 0:
+                    continue
                 saved = req.num_computed_tokens
                 req.num_computed_tokens = num_hit
                 ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
@@ -241,7 +254,11 @@ class Scheduler:
                 # Accepted drafts already have KV: count them as computed.
                 req.num_computed_tokens += max(0, len(new) - 1)
                 status = self._append(req, new)
+                # A stop inside the accepted drafts cuts the tokens short: never count
+                # KV for tokens that are not in the sequence.
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
                 if status is not None:
+                    self.kv.cache_computed_blocks(req)  # reusable by the next turn of a chat
                     self.finish_request(req.request_id, status)
                     finished.append(req)
                     continue

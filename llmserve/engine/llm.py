@@ -1,0 +1,85 @@
+"""Offline Python API shaped like vLLM's ``LLM``."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from llmserve.engine.async_engine import merge_choices
+from llmserve.engine.config import EngineConfig
+from llmserve.engine.engine import EngineCore
+from llmserve.engine.outputs import RequestOutput
+from llmserve.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+def build_engine(config: EngineConfig) -> EngineCore:
+    """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
+    from llmserve.models.loading import load_model
+
+    model_config, weights, tokenizer = load_model(config.model, config.model_store)
+    return EngineCore(config, model_config, weights, tokenizer)
+
+
+class LLM:
+    """``LLM(model, **engine_options)``; ``generate`` runs prompts to completion, batched."""
+
+    def __init__(self, model: str, **engine_options: Any) -> None:
+        self.config = EngineConfig(model=str(model), **engine_options)
+        self.engine = build_engine(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, priority: int | str | None = 0, use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError("need one SamplingParams or one per prompt")
+        ids = []
+        for prompt, sp in zip(prompts, params):
+            rid = str(next(self._ids))
+            ids.append((rid, sp.n))
+            for i, child in enumerate(fan_out(sp)):
+                self.engine.add_request(f"{rid}#{i}", prompt, child, priority=priority)
+        finals: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=sum(n for _, n in ids), desc="generate")
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+                    if bar:
+                        bar.update(1)
+        if bar:
+            bar.close()
+        return [merge_choices([finals[f"{rid}#{i}"] for i in range(n)], rid) for rid, n in ids]
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | None = None, **kw: Any) -> list[RequestOutput]:
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+                   for c in convs]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, **kw)
+
+
+def fan_out(sp: SamplingParams) -> list[SamplingParams]:
+    """``n`` independent sequences; seeded requests get seeds ``seed, seed+1, ...``."""
+    if sp.n == 1:
+        return [sp]
+    from dataclasses import replace
+
+    return [replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i) for i in range(sp.n)]

@@ -1,0 +1,102 @@
+"""Sampling statistics on a small vocabulary, seeds, penalties and logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llmserve.engine.sampler import SampleRow, Sampler, process
+from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from tests.engine.conftest import run_to_completion
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+
+
+def _row(**kw) -> SampleRow:
+    return SampleRow(SamplingParams(**kw), [0], [], None)
+
+
+def _counts(params: dict, n: int = 6000, seed: int = 0) -> torch.Tensor:
+    s = Sampler(seed)
+    rows = [_row(**params)] * n
+    toks = [t.token_id for t in s.sample(LOGITS.repeat(n, 1), rows)]
+    return torch.bincount(torch.tensor(toks), minlength=len(LOGITS)).float()
+
+
+def _chi2_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
+    n = counts.sum()
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "sampled a token with zero probability"
+    exp = probs[keep] * n
+    stat = float(((counts[keep] - exp) ** 2 / exp).sum())
+    dof = int(keep.sum()) - 1
+    return stat < dof + 4 * math.sqrt(2 * dof) + 10  # far in the tail of chi2(dof)
+
+
+@pytest.mark.parametrize("params,expected", [
+    ({"temperature": 1.0}, torch.softmax(LOGITS, -1)),
+    ({"temperature": 0.5}, torch.softmax(LOGITS / 0.5, -1)),
+    ({"temperature": 1.0, "top_k": 3}, torch.softmax(torch.tensor([2.0, 1.0, 0.5]), -1)),
+    ({"temperature": 1.0, "top_p": 0.8}, None),
+    ({"temperature": 1.0, "min_p": 0.2}, None),
+])
+def test_distribution_matches(params, expected):
+    p = torch.softmax(LOGITS, -1)
+    if expected is None and "top_p" in params:
+        keep = torch.cumsum(p, 0) - p < params["top_p"]
+        expected = torch.where(keep, p, 0.0)
+    if expected is None and "min_p" in params:
+        expected = torch.where(p >= params["min_p"] * p.max(), p, 0.0)
+    expected = torch.nn.functional.pad(expected, (0, len(LOGITS) - len(expected)))
+    expected = expected / expected.sum()
+    assert torch.allclose(process(LOGITS, _row(**params)), expected, atol=1e-6)
+    assert _chi2_ok(_counts(params), expected)
+
+
+def test_broken_distribution_is_detected():
+    wrong = torch.softmax(LOGITS / 0.8, -1)
+    assert not _chi2_ok(_counts({"temperature": 1.0}), wrong)
+
+
+def test_penalties():
+    row = SampleRow(SamplingParams(temperature=0, repetition_penalty=2.0), [0], [1, 1], None)
+    out = process(LOGITS, row)
+    assert out[0] == 1.0 and out[1] == 0.5 and out[2] == 0.5
+    row = SampleRow(SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=1.0), [0], [1, 1], None)
+    out = process(LOGITS, row)
+    assert out[0] == 2.0 and out[1] == pytest.approx(1.0 - 1.0 - 1.0)
+
+
+def test_logprobs_are_raw_model_logprobs():
+    s = Sampler(0)
+    tok = s.sample(LOGITS.unsqueeze(0), [_row(temperature=0, logprobs=2)])[0]
+    lp = torch.log_softmax(LOGITS, -1)
+    assert tok.token_id == 0 and tok.logprob == pytest.approx(float(lp[0]))
+    assert [t for t, _ in tok.top_logprobs] == [0, 1]
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
+                                 dict(top_k=-2), dict(min_p=2), dict(logprobs=50), dict(n=0)])
+def test_bad_parameters_name_the_parameter(bad):
+    with pytest.raises(InvalidParameterError) as e:
+        SamplingParams(**bad)
+    assert e.value.param == next(iter(bad))
+
+
+def test_seeded_sampling_is_reproducible_across_batches(tiny):
+    sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    other = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    eng = tiny.engine(num_kv_blocks=64)
+    eng.add_request("alone", [1, 2, 3], sp)
+    alone = run_to_completion(eng)["alone"]
+    eng = tiny.engine(num_kv_blocks=64)
+    eng.add_request("x", [5, 6, 7, 8, 9], other)
+    eng.add_request("seeded", [1, 2, 3], sp)
+    eng.add_request("y", [9, 9], other)
+    assert run_to_completion(eng)["seeded"] == alone
+    eng = tiny.engine(num_kv_blocks=64)
+    eng.add_request("seeded", [1, 2, 3], SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=99,
+                                                         ignore_eos=True))
+    assert run_to_completion(eng)["seeded"] != alone

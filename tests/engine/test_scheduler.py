@@ -1,0 +1,121 @@
+"""The scheduler as a pure planner: no model, no torch tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.request import BATCH, REALTIME, Request, RequestStatus
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.scheduler import Scheduler, SchedulerConfig
+
+
+def make(num_blocks=64, block_size=4, **cfg) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=cfg.pop("caching", True))
+    return Scheduler(SchedulerConfig(**{"max_model_len": 1024, **cfg}), kv)
+
+
+def req(rid, n_prompt, max_tokens=4, priority=REALTIME, t=0.0, first=0) -> Request:
+    return Request(rid, list(range(first, first + n_prompt)), SamplingParams(max_tokens=max_tokens),
+                   max_tokens, arrival_time=t, priority=priority)
+
+
+def fake_step(s: Scheduler, token: int = 7):
+    out = s.schedule()
+    sampled = {x.request.request_id: [token] for x in out.scheduled if x.sample}
+    return out, s.update_from_output(out, sampled)
+
+
+def test_long_prompt_is_chunked_and_shares_steps_with_decodes():
+    s = make(max_num_batched_tokens=8)
+    s.add_request(req("short", 3, max_tokens=10, t=0))
+    out, _ = fake_step(s)
+    assert {x.request.request_id: x.num_tokens for x in out.scheduled} == {"short": 3}
+    s.add_request(req("long", 20, t=1))
+    out, _ = fake_step(s)
+    # one decode token for "short" and a 7-token chunk of "long" in the same step
+    assert {x.request.request_id: x.num_tokens for x in out.scheduled} == {"short": 1, "long": 7}
+    assert not [x for x in out.scheduled if x.request.request_id == "long"][0].sample
+    fake_step(s)
+    out, _ = fake_step(s)
+    longs = [x for x in out.scheduled if x.request.request_id == "long"]
+    assert longs[0].num_tokens == 20 - 14 and longs[0].sample
+
+
+def test_max_num_seqs_and_leaving_the_step_they_finish():
+    s = make(max_num_seqs=2)
+    for i in range(3):
+        s.add_request(req(str(i), 4, max_tokens=2, t=i))
+    out, fin = fake_step(s)
+    assert {x.request.request_id for x in out.scheduled} == {"0", "1"}
+    out, fin = fake_step(s)
+    assert {r.request_id for r in fin} == {"0", "1"}
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in fin)
+    out, _ = fake_step(s)
+    assert {x.request.request_id for x in out.scheduled} == {"2"}
+
+
+def test_stop_token_finishes_and_frees():
+    s = make()
+    r = req("a", 5, max_tokens=50)
+    r.eos_token_ids = frozenset({7})
+    s.add_request(r)
+    _, fin = fake_step(s, token=7)
+    assert fin == [r] and r.status is RequestStatus.FINISHED_STOPPED
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def test_never_fitting_request_is_rejected_at_once():
+    s = make(num_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match="fit"):
+        s.add_request(req("big", 14, max_tokens=4))
+
+
+def test_realtime_scheduled_before_batch_and_batch_not_starved():
+    s = make(max_num_batched_tokens=4, max_num_seqs=8, batch_min_share=0.2)
+    s.add_request(req("b", 40, max_tokens=2, priority=BATCH, t=0))
+    for i in range(6):
+        s.add_request(req(f"r{i}", 40, max_tokens=2, t=1 + i))
+    out, _ = fake_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["r0"]
+    batch_tokens = 0
+    for _ in range(40):
+        out, _ = fake_step(s)
+        batch_tokens += sum(x.num_tokens for x in out.scheduled if x.request.request_id == "b")
+    assert batch_tokens > 0.1 * 40 * 4  # it got a real share while realtime work remained
+
+
+def test_preemption_picks_lowest_priority_latest_arrival_and_requeues_front():
+    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=64)
+    s.add_request(req("rt_old", 8, max_tokens=8, t=0, first=0))
+    s.add_request(req("batch", 4, max_tokens=8, priority=BATCH, t=1, first=100))
+    s.add_request(req("rt_new", 4, max_tokens=8, t=2, first=200))
+    fake_step(s)
+    preempted = []
+    for _ in range(6):
+        out, _ = fake_step(s)
+        preempted += [r.request_id for r in out.preempted]
+    assert preempted and preempted[0] == "batch"
+    assert s.num_preemptions >= 1
+    assert s.requests["batch"].num_preemptions >= 1
+
+
+def test_abort_frees_blocks_immediately():
+    s = make()
+    s.add_request(req("a", 10, max_tokens=5))
+    fake_step(s)
+    assert s.kv.num_free_blocks < s.kv.num_blocks
+    s.finish_request("a", RequestStatus.FINISHED_ABORTED)
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+    assert s.schedule().empty
+
+
+def test_prefix_hit_skips_cached_tokens():
+    s = make(block_size=4)
+    s.add_request(req("a", 10, max_tokens=1))
+    fake_step(s)
+    s.add_request(req("b", 10, max_tokens=1))
+    out, _ = fake_step(s)
+    # 8 of 10 tokens (two full blocks) are cached; the last two are computed
+    assert out.scheduled[0].num_tokens == 2
+    assert s.kv.prefix_hits == 8 and s.kv.prefix_queries == 20
