@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def _scaling_from_rope_parameters(params: Any) -> dict[str, Any] | None:
+    """transformers 5 writes ``rope_parameters`` (theta and scaling together) instead of ``rope_scaling``."""
+    if not isinstance(params, dict) or params.get("rope_type", "default") == "default":
+        return None
+    return {k: v for k, v in params.items() if k != "rope_theta"}
+
+
 @dataclass(slots=True)
 class ModelConfig:
     """Shapes and constants of a Llama-family decoder.
@@ -58,7 +65,7 @@ class ModelConfig:
             head_dim=int(d.get("head_dim") or 0),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             rope_theta=float(d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
-            rope_scaling=d.get("rope_scaling"),
+            rope_scaling=d.get("rope_scaling") or _scaling_from_rope_parameters(d.get("rope_parameters")),
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),

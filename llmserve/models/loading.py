@@ -22,6 +22,7 @@ from llmserve.models.files import atomic_target, atomic_write_json
 from llmserve.models.gguf_loader import GGUFLoader
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.loader import ModelLoadError, WeightLoader
+from llmserve.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,26 @@ def write_converted(folder: Path, source: Path, config: ModelConfig, weights: di
                                              "mtime_ns": st.st_mtime_ns, "format": CACHE_FORMAT})
     atomic_write_json(folder / "config.json", config.to_hf_dict())
 
+
+
+def load_tokenizer(source: Path, store_dir: Path | None = None) -> Tokenizer:
+    """The tokenizer of ``source``; with ``store_dir`` a GGUF-derived one is cached beside the weights."""
+    source = Path(source)
+    loader = find_loader(source)
+    if not isinstance(loader, GGUFLoader):
+        return Tokenizer.from_folder(source)
+    folder = cache_dir(source, store_dir) if store_dir is not None else None
+    if folder is not None and (folder / "tokenizer_config.json").is_file():
+        try:
+            tok = Tokenizer.from_folder(folder)
+            tok.name = source.stem
+            return tok
+        except ModelLoadError as e:
+            log.warning("rebuilding a broken cached tokenizer in %s: %s", folder, e)
+    tok = Tokenizer.from_gguf(source)
+    if folder is not None:
+        try:
+            tok.save(folder)
+        except OSError as e:
+            log.warning("could not cache the tokenizer of %s in %s: %s", source, folder, e)
+    return tok

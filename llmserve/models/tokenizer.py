@@ -1,0 +1,162 @@
+"""The tokenizer the engine and server use: text ⇄ ids, special tokens, chat template.
+
+It wraps a Rust ``tokenizers.Tokenizer`` (the same object ``transformers``' fast
+tokenizers run on) plus what a ``tokenizer_config.json`` adds: BOS/EOS and the chat
+template. A HF folder is read directly; a GGUF file is turned into one by
+``transformers`` (its GGUF converter is the reference), and ``save`` writes the
+result as a HF folder so ``loading.load_tokenizer`` can skip that slow step
+(~15 s for SmolLM2) next time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tokenizers import Tokenizer as RustTokenizer
+
+from llmserve.models.chat_template import ChatTemplate, ChatTemplateError
+from llmserve.models.detokenizer import IncrementalDetokenizer
+from llmserve.models.files import atomic_write_bytes, atomic_write_json, read_json
+from llmserve.models.loader import ModelLoadError
+
+__all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError"]
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as ``tokenizer_config.json`` spells it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_chat_template(folder: Path, cfg: dict[str, Any]) -> str | None:
+    """transformers 5 writes ``chat_template.jinja``; older folders keep it in the config."""
+    if (f := folder / "chat_template.jinja").is_file():
+        return f.read_text(encoding="utf-8")
+    if (f := folder / "chat_template.json").is_file():
+        return read_json(f).get("chat_template")
+    tpl = cfg.get("chat_template")
+    if isinstance(tpl, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default")
+    return tpl if isinstance(tpl, str) else None
+
+
+class Tokenizer:
+    """Encode, decode and render chats for one model."""
+
+    def __init__(self, backend: RustTokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
+                 extra_eos_token_ids: Iterable[int] = (), chat_template: str | None = None,
+                 add_bos_token: bool | None = None, name: str = "tokenizer") -> None:
+        self.backend = backend
+        self.name = name
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
+        eos_id = backend.token_to_id(eos_token) if eos_token else None
+        ids = ([eos_id] if eos_id is not None else []) + list(extra_eos_token_ids)
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
+        self.chat_template = chat_template
+        self._compiled: ChatTemplate | None = None
+        # Old configs say add_bos_token while their tokenizer.json's post-processor
+        # does not add it; transformers adds it then, so do we.
+        self._prepend_bos = bool(add_bos_token and self.bos_token_id is not None
+                                 and backend.encode("a").ids[:1] != [self.bos_token_id])
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "Tokenizer":
+        """Read ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``generation_config.json`` stop ids)."""
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{folder}: no tokenizer.json")
+        try:
+            backend = RustTokenizer.from_file(str(path))
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot read tokenizer ({e})") from e
+        try:
+            cfg = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+            if not cfg.get("bos_token") and (folder / "special_tokens_map.json").is_file():
+                cfg = {**read_json(folder / "special_tokens_map.json"), **cfg}
+            gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+            chat_template = _read_chat_template(folder, cfg)
+        except (OSError, ValueError, AttributeError) as e:
+            raise ModelLoadError(f"{folder}: cannot read tokenizer configuration ({e})") from e
+        extra = gen.get("eos_token_id")
+        return cls(backend, bos_token=_token_text(cfg.get("bos_token")), eos_token=_token_text(cfg.get("eos_token")),
+                   extra_eos_token_ids=[extra] if isinstance(extra, int) else list(extra or []),
+                   chat_template=chat_template, add_bos_token=cfg.get("add_bos_token"), name=folder.name)
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> "Tokenizer":
+        """Build from GGUF metadata with transformers' converter (offline)."""
+        path = Path(path)
+        try:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            backend = hf.backend_tokenizer
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot build a tokenizer from the GGUF metadata "
+                                 f"({type(e).__name__}: {e})") from e
+        return cls(backend, bos_token=hf.bos_token, eos_token=hf.eos_token, chat_template=hf.chat_template,
+                   name=path.stem)
+
+    def save(self, folder: Path) -> None:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` (last, so it marks completion)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(folder / "tokenizer.json", self.backend.to_str().encode())
+        extra = [i for i in self.eos_token_ids if self.eos_token is None
+                 or i != self.backend.token_to_id(self.eos_token)]
+        if extra:
+            atomic_write_json(folder / "generation_config.json", {"eos_token_id": extra})
+        atomic_write_json(folder / "tokenizer_config.json", {
+            "bos_token": self.bos_token, "eos_token": self.eos_token,
+            "add_bos_token": self._prepend_bos, "chat_template": self.chat_template,
+        })
+
+    # -- text ⇄ ids -----------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows, added tokens included (the model's may be padded larger)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self._prepend_bos:
+            ids = [self.bos_token_id, *ids]  # type: ignore[list-item]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """Token strings (byte-level BPE shows bytes as e.g. ``Ġ``); None for an unknown id."""
+        return [self.backend.id_to_token(i) for i in ids]
+
+    def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        """A streaming decoder for one request's output."""
+        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
+
+    # -- chat -----------------------------------------------------------------------
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
+        """Render a conversation to prompt text with the model's own template (sandboxed)."""
+        if not self.chat_template:
+            raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
+                                    "with a plain prompt instead")
+        if self._compiled is None:
+            self._compiled = ChatTemplate(self.chat_template)
+        variables.setdefault("bos_token", self.bos_token or "")
+        variables.setdefault("eos_token", self.eos_token or "")
+        return self._compiled.render(messages, add_generation_prompt=add_generation_prompt, **variables)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    **variables: Any) -> list[int]:
+        """Prompt ids for a conversation. The template writes its own special tokens, so none are added."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **variables),
+                           add_special_tokens=False)
