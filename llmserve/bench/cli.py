@@ -27,6 +27,7 @@ from llmserve.bench.config import DATASET_NAMES, BenchConfig, DatasetConfig, Loa
 from llmserve.bench.metrics import SLO, summarize, summarize_by_priority
 from llmserve.bench.report import BenchResult, load_result, render_compare, render_result, save_result
 from llmserve.bench.runner import run_requests
+from llmserve.bench.server_metrics import default_metrics_url
 from llmserve.bench.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -79,6 +80,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save-result", default=None, metavar="FILE", help="write config, requests and summary as JSON")
     g.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
                    help="write a PNG (default: beside --save-result, else bench.png)")
+    g.add_argument("--server-metrics", nargs="?", const="", default=None, metavar="URL",
+                   help="read the server's /metrics counters before and after the run and show them "
+                        "beside the bench's counts (default URL: the base URL's /metrics)")
     g.add_argument("--label", default=None, help="a name for this run in results and comparisons")
     g.add_argument("--disable-tqdm", action="store_true")
 
@@ -110,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         plot=plot,
         show_progress=not args.disable_tqdm,
         label=args.label,
+        server_metrics=args.server_metrics,
     )
 
 
@@ -153,8 +158,11 @@ def execute(cfg: BenchConfig, console: Console | None = None) -> BenchResult:
     trace = load_rate_trace(cfg.load.rate_trace) if cfg.load.rate_trace else None
     offsets = plan_arrivals(len(requests), cfg.load.request_rate, cfg.load.burstiness, cfg.load.seed, trace)
     started = time.time()
+    metrics_url = None
+    if cfg.server_metrics is not None:
+        metrics_url = cfg.server_metrics or default_metrics_url(cfg.endpoint.api_root)
     outcome = asyncio.run(run_requests(cfg.endpoint, requests, offsets.tolist(), cfg.load.max_concurrency,
-                                       cfg.load.num_warmups, tok, cfg.show_progress))
+                                       cfg.load.num_warmups, tok, cfg.show_progress, metrics_url))
     summary = summarize(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
     per_class = summarize_by_priority(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
     warm_failed = sum(not r.success for r in outcome.warmup_records)
@@ -166,6 +174,8 @@ def execute(cfg: BenchConfig, console: Console | None = None) -> BenchResult:
         "requests_sent": len(outcome.records),
         "warmups": {"sent": len(outcome.warmup_records), "failed": warm_failed},
     }
+    if metrics_url:
+        meta["server_metrics"] = {"url": metrics_url, "deltas": outcome.server_deltas}
     return BenchResult(cfg.to_dict(), summary, per_class, outcome.records, meta)
 
 

@@ -87,6 +87,7 @@ class BenchConfig:
     plot: str | None = None
     show_progress: bool = True
     label: str | None = None
+    server_metrics: str | None = None  # None: off; "": the base URL's /metrics
 
     def __post_init__(self) -> None:
         for p in self.percentiles:

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from llmserve.bench.metrics import Summary
 from llmserve.bench.records import RequestRecord
+from llmserve.bench.server_metrics import cross_check
 
 RESULT_FORMAT = "llmserve-bench/1"
 LATENCY_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st)",
@@ -121,6 +122,19 @@ def class_table(per_class: dict[str, Summary]) -> Table:
     return t
 
 
+def server_check_table(server: dict[str, Any], s: Summary) -> Table | str:
+    if not server["deltas"]:
+        return f"[yellow]No server counters read from {server['url']}[/yellow]"
+    t = Table(title=f"Server counters over the run ({server['url']})")
+    t.add_column("counter")
+    t.add_column("server", justify="right")
+    t.add_column("bench", justify="right")
+    for name, theirs, ours in cross_check(server["deltas"], s):
+        match = ours is not None and abs(theirs - ours) < 0.5
+        t.add_row(name, _fmt(int(theirs)), _fmt(ours), style=None if match else "yellow")
+    return t
+
+
 def render_result(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
     counts = result.meta.get("token_counts", "")
@@ -132,6 +146,9 @@ def render_result(result: BenchResult, console: Console | None = None) -> None:
     sources = result.summary.output_sources
     if any(k != "usage" for k in sources):
         console.print(f"[yellow]Output tokens not all from the server's usage field: {sources}[/yellow]")
+    server = result.meta.get("server_metrics")
+    if server is not None:
+        console.print(server_check_table(server, result.summary))
     first_failure = next((r for r in result.records if not r.success), None)
     if first_failure is not None:
         console.print(f"[red]First failure (request {first_failure.index}): {first_failure.error[:300]}[/red]")

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from tqdm.auto import tqdm
@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from llmserve.bench.client import EndpointConfig, make_http_client, send_request
 from llmserve.bench.datasets import SampleRequest
 from llmserve.bench.records import OutputCountSource, RequestRecord
+from llmserve.bench.server_metrics import counter_deltas, scrape
 from llmserve.bench.tokenizer import Tokenizer
 
 
@@ -29,6 +30,7 @@ class RunOutcome:
     records: list[RequestRecord]
     duration_s: float
     warmup_records: list[RequestRecord]
+    server_deltas: dict[str, float] = field(default_factory=dict)
 
 
 def _recount_output(rec: RequestRecord, tok: Tokenizer | None) -> None:
@@ -90,11 +92,13 @@ async def run_requests(
     num_warmups: int = 0,
     tokenizer: Tokenizer | None = None,
     show_progress: bool = True,
+    metrics_url: str | None = None,
 ) -> RunOutcome:
     """Send ``requests[i]`` at ``offsets[i]`` seconds; requests beyond ``offsets`` are not sent.
 
     Warm-ups are copies of the first requests, sent together (within the cap)
-    before the clock starts, without dependencies.
+    before the clock starts, without dependencies. With ``metrics_url`` the server's
+    counters are read after the warm-ups and after the run (see ``server_metrics``).
     """
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max concurrency must be >= 1, got {max_concurrency}")
@@ -106,11 +110,13 @@ async def run_requests(
             warm_reqs = [requests[i % len(requests)] for i in range(num_warmups)]
             warm_reqs = [SampleRequest(r.prompt, r.prompt_len, r.output_len, r.messages, r.priority) for r in warm_reqs]
             warm, _ = await _send_all(client, cfg, warm_reqs, [0.0] * num_warmups, max_concurrency, None)
+        before = await scrape(client, metrics_url) if metrics_url else None
         bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not show_progress)
         try:
             records, duration = await _send_all(client, cfg, requests, offsets, max_concurrency, bar)
         finally:
             bar.close()
+        after = await scrape(client, metrics_url) if metrics_url else None
     for r in records:
         _recount_output(r, tokenizer)
-    return RunOutcome(records, duration, warm)
+    return RunOutcome(records, duration, warm, counter_deltas(before, after))

@@ -84,6 +84,18 @@ def make_fake_openai_app(stats: ServerStats, token_delay_s: float = 0.002, token
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def prometheus(request: Request) -> Response:
+        lines = [
+            "# TYPE vllm:request_success counter",
+            f'vllm:request_success_total{{finished_reason="length",model_name="fake-model"}} {stats.success}',
+            'vllm:request_success_total{finished_reason="stop",model_name="fake-model"} 0.0',
+            'vllm:request_success_created{finished_reason="length",model_name="fake-model"} 1.7e9',
+            f'vllm:prompt_tokens_total{{model_name="fake-model"}} {float(stats.prompt_tokens)}',
+            f'vllm:generation_tokens_total{{model_name="fake-model"}} {float(stats.completion_tokens)}',
+            "vllm:num_requests_running 0",
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain")
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
@@ -91,6 +103,7 @@ def make_fake_openai_app(stats: ServerStats, token_delay_s: float = 0.002, token
         Route("/{mode}/v1/completions", handle, methods=["POST"]),
         Route("/{mode}/v1/chat/completions", handle, methods=["POST"]),
         Route("/{mode}/v1/models", models, methods=["GET"]),
+        Route("/{mode}/metrics", prometheus, methods=["GET"]),
     ])
 
 
