@@ -15,7 +15,9 @@ import asyncio
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -151,28 +153,43 @@ def build_requests(cfg: DatasetConfig, tok: Tokenizer, n: int, seed: int) -> lis
     return reqs
 
 
-def execute(cfg: BenchConfig, console: Console | None = None) -> BenchResult:
-    """Generate the data, plan arrivals, run, and summarise (no printing or files)."""
+@dataclass(slots=True)
+class Plan:
+    """Everything decided before the first request: the data and when each is sent."""
+
+    tokenizer: Tokenizer
+    requests: list[datasets.SampleRequest]
+    offsets: list[float]
+
+
+def prepare(cfg: BenchConfig) -> Plan:
+    """Load the tokenizer, generate the dataset, plan the arrivals (no traffic)."""
     tok = load_tokenizer(cfg.dataset.tokenizer)
     requests = build_requests(cfg.dataset, tok, cfg.load.num_prompts, cfg.load.seed)
     trace = load_rate_trace(cfg.load.rate_trace) if cfg.load.rate_trace else None
     offsets = plan_arrivals(len(requests), cfg.load.request_rate, cfg.load.burstiness, cfg.load.seed, trace)
-    started = time.time()
+    return Plan(tok, requests, offsets.tolist())
+
+
+def execute(cfg: BenchConfig, plan: Plan | None = None) -> BenchResult:
+    """Run the plan (prepared here when not given) and summarise; no printing or files."""
+    plan = plan or prepare(cfg)
     metrics_url = None
     if cfg.server_metrics is not None:
         metrics_url = cfg.server_metrics or default_metrics_url(cfg.endpoint.api_root)
-    outcome = asyncio.run(run_requests(cfg.endpoint, requests, offsets.tolist(), cfg.load.max_concurrency,
-                                       cfg.load.num_warmups, tok, cfg.show_progress, metrics_url))
+    started = time.time()
+    outcome = asyncio.run(run_requests(cfg.endpoint, plan.requests, plan.offsets, cfg.load.max_concurrency,
+                                       cfg.load.num_warmups, plan.tokenizer, cfg.show_progress, metrics_url))
     summary = summarize(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
     per_class = summarize_by_priority(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
-    warm_failed = sum(not r.success for r in outcome.warmup_records)
-    meta = {
+    meta: dict[str, Any] = {
         "label": cfg.label,
         "started_at": started,
-        "token_counts": tok.description,
-        "requests_planned": len(requests),
+        "token_counts": plan.tokenizer.description,
+        "requests_planned": len(plan.requests),
         "requests_sent": len(outcome.records),
-        "warmups": {"sent": len(outcome.warmup_records), "failed": warm_failed},
+        "warmups": {"sent": len(outcome.warmup_records),
+                    "failed": sum(not r.success for r in outcome.warmup_records)},
     }
     if metrics_url:
         meta["server_metrics"] = {"url": metrics_url, "deltas": outcome.server_deltas}
@@ -186,11 +203,13 @@ def run_bench(args: argparse.Namespace) -> int:
     console = Console()
     try:
         cfg = config_from_args(args)
-    except (ValueError, httpx.HTTPError) as e:
+        plan = prepare(cfg)
+    except (ValueError, OSError, httpx.HTTPError) as e:
         console.print(f"[red]llmserve bench: {e}[/red]")
         return 2
-    console.print(f"Sending {cfg.load.num_prompts} requests to {cfg.endpoint.url} (model {cfg.endpoint.model})")
-    result = execute(cfg, console)
+    console.print(f"Sending {len(plan.offsets)} requests to {cfg.endpoint.url} (model {cfg.endpoint.model}); "
+                  f"token counts {plan.tokenizer.description}")
+    result = execute(cfg, plan)
     if result.meta["warmups"]["failed"]:
         console.print(f"[yellow]warm-up: {result.meta['warmups']['failed']} of "
                       f"{result.meta['warmups']['sent']} failed[/yellow]")

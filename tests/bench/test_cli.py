@@ -74,3 +74,14 @@ def test_bad_flags_are_rejected():
         with pytest.raises(ValueError):
             config_from_args(parse(argv))
     assert main(["--model", "m", "--max-concurrency", "0"]) == 2
+
+
+def test_bad_inputs_exit_2_before_any_traffic(fake_server, tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("5,1\n")
+    base = ["--base-url", fake_server.url("/ok/v1"), "--model", "m", "--disable-tqdm"]
+    assert main(base + ["--dataset-name", "jsonl", "--dataset-path", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(base + ["--rate-trace", str(trace)]) == 2
+    assert main(base + ["--tokenizer", str(tmp_path / "no-such-tokenizer")]) == 2
+    assert fake_server.stats.requests == 0
+    assert "llmserve bench:" in capsys.readouterr().out
