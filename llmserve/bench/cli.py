@@ -153,6 +153,9 @@ def build_requests(cfg: DatasetConfig, tok: Tokenizer, n: int, seed: int) -> lis
     return reqs
 
 
+WARMUP_SEED_OFFSET = 1_000_003
+
+
 @dataclass(slots=True)
 class Plan:
     """Everything decided before the first request: the data and when each is sent."""
@@ -160,6 +163,7 @@ class Plan:
     tokenizer: Tokenizer
     requests: list[datasets.SampleRequest]
     offsets: list[float]
+    warmups: list[datasets.SampleRequest]
 
 
 def prepare(cfg: BenchConfig) -> Plan:
@@ -168,7 +172,10 @@ def prepare(cfg: BenchConfig) -> Plan:
     requests = build_requests(cfg.dataset, tok, cfg.load.num_prompts, cfg.load.seed)
     trace = load_rate_trace(cfg.load.rate_trace) if cfg.load.rate_trace else None
     offsets = plan_arrivals(len(requests), cfg.load.request_rate, cfg.load.burstiness, cfg.load.seed, trace)
-    return Plan(tok, requests, offsets.tolist())
+    # Warm-ups come from another seed, so no measured prompt is in the prefix cache
+    # because of them (vLLM's bench warms up with copies of the first prompt).
+    warmups = build_requests(cfg.dataset, tok, cfg.load.num_warmups, cfg.load.seed + WARMUP_SEED_OFFSET)
+    return Plan(tok, requests, offsets.tolist(), warmups)
 
 
 def execute(cfg: BenchConfig, plan: Plan | None = None) -> BenchResult:
@@ -179,7 +186,7 @@ def execute(cfg: BenchConfig, plan: Plan | None = None) -> BenchResult:
         metrics_url = cfg.server_metrics or default_metrics_url(cfg.endpoint.api_root)
     started = time.time()
     outcome = asyncio.run(run_requests(cfg.endpoint, plan.requests, plan.offsets, cfg.load.max_concurrency,
-                                       cfg.load.num_warmups, plan.tokenizer, cfg.show_progress, metrics_url))
+                                       plan.warmups, plan.tokenizer, cfg.show_progress, metrics_url))
     summary = summarize(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
     per_class = summarize_by_priority(outcome.records, outcome.duration_s, cfg.percentiles, cfg.slo)
     meta: dict[str, Any] = {

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 from tqdm.auto import tqdm
@@ -89,15 +89,16 @@ async def run_requests(
     requests: Sequence[SampleRequest],
     offsets: Sequence[float],
     max_concurrency: int | None = None,
-    num_warmups: int = 0,
+    warmups: Sequence[SampleRequest] = (),
     tokenizer: Tokenizer | None = None,
     show_progress: bool = True,
     metrics_url: str | None = None,
 ) -> RunOutcome:
     """Send ``requests[i]`` at ``offsets[i]`` seconds; requests beyond ``offsets`` are not sent.
 
-    Warm-ups are copies of the first requests, sent together (within the cap)
-    before the clock starts, without dependencies. With ``metrics_url`` the server's
+    ``warmups`` are sent together (within the cap) before the clock starts, without
+    dependencies; they should not share prompts with ``requests``, or the measured
+    requests would find their prompts already in the server's prefix cache. With ``metrics_url`` the server's
     counters are read after the warm-ups and after the run (see ``server_metrics``).
     """
     if max_concurrency is not None and max_concurrency < 1:
@@ -106,10 +107,9 @@ async def run_requests(
     async with make_http_client(max_concurrency) as client:
         await _prime(client, cfg)
         warm: list[RequestRecord] = []
-        if num_warmups > 0 and requests:
-            warm_reqs = [requests[i % len(requests)] for i in range(num_warmups)]
-            warm_reqs = [SampleRequest(r.prompt, r.prompt_len, r.output_len, r.messages, r.priority) for r in warm_reqs]
-            warm, _ = await _send_all(client, cfg, warm_reqs, [0.0] * num_warmups, max_concurrency, None)
+        if warmups:
+            warm_reqs = [replace(r, depends_on=None) for r in warmups]
+            warm, _ = await _send_all(client, cfg, warm_reqs, [0.0] * len(warm_reqs), max_concurrency, None)
         before = await scrape(client, metrics_url) if metrics_url else None
         bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not show_progress)
         try:

@@ -85,3 +85,14 @@ def test_bad_inputs_exit_2_before_any_traffic(fake_server, tmp_path, capsys):
     assert main(base + ["--tokenizer", str(tmp_path / "no-such-tokenizer")]) == 2
     assert fake_server.stats.requests == 0
     assert "llmserve bench:" in capsys.readouterr().out
+
+
+def test_warmups_are_sent_first_and_share_no_prompt_with_the_run(fake_server, tmp_path):
+    out = tmp_path / "w.json"
+    assert main(["--base-url", fake_server.url("/ok/v1"), "--num-prompts", "4", "--num-warmups", "3",
+                 "--random-input-len", "6", "--disable-tqdm", "--save-result", str(out)]) == 0
+    prompts = [b["prompt"] for b in fake_server.stats.bodies]
+    assert len(prompts) == 7
+    assert not set(prompts[:3]) & set(prompts[3:])
+    data = load_result(out)
+    assert data["summary"]["num_requests"] == 4 and data["meta"]["warmups"] == {"sent": 3, "failed": 0}

@@ -24,7 +24,8 @@ def run(url, reqs, offsets=None, **kw):
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_happy_path_counts_match_the_server(fake_server, endpoint):
     reqs = datasets.random_dataset(WORDS, 12, input_len=20, output_len=6, range_ratio=0.5, seed=0)
-    out = run(fake_server.url("/ok/v1"), reqs, endpoint=endpoint, num_warmups=2)
+    warm = datasets.random_dataset(WORDS, 2, input_len=20, output_len=6, seed=1)
+    out = run(fake_server.url("/ok/v1"), reqs, endpoint=endpoint, warmups=warm)
     s = summarize(out.records, out.duration_s)
     st = fake_server.stats
     assert len(out.warmup_records) == 2 and all(r.success for r in out.warmup_records)
