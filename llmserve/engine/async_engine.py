@@ -50,13 +50,14 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stop
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       *, priority: int | str | None = 0, cache_salt: str | None = None,
-                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield incremental outputs (``delta_text`` / ``delta_token_ids``) until finished.
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    *, priority: int | str | None = 0, cache_salt: str | None = None,
+                    arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        """Validate now (raising ``ValueError`` at once), then return the output stream.
 
-        Raises ``ValueError`` before yielding anything when the request is invalid.
-        Cancelling the iterator (client gone) aborts the request and frees its KV.
+        The stream yields incremental outputs (``delta_text`` / ``delta_token_ids``)
+        until finished. Closing or cancelling it (client gone) aborts the request and
+        frees its KV blocks.
         """
         if not self.is_alive():
             raise EngineDeadError("the engine loop is not running")
@@ -67,11 +68,15 @@ class AsyncEngine:
         self._streams[rid] = (asyncio.get_running_loop(), q)
         self._cmds.put(("add", req, text))
         self._wake.set()
+        return self._stream(rid, q)
+
+    async def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
+                    finished = True
                     raise item
                 yield item
                 if item.finished:
@@ -81,6 +86,12 @@ class AsyncEngine:
             self._streams.pop(rid, None)
             if not finished:
                 self.abort(rid)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       **kw: Any) -> AsyncIterator[RequestOutput]:
+        """``add_request`` and iterate, as one async generator."""
+        async for out in self.add_request(prompt, params, request_id, **kw):
+            yield out
 
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id, None))

@@ -141,7 +141,7 @@ class EngineCore:
             gen.manual_seed(params.seed)
         detok = None
         if self.tokenizer is not None:
-            detok = self.tokenizer.incremental_detokenizer(req.prompt_token_ids, params.skip_special_tokens)
+            detok = self.tokenizer.detokenizer(req.prompt_token_ids, params.skip_special_tokens)
         self._tracks[req.request_id] = _Track(
             req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
@@ -231,6 +231,8 @@ class EngineCore:
                     and (new_ids[-1] in req.eos_token_ids or new_ids[-1] in sp.stop_token_ids)):
                 visible = new_ids[:-1]  # the stop token itself is not text
             tr.text += tr.detok.add(visible)
+            if finished:
+                tr.text += tr.detok.finish()
             stop = self._find_stop(tr)
             if stop is not None and not finished:
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)

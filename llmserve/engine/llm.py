@@ -16,9 +16,17 @@ Prompt = str | list[int]
 
 def build_engine(config: EngineConfig) -> EngineCore:
     """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
-    from llmserve.models.loading import load_model
+    from pathlib import Path
 
-    model_config, weights, tokenizer = load_model(config.model, config.model_store)
+    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.store import default_store_dir, resolve
+
+    store = Path(config.model_store) if config.model_store else default_store_dir()
+    source = resolve(config.model, store)
+    model_config, weights = load_weights(source, store)
+    tokenizer = load_tokenizer(source, store)
+    if config.served_model_name:
+        model_config.name = config.served_model_name
     return EngineCore(config, model_config, weights, tokenizer)
 
 
@@ -71,8 +79,7 @@ class LLM:
              sampling_params: SamplingParams | None = None, **kw: Any) -> list[RequestOutput]:
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
-                   for c in convs]  # type: ignore[arg-type]
+        prompts = [tok.encode_chat(c, add_generation_prompt=True) for c in convs]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, **kw)
 
 

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 
 class StatsListener(Protocol):
-    def on_first_token(self, ttft: float, queue_time: float) -> None: ...
+    def on_scheduled(self, queue_time: float) -> None: ...
+    def on_first_token(self, ttft: float) -> None: ...
     def on_tokens(self, n: int, gap: float | None) -> None: ...
     def on_finished(self, reason: str, e2e: float, prompt_tokens: int, output_tokens: int) -> None: ...
 
@@ -32,7 +33,8 @@ class EngineStats:
         pass
 
     def on_first_scheduled(self, req, now: float) -> None:
-        pass
+        for lst in self.listeners:
+            lst.on_scheduled(now - req.arrival_time)
 
     def on_step(self, t0: float, t1: float, plan) -> None:
         self.num_steps += 1
@@ -47,7 +49,7 @@ class EngineStats:
 
     def on_first_token(self, req, now: float) -> None:
         for lst in self.listeners:
-            lst.on_first_token(now - req.arrival_time, 0.0)
+            lst.on_first_token(now - req.arrival_time)
 
     def on_tokens(self, req, n: int, now: float) -> None:
         self.generation_tokens += n

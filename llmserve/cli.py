@@ -1,0 +1,254 @@
+"""``llmserve`` — one console script, one subcommand per job.
+
+Environment variables are read here and nowhere deeper: ``LLMSERVE_MODEL_STORE``
+sets the default model store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def _store_default() -> str | None:
+    return os.environ.get("LLMSERVE_MODEL_STORE")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine flags, named as in ``vllm serve`` where the concept is the same."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="model store name, .gguf file or Hugging Face folder")
+    g.add_argument("--model-store", default=_store_default(), help="model store folder")
+    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "auto"],
+                   help="weight format (default: the engine's default)")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool budget in bytes")
+    pc = g.add_mutually_exclusive_group()
+    pc.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True)
+    pc.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--speculative-config", type=json.loads, default=None,
+                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads for this instance")
+    g.add_argument("--batch-min-share", type=float, default=0.1)
+
+
+def engine_config_from(args: argparse.Namespace):
+    from llmserve.engine.config import EngineConfig
+
+    kw: dict[str, Any] = dict(
+        model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+        speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
+        batch_min_share=args.batch_min_share, model_store=args.model_store)
+    if args.dtype:
+        kw["dtype"] = args.dtype
+    if getattr(args, "served_model_name", None):
+        kw["served_model_name"] = args.served_model_name[0]
+    return EngineConfig(**kw)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from llmserve.models.store import pull
+
+    path = pull(args.name, args.model_store, quiet=args.quiet)
+    print(path)
+    return 0
+
+
+def _stream_print(llm, prompt_ids: list[int], sp) -> None:
+    """Stream tokens to stdout as the engine produces them."""
+    eng = llm.engine
+    eng.add_request("cli", prompt_ids, sp)
+    while eng.has_unfinished():
+        for out in eng.step():
+            sys.stdout.write(out.outputs[0].delta_text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def _llm_and_params(args: argparse.Namespace):
+    from llmserve.engine.llm import LLM
+    from llmserve.engine.sampling_params import SamplingParams
+
+    cfg = engine_config_from(args)
+    opts = {k: v for k, v in cfg.to_dict().items() if k not in ("model", "extra")}
+    llm = LLM(cfg.model, **opts)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, seed=args.seed)  # --seed seeds both the engine and sampling
+    return llm, sp
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    llm, sp = _llm_and_params(args)
+    tok = llm.get_tokenizer()
+    ids = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+    _stream_print(llm, ids, sp)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    llm, sp = _llm_and_params(args)
+    tok = llm.get_tokenizer()
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("llmserve chat — empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        history.append({"role": "user", "content": line})
+        eng = llm.engine
+        eng.add_request(f"turn-{len(history)}", tok.encode_chat(history), sp)
+        reply = ""
+        while eng.has_unfinished():
+            for out in eng.step():
+                sys.stdout.write(out.outputs[0].delta_text)
+                sys.stdout.flush()
+                reply = out.outputs[0].text
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8001)
+    g.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    g.add_argument("--served-model-name", nargs="+", default=[])
+    g.add_argument("--instance-id", default="")
+    g.add_argument("--max-queued-requests", type=int, default=256)
+    g.add_argument("--max-queued-prompt-tokens", type=int, default=1 << 20)
+    g.add_argument("--max-n", type=int, default=16)
+    g.add_argument("--max-logprobs", type=int, default=20)
+    g.add_argument("--max-tokens-limit", type=int, default=None)
+    g.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    g.add_argument("--max-header-bytes", type=int, default=16 << 10)
+    g.add_argument("--drain-timeout", type=float, default=30.0)
+    g.add_argument("--no-warmup", action="store_true")
+    g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
+    g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
+    g.add_argument("--log-level", default="warning")
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from llmserve.server.app import run_server
+    from llmserve.server.config import ServerConfig
+
+    scfg = ServerConfig(
+        host=args.host, port=args.port, api_keys=args.api_key, served_model_name=args.served_model_name,
+        instance_id=args.instance_id, max_queued_requests=args.max_queued_requests,
+        max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
+        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+        max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
+        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, log_level=args.log_level)
+    return run_server(engine_config_from(args), scfg)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmserve", description="Elastic, OpenAI-compatible LLM serving.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("pull", help="fetch a model into the model store")
+    s.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    s.add_argument("--model-store", default=_store_default())
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=cmd_pull)
+
+    s = sub.add_parser("generate", help="run one prompt through the engine, streaming")
+    s.add_argument("prompt")
+    s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    add_engine_args(s)
+    _sampling_args(s)
+    s.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("chat", help="interactive chat in the terminal")
+    s.add_argument("--system", default=None)
+    add_engine_args(s)
+    _sampling_args(s)
+    s.set_defaults(fn=cmd_chat)
+
+    s = sub.add_parser("engine", help="serve one engine instance over HTTP (OpenAI API)")
+    add_engine_args(s)
+    add_server_args(s)
+    s.set_defaults(fn=cmd_engine)
+
+    _optional_subcommands(sub)
+    return p
+
+
+def _optional_subcommands(sub) -> None:
+    """Subcommands of the other layers; each module owns its flags."""
+    try:
+        from llmserve.bench.cli import add_bench_args, run_bench
+
+        s = sub.add_parser("bench", help="serving benchmark against any OpenAI-compatible endpoint")
+        add_bench_args(s)  # includes `bench compare A.json B.json`
+        s.set_defaults(fn=run_bench)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from llmserve.sim.cli import add_simulate_args, run_simulate
+
+        s = sub.add_parser("simulate", help="capacity simulator: replay traffic through the live policies")
+        add_simulate_args(s)
+        s.set_defaults(fn=run_simulate)
+    except ImportError:
+        pass
+    try:
+        from llmserve.gateway.cli import add_gateway_args, run_gateway_cmd
+
+        s = sub.add_parser("gateway", help="the OpenAI-compatible gateway in front of instance pools")
+        add_gateway_args(s)
+        s.set_defaults(fn=run_gateway_cmd)
+    except ImportError:
+        pass
+    try:
+        from llmserve.autoscale.serve import add_serve_args, run_serve
+
+        s = sub.add_parser("serve", help="gateway + elastic controller + local instances")
+        add_serve_args(s)
+        s.set_defaults(fn=run_serve)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - a clear one-line error for the user
+        from llmserve.models.loader import ModelLoadError
+
+        if isinstance(e, (ModelLoadError, ValueError, FileNotFoundError)):
+            print(f"llmserve: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""One engine instance as an HTTP service: assembles the routes, lifecycle and drain.
+
+Lifecycle: the HTTP port opens at once (so a controller can watch ``/health``);
+weights load in a thread, a warm-up generation runs, then ``/ready`` turns 200.
+The first SIGTERM drains (``/ready`` 503, new requests 503, in-flight ones
+finish up to ``drain_timeout_s``) and the process exits 0; a second exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hmac
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Any, Callable
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llmserve.engine.async_engine import AsyncEngine
+from llmserve.engine.config import EngineConfig
+from llmserve.engine.engine import EngineCore
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.load_report import LoadReport
+from llmserve.server.config import ServerConfig
+from llmserve.server.metrics import EngineMetrics
+from llmserve.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      TokenizeRequest, error_body)
+from llmserve.server.serving import OpenAIServing
+
+log = logging.getLogger("llmserve.server")
+
+
+class State(enum.Enum):
+    LOADING = "loading"
+    WARMING = "warming"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class Instance:
+    """Holds the engine once loaded and the instance's lifecycle state."""
+
+    def __init__(self, config: ServerConfig, build: Callable[[], EngineCore]) -> None:
+        self.config = config
+        self.build = build
+        self.state = State.LOADING
+        self.error: str | None = None
+        self.engine: AsyncEngine | None = None
+        self.serving: OpenAIServing | None = None
+        self.metrics: EngineMetrics | None = None
+        self.model_name = ""
+        self.instance_id = config.instance_id or uuid.uuid4().hex[:12]
+        self.started = time.monotonic()
+        self.ready_after_s: float | None = None
+        self.drain_started: float | None = None
+
+    async def start(self) -> None:
+        try:
+            core = await asyncio.to_thread(self.build)
+        except Exception as e:  # noqa: BLE001 - reported on /health and in the log
+            log.error("model load failed: %s", e)
+            self.state, self.error = State.FAILED, str(e)
+            return
+        self.model_name = (self.config.served_model_name or [core.model_config.name])[0]
+        self.engine = AsyncEngine(core)
+        self.serving = OpenAIServing(self.engine, self.config, self.model_name)
+        self.metrics = EngineMetrics(core, self.model_name, lambda: core.stats.window()["busy_fraction"])
+        self.state = State.WARMING
+        if self.config.warmup:
+            try:
+                async for _ in self.engine.add_request([1, 2, 3, 4],
+                                                       SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)):
+                    pass
+            except Exception as e:  # noqa: BLE001
+                log.error("warm-up failed: %s", e)
+                self.state, self.error = State.FAILED, f"warm-up failed: {e}"
+                return
+        if self.state is State.WARMING:
+            self.state = State.READY
+            self.ready_after_s = time.monotonic() - self.started
+            log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
+                        self.model_name)
+
+    def need_serving(self) -> OpenAIServing:
+        if self.state is State.DRAINING:
+            raise APIError(503, "the server is draining; retry on another instance", "service_unavailable",
+                           headers={"Retry-After": "1"})
+        if self.serving is None or self.state is not State.READY:
+            raise APIError(503, f"the instance is not ready ({self.state.value})", "service_unavailable",
+                           headers={"Retry-After": "1"})
+        return self.serving
+
+    def load_report(self) -> dict[str, Any]:
+        snap: dict[str, Any] = {}
+        if self.engine is not None:
+            snap = self.engine.core.load_snapshot()
+        q, h = snap.get("prefix_cache_queries", 0), snap.get("prefix_cache_hits", 0)
+        return LoadReport(
+            instance_id=self.instance_id, model=self.model_name, ready=self.state is State.READY,
+            draining=self.state is State.DRAINING, num_running=snap.get("num_running", 0),
+            num_waiting=snap.get("num_waiting", 0),
+            num_waiting_by_priority=snap.get("num_waiting_by_priority", {}),
+            kv_cache_usage=min(1.0, snap.get("kv_cache_usage", 0.0)),
+            busy_fraction=snap.get("busy_fraction", 0.0), tokens_per_s=snap.get("tokens_per_s", 0.0),
+            generation_tokens_per_s=snap.get("generation_tokens_per_s", 0.0),
+            max_num_seqs=snap.get("max_num_seqs", 0), prefix_cache_hit_rate=(h / q) if q else 0.0,
+            timestamp=time.time()).model_dump()
+
+
+def _check_key(config: ServerConfig, header: str | None) -> bool:
+    if not config.api_keys:
+        return True
+    token = (header or "").removeprefix("Bearer ").strip().encode()
+    ok = False
+    for key in config.api_keys:  # compare with every key: no early exit, constant time each
+        ok |= hmac.compare_digest(token, key.encode())
+    return ok
+
+
+class BodyLimit:
+    """Reject bodies over ``limit`` bytes with 413, by header and while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                return await _send_json(send, 413, error_body(
+                    f"request body of {int(v)} bytes is over the limit of {self.limit}", "invalid_request_error",
+                    None, "request_too_large"))
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise APIError(413, f"request body is over the limit of {self.limit} bytes",
+                                   code="request_too_large")
+            return msg
+
+        await self.app(scope, limited, send)
+
+
+async def _send_json(send: Send, status: int, body: dict) -> None:
+    import json
+
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(inst: Instance) -> FastAPI:
+    app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
+    cfg = inst.config
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body("malformed JSON in the request body"), status_code=400)
+        loc = [str(x) for x in first.get("loc", []) if x != "body"]
+        msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
+        return JSONResponse(error_body(msg, param=loc[0] if loc else None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, e: Exception):
+        log.exception("unexpected error")
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        path = request.url.path
+        if path.startswith(("/v1/", "/tokenize", "/detokenize")) and not _check_key(
+                cfg, request.headers.get("authorization")):
+            return JSONResponse(error_body("invalid or missing API key", "authentication_error", None,
+                                           "invalid_api_key"), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        alive = inst.state is not State.FAILED and (inst.engine is None or inst.engine.is_alive())
+        body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+    @app.get("/ready")
+    async def ready():
+        ok = inst.state is State.READY
+        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s},
+                            status_code=200 if ok else 503)
+
+    @app.get("/load")
+    async def load():
+        return inst.load_report()
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if inst.metrics is None:
+            return PlainTextResponse("", media_type=CONTENT_TYPE_LATEST)
+        return PlainTextResponse(generate_latest(inst.metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        names = cfg.served_names(inst.model_name) if inst.model_name else []
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
+                                            "owned_by": "llmserve", "max_model_len":
+                                                inst.engine.core.max_model_len if inst.engine else None}
+                                           for n in names]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await inst.need_serving().completions(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        return await inst.need_serving().chat(body, request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        s = inst.need_serving()
+        s.check_model(body.model)
+        if body.messages is not None:
+            ids = s.tokenizer.encode_chat([m.model_dump(exclude_none=True) for m in body.messages],
+                                          add_generation_prompt=body.add_generation_prompt)
+        elif body.prompt is not None:
+            ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
+        return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.core.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        s = inst.need_serving()
+        s.check_model(body.model)
+        vocab = s.engine.core.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    return BodyLimit(app, cfg.max_body_bytes)  # type: ignore[return-value]
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn with drain-on-SIGTERM: finish in-flight work, then exit 0."""
+
+    def __init__(self, config: uvicorn.Config, inst: Instance) -> None:
+        super().__init__(config)
+        self.inst = inst
+
+    def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - signal handler signature
+        inst = self.inst
+        if inst.state is State.DRAINING or inst.state is State.FAILED or inst.serving is None:
+            if inst.state is State.DRAINING:
+                os._exit(1)  # second signal: stop now
+            return super().handle_exit(sig, frame)
+        log.warning("draining: %d requests in flight", inst.serving.in_flight)
+        inst.state = State.DRAINING
+        inst.serving.draining = True
+        inst.drain_started = time.monotonic()
+
+    async def on_tick(self, counter: int) -> bool:
+        inst = self.inst
+        if inst.state is State.FAILED and inst.engine is None:
+            self.exit_code = 1
+            return True
+        if inst.state is State.DRAINING and inst.serving is not None:
+            waited = time.monotonic() - (inst.drain_started or 0)
+            if inst.serving.in_flight == 0 or waited > inst.config.drain_timeout_s:
+                return True
+        return await super().on_tick(counter)
+
+
+def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    """Serve until drained; returns the process exit code."""
+    from llmserve.engine.llm import build_engine
+
+    logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    inst = Instance(server_config, lambda: build_engine(engine_config))
+    app = create_app(inst)
+
+    async def main() -> int:
+        ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port, http="h11",
+                              h11_max_incomplete_event_size=server_config.max_header_bytes,
+                              log_level=server_config.log_level, access_log=False, lifespan="off",
+                              timeout_graceful_shutdown=5)
+        server = _DrainingServer(ucfg, inst)
+        server.exit_code = 0  # type: ignore[attr-defined]
+        loader = asyncio.create_task(inst.start())
+        await server.serve()
+        loader.cancel()
+        if inst.engine is not None:
+            inst.engine.shutdown()
+        return 1 if inst.state is State.FAILED else server.exit_code  # type: ignore[attr-defined]
+
+    return asyncio.run(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_server(EngineConfig(), ServerConfig()))

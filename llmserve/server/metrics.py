@@ -1,0 +1,104 @@
+"""Prometheus metrics under vLLM's names and meanings, so existing dashboards work.
+
+Histograms are fed by the engine thread through the ``StatsListener`` hooks;
+gauges and counters that the engine already keeps are read at scrape time by a
+custom collector, so nothing is double-counted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from llmserve.engine.engine import EngineCore
+
+TTFT_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+               1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0)
+
+
+class EngineMetrics:
+    """One registry per server; label ``model_name`` as vLLM does."""
+
+    def __init__(self, core: "EngineCore", model_name: str, busy_fraction) -> None:
+        self.registry = CollectorRegistry()
+        self.core = core
+        self.model_name = model_name
+        self._busy_fraction = busy_fraction
+        lab = ["model_name"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", lab,
+                              buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", lab,
+                             buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", lab,
+                             buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting before scheduling.",
+                               lab, buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self.registry.register(_EngineCollector(self))
+        core.stats.listeners.append(self)
+
+    # StatsListener -------------------------------------------------------------------
+    def on_scheduled(self, queue_time: float) -> None:
+        self.queue.observe(queue_time)
+
+    def on_first_token(self, ttft: float) -> None:
+        self.ttft.observe(ttft)
+
+    def on_tokens(self, n: int, gap: float | None) -> None:
+        if gap is not None and n > 0:
+            self.itl.observe(gap / n)
+
+    def on_finished(self, reason: str, e2e: float, prompt_tokens: int, output_tokens: int) -> None:
+        if reason != "abort":
+            self.e2e.observe(e2e)
+
+
+class _EngineCollector:
+    def __init__(self, m: EngineMetrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterable[Metric]:
+        core, name = self.m.core, self.m.model_name
+        sch, kv, st = core.scheduler, core.kv, core.stats
+
+        def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            g.add_metric([name], value)
+            return g
+
+        def counter(metric: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(metric, doc, labels=["model_name"])
+            c.add_metric([name], value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", len(sch.running))
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", len(sch.waiting))
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", kv.usage)
+        yield gauge("llmserve:busy_fraction", "Share of wall time in forward passes, recent window.",
+                    self.m._busy_fraction())
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", kv.prefix_queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", kv.prefix_hits)
+        yield counter("vllm:num_preemptions", "Cumulative preemptions.", sch.num_preemptions)
+        yield counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Generation tokens produced.", st.generation_tokens)
+        ok = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+                                 labels=["model_name", "finished_reason"])
+        for reason in ("stop", "length", "abort"):
+            ok.add_metric([name, reason], st.finished.get(reason, 0))
+        yield ok
+        spec = core.spec
+        if spec is not None:
+            yield counter("vllm:spec_decode_num_drafts", "Speculative drafts proposed.", spec.num_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", spec.num_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          spec.num_accepted_tokens)
+            per = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted draft tokens by position.", labels=["model_name", "position"])
+            for i, n in enumerate(spec.accepted_per_pos):
+                per.add_metric([name, str(i)], n)
+            yield per
