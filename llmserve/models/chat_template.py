@@ -7,7 +7,9 @@ dicts, bounded ``range``), with the helpers and options ``transformers`` provide
 so real templates render the same here as there. On top of the sandbox:
 
 - an unsafe attribute raises at once instead of quietly rendering as empty;
-- ``*`` and ``**`` refuse to build huge strings, lists or numbers (memory bombs);
+- ``*``, ``**`` and ``+`` refuse to build huge strings, lists or numbers, and the
+  output is capped (memory bombs); other ways to burn CPU remain, so callers
+  should still bound rendering time;
 - ``namespace`` refuses underscore names.
 
 Every failure, from a syntax error to ``raise_exception('...')`` called by the
@@ -28,8 +30,8 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-MAX_REPEAT = 1_000_000  # longest string or list a template may build with `*`
-MAX_POWER_BITS = 4096  # largest integer a template may build with `**`
+MAX_LENGTH = 16_000_000  # longest string or list a template may build with `*` or `+`, or output
+MAX_INT_BITS = 4096  # largest integer a template may build with `*` or `**`
 
 
 class ChatTemplateError(ValueError):
@@ -82,20 +84,27 @@ class _GenerationTag(jinja2.ext.Extension):
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "+"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object "
                             "is not allowed in a chat template")
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        sized = (str, list, tuple)
+        if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+            if len(left) + len(right) > MAX_LENGTH:
+                raise SecurityError(f"a chat template may not build a sequence longer than {MAX_LENGTH}")
+        elif operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_REPEAT:
-                    raise SecurityError(f"a chat template may not build a sequence longer than {MAX_REPEAT}")
+                if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > MAX_LENGTH:
+                    raise SecurityError(f"a chat template may not build a sequence longer than {MAX_LENGTH}")
+            if isinstance(left, int) and isinstance(right, int) and \
+                    left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise SecurityError("a chat template may not compute such a large number")
         elif operator == "**" and isinstance(left, int) and isinstance(right, int):
-            if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
-                raise SecurityError("a chat template may not compute such a large power")
+            if right > 0 and abs(left) > 1 and right * abs(left).bit_length() > MAX_INT_BITS:
+                raise SecurityError("a chat template may not compute such a large number")
         return super().call_binop(context, operator, left, right)
 
 
@@ -121,8 +130,14 @@ class ChatTemplate:
                **variables: Any) -> str:
         """Render ``messages``; ``variables`` (bos_token, eos_token, tools, ...) reach the template."""
         try:
-            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         **variables)
+            out, size = [], 0
+            for chunk in self._template.generate(messages=list(messages),
+                                                 add_generation_prompt=add_generation_prompt, **variables):
+                size += len(chunk)
+                if size > MAX_LENGTH:
+                    raise SecurityError(f"a chat template may not render more than {MAX_LENGTH} characters")
+                out.append(chunk)
+            return "".join(out)
         except SecurityError as e:
             raise ChatTemplateError(f"the chat template attempted a forbidden operation: {e}") from e
         except TemplateError as e:

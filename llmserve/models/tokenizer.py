@@ -48,7 +48,7 @@ class Tokenizer:
 
     def __init__(self, backend: RustTokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
                  extra_eos_token_ids: Iterable[int] = (), chat_template: str | None = None,
-                 add_bos_token: bool | None = None, name: str = "tokenizer") -> None:
+                 name: str = "tokenizer") -> None:
         self.backend = backend
         self.name = name
         self.bos_token, self.eos_token = bos_token, eos_token
@@ -58,10 +58,6 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
         self.chat_template = chat_template
         self._compiled: ChatTemplate | None = None
-        # Old configs say add_bos_token while their tokenizer.json's post-processor
-        # does not add it; transformers adds it then, so do we.
-        self._prepend_bos = bool(add_bos_token and self.bos_token_id is not None
-                                 and backend.encode("a").ids[:1] != [self.bos_token_id])
 
     # -- construction ---------------------------------------------------------------
 
@@ -87,7 +83,7 @@ class Tokenizer:
         extra = gen.get("eos_token_id")
         return cls(backend, bos_token=_token_text(cfg.get("bos_token")), eos_token=_token_text(cfg.get("eos_token")),
                    extra_eos_token_ids=[extra] if isinstance(extra, int) else list(extra or []),
-                   chat_template=chat_template, add_bos_token=cfg.get("add_bos_token"), name=folder.name)
+                   chat_template=chat_template, name=folder.name)
 
     @classmethod
     def from_gguf(cls, path: Path) -> "Tokenizer":
@@ -113,8 +109,7 @@ class Tokenizer:
         if extra:
             atomic_write_json(folder / "generation_config.json", {"eos_token_id": extra})
         atomic_write_json(folder / "tokenizer_config.json", {
-            "bos_token": self.bos_token, "eos_token": self.eos_token,
-            "add_bos_token": self._prepend_bos, "chat_template": self.chat_template,
+            "bos_token": self.bos_token, "eos_token": self.eos_token, "chat_template": self.chat_template,
         })
 
     # -- text ⇄ ids -----------------------------------------------------------------
@@ -125,10 +120,9 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self._prepend_bos:
-            ids = [self.bos_token_id, *ids]  # type: ignore[list-item]
-        return ids
+        """Ids of ``text``; whether BOS is added is the tokenizer.json post-processor's call,
+        as in transformers (``add_bos_token`` in an old config is not consulted)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

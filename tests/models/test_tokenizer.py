@@ -1,0 +1,121 @@
+"""Tokenizer: transformers' tokenizers for the same files are the oracle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmserve.models.chat_template import ChatTemplateError
+from llmserve.models.loading import cache_dir, load_tokenizer
+from llmserve.models.tokenizer import Tokenizer
+from tests.helpers import make_tiny_gguf, make_tiny_llama
+
+TEXTS = [
+    "Hello world",
+    "  leading spaces\nnew line\ttab",
+    "😀 emoji, 👩‍👩‍👧 family, 🇫🇷 flag",
+    "中文 你好世界 日本語のテキスト 한국어",
+    "Ünïcödé façade — naïve “quotes”",
+    "<|im_start|>user\nhi<|im_end|>",
+    "",
+]
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tok"))
+
+
+def _assert_same_as(ours: Tokenizer, hf) -> None:
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text), text
+        assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), text
+        assert ours.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    assert ours.bos_token_id == hf.bos_token_id and ours.eos_token_ids[0] == hf.eos_token_id
+    assert ours.vocab_size == len(hf)
+    assert ours.apply_chat_template(MESSAGES) == hf.apply_chat_template(MESSAGES, tokenize=False,
+                                                                        add_generation_prompt=True)
+
+
+def test_hf_folder_matches_transformers(tiny_folder):
+    from transformers import AutoTokenizer
+
+    _assert_same_as(Tokenizer.from_folder(tiny_folder), AutoTokenizer.from_pretrained(tiny_folder))
+
+
+def test_round_trip_and_special_tokens(tiny_folder):
+    tok = Tokenizer.from_folder(tiny_folder)
+    for text in TEXTS:
+        assert tok.decode(tok.encode(text), skip_special_tokens=False) == text
+    ids = tok.encode("<|im_start|>hi<|im_end|>")
+    assert ids[0] == tok.bos_token_id == 1 and ids[-1] == 2 and tok.eos_token_ids == (2,)
+    assert tok.decode(ids) == "hi"
+    assert tok.vocab_size == 384
+
+
+def test_chat_template_and_chat_encoding(tiny_folder):
+    tok = Tokenizer.from_folder(tiny_folder)
+    text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, *MESSAGES])
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    assert not tok.apply_chat_template(MESSAGES, add_generation_prompt=False).endswith("assistant\n")
+    ids = tok.encode_chat(MESSAGES)
+    assert ids == tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 2  # the template's own, no extra
+
+
+def test_missing_chat_template_is_a_clear_error(tmp_path):
+    tok = Tokenizer.from_folder(make_tiny_llama(tmp_path, chat_template=None))
+    with pytest.raises(ChatTemplateError, match="has no chat template"):
+        tok.apply_chat_template(MESSAGES)
+
+
+def test_chat_template_file_of_transformers_5(tiny_folder, tmp_path):
+    folder = make_tiny_llama(tmp_path, chat_template=None)
+    (folder / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
+    assert Tokenizer.from_folder(folder).apply_chat_template(MESSAGES) == "What is 2+2?!"
+
+
+def test_added_token_dicts_and_generation_config_stop_ids(tmp_path):
+    folder = make_tiny_llama(tmp_path)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = {"content": "<|im_end|>", "special": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert Tokenizer.from_folder(folder).eos_token_ids == (2, 0)
+
+
+def test_gguf_tokenizer_matches_transformers_and_is_cached(tiny_folder, tmp_path):
+    from transformers import AutoTokenizer
+
+    gguf = make_tiny_gguf(tiny_folder, tmp_path / "tiny.gguf")
+    store = tmp_path / "store"
+    first = load_tokenizer(gguf, store)
+    assert (cache_dir(gguf, store) / "tokenizer.json").is_file()
+    hf = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=gguf.name, local_files_only=True)
+    _assert_same_as(first, hf)
+    _assert_same_as(load_tokenizer(gguf, store), hf)  # from the cache this time
+    # and the GGUF tokenizer encodes as the original HF folder's does
+    orig = Tokenizer.from_folder(tiny_folder)
+    assert all(first.encode(t) == orig.encode(t) for t in TEXTS)
+
+
+@pytest.mark.real_model
+def test_smollm2_tokenizer_matches_transformers(smollm2_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name,
+                                       local_files_only=True)
+    tok = load_tokenizer(smollm2_path, tmp_path)
+    _assert_same_as(tok, hf)
+    _assert_same_as(load_tokenizer(smollm2_path, tmp_path), hf)  # cached copy
+    assert (tok.bos_token_id, tok.eos_token_ids, tok.vocab_size) == (1, (2,), 49152)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.encode("Hello world") == [19556, 905]
