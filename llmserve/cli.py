@@ -150,6 +150,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-warmup", action="store_true")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
     g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
+    g.add_argument("--startup-delay", type=float, default=0.0,
+                   help="seconds to wait before loading the model (simulates a slow cold start)")
     g.add_argument("--log-level", default="warning")
 
 
@@ -163,7 +165,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
         max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
-        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, log_level=args.log_level)
+        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
+        log_level=args.log_level)
     return run_server(engine_config_from(args), scfg)
 
 

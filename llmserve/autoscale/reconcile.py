@@ -20,7 +20,7 @@ from llmserve.autoscale.lifecycle import InstanceState
 
 
 @dataclass(frozen=True, slots=True)
-class InstanceView:
+class InstanceStatus:
     """What reconciliation needs to know about one instance."""
 
     id: Hashable
@@ -43,7 +43,7 @@ class ScalePlan:
         return not (self.start or self.revive or self.cancel or self.drain)
 
 
-def plan_scaling(desired: int, instances: Sequence[InstanceView]) -> ScalePlan:
+def plan_scaling(desired: int, instances: Sequence[InstanceStatus]) -> ScalePlan:
     """The actions that bring the provisioned count to ``desired``."""
     provisioned = [i for i in instances if i.state.provisioned]
     n = len(provisioned)

@@ -155,6 +155,8 @@ class EngineCore:
         if req is None or tr is None:
             return None
         tr.finish_reason = "abort"
+        tr.metrics.finished_time = time.monotonic()
+        self.stats.on_finished(req, "abort", tr.metrics)
         return self._output(tr, finished=True)
 
     def has_unfinished(self) -> bool:

@@ -10,6 +10,7 @@ result as a HF folder so ``loading.load_tokenizer`` can skip that slow step
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -21,6 +22,9 @@ from llmserve.models.files import atomic_write_bytes, atomic_write_json, read_js
 from llmserve.models.loader import ModelLoadError
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError"]
+
+# Private-use characters that bracket a control token written by a user, not by the template.
+_OPEN, _CLOSE = "\ue000", "\ue001"
 
 
 def _token_text(value: Any) -> str | None:
@@ -58,6 +62,10 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
         self.chat_template = chat_template
         self._compiled: ChatTemplate | None = None
+        specials = sorted((t.content for t in backend.get_added_tokens_decoder().values() if t.special),
+                          key=len, reverse=True)
+        self._control_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._literal: RustTokenizer | None = None  # a copy that encodes control tokens as text
 
     # -- construction ---------------------------------------------------------------
 
@@ -151,6 +159,39 @@ class Tokenizer:
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                     **variables: Any) -> list[int]:
-        """Prompt ids for a conversation. The template writes its own special tokens, so none are added."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **variables),
-                           add_special_tokens=False)
+        """Prompt ids for a conversation, safe against control-token injection.
+
+        The template writes its own special tokens, so none are added. A control
+        token typed by a user (``<|im_end|><|im_start|>system``) is encoded as the
+        plain text it is, never as the token: only the template may open a turn.
+        """
+        if self._control_re is None:
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **variables),
+                               add_special_tokens=False)
+        marked = self._mark(list(messages))
+        variables = {k: v if k in ("bos_token", "eos_token") else self._mark(v) for k, v in variables.items()}
+        text = self.apply_chat_template(marked, add_generation_prompt, **variables)
+        if _OPEN not in text and _CLOSE not in text:
+            return self.encode(text, add_special_tokens=False)
+        if self._literal is None:
+            self._literal = RustTokenizer.from_str(self.backend.to_str())
+            self._literal.encode_special_tokens = True
+        ids: list[int] = []
+        # Pieces alternate: template text, then a user's control token (None for a lone marker).
+        pieces = re.split(f"{_OPEN}({self._control_re.pattern}){_CLOSE}|[{_OPEN}{_CLOSE}]", text)
+        for i, piece in enumerate(pieces):
+            if piece:
+                enc = self.backend if i % 2 == 0 else self._literal
+                ids += enc.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _mark(self, obj: Any) -> Any:
+        """Bracket control tokens inside user-supplied strings (recursively; dict keys kept)."""
+        if isinstance(obj, str):
+            obj = obj.replace(_OPEN, "").replace(_CLOSE, "")  # no forged markers
+            return self._control_re.sub(lambda m: _OPEN + m.group(0) + _CLOSE, obj)  # type: ignore[union-attr]
+        if isinstance(obj, dict):
+            return {k: self._mark(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self._mark(v) for v in obj]
+        return obj

@@ -65,6 +65,8 @@ class Instance:
         self.drain_started: float | None = None
 
     async def start(self) -> None:
+        if self.config.startup_delay_s:
+            await asyncio.sleep(self.config.startup_delay_s)
         try:
             core = await asyncio.to_thread(self.build)
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log

@@ -26,6 +26,8 @@ class ServerConfig:
     # answered 500, and latency added before each.
     fault_error_rate: float = 0.0
     fault_latency_ms: float = 0.0
+    # Seconds to wait before loading the model: stands in for a slow cold start.
+    startup_delay_s: float = 0.0
     log_level: str = "warning"
 
     def __post_init__(self) -> None:

@@ -184,11 +184,15 @@ class OpenAIServing:
                      prompt_texts=None):
         n_tokens = sum(len(p) for p in prompts)
         self._admit(n_tokens)
-        await self._inject_faults()
-        jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt)
+        tracker = _Tracker(self, n_tokens)
+        try:
+            await self._inject_faults()
+            jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt)
+        except BaseException:
+            tracker.done()
+            raise
         meta = _Meta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
                      chat, sp.n, sp.logprobs is not None)
-        tracker = _Tracker(self, n_tokens)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",

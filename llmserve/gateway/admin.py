@@ -1,0 +1,144 @@
+"""The admin API under ``/admin/``, protected by the admin key.
+
+Send the key as ``Authorization: Bearer <admin_key>`` (or ``x-admin-key``). With
+no admin key configured the whole API answers 404.
+
+- ``GET  /admin/models``                                   versions, weights, canary state
+- ``GET  /admin/models/{model}/canary``                    canary status
+- ``GET  /admin/models/{model}/canary/history``            events with times and reasons
+- ``POST /admin/models/{model}/canary/{action}``           start | promote | rollback | pause
+                                                           | resume; body ``{"reason": ...}``
+- ``GET  /admin/pools``                                    every pool: instances, queues
+- ``POST /admin/models/{m}/versions/{v}/instances``        ``{"url", "instance_id"?}``
+- ``DELETE /admin/models/{m}/versions/{v}/instances/{id}``
+- ``POST /admin/models/{m}/versions/{v}/instances/{id}/drain``  ``{"draining": true}``
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict
+
+from llmserve.gateway.canary import InvalidTransition
+from llmserve.gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from llmserve.gateway.app import Gateway, ModelRuntime
+
+CANARY_ACTIONS = ("start", "promote", "rollback", "pause", "resume")
+
+
+class ReasonBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = None
+
+
+class AddInstanceBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    instance_id: str | None = None
+
+
+class DrainBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    draining: bool = True
+
+
+def admin_router(gw: Gateway) -> APIRouter:
+    key = gw.config.auth.admin_key
+
+    def require_admin(request: Request) -> None:
+        if key is None:
+            raise GatewayError(404, "the admin API is disabled (no admin_key configured)",
+                               code="not_found")
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else \
+            request.headers.get("x-admin-key", "")
+        if not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
+            raise GatewayError(401, "a valid admin key is required", code="invalid_admin_key")
+
+    r = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+
+    def runtime(model: str) -> ModelRuntime:
+        rt = gw.models.get(model)
+        if rt is None:
+            raise GatewayError(404, f"no model {model!r}", code="model_not_found")
+        return rt
+
+    def canary_of(model: str):
+        rt = runtime(model)
+        if rt.canary is None:
+            raise GatewayError(404, f"model {model!r} has no canary configured",
+                               code="no_canary")
+        return rt
+
+    @r.get("/models")
+    async def models() -> dict:
+        return {"models": [rt.describe() for rt in gw.models.values()]}
+
+    @r.get("/models/{model}/canary")
+    async def canary_status(model: str) -> dict:
+        return canary_of(model).canary.status()
+
+    @r.get("/models/{model}/canary/history")
+    async def canary_history(model: str) -> dict:
+        return {"events": canary_of(model).canary.events()}
+
+    @r.post("/models/{model}/canary/{action}")
+    async def canary_action(model: str, action: str, body: ReasonBody | None = None) -> dict:
+        rt = canary_of(model)
+        if action not in CANARY_ACTIONS:
+            raise GatewayError(404, f"unknown canary action {action!r}; one of {CANARY_ACTIONS}",
+                               code="unknown_action")
+        try:
+            rt.canary_action(action, (body.reason if body else None) or f"admin {action}")
+        except InvalidTransition as e:
+            raise GatewayError(409, str(e), code="invalid_transition") from None
+        return rt.canary.status()
+
+    @r.get("/pools")
+    async def pools() -> dict:
+        return {"pools": [rt.describe_pool(v) for rt in gw.models.values() for v in rt.pools]}
+
+    def pool_of(model: str, version: str):
+        rt = runtime(model)
+        if version not in rt.pools:
+            raise GatewayError(404, f"model {model!r} has no version {version!r}",
+                               code="version_not_found")
+        return rt.pools[version]
+
+    @r.get("/models/{model}/versions/{version}/instances")
+    async def list_instances(model: str, version: str) -> dict:
+        return {"instances": pool_of(model, version).snapshot()}
+
+    @r.post("/models/{model}/versions/{version}/instances", status_code=201)
+    async def add_instance(model: str, version: str, body: AddInstanceBody) -> dict:
+        pool = pool_of(model, version)
+        try:
+            inst = pool.add_instance(body.url, body.instance_id)
+        except ValueError as e:
+            raise GatewayError(400, str(e), code="invalid_instance") from None
+        return {"instance_id": inst.instance_id, "url": inst.url}
+
+    @r.delete("/models/{model}/versions/{version}/instances/{instance_id}")
+    async def remove_instance(model: str, version: str, instance_id: str) -> dict:
+        pool = pool_of(model, version)
+        if pool.get(instance_id) is None:
+            raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
+        pool.remove_instance(instance_id)
+        return {"removed": instance_id}
+
+    @r.post("/models/{model}/versions/{version}/instances/{instance_id}/drain")
+    async def drain_instance(model: str, version: str, instance_id: str,
+                             body: DrainBody | None = None) -> dict:
+        pool = pool_of(model, version)
+        if pool.get(instance_id) is None:
+            raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
+        draining = body.draining if body else True
+        pool.set_draining(instance_id, draining)
+        return {"instance_id": instance_id, "draining": draining}
+
+    return r

@@ -1,0 +1,325 @@
+"""The gateway app: assembles config, pools, router, canary, monitor and HTTP routes.
+
+``create_app(config) -> FastAPI`` builds it; ``run_gateway(config_path, host, port)``
+serves it with uvicorn. The live :class:`Gateway` is ``app.state.gateway``; the
+autoscaler reaches a pool with ``gateway.pool(model, version)`` (see ``pool.py``
+for the pool's run-time interface).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import random
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llmserve.gateway.admin import admin_router
+from llmserve.gateway.canary import Action, CanaryAnalysis
+from llmserve.gateway.config import GatewayConfig, ModelConfig
+from llmserve.gateway.errors import GatewayError, error_response, from_exception
+from llmserve.gateway.health import RetryBudget
+from llmserve.gateway.metrics import GatewayMetrics, gauge
+from llmserve.gateway.monitor import Monitor
+from llmserve.gateway.pool import Pool
+from llmserve.gateway.proxy import Proxy
+from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.gateway.window_stats import WindowStats
+
+log = logging.getLogger(__name__)
+
+
+class ModelRuntime:
+    """One served model: its version router, one pool per version, its canary."""
+
+    def __init__(self, config: ModelConfig, gateway: Gateway, rng: random.Random) -> None:
+        self.config = config
+        self.gateway = gateway
+        gcfg = gateway.config
+        self.pools: dict[str, Pool] = {}
+        for v in config.versions:
+            pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
+                        concurrency=config.concurrency, balancer=config.balancer,
+                        breaker=gcfg.breaker, outlier=gcfg.outlier,
+                        report_ttl_s=max(2.0, 8 * gcfg.polling.load_interval_s),
+                        rng=random.Random(rng.random()))
+            for url in v.upstreams:
+                pool.add_instance(url)
+            self.pools[v.name] = pool
+        self.canary: CanaryAnalysis | None = None
+        window = 60.0
+        if config.canary is not None:
+            self.canary = CanaryAnalysis(config.canary.version, config.canary.stable,
+                                         config.canary)
+            window = config.canary.interval_s
+        self.stats = WindowStats(window)
+        self.router = VersionRouter(self._weights(), salt=config.name,
+                                    rng=random.Random(rng.random()))
+
+    def _weights(self) -> dict[str, float]:
+        base = self.config.base_weights
+        if self.canary is None:
+            return base
+        return with_weight(base, self.canary.canary, self.canary.weight)
+
+    def apply_weights(self) -> None:
+        self.router.set_weights(self._weights())
+
+    def tick(self, now: float) -> None:
+        if self.canary is None:
+            return
+        d = self.canary.tick(now, self.stats.snapshot(self.canary.canary, now),
+                             self.stats.snapshot(self.canary.stable, now))
+        if d.action not in (Action.NONE, Action.SKIP):
+            log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
+                     d.action.value, 100 * d.weight, d.reason)
+            self.apply_weights()
+
+    def canary_action(self, action: str, reason: str) -> None:
+        assert self.canary is not None
+        getattr(self.canary, action)(time.time(), reason)
+        log.info("canary %s/%s: %s by admin (%s)", self.config.name, self.canary.canary,
+                 action, reason)
+        self.apply_weights()
+
+    def describe(self) -> dict:
+        return {"name": self.config.name,
+                "versions": [{"name": v.name, "base_weight": v.weight,
+                              "weight": self.router.weights[v.name],
+                              "instances": len(self.pools[v.name].instances())}
+                             for v in self.config.versions],
+                "canary": None if self.canary is None else self.canary.status()}
+
+    def describe_pool(self, version: str) -> dict:
+        pool = self.pools[version]
+        queues = {p.name.lower(): asdict(s) for p, s in pool.queue_stats().items()}
+        return {"model": self.config.name, "version": version,
+                "weight": self.router.weights[version], "instances": pool.snapshot(),
+                "queues": queues}
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        rng = rng or random.Random()
+        self.metrics = GatewayMetrics(self._gauges)
+        self.retry_budget = RetryBudget(config.retry.budget)
+        self.models = {m.name: ModelRuntime(m, self, rng) for m in config.models}
+        self.proxy = Proxy(self)
+        self.client: httpx.AsyncClient | None = None
+        self.monitor: Monitor | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    def pool(self, model: str, version: str) -> Pool:
+        return self.models[model].pools[version]
+
+    def pools(self) -> Iterator[Pool]:
+        for rt in self.models.values():
+            yield from rt.pools.values()
+
+    async def start(self) -> None:
+        lim = self.config.limits
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(lim.request_timeout_s, connect=lim.connect_timeout_s,
+                                  pool=lim.connect_timeout_s),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512,
+                                keepalive_expiry=30.0))
+        self.monitor = Monitor(self.pools, self.client, self.config.polling)
+        now = time.time()
+        for rt in self.models.values():
+            if rt.canary is not None and rt.config.canary.auto_start:
+                rt.canary.start(now, "started with the gateway")
+                rt.apply_weights()
+        self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
+                       asyncio.create_task(self._canary_loop(), name="canary")]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await t
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def _canary_loop(self) -> None:
+        intervals = [rt.config.canary.interval_s for rt in self.models.values()
+                     if rt.config.canary is not None]
+        if not intervals:
+            return
+        period = max(0.01, min(1.0, min(intervals) / 10))
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for rt in self.models.values():
+                try:
+                    rt.tick(now)
+                except Exception:  # one model's bug must not stop the others' rollouts
+                    log.exception("canary tick failed for %s", rt.config.name)
+
+    def ready(self) -> bool:
+        return any(v.routable for p in self.pools() for v in p.views(time.monotonic()))
+
+    def _gauges(self) -> Iterable:
+        depth = gauge("queue_depth", "Requests waiting in the gateway's queue",
+                      ["model", "version", "class"])
+        oldest = gauge("queue_oldest_wait_seconds", "Wait of the oldest queued request",
+                       ["model", "version", "class"])
+        weight = gauge("version_weight", "Share of traffic routed to each version",
+                       ["model", "version"])
+        inflight = gauge("instance_inflight", "Requests in flight to each instance",
+                         ["model", "version", "instance"])
+        ready = gauge("instance_ready", "1 if the instance passes /ready",
+                      ["model", "version", "instance"])
+        breaker = gauge("instance_breaker_open", "0 closed, 0.5 half-open, 1 open",
+                        ["model", "version", "instance"])
+        level = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
+        for name, rt in self.models.items():
+            for version, pool in rt.pools.items():
+                weight.add_metric([name, version], rt.router.weights[version])
+                for p, s in pool.queue_stats().items():
+                    depth.add_metric([name, version, p.name.lower()], s.depth)
+                    oldest.add_metric([name, version, p.name.lower()], s.oldest_wait_s)
+                for iid, state in pool.breaker_states().items():
+                    inst = pool.get(iid)
+                    inflight.add_metric([name, version, iid], inst.inflight)
+                    ready.add_metric([name, version, iid], float(inst.ready))
+                    breaker.add_metric([name, version, iid], level[state.value])
+        return [depth, oldest, weight, inflight, ready, breaker]
+
+
+class LimitsMiddleware:
+    """Refuses oversized headers (431) and declared bodies (413) before routing."""
+
+    def __init__(self, app: ASGIApp, max_header_bytes: int, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            size = sum(len(k) + len(v) + 4 for k, v in headers)
+            response = None
+            if size > self.max_header_bytes:
+                response = error_response(431, f"request headers are over the limit of "
+                                               f"{self.max_header_bytes} bytes",
+                                          code="headers_too_large")
+            else:
+                for k, v in headers:
+                    if k == b"content-length" and v.isdigit() \
+                            and int(v) > self.max_body_bytes:
+                        response = error_response(413, f"the request body is over the limit "
+                                                       f"of {self.max_body_bytes} bytes",
+                                                  code="body_too_large")
+            if response is not None:
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _client_auth(gw: Gateway):
+    keys = [k.get_secret_value().encode() for k in gw.config.auth.api_keys]
+
+    def check(request: Request) -> None:
+        if not keys:
+            return
+        auth = request.headers.get("authorization", "")
+        given = (auth[7:] if auth.lower().startswith("bearer ") else "").strip().encode()
+        ok = False
+        for k in keys:  # no early exit: every key is compared
+            ok |= hmac.compare_digest(given, k)
+        if not ok:
+            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                               code="invalid_api_key")
+
+    return check
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    gw = Gateway(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.gateway = gw
+    app.add_middleware(LimitsMiddleware, max_header_bytes=config.limits.max_header_bytes,
+                       max_body_bytes=config.limits.max_body_bytes)
+    check_client = _client_auth(gw)
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:
+        return from_exception(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return error_response(400, f"invalid request: {e.errors()}", code="invalid_request")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        check_client(request)
+        return await gw.proxy.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        check_client(request)
+        return await gw.proxy.handle(request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        check_client(request)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "llmserve"}
+            for name in gw.models]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        if gw.ready():
+            return JSONResponse({"status": "ready"})
+        return error_response(503, "no upstream instance is ready", code="not_ready")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gw.metrics.exposition(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(admin_router(gw))
+    return app
+
+
+def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
+                log_level: str = "info") -> None:
+    import uvicorn
+
+    config = GatewayConfig.load(config_path)
+    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level,
+                h11_max_incomplete_event_size=config.limits.max_header_bytes + 4096,
+                timeout_keep_alive=30)

@@ -1,0 +1,64 @@
+"""The gateway's Prometheus metrics, all under ``llmserve:gateway_``.
+
+Counters and histograms are updated on the request path; gauges (queue depth,
+in flight, breaker state, canary weight) are read from the live state at scrape
+time by a collector, so they can never drift from it. One registry per app, so
+several gateways (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+P = "llmserve:gateway_"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
+                    120.0, 300.0)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                  300.0, 600.0)
+
+
+class GatewayMetrics:
+    def __init__(self, gauges: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model", "version", "class"]
+        self.requests = Counter(f"{P}requests", "Requests answered, by HTTP status",
+                                labels + ["status"], registry=self.registry)
+        self.errors = Counter(f"{P}errors", "Requests that failed, by kind",
+                              labels + ["kind"], registry=self.registry)
+        self.ttft = Histogram(f"{P}time_to_first_token_seconds",
+                              "Arrival to first streamed byte (streaming requests)", labels,
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(f"{P}e2e_request_latency_seconds", "Arrival to last byte", labels,
+                             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue_time = Histogram(f"{P}queue_time_seconds",
+                                    "Time waiting in the gateway's admission queue", labels,
+                                    buckets=_QUEUE_BUCKETS, registry=self.registry)
+        self.upstream = Counter(f"{P}upstream_requests", "Attempts sent to each instance",
+                                ["model", "version", "instance"], registry=self.registry)
+        self.retries = Counter(f"{P}retries", "Attempts retried on another instance",
+                               ["model", "version"], registry=self.registry)
+        self.routed = Counter(f"{P}routed", "Version choices, by reason",
+                              ["model", "version", "reason"], registry=self.registry)
+        self.registry.register(_Gauges(gauges))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Gauges(Collector):
+    def __init__(self, produce: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+        self._produce = produce
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return self._produce()
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+
+def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{P}{name}", doc, labels=labels)

@@ -1,0 +1,304 @@
+"""A pool: one model version's upstream instances and its admission queue.
+
+The pool is the seam between the pure decision code and the live gateway. The
+request path calls ``acquire`` (wait in the admission queue until the picker finds
+an instance with room; the slot is reserved before the caller wakes) and
+``release`` (the outcome feeds the instance's breaker and the outlier detector).
+
+The autoscaler and the admin API change the instance set at run time through a
+small interface; all of it is safe to call from the event loop at any moment:
+
+- ``add_instance(url, instance_id=None, ready=False) -> Instance``
+- ``remove_instance(instance_id) -> Instance``  (in-flight requests finish)
+- ``set_draining(instance_id, draining=True)``   (no new requests)
+- ``instances() -> list[Instance]``, ``get(instance_id)``
+- ``signals() -> PoolSignals``                    (queue depth, wait, in flight)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, ClassStats,
+                                        ConcurrencyConfig, Priority, Rejected)
+from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
+from llmserve.gateway.circuit import BreakerConfig, BreakerState, CircuitBreaker
+from llmserve.gateway.config import normalize_url
+from llmserve.gateway.health import OutlierConfig, OutlierDetector
+from llmserve.gateway.instance import InstanceView
+from llmserve.load_report import LoadReport, MetricsLoadParser
+
+
+class QueueFull(Exception):
+    def __init__(self, rejected: Rejected) -> None:
+        super().__init__(rejected.reason)
+        self.rejected = rejected
+
+
+class QueueTimeout(Exception):
+    def __init__(self, message: str, waited_s: float) -> None:
+        super().__init__(message)
+        self.waited_s = waited_s
+
+
+class NoHealthyInstance(Exception):
+    """Every instance of the pool has failed (breaker open, ejected, gone unready, draining).
+
+    Requests fail fast instead of waiting for a deadline: capacity that is broken
+    is not coming back soon. An empty pool, or one whose instances have never been
+    ready yet (starting, scaling from zero), makes requests wait instead.
+    """
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"  # connection error, 5xx, or the stream broke: counts against it
+    NEUTRAL = "neutral"  # the client went away: says nothing about the instance
+
+
+@dataclass(eq=False)
+class Instance:
+    """The live state of one upstream instance (owned by its pool)."""
+
+    instance_id: str
+    url: str
+    breaker: CircuitBreaker
+    ready: bool = False
+    draining: bool = False
+    inflight: int = 0
+    report: LoadReport | None = None
+    inflight_at_report: int = 0
+    report_at: float = 0.0  # monotonic time the report arrived
+    poll_failures: int = 0
+    load_source: str = "load"  # "load" or "metrics"
+    ready_path: str = "/ready"  # "/health" for upstreams without /ready
+    metrics_parser: MetricsLoadParser | None = None
+    served: int = 0
+    ever_ready: bool = False  # starting instances make requests wait; failed ones do not
+
+    def snapshot(self, now: float, ejected: bool, report_ttl_s: float) -> dict:
+        return {
+            "instance_id": self.instance_id, "url": self.url, "ready": self.ready,
+            "draining": self.draining, "ejected": ejected, "inflight": self.inflight,
+            "breaker": self.breaker.state(now).value, "served": self.served,
+            "load_source": self.load_source,
+            "report": (self.report.model_dump()
+                       if self.report is not None and now - self.report_at <= report_ttl_s
+                       else None),
+        }
+
+
+@dataclass
+class Lease:
+    """A reserved slot on an instance for one attempt of one request."""
+
+    instance: Instance
+    queued_s: float
+    released: bool = False
+
+
+@dataclass(eq=False)
+class _Waiter:
+    future: asyncio.Future
+    request: RouteRequest
+    exclude: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignals:
+    """What the autoscaler reads of a pool."""
+
+    instances: int
+    routable: int
+    inflight: int
+    queue_depth: dict[str, int]
+    queue_oldest_wait_s: dict[str, float]
+
+
+class Pool:
+    def __init__(self, name: str, *, admission: AdmissionConfig | None = None,
+                 concurrency: ConcurrencyConfig | None = None,
+                 balancer: BalancerConfig | None = None, breaker: BreakerConfig | None = None,
+                 outlier: OutlierConfig | None = None, report_ttl_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.name = name
+        self.admission: AdmissionQueue[_Waiter] = AdmissionQueue(admission)
+        self.picker = Picker(balancer, concurrency, rng=rng)
+        self.outlier = OutlierDetector(outlier)
+        self._breaker_config = breaker or BreakerConfig()
+        self._report_ttl_s = report_ttl_s
+        self._clock = clock
+        self._instances: dict[str, Instance] = {}
+        self._ids = itertools.count(1)
+        self.dispatched_total = 0
+
+    # ---- the run-time interface (autoscaler, admin API) -----------------------------
+    def add_instance(self, url: str, instance_id: str | None = None, *,
+                     ready: bool = False) -> Instance:
+        """Add an upstream; it takes traffic once ready (``/ready`` passes)."""
+        url = normalize_url(url)
+        if any(i.url == url for i in self._instances.values()):
+            raise ValueError(f"{url} is already in pool {self.name}")
+        instance_id = instance_id or url.split("://", 1)[1].replace("/", "_")
+        if instance_id in self._instances:
+            raise ValueError(f"instance id {instance_id!r} is already in pool {self.name}")
+        inst = Instance(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready,
+                        ever_ready=ready)
+        self._instances[instance_id] = inst
+        self.pump()
+        return inst
+
+    def remove_instance(self, instance_id: str) -> Instance:
+        """Take an instance out at once; its in-flight requests run to completion."""
+        inst = self._instances.pop(instance_id)
+        self.outlier.forget(instance_id)
+        prefix = self.picker.scorer("prefix")
+        if prefix is not None:
+            prefix.forget(instance_id)  # type: ignore[attr-defined]
+        return inst
+
+    def set_draining(self, instance_id: str, draining: bool = True) -> None:
+        self._instances[instance_id].draining = draining
+        self.pump()
+
+    def instances(self) -> list[Instance]:
+        return list(self._instances.values())
+
+    def get(self, instance_id: str) -> Instance | None:
+        return self._instances.get(instance_id)
+
+    def signals(self) -> PoolSignals:
+        now = self._clock()
+        stats = self.admission.stats(now)
+        views = self.views(now)
+        return PoolSignals(
+            instances=len(views), routable=sum(v.routable for v in views),
+            inflight=sum(i.inflight for i in self._instances.values()),
+            queue_depth={p.name.lower(): s.depth for p, s in stats.items()},
+            queue_oldest_wait_s={p.name.lower(): s.oldest_wait_s for p, s in stats.items()})
+
+    def queue_stats(self) -> dict[Priority, ClassStats]:
+        return self.admission.stats(self._clock())
+
+    def snapshot(self) -> list[dict]:
+        now = self._clock()
+        return [i.snapshot(now, self.outlier.is_ejected(i.instance_id, now), self._report_ttl_s)
+                for i in self._instances.values()]
+
+    # ---- the request path -------------------------------------------------------------
+    def views(self, now: float) -> list[InstanceView]:
+        return [self._view(i, now) for i in self._instances.values()]
+
+    def _view(self, i: Instance, now: float) -> InstanceView:
+        fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
+        return InstanceView(
+            instance_id=i.instance_id, url=i.url, ready=i.ready,
+            healthy=not self.outlier.is_ejected(i.instance_id, now), draining=i.draining,
+            breaker_available=i.breaker.available(now), inflight=i.inflight,
+            inflight_at_report=i.inflight_at_report if fresh else 0,
+            report=i.report if fresh else None)
+
+    async def acquire(self, request: RouteRequest, priority: Priority,
+                      exclude: Iterable[str] = ()) -> Lease:
+        """Wait for a slot on an instance. Raises QueueFull (429) or QueueTimeout (503)."""
+        if self._broken(self.views(self._clock())):
+            raise NoHealthyInstance(self._broken_message())
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), request, frozenset(exclude))
+        result = self.admission.offer(waiter, priority, self._clock())
+        if isinstance(result, Rejected):
+            raise QueueFull(result)
+        self.pump()
+        try:
+            while not waiter.future.done():
+                deadline = self.admission.next_deadline()
+                timeout = None if deadline is None else max(0.0, deadline - self._clock()) + 1e-3
+                await asyncio.wait({waiter.future}, timeout=timeout)
+                if not waiter.future.done():
+                    self.pump()  # a deadline passed: expire whoever is due
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled() \
+                    and waiter.future.exception() is None:
+                self.release(waiter.future.result(), Outcome.NEUTRAL)
+            else:
+                self.admission.remove(result.ticket)
+                waiter.future.cancel()
+            raise
+        return waiter.future.result()
+
+    def release(self, lease: Lease, outcome: Outcome) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        inst, now = lease.instance, self._clock()
+        inst.inflight -= 1
+        if outcome is not Outcome.NEUTRAL:
+            ok = outcome is Outcome.SUCCESS
+            if ok:
+                inst.breaker.record_success(now)
+            else:
+                inst.breaker.record_failure(now)
+            if inst.instance_id in self._instances:
+                self.outlier.record(inst.instance_id, ok, now, len(self._instances))
+        self.pump()
+
+    def breaker_states(self) -> dict[str, BreakerState]:
+        now = self._clock()
+        return {i.instance_id: i.breaker.state(now) for i in self._instances.values()}
+
+    def pump(self) -> None:
+        """Dispatch waiting requests to instances with room; expire overdue ones."""
+        now = self._clock()
+        self._expire(now)
+        while len(self.admission):
+            views = self.views(now)
+            candidates, why_not = self.picker.candidates(views)
+            if not candidates and self._broken(views):
+                for e in self.admission.expire(float("inf")):
+                    if not e.entry.item.future.done():
+                        e.entry.item.future.set_exception(
+                            NoHealthyInstance(self._broken_message()))
+                break
+            entry = self.admission.next_to_dispatch(now, bool(candidates))
+            if entry is None:
+                break
+            waiter = entry.item
+            if waiter.future.done():
+                continue
+            pick = self.picker.pick(waiter.request, views, exclude=waiter.exclude)
+            if pick.instance is None:  # only excluded instances have room: try one again
+                pick = self.picker.pick(waiter.request, views)
+            inst = self._instances[pick.instance.instance_id]
+            inst.breaker.acquire(now)
+            inst.inflight += 1
+            inst.served += 1
+            self.dispatched_total += 1
+            waiter.future.set_result(Lease(inst, now - entry.enqueued_at))
+        self._expire(now)
+
+    def _broken(self, views: list[InstanceView]) -> bool:
+        if not views or any(v.routable for v in views):
+            return False
+        return all(self._instances[v.instance_id].ever_ready for v in views)
+
+    def _broken_message(self) -> str:
+        return (f"no healthy instance in pool {self.name}: every instance is failing, "
+                "not ready or draining")
+
+    def _expire(self, now: float) -> None:
+        expired = self.admission.expire(now)
+        if not expired:
+            return
+        _, why_not = self.picker.candidates(self.views(now))
+        for e in expired:
+            if not e.entry.item.future.done():
+                detail = f" ({why_not.value})" if why_not is not None else ""
+                e.entry.item.future.set_exception(
+                    QueueTimeout(f"{e.reason}{detail}", e.waited_s))

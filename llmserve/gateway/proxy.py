@@ -1,0 +1,343 @@
+"""The request path: parse, route a version, queue for an instance, forward, relay.
+
+Attempts that fail before the first byte reaches the client (connection error,
+5xx, a stream that breaks before its first event) are retried on another
+instance of the same pool, within ``retry.max_attempts`` and the retry budget.
+Once streaming has begun a failure ends the stream with an SSE error event.
+Streams are relayed event by event, so that error event never lands in the
+middle of a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from llmserve.gateway.admission import Priority, priority_class
+from llmserve.gateway.balancer import RouteRequest
+from llmserve.gateway.errors import GatewayError, sse_error_event
+from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
+                                   QueueTimeout)
+from llmserve.gateway.version_router import VERSION_HEADER, UnknownVersion
+
+if TYPE_CHECKING:
+    from llmserve.gateway.app import Gateway, ModelRuntime
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_HEADER = "x-llmserve-upstream"
+_FORWARD_HEADERS = ("accept", "x-request-id", "x-priority", "traceparent", "tracestate")
+_RETURN_HEADERS = ("content-type", "x-request-id")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    body: dict
+    raw: bytes
+    model: str
+    stream: bool
+    user: str | None
+    priority: Priority
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
+                           code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
+                               code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_request(raw: bytes, headers) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GatewayError(400, f"the request body is not valid JSON: {e}",
+                           code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "'model' is required", param="model", code="missing_model")
+    user = body.get("user") if isinstance(body.get("user"), str) else None
+    user = user or headers.get("x-user-id") or None
+    raw_priority = body["priority"] if "priority" in body else headers.get("x-priority")
+    try:
+        priority = priority_class(raw_priority)
+    except ValueError as e:
+        raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
+    return ParsedRequest(body, raw, model, bool(body.get("stream")), user, priority)
+
+
+def prompt_text(body: dict, max_chars: int) -> str:
+    """The prompt as text, for prefix affinity: chat messages flattened, or the prompt."""
+    if isinstance(body.get("messages"), list):
+        parts: list[str] = []
+        size = 0
+        for m in body["messages"]:
+            if not isinstance(m, dict):
+                continue
+            content = m.get("content")
+            if isinstance(content, list):  # content parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            piece = f"<{m.get('role', '')}>{content or ''}"
+            parts.append(piece)
+            size += len(piece)
+            if size >= max_chars:
+                break
+        return "".join(parts)[:max_chars]
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):  # token ids
+            prompt = " ".join(str(t) for t in prompt[:max_chars])
+        elif isinstance(prompt, int):  # one prompt given as token ids
+            prompt = " ".join(str(t) for t in body["prompt"][:max_chars])
+    return prompt[:max_chars] if isinstance(prompt, str) else ""
+
+
+def _last_event_end(buf: bytes) -> int:
+    """Index just past the last complete SSE event in ``buf`` (0 if none)."""
+    a, b = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+    return max(a + 2 if a >= 0 else 0, b + 4 if b >= 0 else 0)
+
+
+class Proxy:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def handle(self, request: Request, path: str) -> Response:
+        t0 = time.monotonic()
+        gw = self.gw
+        raw = await read_body(request, gw.config.limits.max_body_bytes)
+        parsed = parse_request(raw, request.headers)
+        runtime = gw.models.get(parsed.model)
+        if runtime is None:
+            raise GatewayError(404, f"the model {parsed.model!r} does not exist",
+                               param="model", code="model_not_found")
+        try:
+            decision = runtime.router.route(parsed.user, request.headers.get(VERSION_HEADER))
+        except UnknownVersion as e:
+            raise GatewayError(400, str(e), code="unknown_version") from None
+        version = decision.version
+        gw.metrics.routed.labels(parsed.model, version, decision.reason.value).inc()
+        ctx = _Context(runtime, version, parsed, t0,
+                       request.headers.get("x-request-id") or uuid.uuid4().hex)
+        try:
+            return await self._attempts(request, path, ctx)
+        except GatewayError as e:
+            ctx.finish(e.status, error_kind=e.code, ok=e.status < 500 or e.code in (
+                "queue_timeout", "queue_full"))
+            e.headers.setdefault(VERSION_HEADER, version)
+            raise
+
+    async def _attempts(self, request: Request, path: str, ctx: _Context) -> Response:
+        gw, rt = self.gw, ctx.runtime
+        pool = rt.pools[ctx.version]
+        vcfg = rt.config.version(ctx.version)
+        content = ctx.parsed.raw
+        if vcfg.upstream_model:
+            content = json.dumps({**ctx.parsed.body, "model": vcfg.upstream_model}).encode()
+        headers = {"content-type": "application/json", "accept-encoding": "identity",
+                   "x-request-id": ctx.request_id, VERSION_HEADER: ctx.version}
+        headers.update({h: request.headers[h] for h in _FORWARD_HEADERS
+                        if h in request.headers and h != "x-request-id"})
+        prefix_cfg = rt.config.balancer.prefix
+        route = RouteRequest(prompt_text(ctx.parsed.body,
+                                         prefix_cfg.block_chars * prefix_cfg.max_blocks),
+                             ctx.parsed.user)
+        gw.retry_budget.record_request(time.monotonic())
+        tried: list[str] = []
+        max_attempts = gw.config.retry.max_attempts
+        last: GatewayError | Response | None = None
+        for attempt in range(1, max_attempts + 1):
+            if attempt > 1:
+                if not gw.retry_budget.try_acquire(time.monotonic()):
+                    log.info("retry budget exhausted; not retrying %s", ctx.request_id)
+                    break
+                gw.metrics.retries.labels(rt.config.name, ctx.version).inc()
+            try:
+                lease = await self._acquire(pool, route, ctx, tried)
+            except GatewayError:
+                if last is None:
+                    raise
+                break  # no instance for a retry: answer with the upstream's error
+            inst = lease.instance
+            tried.append(inst.instance_id)
+            ctx.instance = inst.instance_id
+            gw.metrics.upstream.labels(rt.config.name, ctx.version, inst.instance_id).inc()
+            upstream_req = gw.client.build_request("POST", f"{inst.url}{path}", content=content,
+                                                   headers=headers)
+            try:
+                resp = await gw.client.send(upstream_req, stream=True)
+            except httpx.HTTPError as e:
+                pool.release(lease, Outcome.FAILURE)
+                last = GatewayError(502, f"upstream {inst.instance_id} failed: "
+                                         f"{type(e).__name__}: {e}", code="upstream_unreachable")
+                continue
+            if resp.status_code >= 500:
+                last = await self._read_error(resp, lease, pool)
+                continue
+            is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+            if not (ctx.parsed.stream and is_sse):
+                try:
+                    body = await resp.aread()
+                except httpx.HTTPError as e:
+                    pool.release(lease, Outcome.FAILURE)
+                    last = GatewayError(502, f"upstream {inst.instance_id} broke off: {e}",
+                                        code="upstream_broken")
+                    continue
+                finally:
+                    await resp.aclose()
+                pool.release(lease, Outcome.SUCCESS)
+                ctx.finish(resp.status_code, ok=True)
+                return Response(body, resp.status_code, headers=self._headers(resp, ctx))
+            chunks = resp.aiter_raw()
+            try:
+                first = await anext(chunks)
+            except (httpx.HTTPError, StopAsyncIteration) as e:
+                await resp.aclose()
+                pool.release(lease, Outcome.FAILURE)
+                last = GatewayError(502, f"upstream {inst.instance_id} closed the stream "
+                                         f"before its first event ({type(e).__name__})",
+                                    code="upstream_broken")
+                continue
+            headers_out = self._headers(resp, ctx)
+            headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+            return StreamingResponse(self._relay(first, chunks, resp, lease, pool, ctx),
+                                     status_code=resp.status_code, headers=headers_out)
+        if isinstance(last, Response):
+            ctx.finish(last.status_code, ok=False, error_kind="upstream_5xx")
+            last.headers[VERSION_HEADER] = ctx.version
+            last.headers[UPSTREAM_HEADER] = ctx.instance or ""
+            return last
+        assert last is not None
+        if len(tried) > 1:
+            last.message = f"{len(tried)} attempts failed; last: {last.message}"
+        raise last
+
+    async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
+                       tried: list[str]) -> Lease:
+        try:
+            lease = await pool.acquire(route, ctx.parsed.priority, exclude=tried)
+        except QueueFull as e:
+            raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s",
+                               code="queue_full",
+                               headers={"retry-after": str(e.rejected.retry_after_s)}) from None
+        except QueueTimeout as e:
+            ctx.queued_s += e.waited_s
+            raise GatewayError(503, str(e), code="queue_timeout") from None
+        except NoHealthyInstance as e:
+            raise GatewayError(503, str(e), code="no_healthy_instance") from None
+        ctx.queued_s += lease.queued_s
+        return lease
+
+    async def _read_error(self, resp: httpx.Response, lease: Lease, pool: Pool) -> Response:
+        """A 5xx from upstream: kept to pass through if no retry succeeds."""
+        try:
+            body = await resp.aread()
+        except httpx.HTTPError:
+            body = b""
+        finally:
+            await resp.aclose()
+        pool.release(lease, Outcome.FAILURE)
+        headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
+        return Response(body, resp.status_code, headers=headers)
+
+    def _headers(self, resp: httpx.Response, ctx: _Context) -> dict[str, str]:
+        out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
+        out.setdefault("x-request-id", ctx.request_id)
+        out[VERSION_HEADER] = ctx.version
+        out[UPSTREAM_HEADER] = ctx.instance or ""
+        return out
+
+    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: httpx.Response,
+                     lease: Lease, pool: Pool, ctx: _Context) -> AsyncIterator[bytes]:
+        outcome, status, kind = Outcome.NEUTRAL, resp.status_code, None
+        buf = first
+        try:
+            while True:
+                end = _last_event_end(buf)
+                if end:
+                    if ctx.ttft_s is None:
+                        ctx.ttft_s = time.monotonic() - ctx.t0
+                    yield buf[:end]
+                    buf = buf[end:]
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                buf += chunk
+            if buf:
+                yield buf
+            outcome = Outcome.SUCCESS
+        except httpx.HTTPError as e:
+            outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
+            log.warning("upstream %s broke mid-stream (%s): %s", lease.instance.instance_id,
+                        ctx.request_id, e)
+            yield sse_error_event(
+                f"the upstream instance failed mid-stream ({type(e).__name__}); "
+                "the response is incomplete", code="upstream_broken")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+                pool.release(lease, outcome)
+                if outcome is Outcome.NEUTRAL:
+                    ctx.finish(499, error_kind="client_disconnected", ok=True)
+                else:
+                    ctx.finish(status, error_kind=kind, ok=outcome is Outcome.SUCCESS)
+
+
+class _Context:
+    """Per-request bookkeeping for metrics and canary stats."""
+
+    __slots__ = ("runtime", "version", "parsed", "t0", "request_id", "instance", "ttft_s",
+                 "queued_s", "done")
+
+    def __init__(self, runtime: ModelRuntime, version: str, parsed: ParsedRequest, t0: float,
+                 request_id: str) -> None:
+        self.runtime, self.version, self.parsed, self.t0 = runtime, version, parsed, t0
+        self.request_id = request_id
+        self.instance: str | None = None
+        self.ttft_s: float | None = None
+        self.queued_s = 0.0
+        self.done = False
+
+    def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
+        """Record the request's outcome once; ``ok`` is False only for upstream faults."""
+        if self.done:
+            return
+        self.done = True
+        rt, m = self.runtime, self.runtime.gateway.metrics
+        labels = (rt.config.name, self.version, self.parsed.priority.name.lower())
+        e2e = time.monotonic() - self.t0
+        m.requests.labels(*labels, str(status)).inc()
+        if error_kind is not None or status >= 400:
+            m.errors.labels(*labels, error_kind or f"http_{status}").inc()
+        if self.instance is not None:
+            m.queue_time.labels(*labels).observe(self.queued_s)
+        if self.ttft_s is not None:
+            m.ttft.labels(*labels).observe(self.ttft_s)
+        if ok and status < 400:
+            m.e2e.labels(*labels).observe(e2e)
+        if (self.instance is not None or not ok) and status != 499:
+            rt.stats.record(self.version, time.time(), ok, self.ttft_s,
+                            e2e if ok and status < 400 else None)

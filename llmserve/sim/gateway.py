@@ -1,0 +1,139 @@
+"""The simulated gateway: llmserve's own admission queues and balancer, fed by the simulator.
+
+Nothing here decides anything: :class:`~llmserve.gateway.admission.AdmissionQueue`
+holds requests until an instance has room, and
+:class:`~llmserve.gateway.balancer.Picker` chooses the instance, exactly as in the
+live gateway. This module only does what the live gateway's I/O layer does: it
+keeps each instance's last load report and its own in-flight count, and turns
+them into the :class:`~llmserve.gateway.instance.InstanceView` s the picker reads.
+
+Load reports are refreshed every poll interval, as the live gateway polls
+``/load``; between polls the picker sees the gateway's exact in-flight counts
+(the ``inflight`` correction in ``InstanceView``), as it does live.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, ConcurrencyConfig, Priority
+from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
+from llmserve.gateway.instance import InstanceView
+from llmserve.load_report import LoadReport
+from llmserve.sim.instance import SimInstance
+
+# Simulated requests carry no prompt text, so every request looks the same to the
+# balancer (the prefix scorer finds nothing); one RouteRequest serves them all.
+_ROUTE = RouteRequest()
+PRIORITIES = (Priority.REALTIME, Priority.BATCH)
+
+
+class _Routed:
+    """The gateway's book on one routable instance."""
+
+    __slots__ = ("inst", "sid", "report", "inflight_at_report", "view", "history")
+
+    def __init__(self, inst: SimInstance) -> None:
+        self.inst = inst
+        self.sid = str(inst.id)
+        self.report: LoadReport | None = None
+        self.inflight_at_report = 0
+        self.view: InstanceView | None = None
+        self.history: deque[tuple[float, int, int, float]] = deque()
+
+
+class SimGateway:
+    """Admission, balancing and load reports for one simulated pool."""
+
+    def __init__(self, admission: AdmissionConfig | None = None, concurrency: ConcurrencyConfig | None = None,
+                 balancer: BalancerConfig | None = None, seed: int = 0, model: str = "sim",
+                 rate_window_s: float = 10.0) -> None:
+        self.admission: AdmissionQueue[int] = AdmissionQueue(admission or AdmissionConfig())
+        self.picker = Picker(balancer or BalancerConfig(), concurrency or ConcurrencyConfig(),
+                             random.Random(seed))
+        self.model = model
+        self.rate_window_s = rate_window_s
+        self._routed: dict[str, _Routed] = {}
+
+    # ---- pool membership (the controller's decisions) ---------------------------------------
+    def add_instance(self, inst: SimInstance, now: float) -> None:
+        r = _Routed(inst)
+        self._routed[r.sid] = r
+        self._refresh(r, now)
+
+    def remove_instance(self, inst: SimInstance) -> None:
+        self._routed.pop(str(inst.id), None)
+
+    @property
+    def routable(self) -> list[SimInstance]:
+        return [r.inst for r in self._routed.values()]
+
+    # ---- requests -----------------------------------------------------------------------------
+    def offer(self, rid: int, priority: Priority, now: float):
+        return self.admission.offer(rid, priority, now)
+
+    def queue_depth(self) -> dict[str, int]:
+        return {p.name.lower(): self.admission.depth(p) for p in PRIORITIES}
+
+    def next_dispatch(self, now: float) -> tuple[int, SimInstance] | None:
+        """The next queued request and the instance the picker sends it to, or None."""
+        if not len(self.admission):
+            return None
+        views = []
+        for r in self._routed.values():
+            if r.view is None:
+                r.view = self._view(r)
+            views.append(r.view)
+        res = self.picker.pick(_ROUTE, views)
+        if res.instance is None:
+            return None
+        ticket = self.admission.next_to_dispatch(now, True)
+        if ticket is None:
+            return None
+        r = self._routed[res.instance.instance_id]
+        r.view = None
+        return ticket.item, r.inst
+
+    def changed(self, inst: SimInstance) -> None:
+        """The instance's in-flight count changed (a request finished): rebuild its view."""
+        r = self._routed.get(str(inst.id))
+        if r is not None:
+            r.view = None
+
+    def expire(self, now: float) -> list[int]:
+        """Requests past their queue deadline (the live gateway answers 503)."""
+        return [e.entry.item for e in self.admission.expire(now)]
+
+    # ---- load reports -------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        for r in self._routed.values():
+            self._refresh(r, now)
+
+    def reports(self) -> list[LoadReport]:
+        return [r.report for r in self._routed.values() if r.report is not None]
+
+    def _refresh(self, r: _Routed, now: float) -> None:
+        inst = r.inst
+        inst.sync(now)
+        h = r.history
+        h.append((now, inst.tokens_total, inst.gen_total, inst.busy_total))
+        while len(h) > 2 and h[1][0] <= now - self.rate_window_s:
+            h.popleft()
+        t0, tok0, gen0, busy0 = h[0]
+        dt = now - t0
+        tps = (inst.tokens_total - tok0) / dt if dt > 0 else 0.0
+        gps = (inst.gen_total - gen0) / dt if dt > 0 else 0.0
+        busy = min(1.0, max(0.0, (inst.busy_total - busy0) / dt)) if dt > 0 else 0.0
+        r.report = LoadReport.model_construct(
+            instance_id=r.sid, model=self.model, ready=True, draining=False,
+            num_running=len(inst.running), num_waiting=len(inst.waiting), num_waiting_by_priority={},
+            kv_cache_usage=inst.kv_usage, busy_fraction=busy, tokens_per_s=tps,
+            generation_tokens_per_s=gps, max_num_seqs=inst.profile.max_num_seqs,
+            prefix_cache_hit_rate=0.0, timestamp=now)
+        r.inflight_at_report = inst.in_flight
+        r.view = None
+
+    def _view(self, r: _Routed) -> InstanceView:
+        return InstanceView(instance_id=r.sid, inflight=r.inst.in_flight,
+                            inflight_at_report=r.inflight_at_report, report=r.report)

@@ -1,0 +1,243 @@
+"""A simulated engine instance: continuous batching, advanced a run of steps at a time.
+
+The engine schedules like llmserve's own scheduler: each step every running
+sequence that has its prompt computed decodes one token, the rest of the token
+budget goes to prompt chunks (running sequences first, then waiting requests
+admitted while the batch has seats and the KV cache has room), and a sequence
+gets its first token in the step that finishes its prompt.
+
+Simulating a day step by step would mean tens of millions of events. Between
+"interesting" moments (a prompt chunk, a request arriving, a sequence
+finishing) the batch is a fixed set of decoding sequences whose contexts grow by
+one token per step, so the time of k steps is an arithmetic series:
+``T(k) = k*(a + c*n + d*C0) + d*n*k*(k-1)/2``. A decode *segment* therefore runs
+up to the next completion in one event; a request arriving mid-segment cuts
+it at the next step boundary (solving ``T(j) <= elapsed`` for j), exactly where
+the real engine would have admitted it.
+
+KV capacity is reserved per sequence for its prompt plus output when admitted,
+so no preemption is modelled: the scheduler simply admits fewer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.sim.profile import InstanceProfile
+
+IDLE, PENDING, MIXED, DECODE = 0, 1, 2, 3
+
+
+class Seq:
+    """One request inside an engine."""
+
+    __slots__ = ("rid", "prompt", "output", "prefilled", "generated", "chunk")
+
+    def __init__(self, rid: int, prompt: int, output: int) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.output = output
+        self.prefilled = 0
+        self.generated = 0
+        self.chunk = 0
+
+
+class SimInstance:
+    """One instance's engine state and its current segment of steps.
+
+    The simulator owns the event heap: after any call that returns True it
+    (re)schedules the instance's segment end at ``seg_end`` with ``version``;
+    events carrying an older version are stale and dropped.
+    """
+
+    __slots__ = ("id", "profile", "state", "since", "created", "stopped_at", "running", "waiting",
+                 "kv_reserved", "kind", "seg_start", "seg_steps", "seg_end", "seg_n", "seg_ctx0",
+                 "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "_a", "_b", "_c",
+                 "_d")
+
+    def __init__(self, iid: int, profile: InstanceProfile, now: float, state: InstanceState) -> None:
+        self.id = iid
+        self.profile = profile
+        self.state = state
+        self.since = now
+        self.created = now
+        self.stopped_at: float | None = None
+        self.running: list[Seq] = []
+        self.waiting: deque[Seq] = deque()
+        self.kv_reserved = 0
+        self.kind = IDLE
+        self.seg_start = self.seg_end = now
+        self.seg_steps = self.seg_n = self.seg_ctx0 = 0
+        self.version = 0
+        self.tokens_total = 0
+        self.gen_total = 0
+        self.busy_total = 0.0
+        self.first_tokens: list[Seq] = []
+        self.finished: list[Seq] = []
+        s = profile.step
+        self._a, self._b, self._c, self._d = s.base_s, s.per_prefill_token_s, s.per_decode_seq_s, s.per_context_token_s
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def set_state(self, new: InstanceState, now: float) -> None:
+        check_transition(self.state, new)
+        self.state = new
+        self.since = now
+        if not new.billed:
+            self.stopped_at = now
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # ---- requests in -----------------------------------------------------------------
+    def add(self, seq: Seq, now: float) -> bool:
+        """Queue a request; True when the segment changed and must be (re)scheduled."""
+        self.waiting.append(seq)
+        if self.kind == IDLE:
+            return self.plan(now)
+        if self.kind == DECODE and self._can_admit(self.waiting[0]):
+            done = self._steps_done(now - self.seg_start)
+            self._commit_decode(done)
+            if self.seg_steps >= 1:
+                self.seg_steps = 1
+                self.seg_end = self.seg_start + self._decode_time(1)
+                self.version += 1
+                return True
+        return False
+
+    def _can_admit(self, seq: Seq) -> bool:
+        return (len(self.running) < self.profile.max_num_seqs
+                and self.kv_reserved + seq.prompt + seq.output <= self.profile.kv_capacity_tokens)
+
+    # ---- decode segments ---------------------------------------------------------------
+    def _decode_time(self, k: int) -> float:
+        n = self.seg_n
+        return k * (self._a + self._c * n + self._d * self.seg_ctx0) + self._d * n * k * (k - 1) / 2
+
+    def _steps_done(self, elapsed: float) -> int:
+        """Whole steps of the current decode segment finished within ``elapsed`` seconds."""
+        if elapsed <= 0:
+            return 0
+        n = self.seg_n
+        lin = self._a + self._c * n + self._d * self.seg_ctx0
+        quad = self._d * n / 2
+        if quad > 0:
+            b = lin - quad
+            j = int((-b + math.sqrt(b * b + 4 * quad * elapsed)) / (2 * quad))
+        else:
+            j = int(elapsed / lin)
+        j = min(max(j, 0), self.seg_steps)
+        while j > 0 and self._decode_time(j) > elapsed + 1e-12:
+            j -= 1
+        while j < self.seg_steps and self._decode_time(j + 1) <= elapsed + 1e-12:
+            j += 1
+        return j
+
+    def _commit_decode(self, k: int) -> None:
+        """Apply the first ``k`` steps of the decode segment."""
+        if k <= 0:
+            return
+        dt = self._decode_time(k)
+        for s in self.running:
+            s.generated += k
+        n = self.seg_n
+        self.tokens_total += n * k
+        self.gen_total += n * k
+        self.busy_total += dt
+        self.seg_start += dt
+        self.seg_ctx0 += n * k
+        self.seg_steps -= k
+
+    def sync(self, now: float) -> None:
+        """Account the decode steps finished by ``now`` (for a load report); timing unchanged."""
+        if self.kind == DECODE:
+            self._commit_decode(self._steps_done(now - self.seg_start))
+
+    # ---- segment end and planning --------------------------------------------------------
+    def end_segment(self, now: float) -> None:
+        """Apply the segment that ends now; fills ``first_tokens`` and ``finished``."""
+        first, done = self.first_tokens, self.finished
+        if self.kind == DECODE:
+            self._commit_decode(self.seg_steps)
+        elif self.kind == MIXED:
+            prefill = decode = firsts = 0
+            for s in self.running:
+                if s.chunk:
+                    prefill += s.chunk
+                    s.prefilled += s.chunk
+                    s.chunk = 0
+                    if s.prefilled == s.prompt:
+                        s.generated = 1
+                        firsts += 1
+                        first.append(s)
+                else:
+                    s.generated += 1
+                    decode += 1
+            self.tokens_total += prefill + decode + firsts
+            self.gen_total += decode + firsts
+            self.busy_total += now - self.seg_start
+        keep = []
+        for s in self.running:
+            if s.generated >= s.output:
+                done.append(s)
+                self.kv_reserved -= s.prompt + s.output
+            else:
+                keep.append(s)
+        self.running = keep
+        self.kind = PENDING
+
+    def plan(self, now: float) -> bool:
+        """Choose the next segment; True when one was scheduled (False: idle)."""
+        running = self.running
+        budget = self.profile.max_num_batched_tokens
+        needs_prefill = False
+        for s in running:
+            if s.prefilled < s.prompt:
+                needs_prefill = True
+                break
+        if not needs_prefill and not (self.waiting and self._can_admit(self.waiting[0])):
+            if not running:
+                self.kind = IDLE
+                return False
+            self.kind = DECODE
+            self.seg_start = now
+            self.seg_n = len(running)
+            self.seg_ctx0 = sum(s.prompt + s.generated for s in running)
+            self.seg_steps = min(s.output - s.generated for s in running)
+            self.seg_end = now + self._decode_time(self.seg_steps)
+            self.version += 1
+            return True
+
+        decode = ctx = prefill = 0
+        for s in running:
+            if s.prefilled == s.prompt:
+                decode += 1
+                ctx += s.prompt + s.generated
+        budget -= decode
+        for s in running:
+            if s.prefilled < s.prompt and budget > 0:
+                s.chunk = min(s.prompt - s.prefilled, budget)
+                budget -= s.chunk
+                prefill += s.chunk
+                ctx += s.prefilled + s.chunk
+        waiting = self.waiting
+        while budget > 0 and waiting and self._can_admit(waiting[0]):
+            s = waiting.popleft()
+            running.append(s)
+            self.kv_reserved += s.prompt + s.output
+            s.chunk = min(s.prompt, budget)
+            budget -= s.chunk
+            prefill += s.chunk
+            ctx += s.chunk
+        self.kind = MIXED
+        self.seg_start = now
+        self.seg_end = now + self._a + self._b * prefill + self._c * decode + self._d * ctx
+        self.version += 1
+        return True
+
+    # ---- load report numbers ------------------------------------------------------------
+    @property
+    def kv_usage(self) -> float:
+        return min(1.0, self.kv_reserved / self.profile.kv_capacity_tokens)

@@ -1,0 +1,247 @@
+"""The discrete-event capacity simulator: one pool, one policy, one trace.
+
+Events on a heap, a simulated clock, and llmserve's own decision code at every
+decision point:
+
+- requests arrive (read in order from the trace, merged with the heap) and go
+  through the real admission queues and balancer (:mod:`llmserve.sim.gateway`);
+- instances run continuous batching a segment of steps at a time
+  (:mod:`llmserve.sim.instance`);
+- every ``tick_s`` the controller builds :class:`PoolSignals` with the real
+  :class:`~llmserve.autoscale.collector.SignalCollector`, asks the real policy
+  stack (:func:`~llmserve.autoscale.build_policy`) for a count, and applies
+  :func:`~llmserve.autoscale.reconcile.plan_scaling`'s actions through the
+  lifecycle ``starting -> warming -> ready -> draining -> stopped``; a draining
+  instance stops only once its last request has finished.
+
+Instance-hours are billed from an instance's start until it stops, over the
+trace's duration; requests still in flight when the trace ends are run to
+completion so that every request ends exactly once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmserve.autoscale import AutoscaleConfig, build_policy
+from llmserve.autoscale.collector import SignalCollector
+from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
+from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority, Rejected
+from llmserve.gateway.balancer import BalancerConfig
+from llmserve.sim.gateway import SimGateway
+from llmserve.sim.instance import SimInstance, Seq
+from llmserve.sim.profile import InstanceProfile
+from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, REJECTED, SimResult
+from llmserve.sim.traces import Trace
+
+S = InstanceState
+_STEP, _LIFECYCLE, _TICK, _POLL = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """Simulator settings that are not the policy's, the trace's or the instance's."""
+
+    initial_instances: int = 1
+    poll_interval_s: float = 5.0
+    signal_window_s: float = 10.0
+    latency_window_s: float = 30.0
+    output_tokens_prior: float = 200.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.initial_instances < 0:
+            raise ValueError("sim: initial_instances must be >= 0")
+        if self.poll_interval_s <= 0 or self.signal_window_s <= 0 or self.latency_window_s <= 0:
+            raise ValueError("sim: intervals and windows must be positive")
+
+
+class Simulator:
+    """Runs ``trace`` through a pool of ``profile`` instances scaled by ``autoscale``."""
+
+    def __init__(self, trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
+                 sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
+                 concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
+                 label: str | None = None) -> None:
+        self.trace = trace
+        self.profile = profile
+        self.autoscale = autoscale
+        self.cfg = sim or SimConfig()
+        self.label = label or autoscale.policy
+        self.policy = build_policy(autoscale)
+        self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
+        self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
+                                         self.cfg.output_tokens_prior)
+        self.instances: dict[int, SimInstance] = {}
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._next_id = 0
+        n = len(trace)
+        self.status = np.zeros(n, np.int8)
+        self.ttft = np.full(n, np.nan)
+        self.e2e = np.full(n, np.nan)
+        self.timeline: list[tuple] = []
+        self.events: list[tuple[float, int, int, str]] = []
+
+    # ---- event plumbing -------------------------------------------------------------------
+    def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+
+    def _schedule(self, inst: SimInstance) -> None:
+        self._push(inst.seg_end, _STEP, inst, inst.version)
+
+    # ---- lifecycle (the controller's job) ------------------------------------------------------
+    def _new_instance(self, now: float, state: InstanceState) -> SimInstance:
+        inst = SimInstance(self._next_id, self.profile, now, state)
+        self._next_id += 1
+        self.instances[inst.id] = inst
+        if state is S.READY:
+            self.gateway.add_instance(inst, now)
+        else:
+            p = self.profile
+            self._push(now + p.cold_start_s - p.warmup_s, _LIFECYCLE, inst, S.WARMING)
+            self._push(now + p.cold_start_s, _LIFECYCLE, inst, S.READY)
+        return inst
+
+    def _lifecycle(self, inst: SimInstance, target: InstanceState, now: float) -> None:
+        if target is S.WARMING and inst.state is S.STARTING:
+            inst.set_state(S.WARMING, now)
+        elif target is S.READY and inst.state is S.WARMING:
+            inst.set_state(S.READY, now)
+            self.gateway.add_instance(inst, now)
+            self._dispatch(now)
+
+    def _drain(self, inst: SimInstance, now: float) -> None:
+        inst.set_state(S.DRAINING, now)
+        self.gateway.remove_instance(inst)
+        if inst.in_flight == 0:
+            inst.set_state(S.STOPPED, now)
+
+    def _apply(self, desired: int, now: float) -> None:
+        live = [i for i in self.instances.values() if i.state.billed]
+        plan = plan_scaling(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since) for i in live])
+        for iid in plan.revive:
+            inst = self.instances[iid]
+            inst.set_state(S.READY, now)
+            self.gateway.add_instance(inst, now)
+        for _ in range(plan.start):
+            self._new_instance(now, S.STARTING)
+        for iid in plan.cancel:
+            self.instances[iid].set_state(S.STOPPED, now)
+        for iid in plan.drain:
+            self._drain(self.instances[iid], now)
+        if plan.revive:
+            self._dispatch(now)
+
+    # ---- controller tick ----------------------------------------------------------------------------
+    def _tick(self, now: float, state: object) -> object:
+        counts = {s: 0 for s in S}
+        for i in self.instances.values():
+            counts[i.state] += 1
+        ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts)
+        decision = self.policy.decide(ctx, state)
+        before = ctx.provisioned
+        if decision.desired != before:
+            self.events.append((now, before, decision.desired, decision.reason))
+            self._apply(decision.desired, now)
+        self.timeline.append((now, ctx.arrival_rate, ctx.arrival_tokens_per_s, ctx.ready, ctx.coming,
+                              ctx.draining, decision.desired, ctx.queued,
+                              ctx.ttft_p99 if ctx.ttft_p99 is not None else np.nan))
+        return decision.state
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def _dispatch(self, now: float) -> None:
+        gw = self.gateway
+        trace = self.trace
+        while True:
+            nxt = gw.next_dispatch(now)
+            if nxt is None:
+                return
+            rid, inst = nxt
+            seq = Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid]))
+            if inst.add(seq, now):
+                self._schedule(inst)
+
+    def _finish(self, rid: int, status: int, now: float) -> None:
+        if self.status[rid] != PENDING:
+            raise RuntimeError(f"request {rid} ended twice")
+        self.status[rid] = status
+        if status == COMPLETED:
+            self.e2e[rid] = now - self.trace.arrival_s[rid]
+
+    def _step(self, inst: SimInstance, now: float) -> None:
+        inst.end_segment(now)
+        arrival = self.trace.arrival_s
+        for s in inst.first_tokens:
+            ttft = now - arrival[s.rid]
+            self.ttft[s.rid] = ttft
+            self.collector.record_first_token(now, ttft)
+        for s in inst.finished:
+            self._finish(s.rid, COMPLETED, now)
+            self.collector.record_finish(now, now - arrival[s.rid], s.output)
+        freed = bool(inst.finished)
+        inst.first_tokens.clear()
+        inst.finished.clear()
+        if inst.plan(now):
+            self._schedule(inst)
+        if inst.state is S.DRAINING and inst.in_flight == 0:
+            inst.set_state(S.STOPPED, now)
+        if freed:
+            self.gateway.changed(inst)
+            self._dispatch(now)
+
+    def _arrive(self, rid: int, now: float) -> None:
+        self.collector.record_arrival(now, int(self.trace.prompt_tokens[rid]))
+        priority = Priority.BATCH if self.trace.priority[rid] else Priority.REALTIME
+        if isinstance(self.gateway.offer(rid, priority, now), Rejected):
+            self._finish(rid, REJECTED, now)
+            return
+        self._dispatch(now)
+
+    # ---- main loop ------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        cfg, trace = self.cfg, self.trace
+        for _ in range(cfg.initial_instances):
+            self._new_instance(0.0, S.READY)
+        tick_s = self.autoscale.tick_s
+        self._push(tick_s, _TICK)
+        self._push(cfg.poll_interval_s, _POLL)
+        state = self.policy.initial_state()
+        arrivals = trace.arrival_s.tolist()
+        n, k = len(arrivals), 0
+        heap = self._heap
+        pending = n
+        while heap:
+            t_next = arrivals[k] if k < n else math.inf
+            if heap[0][0] > t_next:
+                self._arrive(k, t_next)
+                k += 1
+                continue
+            now, _, kind, a, b = heapq.heappop(heap)
+            if kind == _STEP:
+                if b == a.version:
+                    self._step(a, now)
+            elif kind == _LIFECYCLE:
+                self._lifecycle(a, b, now)
+            elif kind == _POLL:
+                self.gateway.poll(now)
+                for rid in self.gateway.expire(now):
+                    self._finish(rid, EXPIRED, now)
+                pending = k < n or bool(np.any(self.status[:k] == PENDING)) if now >= trace.duration_s else True
+                if pending:
+                    self._push(now + cfg.poll_interval_s, _POLL)
+            elif kind == _TICK:
+                state = self._tick(now, state)
+                if now < trace.duration_s or pending:
+                    self._push(now + tick_s, _TICK)
+        if k < n or np.any(self.status == PENDING):
+            raise RuntimeError("simulation ended with requests unresolved")
+        return SimResult.build(self, time.perf_counter() - wall)
