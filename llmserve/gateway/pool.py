@@ -259,7 +259,7 @@ class Pool:
         self._expire(now)
         while len(self.admission):
             views = self.views(now)
-            candidates, why_not = self.picker.candidates(views)
+            candidates, _ = self.picker.candidates(views)
             if not candidates and self._broken(views):
                 for e in self.admission.expire(float("inf")):
                     if not e.entry.item.future.done():

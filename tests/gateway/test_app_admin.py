@@ -1,0 +1,57 @@
+"""The admin API: its key, and the run-time pool interface (add, drain, remove)."""
+
+from .app_harness import ADMIN_KEY, instance_of, stack, wait_until
+from .fake_upstream import Behaviour, ServerThread, make_app
+
+
+def test_admin_needs_the_admin_key():
+    with stack({"v1": [Behaviour("a")]}) as s:
+        assert s.client.get("/admin/pools").status_code == 401
+        r = s.client.get("/admin/pools", headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key"
+        r = s.client.get("/admin/pools", headers={"x-admin-key": ADMIN_KEY})
+        assert r.status_code == 200
+        pool = r.json()["pools"][0]
+        assert pool["model"] == "chat" and pool["version"] == "v1"
+        assert pool["instances"][0]["ready"] is True
+        assert set(pool["queues"]) == {"realtime", "batch"}
+
+
+def test_admin_api_is_off_without_an_admin_key():
+    with stack({"v1": [Behaviour("a")]}, auth={"admin_key": None}) as s:
+        r = s.client.get("/admin/pools", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        assert r.status_code == 404
+
+
+def test_add_drain_and_remove_instances_at_run_time():
+    extra = Behaviour("extra", tokens=1)
+    srv = ServerThread(make_app(extra)).start()
+    try:
+        with stack({"v1": [Behaviour("a", tokens=1)]}) as s:
+            r = s.admin("POST", "/models/chat/versions/v1/instances",
+                        json={"url": srv.url, "instance_id": "extra-1"})
+            assert r.status_code == 201, r.text
+            assert s.admin("POST", "/models/chat/versions/v1/instances",
+                           json={"url": srv.url}).status_code == 400  # already there
+            pool = s.gateway.pool("chat", "v1")
+            wait_until(lambda: pool.get("extra-1").ready, what="added instance ready")
+            for i in range(30):
+                s.chat(f"q{i}")
+            assert extra.requests > 0
+
+            r = s.admin("POST", "/models/chat/versions/v1/instances/extra-1/drain")
+            assert r.json() == {"instance_id": "extra-1", "draining": True}
+            before = extra.requests
+            assert all(instance_of(s.chat(f"d{i}")) != "extra-1" for i in range(10))
+            assert extra.requests == before
+
+            assert s.admin("DELETE",
+                           "/models/chat/versions/v1/instances/extra-1").status_code == 200
+            ids = [i["instance_id"] for i in
+                   s.admin("GET", "/models/chat/versions/v1/instances").json()["instances"]]
+            assert "extra-1" not in ids
+            assert s.admin("DELETE",
+                           "/models/chat/versions/v1/instances/extra-1").status_code == 404
+            assert s.admin("GET", "/models/chat/versions/v9/instances").status_code == 404
+    finally:
+        srv.stop(force=True)

@@ -1,0 +1,70 @@
+"""Automated canary analysis in the live gateway, and its admin API."""
+
+from .app_harness import stack
+from .fake_upstream import Behaviour
+
+CANARY = {"version": "canary", "stable": "v1", "start_weight": 0.3, "step_weight": 0.2,
+          "max_weight": 0.5, "interval_s": 0.5, "failure_threshold": 2, "min_requests": 3,
+          "latency_slack_s": 0.05}
+
+
+def _drive(s, until, limit=400):
+    """Send traffic from many users until ``until()`` or ``limit`` requests."""
+    for i in range(limit):
+        if until():
+            return
+        s.chat(f"q{i}", user=f"user-{i}")
+    raise AssertionError("the rollout did not settle")
+
+
+def test_a_failing_canary_is_rolled_back_automatically():
+    with stack({"v1": [Behaviour("stable", tokens=1)],
+                "canary": [Behaviour("bad", tokens=1, error_rate=0.6, seed=1)]},
+               weights={"v1": 1, "canary": 0}, model={"canary": CANARY}) as s:
+        rt = s.gateway.models["chat"]
+        assert s.admin("GET", "/models/chat/canary").json()["state"] == "progressing"
+        _drive(s, lambda: rt.canary.state.value == "rolled_back")
+        status = s.admin("GET", "/models/chat/canary").json()
+        assert status["weight"] == 0.0 and status["failed_checks"] == 2
+        events = s.admin("GET", "/models/chat/canary/history").json()["events"]
+        assert events[0]["action"] == "start" and events[-1]["action"] == "rollback"
+        assert "error rate" in events[-1]["reason"]
+        # nothing goes to the canary any more
+        before = s.fakes["bad"].requests
+        for i in range(20):
+            assert s.chat(user=f"later-{i}").headers["x-llmserve-version"] == "v1"
+        assert s.fakes["bad"].requests == before
+        assert 'llmserve:gateway_version_weight{model="chat",version="canary"} 0.0' in \
+            s.client.get("/metrics").text
+
+
+def test_a_healthy_canary_is_promoted():
+    with stack({"v1": [Behaviour("stable", tokens=1)], "canary": [Behaviour("good", tokens=1)]},
+               weights={"v1": 1, "canary": 0}, model={"canary": CANARY}) as s:
+        rt = s.gateway.models["chat"]
+        _drive(s, lambda: rt.canary.state.value == "promoted")
+        actions = [e["action"] for e in
+                   s.admin("GET", "/models/chat/canary/history").json()["events"]]
+        assert actions[0] == "start" and actions[-1] == "promote"
+        assert "advance" in actions
+        assert all(s.chat(user=f"after-{i}").headers["x-llmserve-version"] == "canary"
+                   for i in range(10))
+
+
+def test_manual_pause_promote_rollback_through_admin():
+    manual = {**CANARY, "auto_start": False, "interval_s": 60}
+    with stack({"v1": [Behaviour("stable")], "canary": [Behaviour("c")]},
+               weights={"v1": 1, "canary": 0}, model={"canary": manual}) as s:
+        assert s.admin("GET", "/models/chat/canary").json()["state"] == "idle"
+        r = s.admin("POST", "/models/chat/canary/start", json={"reason": "ship it"})
+        assert r.status_code == 200 and r.json()["weight"] == 0.3
+        assert s.admin("POST", "/models/chat/canary/pause").json()["state"] == "paused"
+        assert s.admin("POST", "/models/chat/canary/pause").status_code == 409
+        assert s.admin("POST", "/models/chat/canary/rollback").json()["weight"] == 0.0
+        models = s.admin("GET", "/models").json()["models"]
+        assert {v["name"]: v["weight"] for v in models[0]["versions"]} == \
+            {"v1": 1.0, "canary": 0.0}
+        assert s.admin("POST", "/models/chat/canary/explode").status_code == 404
+        reasons = [e["reason"] for e in
+                   s.admin("GET", "/models/chat/canary/history").json()["events"]]
+        assert reasons[0] == "ship it"

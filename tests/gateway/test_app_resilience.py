@@ -1,0 +1,99 @@
+"""Retries before the first byte, the breaker, mid-stream failure, recovery."""
+
+import json
+
+from .app_harness import instance_of, sse_events, stack, wait_until
+from .fake_upstream import Behaviour, ServerThread, free_port, make_app
+
+BREAKER = {"failure_threshold": 2, "cooloff_s": 0.3, "max_cooloff_s": 0.6,
+           "probe_timeout_s": 5}
+
+
+def test_5xx_is_retried_on_another_instance_and_breaker_opens():
+    bad, good = Behaviour("bad", error_rate=1.0, error_status=503), Behaviour("good")
+    # prefix/load scores would not separate two idle instances: they alternate by P2C
+    with stack({"v1": [bad, good]}, breaker={**BREAKER, "cooloff_s": 30}) as s:
+        results = [s.chat(f"q{i}") for i in range(12)]
+        assert all(r.status_code == 200 for r in results)
+        assert all(instance_of(r) == s.gateway.pool("chat", "v1").instances()[1].instance_id
+                   for r in results)
+        assert bad.requests == 2  # then its breaker opened
+        text = s.client.get("/metrics").text
+        assert "llmserve:gateway_retries_total" in text
+        pools = s.admin("GET", "/pools").json()["pools"]
+        states = {i["instance_id"]: i["breaker"] for i in pools[0]["instances"]}
+        assert sorted(states.values()) == ["closed", "open"]
+
+
+def test_all_attempts_failing_returns_the_upstream_error():
+    with stack({"v1": [Behaviour("a", error_rate=1.0), Behaviour("b", error_rate=1.0)]},
+               breaker={"failure_threshold": 100}) as s:
+        r = s.chat()
+        assert r.status_code == 500
+        assert "injected fault" in r.json()["error"]["message"]
+        assert s.fakes["a"].requests + s.fakes["b"].requests == 3  # max_attempts
+
+
+def test_dead_instance_is_retried_elsewhere_then_returns_when_back():
+    port = free_port()
+    with stack({"v1": [Behaviour("live", tokens=2)]}, dead={"v1": port},
+               breaker=BREAKER, wait_ready=False) as s:
+        pool = s.gateway.pool("chat", "v1")
+        wait_until(lambda: any(i.ready for i in pool.instances()), what="live instance")
+        dead_id = f"127.0.0.1:{port}"
+        # even if the dead one were tried first, the client never sees its failure
+        for i in range(10):
+            r = s.chat(f"q{i}")
+            assert r.status_code == 200 and instance_of(r) != dead_id
+        revived = Behaviour("revived", tokens=2)
+        srv = ServerThread(make_app(revived), port=port).start()
+        try:
+            wait_until(lambda: pool.get(dead_id).ready, what="revived instance ready")
+            for i in range(30):
+                s.chat(f"again{i}")
+            assert revived.requests > 0
+        finally:
+            srv.stop(force=True)
+
+
+def test_instance_killed_mid_load_requests_retry_and_succeed():
+    a, b = Behaviour("a", tokens=3, token_delay_s=0.01), Behaviour("b", tokens=3)
+    with stack({"v1": [a, b]}, breaker=BREAKER) as s:
+        for i in range(4):
+            assert s.chat(f"warm{i}").status_code == 200
+        s.upstreams["a"].stop(force=True)  # connection refused from now on
+        results = [s.chat(f"after{i}") for i in range(10)]
+        assert all(r.status_code == 200 for r in results), [r.text for r in results]
+        a_id = s.gateway.pool("chat", "v1").instances()[0].instance_id
+        assert all(instance_of(r) != a_id for r in results)
+
+
+def test_stream_broken_mid_way_ends_with_an_error_event_not_silence():
+    with stack({"v1": [Behaviour("a", tokens=6, break_after_tokens=2)]}) as s:
+        with s.client.stream("POST", "/v1/chat/completions", json={
+                "model": "chat", "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status_code == 200
+            text = r.read().decode()
+        events = sse_events(text)
+        assert "[DONE]" not in events
+        contents = [json.loads(e) for e in events]
+        assert [c["choices"][0]["delta"]["content"] for c in contents[:2]] == ["t0 ", "t1 "]
+        assert contents[-1]["error"]["code"] == "upstream_broken"
+        assert "incomplete" in contents[-1]["error"]["message"]
+        text = s.client.get("/metrics").text
+        assert 'kind="stream_broken"' in text
+
+
+def test_stream_that_breaks_before_its_first_event_is_retried():
+    broken, fine = Behaviour("broken", break_after_tokens=0), Behaviour("fine", tokens=2)
+    with stack({"v1": [broken, fine]}, breaker={"failure_threshold": 100}) as s:
+        for _ in range(30):
+            if broken.requests >= 2:
+                break
+            with s.client.stream("POST", "/v1/chat/completions", json={
+                    "model": "chat", "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}]}) as r:
+                events = sse_events(r.read().decode())
+            assert events[-1] == "[DONE]"
+        assert broken.requests >= 2  # it was tried, and the client never saw it
