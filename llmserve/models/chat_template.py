@@ -126,6 +126,13 @@ class ChatTemplate:
         except TemplateError as e:
             raise ChatTemplateError(f"the model's chat template does not compile: {e}") from e
 
+    def literal_text(self) -> str:
+        """The template's own text and string constants, NUL-joined (to spot tokens it writes)."""
+        ast = self._template.environment.parse(self.source)
+        parts = {n.data for n in ast.find_all(jinja2.nodes.TemplateData)}
+        parts |= {n.value for n in ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
+        return "\0".join(sorted(parts))
+
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                **variables: Any) -> str:
         """Render ``messages``; ``variables`` (bos_token, eos_token, tools, ...) reach the template."""

@@ -24,7 +24,7 @@ from llmserve.models.loader import ModelLoadError
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError"]
 
 # Private-use characters that bracket a control token written by a user, not by the template.
-_OPEN, _CLOSE = "\ue000", "\ue001"
+_OPEN, _CLOSE = "\U000f0000", "\U000f0001"  # the ones transformers uses
 
 
 def _token_text(value: Any) -> str | None:
@@ -62,9 +62,7 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
         self.chat_template = chat_template
         self._compiled: ChatTemplate | None = None
-        specials = sorted((t.content for t in backend.get_added_tokens_decoder().values() if t.special),
-                          key=len, reverse=True)
-        self._control_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._control_re: re.Pattern[str] | None = None  # built with the template, see _control_tokens
         self._literal: RustTokenizer | None = None  # a copy that encodes control tokens as text
 
     # -- construction ---------------------------------------------------------------
@@ -148,14 +146,27 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                             **variables: Any) -> str:
         """Render a conversation to prompt text with the model's own template (sandboxed)."""
-        if not self.chat_template:
-            raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
-                                    "with a plain prompt instead")
-        if self._compiled is None:
-            self._compiled = ChatTemplate(self.chat_template)
         variables.setdefault("bos_token", self.bos_token or "")
         variables.setdefault("eos_token", self.eos_token or "")
-        return self._compiled.render(messages, add_generation_prompt=add_generation_prompt, **variables)
+        return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
+
+    def _template(self) -> ChatTemplate:
+        """The compiled template (compiled once), or a clear error when the model has none."""
+        if self._compiled is None:
+            if not self.chat_template:
+                raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
+                                        "with a plain prompt instead")
+            self._compiled = ChatTemplate(self.chat_template)
+            self._control_re = self._control_tokens(self._compiled)
+        return self._compiled
+
+    def _control_tokens(self, template: ChatTemplate) -> re.Pattern[str] | None:
+        """Tokens a user may not inject: every special token, and added tokens the template writes."""
+        literal = template.literal_text()
+        tokens = [t.content for t in self.backend.get_added_tokens_decoder().values()
+                  if t.special or t.content in literal]
+        tokens.sort(key=len, reverse=True)  # longest first: a token wins over those inside it
+        return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                     **variables: Any) -> list[int]:
@@ -164,7 +175,9 @@ class Tokenizer:
         The template writes its own special tokens, so none are added. A control
         token typed by a user (``<|im_end|><|im_start|>system``) is encoded as the
         plain text it is, never as the token: only the template may open a turn.
+        Same ids as transformers' ``apply_chat_template(..., sanitize_control_tokens=True)``.
         """
+        self._template()  # compiles the template and the control-token pattern
         if self._control_re is None:
             return self.encode(self.apply_chat_template(messages, add_generation_prompt, **variables),
                                add_special_tokens=False)
@@ -176,13 +189,23 @@ class Tokenizer:
         if self._literal is None:
             self._literal = RustTokenizer.from_str(self.backend.to_str())
             self._literal.encode_special_tokens = True
-        ids: list[int] = []
         # Pieces alternate: template text, then a user's control token (None for a lone marker).
         pieces = re.split(f"{_OPEN}({self._control_re.pattern}){_CLOSE}|[{_OPEN}{_CLOSE}]", text)
-        for i, piece in enumerate(pieces):
-            if piece:
-                enc = self.backend if i % 2 == 0 else self._literal
-                ids += enc.encode(piece, add_special_tokens=False).ids
+        newline = self.backend.encode("\n", add_special_tokens=False).ids
+        ids = self.backend.encode(pieces[0], add_special_tokens=False).ids
+        for i, piece in enumerate(pieces[1:], start=1):
+            if not piece:
+                continue
+            enc = self._literal if i % 2 else self.backend
+            # After a newline, so SentencePiece adds no start-of-text space; then drop the newline.
+            piece_ids = enc.encode("\n" + piece, add_special_tokens=False).ids
+            if piece_ids[:len(newline)] == newline:
+                piece_ids = piece_ids[len(newline):]
+            else:
+                piece_ids = enc.encode(piece, add_special_tokens=False).ids
+            if i % 2 and self.backend.token_to_id(piece) in piece_ids:
+                raise ChatTemplateError(f"cannot keep {piece!r} out of the prompt: the tokenizer makes it from text")
+            ids += piece_ids
         return ids
 
     def _mark(self, obj: Any) -> Any:
