@@ -159,6 +159,7 @@ class Summary:
     e2el: LatencyStats
     max_output_tokens_per_s: float
     max_concurrent_requests: int
+    max_in_flight: int
     output_sources: dict[str, int] = field(default_factory=dict)
 
     def to_flat_dict(self) -> dict[str, Any]:
@@ -178,6 +179,7 @@ class Summary:
             "total_token_throughput": self.total_token_throughput,
             "max_output_tokens_per_s": self.max_output_tokens_per_s,
             "max_concurrent_requests": self.max_concurrent_requests,
+            "max_in_flight": self.max_in_flight,
             "output_token_sources": dict(self.output_sources),
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
@@ -229,6 +231,7 @@ def summarize(
         e2el=LatencyStats.of([e2el(r) for r in ok], percentiles),
         max_output_tokens_per_s=peak_tok,
         max_concurrent_requests=peak_conc,
+        max_in_flight=max_in_flight(records),
         output_sources=dict(Counter(r.output_source.value for r in ok)),
     )
 
@@ -265,6 +268,22 @@ def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
         first, last = int(r.start_s - t0), int(r.start_s + e2el(r) - t0)
         active[first : last + 1] += 1
     return float(tokens.max()), int(active.max())
+
+
+def max_in_flight(records: Sequence[RequestRecord]) -> int:
+    """Most successful requests open at one instant (send to last chunk). Exact,
+    unlike vLLM's ``max_concurrent_requests``, which counts every request that
+    touches a one-second bucket, so sequential requests in one second count as many."""
+    events = []
+    for r in records:
+        if r.success:
+            events += [(r.start_s, 1), (r.start_s + e2el(r), -1)]
+    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    peak = cur = 0
+    for _, step in events:
+        cur += step
+        peak = max(peak, cur)
+    return peak
 
 
 def throughput_timeline(

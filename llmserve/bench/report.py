@@ -96,7 +96,8 @@ def summary_table(s: Summary, title: str) -> Table:
         t.add_row("Request goodput (req/s)", _fmt(s.request_goodput))
     t.add_row("Output token throughput (tok/s)", _fmt(s.output_throughput))
     t.add_row("Peak output token throughput (tok/s)", _fmt(s.max_output_tokens_per_s))
-    t.add_row("Peak concurrent requests", _fmt(s.max_concurrent_requests))
+    t.add_row("Peak requests in flight", _fmt(s.max_in_flight))
+    t.add_row("Peak concurrent requests (vLLM, 1 s buckets)", _fmt(s.max_concurrent_requests))
     t.add_row("Total token throughput (tok/s)", _fmt(s.total_token_throughput))
     for name, label in LATENCY_NAMES.items():
         t.add_section()

@@ -119,6 +119,15 @@ def test_peaks_and_timeline():
     assert req_s.tolist() == [1.0, 1.0]
 
 
+def test_max_in_flight_is_exact():
+    # three back-to-back requests within one second, then two overlapping ones
+    recs = [ok(0, [0.1, 0.2], 2, start=0.0), ok(1, [0.1, 0.2], 2, start=0.2), ok(2, [0.1, 0.2], 2, start=0.4),
+            ok(3, [0.5, 1.0], 2, start=2.0), ok(4, [0.5, 1.0], 2, start=2.5)]
+    s = summarize(recs, 4.0)
+    assert s.max_in_flight == 2
+    assert s.max_concurrent_requests == 3  # vLLM's bucketed count sees 3 in second 0
+
+
 def test_flat_dict_uses_vllm_key_names():
     d = summarize([ok(0, [0.1, 0.2], 2)], 1.0, percentiles=(99,)).to_flat_dict()
     for key in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput",
