@@ -45,6 +45,11 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
 
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
+    from llmserve.cli import main as llmserve_main  # the top-level `llmserve bench ...` wiring
+
+    assert llmserve_main(["bench", "compare", str(a), str(b)]) == 0
+    wired = capsys.readouterr().out
+    assert "B / A" in wired and "request_throughput" in wired
     assert "B / A" in out and "request_throughput" in out and "load config differs" in out
     rows = {k: (va, vb, r) for k, va, vb, r in compare_rows(data, load_result(b))}
     assert rows["completed"] == (10, 10, 1.0)
