@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
@@ -92,5 +93,7 @@ def test_smollm2_second_load_comes_from_the_cache(smollm2_path, tmp_path, capsys
     cfg2, w2 = load_weights(smollm2_path, tmp_path)
     t2 = time.perf_counter()
     assert cfg1 == cfg2 and _equal(w1, w2)
+    del w1, w2
+    shutil.rmtree(cache_dir(smollm2_path, tmp_path))  # 540 MB that pytest would otherwise keep
     with capsys.disabled():  # reported, never asserted: wall-clock depends on the machine
         print(f"\nSmolLM2 load: first (dequantize + cache) {t1 - t0:.2f} s, second (cached) {t2 - t1:.2f} s")
