@@ -29,6 +29,7 @@ from llmserve.gateway.admin import admin_router
 from llmserve.gateway.canary import Action, CanaryAnalysis
 from llmserve.gateway.config import GatewayConfig, ModelConfig
 from llmserve.gateway.errors import GatewayError, error_response, from_exception
+from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.health import RetryBudget
 from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
@@ -117,6 +118,7 @@ class Gateway:
         self.retry_budget = RetryBudget(config.retry.budget)
         self.models = {m.name: ModelRuntime(m, self, rng) for m in config.models}
         self.proxy = Proxy(self)
+        self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
         self.client: httpx.AsyncClient | None = None
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
@@ -274,6 +276,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(500, f"internal gateway error: {type(e).__name__}",
+                              code="internal_error")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:

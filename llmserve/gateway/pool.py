@@ -12,7 +12,7 @@ small interface; all of it is safe to call from the event loop at any moment:
 - ``remove_instance(instance_id) -> Instance``  (in-flight requests finish)
 - ``set_draining(instance_id, draining=True)``   (no new requests)
 - ``instances() -> list[Instance]``, ``get(instance_id)``
-- ``signals() -> PoolSignals``                    (queue depth, wait, in flight)
+- ``signals() -> PoolSignals``                    (queue depth, wait, in flight, totals)
 """
 
 from __future__ import annotations
@@ -111,6 +111,21 @@ class _Waiter:
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """A queued request (from ``Pool.enqueue``)."""
+
+    waiter: _Waiter
+    ticket: int
+
+    @property
+    def done(self) -> bool:
+        return self.waiter.future.done()
+
+    def result(self) -> Lease:
+        return self.waiter.future.result()
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSignals:
     """What the autoscaler reads of a pool."""
 
@@ -119,6 +134,9 @@ class PoolSignals:
     inflight: int
     queue_depth: dict[str, int]
     queue_oldest_wait_s: dict[str, float]
+    admitted_total: int  # counters since start: the caller takes rates from differences
+    rejected_total: int
+    dispatched_total: int
 
 
 class Pool:
@@ -137,7 +155,6 @@ class Pool:
         self._clock = clock
         self._instances: dict[str, Instance] = {}
         self._ids = itertools.count(1)
-        self.dispatched_total = 0
 
     # ---- the run-time interface (autoscaler, admin API) -----------------------------
     def add_instance(self, url: str, instance_id: str | None = None, *,
@@ -182,7 +199,10 @@ class Pool:
             instances=len(views), routable=sum(v.routable for v in views),
             inflight=sum(i.inflight for i in self._instances.values()),
             queue_depth={p.name.lower(): s.depth for p, s in stats.items()},
-            queue_oldest_wait_s={p.name.lower(): s.oldest_wait_s for p, s in stats.items()})
+            queue_oldest_wait_s={p.name.lower(): s.oldest_wait_s for p, s in stats.items()},
+            admitted_total=sum(s.admitted for s in stats.values()),
+            rejected_total=sum(s.rejected for s in stats.values()),
+            dispatched_total=sum(s.dispatched for s in stats.values()))
 
     def queue_stats(self) -> dict[Priority, ClassStats]:
         return self.admission.stats(self._clock())
@@ -207,31 +227,41 @@ class Pool:
 
     async def acquire(self, request: RouteRequest, priority: Priority,
                       exclude: Iterable[str] = ()) -> Lease:
-        """Wait for a slot on an instance. Raises QueueFull (429) or QueueTimeout (503)."""
+        """Wait for a slot on an instance. Raises QueueFull (429), QueueTimeout (503) or
+        NoHealthyInstance (503)."""
+        return await self.wait(self.enqueue(request, priority, exclude))
+
+    def enqueue(self, request: RouteRequest, priority: Priority,
+                exclude: Iterable[str] = ()) -> Waiting:
+        """Queue a request and dispatch what can go now; ``waiting.done`` is True when it
+        already has a slot (the common case), so the caller can skip the wait."""
         if self._broken(self.views(self._clock())):
             raise NoHealthyInstance(self._broken_message())
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), request, frozenset(exclude))
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), request, frozenset(exclude))
         result = self.admission.offer(waiter, priority, self._clock())
         if isinstance(result, Rejected):
             raise QueueFull(result)
         self.pump()
+        return Waiting(waiter, result.ticket)
+
+    async def wait(self, waiting: Waiting) -> Lease:
+        """Wait for the slot; cancelling the wait withdraws the request (or frees its slot)."""
+        fut = waiting.waiter.future
         try:
-            while not waiter.future.done():
+            while not fut.done():
                 deadline = self.admission.next_deadline()
                 timeout = None if deadline is None else max(0.0, deadline - self._clock()) + 1e-3
-                await asyncio.wait({waiter.future}, timeout=timeout)
-                if not waiter.future.done():
+                await asyncio.wait({fut}, timeout=timeout)
+                if not fut.done():
                     self.pump()  # a deadline passed: expire whoever is due
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled() \
-                    and waiter.future.exception() is None:
-                self.release(waiter.future.result(), Outcome.NEUTRAL)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result(), Outcome.NEUTRAL)
             else:
-                self.admission.remove(result.ticket)
-                waiter.future.cancel()
+                self.admission.remove(waiting.ticket)
+                fut.cancel()
             raise
-        return waiter.future.result()
+        return fut.result()
 
     def release(self, lease: Lease, outcome: Outcome) -> None:
         if lease.released:
@@ -279,7 +309,6 @@ class Pool:
             inst.breaker.acquire(now)
             inst.inflight += 1
             inst.served += 1
-            self.dispatched_total += 1
             waiter.future.set_result(Lease(inst, now - entry.enqueued_at))
         self._expire(now)
 

@@ -10,6 +10,8 @@ middle of a half-written one.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -27,7 +29,7 @@ from llmserve.gateway.admission import Priority, priority_class
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
-                                   QueueTimeout)
+                                   QueueTimeout, Waiting)
 from llmserve.gateway.version_router import VERSION_HEADER, UnknownVersion
 
 if TYPE_CHECKING:
@@ -114,6 +116,38 @@ def prompt_text(body: dict, max_chars: int) -> str:
     return prompt[:max_chars] if isinstance(prompt, str) else ""
 
 
+def _completion_tokens(body: bytes) -> int:
+    try:
+        return int(json.loads(body)["usage"]["completion_tokens"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def prompt_chars(body: dict) -> int:
+    """Characters of prompt text in a request, for arrival-size signals."""
+    if isinstance(body.get("messages"), list):
+        total = 0
+        for m in body["messages"]:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                total += len(c)
+            elif isinstance(c, list):
+                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+        return total
+    p = body.get("prompt")
+    if isinstance(p, str):
+        return len(p)
+    if isinstance(p, list):
+        return sum(len(x) if isinstance(x, str | list) else 1 for x in p)
+    return 0
+
+
 def _last_event_end(buf: bytes) -> int:
     """Index just past the last complete SSE event in ``buf`` (0 if none)."""
     a, b = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
@@ -141,6 +175,10 @@ class Proxy:
         gw.metrics.routed.labels(parsed.model, version, decision.reason.value).inc()
         ctx = _Context(runtime, version, parsed, t0,
                        request.headers.get("x-request-id") or uuid.uuid4().hex)
+        if gw.observers:
+            chars = prompt_chars(parsed.body)
+            for o in gw.observers:
+                o.on_arrival(parsed.model, version, t0, chars)
         try:
             return await self._attempts(request, path, ctx)
         except GatewayError as e:
@@ -175,7 +213,7 @@ class Proxy:
                     break
                 gw.metrics.retries.labels(rt.config.name, ctx.version).inc()
             try:
-                lease = await self._acquire(pool, route, ctx, tried)
+                lease = await self._acquire(pool, route, ctx, tried, request)
             except GatewayError:
                 if last is None:
                     raise
@@ -208,6 +246,8 @@ class Proxy:
                 finally:
                     await resp.aclose()
                 pool.release(lease, Outcome.SUCCESS)
+                if gw.observers and resp.status_code == 200:
+                    ctx.output_tokens = _completion_tokens(body)
                 ctx.finish(resp.status_code, ok=True)
                 return Response(body, resp.status_code, headers=self._headers(resp, ctx))
             chunks = resp.aiter_raw()
@@ -235,9 +275,11 @@ class Proxy:
         raise last
 
     async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
-                       tried: list[str]) -> Lease:
+                       tried: list[str], request: Request) -> Lease:
         try:
-            lease = await pool.acquire(route, ctx.parsed.priority, exclude=tried)
+            waiting = pool.enqueue(route, ctx.parsed.priority, exclude=tried)
+            lease = waiting.result() if waiting.done else \
+                await self._wait_unless_gone(pool, waiting, request)
         except QueueFull as e:
             raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s",
                                code="queue_full",
@@ -249,6 +291,25 @@ class Proxy:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.queued_s += lease.queued_s
         return lease
+
+    @staticmethod
+    async def _wait_unless_gone(pool: Pool, waiting: Waiting, request: Request) -> Lease:
+        """Wait in the queue, but leave it if the client disconnects meanwhile, so an
+        abandoned request never takes an instance's slot."""
+        wait = asyncio.ensure_future(pool.wait(waiting))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not wait.done():
+                wait.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await wait
+        if wait.cancelled():
+            raise GatewayError(499, "the client closed the request while it was queued",
+                               code="client_disconnected")
+        return wait.result()
 
     async def _read_error(self, resp: httpx.Response, lease: Lease, pool: Pool) -> Response:
         """A 5xx from upstream: kept to pass through if no retry succeeds."""
@@ -277,10 +338,14 @@ class Proxy:
             while True:
                 end = _last_event_end(buf)
                 if end:
+                    out, buf = buf[:end], buf[end:]
                     if ctx.ttft_s is None:
                         ctx.ttft_s = time.monotonic() - ctx.t0
-                    yield buf[:end]
-                    buf = buf[end:]
+                        for o in self.gw.observers:
+                            o.on_first_token(ctx.runtime.config.name, ctx.version,
+                                             ctx.t0 + ctx.ttft_s, ctx.ttft_s)
+                    ctx.output_tokens += out.count(b"data: ") - out.count(b"data: [DONE]")
+                    yield out
                 try:
                     chunk = await anext(chunks)
                 except StopAsyncIteration:
@@ -309,8 +374,8 @@ class Proxy:
 class _Context:
     """Per-request bookkeeping for metrics and canary stats."""
 
-    __slots__ = ("runtime", "version", "parsed", "t0", "request_id", "instance", "ttft_s",
-                 "queued_s", "done")
+    __slots__ = ("done", "instance", "output_tokens", "parsed", "queued_s", "request_id",
+                 "runtime", "t0", "ttft_s", "version")
 
     def __init__(self, runtime: ModelRuntime, version: str, parsed: ParsedRequest, t0: float,
                  request_id: str) -> None:
@@ -319,6 +384,7 @@ class _Context:
         self.instance: str | None = None
         self.ttft_s: float | None = None
         self.queued_s = 0.0
+        self.output_tokens = 0
         self.done = False
 
     def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
@@ -341,3 +407,6 @@ class _Context:
         if (self.instance is not None or not ok) and status != 499:
             rt.stats.record(self.version, time.time(), ok, self.ttft_s,
                             e2e if ok and status < 400 else None)
+        for o in rt.gateway.observers:
+            o.on_finish(rt.config.name, self.version, self.t0 + e2e, e2e, self.output_tokens,
+                        ok and status < 400)

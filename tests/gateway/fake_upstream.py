@@ -85,7 +85,9 @@ def make_app(b: Behaviour) -> Starlette:
                                  "model": body.get("model"), "system_fingerprint": b.instance_id,
                                  "choices": [{"index": 0, "finish_reason": "length",
                                               "message": {"role": "assistant",
-                                                          "content": text}}]})
+                                                          "content": text}}],
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": b.tokens,
+                                           "total_tokens": 1 + b.tokens}})
 
         async def stream():
             try:

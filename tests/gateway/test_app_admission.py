@@ -5,6 +5,8 @@ import asyncio
 import httpx
 import pytest
 
+from llmserve.gateway.admission import Priority
+
 from .app_harness import stack, wait_until
 from .fake_upstream import Behaviour
 
@@ -70,3 +72,20 @@ async def test_requests_wait_for_room_instead_of_overloading():
         assert all(r.status_code == 200 for r in results)
         assert a.max_running <= 2 and a.requests == 10
         assert "llmserve:gateway_queue_time_seconds_count" in s.client.get("/metrics").text
+
+
+async def test_a_client_that_leaves_the_queue_never_takes_a_slot():
+    slow = Behaviour("a", tokens=1, first_token_delay_s=0.6)
+    with stack({"v1": [slow]}, model={"concurrency": {"fixed": 1}}) as s:
+        async with httpx.AsyncClient(base_url=s.url, timeout=30) as c:
+            hold = asyncio.create_task(_post(c, "hold"))
+            await asyncio.to_thread(wait_until, lambda: slow.running == 1)
+            async with httpx.AsyncClient(base_url=s.url, timeout=0.2) as impatient:
+                with pytest.raises(httpx.ReadTimeout):
+                    await _post(impatient, "gone")
+            pool = s.gateway.pool("chat", "v1")
+            await asyncio.to_thread(
+                wait_until, lambda: pool.queue_stats()[Priority.REALTIME].removed == 1)
+            assert (await hold).status_code == 200
+            assert (await _post(c, "next")).status_code == 200
+        assert [b["messages"][0]["content"] for b in slow.bodies] == ["hold", "next"]

@@ -116,3 +116,31 @@ def test_gateway_ready_and_metrics():
         assert "llmserve:gateway_queue_depth" in text
         assert "llmserve:gateway_e2e_request_latency_seconds_bucket" in text
         assert 'llmserve:gateway_upstream_requests_total{instance=' in text
+
+
+class _Recorder:
+    def __init__(self):
+        self.events = []
+
+    def on_arrival(self, model, version, t, prompt_chars):
+        self.events.append(("arrival", model, version, prompt_chars))
+
+    def on_first_token(self, model, version, t, ttft_s):
+        self.events.append(("first_token", model, version, ttft_s > 0))
+
+    def on_finish(self, model, version, t, e2e_s, output_tokens, ok):
+        self.events.append(("finish", model, version, output_tokens, ok))
+
+
+def test_observers_see_arrivals_first_tokens_and_finishes():
+    with stack({"v1": [Behaviour("a", tokens=3)]}) as s:
+        rec = _Recorder()
+        s.gateway.observers.append(rec)
+        assert s.chat("12345").status_code == 200
+        with s.client.stream("POST", "/v1/completions", json={
+                "model": "chat", "prompt": "abc", "stream": True}) as r:
+            r.read()
+        assert rec.events[:2] == [("arrival", "chat", "v1", 5), ("finish", "chat", "v1", 3, True)]
+        assert rec.events[2:4] == [("arrival", "chat", "v1", 3), ("first_token", "chat", "v1", True)]
+        kind, _, _, tokens, ok = rec.events[4]
+        assert kind == "finish" and ok and tokens == 4  # 3 token events + the finish event

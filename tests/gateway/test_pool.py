@@ -131,3 +131,21 @@ async def test_draining_and_removed_instances_get_nothing_new():
         p.add_instance("http://127.0.0.1:9001/")
     with pytest.raises(ValueError):
         p.add_instance("http://127.0.0.1:9003", "a")
+
+
+async def test_signals_count_admissions_rejections_and_dispatches():
+    p = Pool("m/v1", concurrency=ConcurrencyConfig(fixed=1),
+             admission=AdmissionConfig(realtime=ClassLimits(max_queue=1, deadline_s=5.0)))
+    p.add_instance("http://127.0.0.1:9001", ready=True)
+    lease = await p.acquire(REQ, Priority.REALTIME)
+    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    await asyncio.sleep(0.01)
+    with pytest.raises(Exception, match="queue is full"):
+        await p.acquire(REQ, Priority.REALTIME)
+    sig = p.signals()
+    assert (sig.instances, sig.routable, sig.inflight) == (1, 1, 1)
+    assert sig.queue_depth == {"realtime": 1, "batch": 0}
+    assert (sig.admitted_total, sig.rejected_total, sig.dispatched_total) == (2, 1, 1)
+    p.release(lease, Outcome.SUCCESS)
+    p.release(await waiting, Outcome.SUCCESS)
+    assert p.signals().dispatched_total == 2
