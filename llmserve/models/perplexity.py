@@ -1,0 +1,31 @@
+"""Perplexity of a model on a text: the quality check behind a weight format."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from llmserve.models.attention import AttentionMetadata, build_group
+from llmserve.models.llama import LlamaForCausalLM
+
+
+@torch.inference_mode()
+def perplexity(model: LlamaForCausalLM, token_ids: list[int], window: int = 512) -> float:
+    """exp(mean NLL) over non-overlapping windows, each scored from its own start."""
+    nll, count = 0.0, 0
+    caches = model.allocate_kv_cache(1, window)
+    n_rep = model.num_heads // model.num_kv_heads
+    for start in range(0, len(token_ids) - 1, window):
+        chunk = token_ids[start:start + window + 1]
+        if len(chunk) < 2:
+            break
+        inp = torch.tensor(chunk[:-1])
+        t = inp.shape[0]
+        meta = AttentionMetadata(torch.arange(t), [build_group(0, t, [t], [[0]], window, n_rep)])
+        hidden = model.forward(inp, torch.arange(t), meta, caches)
+        logp = torch.log_softmax(model.compute_logits(hidden), dim=-1)
+        target = torch.tensor(chunk[1:])
+        nll -= float(logp[torch.arange(t), target].sum())
+        count += t
+    return math.exp(nll / count)
