@@ -96,7 +96,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags into a typed configuration (raises ValueError on bad values)."""
-    model = args.model or _first_served_model(args.base_url, args.api_key)
+    model = args.model or first_served_model(args.base_url, args.api_key)
     plot = args.plot
     if plot == "":
         plot = str(Path(args.save_result).with_suffix(".png")) if args.save_result else "bench.png"
@@ -120,7 +120,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def _first_served_model(base_url: str, api_key: str | None) -> str:
+def first_served_model(base_url: str, api_key: str | None) -> str:
     url = EndpointConfig(base_url, "-").api_root
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(trust_env=False, timeout=30) as c:
