@@ -1,0 +1,232 @@
+"""Lossless speculative decoding inside continuous batching.
+
+Before each step a proposer guesses up to ``k`` next tokens for decoding requests;
+the scheduler budgets them like any other tokens; the target model scores all of
+them in the same forward pass as the rest of the batch; rejection sampling
+(Leviathan et al., 2023) keeps exactly the target's distribution. The KV of
+rejected positions is never counted as computed, so it is overwritten later and
+never reaches the prefix cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import torch
+
+from llmserve.engine.config import SpeculativeConfig
+from llmserve.engine.outputs import TokenLogprob
+from llmserve.engine.request import Request
+from llmserve.engine.sampler import SampleRow, Sampler, draw, process
+
+if TYPE_CHECKING:
+    from llmserve.engine.engine import EngineCore
+    from llmserve.engine.runner import RunOutput
+    from llmserve.engine.scheduler import SchedulerOutput
+
+
+@dataclass(slots=True)
+class Proposal:
+    tokens: list[int]
+    # Draft distributions the tokens were drawn from, one row per token; None means
+    # the proposer is deterministic (n-gram): treated as one-hot.
+    q: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """Guesses the next tokens of decoding requests.
+
+    ``propose`` may return fewer than ``k`` tokens, or nothing, per request; it must
+    not change the requests. ``release`` drops any state kept for a request.
+    """
+
+    def propose(self, requests: list[Request], k: int, rows: Callable[[Request, list[int]], SampleRow]
+                ) -> dict[str, Proposal]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+class NgramProposer:
+    """Prompt lookup: the longest recent suffix that occurred earlier; propose what followed it."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, requests, k, rows):
+        out = {}
+        for r in requests:
+            toks = find_ngram_continuation(r.all_token_ids, self.min_n, self.max_n, k)
+            if toks:
+                out[r.request_id] = Proposal(toks)
+        return out
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+def find_ngram_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Tokens that followed the most recent earlier occurrence of the longest matching suffix."""
+    n_tok = len(tokens)
+    for n in range(min(max_n, n_tok - 1), min_n - 1, -1):
+        suffix = tokens[n_tok - n:]
+        # search right to left for the latest earlier match
+        for start in range(n_tok - n - 1, -1, -1):
+            if tokens[start:start + n] == suffix:
+                follow = tokens[start + n:start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+def rejection_sample(p_rows: list[torch.Tensor], drafts: list[int], q_rows: torch.Tensor | None,
+                     greedy: bool, generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Accept a prefix of ``drafts`` and add one token; returns (tokens, number accepted).
+
+    ``p_rows`` are the target's final distributions (penalised logits when greedy) at
+    each draft position plus the bonus position. A draft token x is accepted with
+    probability min(1, p(x)/q(x)); on rejection the replacement is drawn from
+    normalise(max(p - q, 0)), which makes the output distribution exactly p.
+    """
+    out: list[int] = []
+    for j, x in enumerate(drafts):
+        p = p_rows[j]
+        if greedy:
+            t = int(p.argmax())
+            if t == x:
+                out.append(x)
+                continue
+            out.append(t)
+            return out, j
+        qx = 1.0 if q_rows is None else float(q_rows[j, x])
+        u = float(torch.rand(1, generator=generator))
+        if qx > 0 and u < min(1.0, float(p[x]) / qx):
+            out.append(x)
+            continue
+        if q_rows is None:
+            residual = p.clone()
+            residual[x] = 0.0
+        else:
+            residual = (p - q_rows[j]).clamp(min=0.0)
+        total = float(residual.sum())
+        out.append(draw(residual / total, generator) if total > 0 else draw(p, generator))
+        return out, j
+    bonus = p_rows[len(drafts)]
+    out.append(int(bonus.argmax()) if greedy else draw(bonus, generator))
+    return out, len(drafts)
+
+
+@dataclass
+class _Acceptance:
+    rate: float = 1.0  # EWMA of accepted / proposed
+    paused_until: int = 0  # output length at which to try speculating again
+
+
+@dataclass
+class SpecCounters:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class SpeculativeDecoder:
+    """Proposes before the step, verifies after the forward pass; owns the counters."""
+
+    def __init__(self, config: SpeculativeConfig, engine: "EngineCore") -> None:
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.engine = engine
+        if config.method == "ngram":
+            self.proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        else:
+            from llmserve.engine.draft_model import DraftModelProposer
+
+            self.proposer = DraftModelProposer(config, engine)
+        self.counters = SpecCounters(accepted_per_pos=[0] * self.k)
+        self._accept: dict[str, _Acceptance] = {}
+        self._q: dict[str, torch.Tensor | None] = {}
+
+    # vLLM-named counters, read by the metrics layer
+    @property
+    def num_drafts(self) -> int:
+        return self.counters.num_drafts
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.counters.num_draft_tokens
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return self.counters.num_accepted_tokens
+
+    @property
+    def accepted_per_pos(self) -> list[int]:
+        return self.counters.accepted_per_pos
+
+    def propose(self, running: list[Request]) -> None:
+        live = set(self.engine.scheduler.requests)
+        for rid in [r for r in self._accept if r not in live]:
+            self._accept.pop(rid, None)
+            self.proposer.release(rid)
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        for r in running:
+            r.spec_token_ids = []
+        self._q.clear()
+        # A large batch is compute-bound already: extra positions would cost, not save.
+        if len(decoding) > self.config.max_batch_for_spec:
+            return
+        want = []
+        for r in decoding:
+            acc = self._accept.setdefault(r.request_id, _Acceptance())
+            if acc.paused_until > r.num_output_tokens:
+                continue
+            room = min(self.k, r.max_tokens - r.num_output_tokens - 1,
+                       self.engine.max_model_len - r.num_tokens - 1)
+            if room > 0:
+                want.append((r, room))
+        if not want:
+            return
+        props = self.proposer.propose([r for r, _ in want], self.k, self.engine._row)
+        for r, room in want:
+            prop = props.get(r.request_id)
+            if prop and prop.tokens:
+                r.spec_token_ids = prop.tokens[:room]
+                self._q[r.request_id] = None if prop.q is None else prop.q[:room]
+
+    def verify(self, plan: "SchedulerOutput", run: "RunOutput",
+               row_fn: Callable[..., SampleRow]) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+        sampled: dict[str, list[int]] = {}
+        lps: dict[str, list[TokenLogprob]] = {}
+        c = self.counters
+        for s in plan.scheduled:
+            if not s.sample:
+                continue
+            req = s.request
+            start, n_rows = run.rows[req.request_id]
+            logits = run.logits[start:start + n_rows]
+            drafts = s.spec_token_ids
+            gen = row_fn(req).generator or self.engine.sampler.generator
+            p_rows = [process(logits[j], row_fn(req, drafts[:j])) for j in range(n_rows)]
+            q = self._q.get(req.request_id)
+            tokens, accepted = rejection_sample(p_rows, drafts, q, req.sampling_params.greedy, gen)
+            sampled[req.request_id] = tokens
+            if drafts:
+                c.num_drafts += 1
+                c.num_draft_tokens += len(drafts)
+                c.num_accepted_tokens += accepted
+                for i in range(accepted):
+                    c.accepted_per_pos[i] += 1
+                acc = self._accept.setdefault(req.request_id, _Acceptance())
+                acc.rate = 0.7 * acc.rate + 0.3 * (accepted / len(drafts))
+                if acc.rate < self.config.min_acceptance:
+                    # Not paying for itself: pause, then probe again later.
+                    acc.paused_until = req.num_output_tokens + 32
+                    acc.rate = self.config.min_acceptance + 0.1
+            if req.sampling_params.logprobs is not None:
+                raw = torch.log_softmax(logits.float(), dim=-1)
+                lps[req.request_id] = [
+                    TokenLogprob(t, d.logprob, d.top_logprobs or [])
+                    for j, t in enumerate(tokens)
+                    for d in [Sampler.describe(t, row_fn(req), raw[j])]]
+        return sampled, lps

@@ -1,0 +1,118 @@
+"""Speculative decoding: lossless greedy, exact sampling distribution, exact KV accounting."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import llmserve.engine.draft_model as draft_model
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.spec_decode import find_ngram_continuation, rejection_sample
+from llmserve.models.llama import LlamaForCausalLM
+from tests.engine.conftest import make_tiny, run_to_completion
+from tests.engine.test_sampler import _chi2_ok
+
+
+def test_ngram_lookup_prefers_longest_latest_match():
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert find_ngram_continuation(toks, 1, 3, 2) == [7, 8]  # "2 3" last seen before 7 8
+    assert find_ngram_continuation([1, 2, 3, 4], 1, 3, 2) == []
+    assert find_ngram_continuation([5, 6, 5], 1, 2, 3) == [6, 5]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tiny = make_tiny()
+    v = tiny.config.vocab_size
+    rng = random.Random(3)
+    rep = [rng.randrange(v) for _ in range(12)]
+    prompts = [rep * 3, [rng.randrange(v) for _ in range(20)], rep + rep[:5], rep[:2]]
+    ref = [tiny.hf_greedy(p, 30) for p in prompts]
+    return tiny, prompts, ref
+
+
+def _use_draft(monkeypatch, model):
+    monkeypatch.setattr(draft_model, "_load_draft", lambda cfg, eng: LlamaForCausalLM(model.config, model.weights))
+
+
+@pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 4)])
+def test_greedy_equals_hf_with_everything_on(setup, monkeypatch, method, k):
+    tiny, prompts, ref = setup
+    _use_draft(monkeypatch, make_tiny(seed=5, layers=1))
+    cfg = {"method": method, "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+           "min_acceptance": 0.0, "model": "draft" if method == "draft" else None}
+    sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    # a small pool forces preemption; a small budget forces chunked prefill; caching on
+    eng = tiny.engine(block_size=4, max_num_batched_tokens=10, num_kv_blocks=24, speculative_config=cfg,
+                      enable_prefix_caching=True)
+    arrivals = {0: [("0", prompts[0], sp), ("1", prompts[1], sp)], 4: [("2", prompts[2], sp), ("3", prompts[3], sp)]}
+    done = run_to_completion(eng, arrivals)
+    assert [done[str(i)] for i in range(4)] == ref
+    assert eng.spec.num_draft_tokens > 0
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks
+    if method == "ngram":
+        assert eng.spec.num_accepted_tokens > 0  # the repeated prompts make lookup pay
+
+
+def test_draft_identical_to_target_is_accepted(setup, monkeypatch):
+    tiny, prompts, ref = setup
+    _use_draft(monkeypatch, tiny)
+    eng = tiny.engine(num_kv_blocks=128, speculative_config={"method": "draft", "model": "self",
+                                                              "num_speculative_tokens": 3})
+    eng.add_request("a", prompts[1], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    assert run_to_completion(eng)["a"] == ref[1]
+    spec = eng.spec
+    assert spec.num_accepted_tokens >= 0.9 * spec.num_draft_tokens
+    assert spec.accepted_per_pos[0] >= spec.accepted_per_pos[2] > 0
+
+
+def test_low_acceptance_turns_speculation_off(setup, monkeypatch):
+    tiny, prompts, _ = setup
+    _use_draft(monkeypatch, make_tiny(seed=9, layers=1))
+    eng = tiny.engine(num_kv_blocks=128, speculative_config={"method": "draft", "model": "bad",
+                                                              "num_speculative_tokens": 3})
+    eng.add_request("a", prompts[1], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    run_to_completion(eng)
+    assert 0 < eng.spec.num_drafts < 20  # 40 decode steps, most without a draft
+
+
+P = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])
+Q = torch.tensor([0.1, 0.1, 0.5, 0.2, 0.1])
+
+
+def _first_tokens(q_given: bool, broken: bool = False, n: int = 6000) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(len(P))
+    for _ in range(n):
+        x = int(torch.multinomial(Q, 1, generator=gen)) if q_given else 2
+        q_rows = Q.unsqueeze(0) if q_given else None
+        if broken:  # accept every draft: the draft's distribution leaks through
+            counts[x] += 1
+            continue
+        toks, _ = rejection_sample([P, P], [x], q_rows, False, gen)
+        counts[toks[0]] += 1
+    return counts
+
+
+def test_rejection_sampling_keeps_target_distribution():
+    assert _chi2_ok(_first_tokens(q_given=True), P)
+    assert _chi2_ok(_first_tokens(q_given=False), P)  # n-gram: one-hot draft
+
+
+def test_broken_rejection_sampler_is_caught():
+    assert not _chi2_ok(_first_tokens(q_given=True, broken=True), P)
+
+
+def test_seeded_sampling_with_speculation_is_reproducible(setup):
+    tiny, prompts, _ = setup
+    sp = SamplingParams(max_tokens=20, temperature=0.8, top_k=50, seed=11, ignore_eos=True)
+    outs = []
+    for _ in range(2):
+        eng = tiny.engine(num_kv_blocks=128, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                                  "prompt_lookup_min": 1})
+        eng.add_request("a", prompts[0], sp)
+        outs.append(run_to_completion(eng)["a"])
+    assert outs[0] == outs[1]
