@@ -204,9 +204,8 @@ class Proxy:
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
         tried: list[str] = []
-        max_attempts = gw.config.retry.max_attempts
         last: GatewayError | Response | None = None
-        for attempt in range(1, max_attempts + 1):
+        for attempt in range(1, gw.config.retry.max_attempts + 1):
             if attempt > 1:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
@@ -218,52 +217,15 @@ class Proxy:
                 if last is None:
                     raise
                 break  # no instance for a retry: answer with the upstream's error
-            inst = lease.instance
-            tried.append(inst.instance_id)
-            ctx.instance = inst.instance_id
-            gw.metrics.upstream.labels(rt.config.name, ctx.version, inst.instance_id).inc()
-            upstream_req = gw.client.build_request("POST", f"{inst.url}{path}", content=content,
-                                                   headers=headers)
             try:
-                resp = await gw.client.send(upstream_req, stream=True)
-            except httpx.HTTPError as e:
-                pool.release(lease, Outcome.FAILURE)
-                last = GatewayError(502, f"upstream {inst.instance_id} failed: "
-                                         f"{type(e).__name__}: {e}", code="upstream_unreachable")
-                continue
-            if resp.status_code >= 500:
-                last = await self._read_error(resp, lease, pool)
-                continue
-            is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-            if not (ctx.parsed.stream and is_sse):
-                try:
-                    body = await resp.aread()
-                except httpx.HTTPError as e:
-                    pool.release(lease, Outcome.FAILURE)
-                    last = GatewayError(502, f"upstream {inst.instance_id} broke off: {e}",
-                                        code="upstream_broken")
-                    continue
-                finally:
-                    await resp.aclose()
-                pool.release(lease, Outcome.SUCCESS)
-                if gw.observers and resp.status_code == 200:
-                    ctx.output_tokens = _completion_tokens(body)
-                ctx.finish(resp.status_code, ok=True)
-                return Response(body, resp.status_code, headers=self._headers(resp, ctx))
-            chunks = resp.aiter_raw()
-            try:
-                first = await anext(chunks)
-            except (httpx.HTTPError, StopAsyncIteration) as e:
-                await resp.aclose()
-                pool.release(lease, Outcome.FAILURE)
-                last = GatewayError(502, f"upstream {inst.instance_id} closed the stream "
-                                         f"before its first event ({type(e).__name__})",
-                                    code="upstream_broken")
-                continue
-            headers_out = self._headers(resp, ctx)
-            headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-            return StreamingResponse(self._relay(first, chunks, resp, lease, pool, ctx),
-                                     status_code=resp.status_code, headers=headers_out)
+                response, failure = await self._attempt(lease, pool, path, content, headers, ctx)
+            except BaseException:
+                pool.release(lease, Outcome.NEUTRAL)  # a no-op when already released
+                raise
+            tried.append(lease.instance.instance_id)
+            if response is not None:
+                return response
+            last = failure
         if isinstance(last, Response):
             ctx.finish(last.status_code, ok=False, error_kind="upstream_5xx")
             last.headers[VERSION_HEADER] = ctx.version
@@ -273,6 +235,57 @@ class Proxy:
         if len(tried) > 1:
             last.message = f"{len(tried)} attempts failed; last: {last.message}"
         raise last
+
+    async def _attempt(self, lease: Lease, pool: Pool, path: str, content: bytes,
+                       headers: dict[str, str], ctx: _Context
+                       ) -> tuple[Response | None, GatewayError | Response | None]:
+        """One try on the leased instance: ``(response, None)`` to answer the client,
+        or ``(None, failure)`` to retry, the lease then already released."""
+        gw, inst = self.gw, lease.instance
+        ctx.instance = inst.instance_id
+        gw.metrics.upstream.labels(ctx.runtime.config.name, ctx.version, inst.instance_id).inc()
+        upstream_req = gw.client.build_request("POST", f"{inst.url}{path}", content=content,
+                                               headers=headers)
+        try:
+            resp = await gw.client.send(upstream_req, stream=True)
+        except httpx.HTTPError as e:
+            pool.release(lease, Outcome.FAILURE)
+            return None, GatewayError(502, f"upstream {inst.instance_id} failed: "
+                                           f"{type(e).__name__}: {e}", code="upstream_unreachable")
+        if resp.status_code >= 500:
+            return None, await self._read_error(resp, lease, pool)
+        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        if not (ctx.parsed.stream and is_sse):
+            try:
+                body = await resp.aread()
+            except httpx.HTTPError as e:
+                pool.release(lease, Outcome.FAILURE)
+                return None, GatewayError(502, f"upstream {inst.instance_id} broke off: {e}",
+                                          code="upstream_broken")
+            finally:
+                await resp.aclose()
+            pool.release(lease, Outcome.SUCCESS)
+            if gw.observers and resp.status_code == 200:
+                ctx.output_tokens = _completion_tokens(body)
+            ctx.finish(resp.status_code, ok=True)
+            return Response(body, resp.status_code, headers=self._headers(resp, ctx)), None
+        chunks = resp.aiter_raw()
+        try:
+            first = await anext(chunks)
+        except (httpx.HTTPError, StopAsyncIteration) as e:
+            await resp.aclose()
+            pool.release(lease, Outcome.FAILURE)
+            return None, GatewayError(502, f"upstream {inst.instance_id} closed the stream "
+                                           f"before its first event ({type(e).__name__})",
+                                      code="upstream_broken")
+        except BaseException:
+            await resp.aclose()
+            raise
+        headers_out = self._headers(resp, ctx)
+        headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+        return _RelayResponse(self._relay(first, chunks, resp, lease, pool, ctx),
+                              resp=resp, lease=lease, pool=pool, ctx=ctx,
+                              status_code=resp.status_code, headers=headers_out), None
 
     async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
                        tried: list[str], request: Request) -> Lease:
@@ -362,13 +375,39 @@ class Proxy:
                 f"the upstream instance failed mid-stream ({type(e).__name__}); "
                 "the response is incomplete", code="upstream_broken")
         finally:
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
-                pool.release(lease, outcome)
-                if outcome is Outcome.NEUTRAL:
-                    ctx.finish(499, error_kind="client_disconnected", ok=True)
-                else:
-                    ctx.finish(status, error_kind=kind, ok=outcome is Outcome.SUCCESS)
+            await _end_stream(resp, lease, pool, ctx, outcome, status, kind)
+
+
+async def _end_stream(resp: httpx.Response, lease: Lease, pool: Pool, ctx: _Context,
+                      outcome: Outcome, status: int, kind: str | None) -> None:
+    """Free the slot, close the upstream, record the outcome; once per stream."""
+    if lease.released:
+        return
+    pool.release(lease, outcome)
+    with anyio.CancelScope(shield=True):
+        await resp.aclose()
+    if outcome is Outcome.NEUTRAL:
+        ctx.finish(499, error_kind="client_disconnected", ok=True)
+    else:
+        ctx.finish(status, error_kind=kind, ok=outcome is Outcome.SUCCESS)
+
+
+class _RelayResponse(StreamingResponse):
+    """A streaming response that frees its upstream slot even when the client is gone
+    before the body starts: then the relay generator never runs, so its own
+    ``finally`` never does either."""
+
+    def __init__(self, body, *, resp: httpx.Response, lease: Lease, pool: Pool,
+                 ctx: _Context, **kw) -> None:
+        super().__init__(body, **kw)
+        self._cleanup = (resp, lease, pool, ctx)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            resp, lease, pool, ctx = self._cleanup
+            await _end_stream(resp, lease, pool, ctx, Outcome.NEUTRAL, 499, None)
 
 
 class _Context:

@@ -97,3 +97,16 @@ def test_stream_that_breaks_before_its_first_event_is_retried():
                 events = sse_events(r.read().decode())
             assert events[-1] == "[DONE]"
         assert broken.requests >= 2  # it was tried, and the client never saw it
+
+
+def test_a_client_leaving_mid_stream_frees_the_slot_and_the_upstream():
+    a = Behaviour("a", tokens=50, token_delay_s=0.05)
+    with stack({"v1": [a]}) as s:
+        with s.client.stream("POST", "/v1/chat/completions", json={
+                "model": "chat", "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            next(r.iter_raw())  # one event, then hang up
+        inst = s.gateway.pool("chat", "v1").instances()[0]
+        wait_until(lambda: inst.inflight == 0, what="slot freed")
+        wait_until(lambda: a.running == 0, what="upstream stream closed")
+        assert 'status="499"' in s.client.get("/metrics").text
