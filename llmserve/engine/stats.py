@@ -43,11 +43,10 @@ class EngineStats:
         cutoff = t1 - self.window_s
         while self._steps and self._steps[0][1] < cutoff:
             self._steps.popleft()
-        self.prompt_tokens += sum(
-            max(0, min(s.request.num_prompt_tokens, s.request.num_computed_tokens + s.num_tokens)
-                - s.request.num_computed_tokens) for s in plan.scheduled)
 
     def on_first_token(self, req, now: float) -> None:
+        # vLLM's meaning: every prompt token of a request, cached or computed.
+        self.prompt_tokens += req.num_prompt_tokens
         for lst in self.listeners:
             lst.on_first_token(now - req.arrival_time)
 
