@@ -65,8 +65,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # Fold the query heads that share a KV head into the query-length axis, so
         # grouped-query attention needs no copy of K/V per query head.
         qg = q[rows].view(b, lq, h, d).permute(0, 2, 1, 3).reshape(b, kvh, (h // kvh) * lq, d)
-        kg = k_cache[g.kv_index].permute(0, 2, 1, 3)
-        vg = v_cache[g.kv_index].permute(0, 2, 1, 3)
+        flat = g.kv_index.view(-1)  # index_select is several times faster than fancy indexing here
+        kg = k_cache.index_select(0, flat).view(b, -1, kvh, d).permute(0, 2, 1, 3)
+        vg = v_cache.index_select(0, flat).view(b, -1, kvh, d).permute(0, 2, 1, 3)
         if kg.dtype != qg.dtype:
             kg, vg = kg.to(qg.dtype), vg.to(qg.dtype)
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
