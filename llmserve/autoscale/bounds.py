@@ -32,8 +32,26 @@ class BoundedState:
     """The inner policy's state plus the wrapper's own history."""
 
     inner: Any
-    history: tuple[tuple[float, int], ...] = ()
+    history: tuple[tuple[float, int], ...] = ()  # (since, desired), one entry per change
     last_scale_up: float | None = None
+
+
+def _record(history: tuple[tuple[float, int], ...], now: float, wanted: int,
+            window: float) -> tuple[tuple[float, int], ...]:
+    """Append ``wanted`` and forget what the window no longer covers.
+
+    History is run-length encoded (an entry only when the count changes), so a
+    steady pool keeps a one-entry history however short the tick. An entry older
+    than the window still counts while it is the latest one before the window:
+    its value held into the window.
+    """
+    if history[-1][1] != wanted:
+        history += ((now, wanted),)
+    start = now - window
+    keep = 0
+    while keep + 1 < len(history) and history[keep + 1][0] <= start:
+        keep += 1
+    return history[keep:]
 
 
 class BoundedPolicy:
@@ -51,9 +69,8 @@ class BoundedPolicy:
         now = ctx.now
         inner = self.inner.decide(ctx, state.inner)
         wanted = min(max(inner.desired, cfg.min_instances), cfg.max_instances)
-        history = tuple(h for h in state.history if h[0] > now - cfg.scale_down_window_s)
-        history += ((now, wanted),)
         current = ctx.provisioned
+        history = _record(state.history or ((now, current),), now, wanted, cfg.scale_down_window_s)
         last_up = state.last_scale_up
         reason = inner.reason
 
@@ -70,7 +87,7 @@ class BoundedPolicy:
             if desired > current:
                 last_up = now
         else:
-            stable = max(d for _, d in history)
+            stable = max(d for _, d in history)  # the runs overlapping the window
             if stable < current:
                 desired = max(stable, current - cfg.max_step_down)
                 if stable > wanted:

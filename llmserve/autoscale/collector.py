@@ -5,10 +5,13 @@ The live gateway and the simulator feed the same collector the same events
 load reports, so both hand the policies numbers measured the same way. Time is
 always passed in; nothing here reads a clock.
 
-Arrival tokens per second counts the prompt tokens that arrived plus, for each
-arrival, the mean output length of recently finished requests: the output
-length of a request is unknown when it arrives, and the work it brings is
-mostly decode.
+Arrival tokens per second is the arrival count times the mean tokens per
+request (prompt plus output, both smoothed over recent requests). The output
+length of a request is unknown when it arrives, so its mean has to stand in;
+the prompt's actual length is known, but summing actual prompt lengths makes
+the rate jump with every long prompt, while what fills an instance's batch
+seats is how many requests arrive and how long they hold a seat (mostly
+decode), which the mean describes better.
 """
 
 from __future__ import annotations
@@ -44,11 +47,13 @@ class SignalCollector:
     """Sliding windows over gateway events, turned into one snapshot per tick.
 
     ``window_s`` covers arrival rates; ``latency_window_s`` covers the TTFT and
-    e2e percentiles (longer, because a p99 needs samples).
+    e2e percentiles (longer, because a p99 needs samples). ``start`` is when
+    recording began (default: the first snapshot).
     """
 
     def __init__(self, window_s: float = 10.0, latency_window_s: float = 30.0,
-                 output_tokens_prior: float = 256.0, output_tokens_tau: int = 200) -> None:
+                 output_tokens_prior: float = 256.0, output_tokens_tau: int = 200,
+                 start: float | None = None) -> None:
         if window_s <= 0 or latency_window_s <= 0:
             raise ValueError("signal collector: windows must be positive")
         if output_tokens_tau < 1:
@@ -56,36 +61,53 @@ class SignalCollector:
         self.window_s = window_s
         self.latency_window_s = latency_window_s
         self.mean_output_tokens = output_tokens_prior
+        self.mean_prompt_tokens: float | None = None
         self._output_w = 1.0 / output_tokens_tau
-        self._arrivals: deque[tuple[float, int]] = deque()
-        self._ttft: deque[tuple[float, float]] = deque()
-        self._e2e: deque[tuple[float, float]] = deque()
+        self._start = start
+        self._arrivals: deque[float] = deque()
+        # Times and values apart, so a snapshot sorts the values without unpacking.
+        self._ttft_t: deque[float] = deque()
+        self._ttft_v: deque[float] = deque()
+        self._e2e_t: deque[float] = deque()
+        self._e2e_v: deque[float] = deque()
 
     def record_arrival(self, t: float, prompt_tokens: int) -> None:
-        self._arrivals.append((t, prompt_tokens))
+        self._arrivals.append(t)
+        if self.mean_prompt_tokens is None:
+            self.mean_prompt_tokens = float(prompt_tokens)
+        else:
+            self.mean_prompt_tokens += (prompt_tokens - self.mean_prompt_tokens) * self._output_w
 
     def record_first_token(self, t: float, ttft_s: float) -> None:
-        self._ttft.append((t, ttft_s))
+        self._ttft_t.append(t)
+        self._ttft_v.append(ttft_s)
 
     def record_finish(self, t: float, e2e_s: float, output_tokens: int) -> None:
-        self._e2e.append((t, e2e_s))
+        self._e2e_t.append(t)
+        self._e2e_v.append(e2e_s)
         self.mean_output_tokens += (output_tokens - self.mean_output_tokens) * self._output_w
 
     @staticmethod
-    def _prune(d: deque, since: float) -> None:
-        while d and d[0][0] <= since:
-            d.popleft()
+    def _prune(times: deque, values: deque, since: float) -> None:
+        while times and times[0] <= since:
+            times.popleft()
+            values.popleft()
 
     def snapshot(self, now: float, loads: Iterable[InstanceLoad], queue_depth: Mapping[str, int],
                  counts: Mapping[InstanceState, int]) -> PoolSignals:
         """The signals at ``now``; ``loads`` are the ready instances' latest reports."""
-        self._prune(self._arrivals, now - self.window_s)
-        self._prune(self._ttft, now - self.latency_window_s)
-        self._prune(self._e2e, now - self.latency_window_s)
+        arrivals, since = self._arrivals, now - self.window_s
+        while arrivals and arrivals[0] <= since:
+            arrivals.popleft()
+        self._prune(self._ttft_t, self._ttft_v, now - self.latency_window_s)
+        self._prune(self._e2e_t, self._e2e_v, now - self.latency_window_s)
         n_arr = len(self._arrivals)
-        prompt = sum(p for _, p in self._arrivals)
-        ttft = sorted(v for _, v in self._ttft)
-        e2e = sorted(v for _, v in self._e2e)
+        if self._start is None:
+            self._start = now
+        # Right after start the window is not full yet: divide by what has elapsed.
+        span = min(self.window_s, now - self._start) if now > self._start else self.window_s
+        ttft = sorted(self._ttft_v)
+        e2e = sorted(self._e2e_v)
 
         loads = list(loads)
         k = len(loads)
@@ -102,8 +124,8 @@ class SignalCollector:
         return PoolSignals(
             now=now,
             window_s=self.window_s,
-            arrival_rate=n_arr / self.window_s,
-            arrival_tokens_per_s=(prompt + n_arr * self.mean_output_tokens) / self.window_s,
+            arrival_rate=n_arr / span,
+            arrival_tokens_per_s=n_arr * ((self.mean_prompt_tokens or 0.0) + self.mean_output_tokens) / span,
             queue_depth=dict(queue_depth),
             waiting=waiting,
             running=running,

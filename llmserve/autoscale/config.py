@@ -72,7 +72,7 @@ class ThresholdConfig:
     scale_up_utilisation: float = 0.8
     scale_down_utilisation: float = 0.4
     target_utilisation: float = 0.6
-    max_queue_per_instance: float = 2.0
+    max_queue_per_instance: float = 0.5
     latency_step: int = 1
 
     def __post_init__(self) -> None:
@@ -110,26 +110,28 @@ class PredictiveConfig:
 
     ``lead_time_s`` is how far ahead capacity must be started: the cold start plus
     one controller tick. ``capacity_tokens_per_s`` is the prior for one instance's
-    throughput at the latency SLO; the policy corrects it online. ``margin_z`` is
-    the square-root-staffing factor: N = R + z * sqrt(R) for an offered load of R
-    instances, so the relative headroom shrinks as the pool grows.
+    saturation throughput (prompt + output tokens/s with every batch seat taken);
+    the policy measures it online (:mod:`llmserve.autoscale.capacity`) and plans
+    each instance at ``target_utilisation`` of it, the share at which the latency
+    SLO still holds. ``margin_z`` is the square-root-staffing factor: N = R + z *
+    sqrt(R) for an offered load of R instances, so the relative headroom shrinks
+    as the pool grows.
     """
 
     lead_time_s: float = 150.0
-    level_tau_s: float = 60.0
-    trend_tau_s: float = 600.0
+    level_tau_s: float = 120.0
+    trend_tau_s: float = 900.0
     seasonality: bool = False
     season_period_s: float = 86400.0
     season_bins: int = 288
     season_tau_periods: float = 1.0
     capacity_tokens_per_s: float = 1000.0
     capacity_tau_s: float = 300.0
-    capacity_probe_per_s: float = 0.0005
-    capacity_probe_ceiling: float = 1.5
-    capacity_low_water: float = 0.6
-    target_utilisation: float = 0.9
-    margin_z: float = 1.0
-    max_queue_per_instance: float = 2.0
+    capacity_measure_fill: float = 0.95
+    target_utilisation: float = 1.0
+    margin_z: float = 0.65
+    max_queue_per_instance: float = 0.5
+    fallback_fill: float = 0.8
     fallback_step_fraction: float = 0.25
 
     def __post_init__(self) -> None:
@@ -140,9 +142,8 @@ class PredictiveConfig:
         _check(self.season_tau_periods > 0, "predictive.season_tau_periods", "must be positive")
         _check(self.capacity_tokens_per_s > 0, "predictive.capacity_tokens_per_s", "must be positive")
         _check(self.capacity_tau_s > 0, "predictive.capacity_tau_s", "must be positive")
-        _check(self.capacity_probe_per_s >= 0, "predictive.capacity_probe_per_s", "must be >= 0")
-        _check(self.capacity_probe_ceiling >= 1.0, "predictive.capacity_probe_ceiling", "must be >= 1")
-        _check(0 < self.capacity_low_water < 1, "predictive.capacity_low_water", "must be in (0, 1)")
+        _check(0 < self.capacity_measure_fill <= 1, "predictive.capacity_measure_fill", "must be in (0, 1]")
+        _check(0 <= self.fallback_fill <= 1, "predictive.fallback_fill", "must be in [0, 1]")
         _check(0 < self.target_utilisation <= 1, "predictive.target_utilisation", "must be in (0, 1]")
         _check(self.margin_z >= 0, "predictive.margin_z", "must be >= 0")
         _check(self.max_queue_per_instance >= 0, "predictive.max_queue_per_instance", "must be >= 0")

@@ -5,8 +5,10 @@ this policy sizes the pool for the arrival rate forecast that far ahead (Holt's
 linear trend, or yesterday's profile at the same hour once a full day has been
 seen), divided by the per-instance capacity at the SLO that it measures online,
 plus a square-root queueing margin. Reactive signals are the safety net: when the
-gateway queue builds up or p99 latency is over target although nothing is on
-its way, the forecast was wrong and the pool grows by a fraction at once.
+gateway queue builds up, or p99 latency is over target while batches are full,
+and nothing is on its way, the forecast was wrong and the pool grows by a
+fraction at once. Latency alone is not enough: one long prompt can put a
+window's p99 over target on an idle pool, and more instances would not help.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class PredictivePolicy:
         season = state.season
         if season is not None:
             season = seasonal_update(season, ctx.now, y, cfg.season_tau_periods)
-        capacity = update_capacity(state.capacity, ctx, cfg, self.slo)
+        capacity = update_capacity(state.capacity, ctx, cfg)
         new_state = PredictiveState(holt, season, capacity)
 
         demand, how = self.forecast(new_state, ctx.now)
@@ -97,10 +99,12 @@ class PredictivePolicy:
         if ctx.coming == 0 and ctx.ready > 0:
             queue_per_instance = ctx.queued / ctx.ready
             over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
-            if queue_per_instance > cfg.max_queue_per_instance or over > 1.0:
+            queue_building = queue_per_instance > cfg.max_queue_per_instance
+            slow_and_busy = over > 1.0 and ctx.batch_fill >= cfg.fallback_fill
+            if queue_building or slow_and_busy:
                 bump = ctx.provisioned + max(1, math.ceil(cfg.fallback_step_fraction * ctx.provisioned))
                 if bump > desired:
                     desired = bump
                     reason = (f"fallback: queue {queue_per_instance:.1f}/instance, p99 {over:.2f}x target "
-                              f"-> {desired}")
+                              f"at fill {ctx.batch_fill:.2f} -> {desired}")
         return Decision(desired, new_state, reason)

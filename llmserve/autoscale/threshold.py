@@ -20,10 +20,11 @@ class ThresholdPolicy:
     Above ``scale_up_utilisation`` or below ``scale_down_utilisation`` the desired
     count is ``ceil(ready * utilisation / target)`` (what Kubernetes' HPA does);
     inside the band the pool stays as it is. A gateway queue longer than
-    ``max_queue_per_instance`` per ready instance, or a TTFT/e2e p99 over the SLO,
-    adds ``latency_step`` instances, but only when nothing is already starting or
-    warming: capacity on its way counts, or every tick of a cold start would add
-    another instance. Stateless.
+    ``max_queue_per_instance`` per ready instance, or a TTFT/e2e p99 over the SLO
+    while utilisation is at least the target (an idle pool with one slow long
+    prompt does not need more instances), adds ``latency_step`` instances, but
+    only when nothing is already starting or warming: capacity on its way counts,
+    or every tick of a cold start would add another instance. Stateless.
     """
 
     def __init__(self, config: ThresholdConfig, slo: SLOConfig) -> None:
@@ -55,7 +56,7 @@ class ThresholdPolicy:
             if queue_per_instance > cfg.max_queue_per_instance and desired < current + cfg.latency_step:
                 desired = current + cfg.latency_step
                 reason = f"gateway queue {queue_per_instance:.1f}/instance > {cfg.max_queue_per_instance}"
-            elif over > 1.0 and desired < current + cfg.latency_step:
+            elif over > 1.0 and util >= cfg.target_utilisation and desired < current + cfg.latency_step:
                 desired = current + cfg.latency_step
                 reason = f"p99 latency {over:.2f}x over target"
         return Decision(max(desired, 0), None, reason)

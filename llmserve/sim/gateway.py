@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, ConcurrencyConfig, Priority
+from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, Admitted, ConcurrencyConfig, Priority
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
 from llmserve.gateway.instance import InstanceView
 from llmserve.load_report import LoadReport
@@ -55,6 +55,7 @@ class SimGateway:
         self.model = model
         self.rate_window_s = rate_window_s
         self._routed: dict[str, _Routed] = {}
+        self.queued = 0  # requests in the admission queue (kept here: len() of it walks both classes)
 
     # ---- pool membership (the controller's decisions) ---------------------------------------
     def add_instance(self, inst: SimInstance, now: float) -> None:
@@ -70,15 +71,19 @@ class SimGateway:
         return [r.inst for r in self._routed.values()]
 
     # ---- requests -----------------------------------------------------------------------------
-    def offer(self, rid: int, priority: Priority, now: float):
-        return self.admission.offer(rid, priority, now)
+    def offer(self, rid: int, priority: Priority, now: float) -> bool:
+        """Queue a request; False when the admission queue rejects it (the live gateway's 429)."""
+        if isinstance(self.admission.offer(rid, priority, now), Admitted):
+            self.queued += 1
+            return True
+        return False
 
     def queue_depth(self) -> dict[str, int]:
         return {p.name.lower(): self.admission.depth(p) for p in PRIORITIES}
 
     def next_dispatch(self, now: float) -> tuple[int, SimInstance] | None:
         """The next queued request and the instance the picker sends it to, or None."""
-        if not len(self.admission):
+        if not self.queued:
             return None
         views = []
         for r in self._routed.values():
@@ -89,8 +94,9 @@ class SimGateway:
         if res.instance is None:
             return None
         ticket = self.admission.next_to_dispatch(now, True)
-        if ticket is None:
+        if ticket is None:  # everything left had expired; expire() will collect it
             return None
+        self.queued -= 1
         r = self._routed[res.instance.instance_id]
         r.view = None
         return ticket.item, r.inst
@@ -103,7 +109,9 @@ class SimGateway:
 
     def expire(self, now: float) -> list[int]:
         """Requests past their queue deadline (the live gateway answers 503)."""
-        return [e.entry.item for e in self.admission.expire(now)]
+        gone = [e.entry.item for e in self.admission.expire(now)]
+        self.queued -= len(gone)
+        return gone
 
     # ---- load reports -------------------------------------------------------------------------
     def poll(self, now: float) -> None:

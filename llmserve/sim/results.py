@@ -76,7 +76,7 @@ class SimResult:
     def build(cls, sim: "Simulator", wall_s: float) -> "SimResult":
         trace, slo = sim.trace, sim.autoscale.slo
         duration = trace.duration_s
-        lifetimes = [(i.created, i.stopped_at) for i in sim.instances.values()]
+        lifetimes = [(i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]]
         seconds = sum(max(0.0, min(duration, stop if stop is not None else duration) - min(duration, max(0.0, start)))
                       for start, stop in lifetimes)
         timeline = np.array(sim.timeline, dtype=float) if sim.timeline else np.zeros((0, len(TIMELINE_COLUMNS)))

@@ -32,7 +32,7 @@ from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
-from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority, Rejected
+from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority
 from llmserve.gateway.balancer import BalancerConfig
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
@@ -77,8 +77,9 @@ class Simulator:
         self.policy = build_policy(autoscale)
         self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
-                                         self.cfg.output_tokens_prior)
-        self.instances: dict[int, SimInstance] = {}
+                                         self.cfg.output_tokens_prior, start=0.0)
+        self.instances: dict[int, SimInstance] = {}  # not yet stopped
+        self.stopped: list[SimInstance] = []
         self._heap: list[tuple] = []
         self._seq = 0
         self._next_id = 0
@@ -118,15 +119,22 @@ class Simulator:
             self.gateway.add_instance(inst, now)
             self._dispatch(now)
 
+    def _stop(self, inst: SimInstance, now: float) -> None:
+        if inst.in_flight:
+            raise RuntimeError(f"instance {inst.id} stopped with {inst.in_flight} requests in flight")
+        inst.set_state(S.STOPPED, now)
+        del self.instances[inst.id]
+        self.stopped.append(inst)
+
     def _drain(self, inst: SimInstance, now: float) -> None:
         inst.set_state(S.DRAINING, now)
         self.gateway.remove_instance(inst)
         if inst.in_flight == 0:
-            inst.set_state(S.STOPPED, now)
+            self._stop(inst, now)
 
     def _apply(self, desired: int, now: float) -> None:
-        live = [i for i in self.instances.values() if i.state.billed]
-        plan = plan_scaling(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since) for i in live])
+        plan = plan_scaling(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since)
+                                      for i in self.instances.values()])
         for iid in plan.revive:
             inst = self.instances[iid]
             inst.set_state(S.READY, now)
@@ -134,7 +142,7 @@ class Simulator:
         for _ in range(plan.start):
             self._new_instance(now, S.STARTING)
         for iid in plan.cancel:
-            self.instances[iid].set_state(S.STOPPED, now)
+            self._stop(self.instances[iid], now)
         for iid in plan.drain:
             self._drain(self.instances[iid], now)
         if plan.revive:
@@ -192,7 +200,7 @@ class Simulator:
         if inst.plan(now):
             self._schedule(inst)
         if inst.state is S.DRAINING and inst.in_flight == 0:
-            inst.set_state(S.STOPPED, now)
+            self._stop(inst, now)
         if freed:
             self.gateway.changed(inst)
             self._dispatch(now)
@@ -200,7 +208,7 @@ class Simulator:
     def _arrive(self, rid: int, now: float) -> None:
         self.collector.record_arrival(now, int(self.trace.prompt_tokens[rid]))
         priority = Priority.BATCH if self.trace.priority[rid] else Priority.REALTIME
-        if isinstance(self.gateway.offer(rid, priority, now), Rejected):
+        if not self.gateway.offer(rid, priority, now):
             self._finish(rid, REJECTED, now)
             return
         self._dispatch(now)

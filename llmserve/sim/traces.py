@@ -51,11 +51,11 @@ class LengthDist:
 
 
 def default_prompt_lengths() -> LengthDist:
-    return LengthDist(median=300, sigma=0.8, lo=16, hi=4096)
+    return LengthDist(median=300, sigma=0.8, lo=16, hi=2048)
 
 
 def default_output_lengths() -> LengthDist:
-    return LengthDist(median=200, sigma=0.8, lo=4, hi=2048)
+    return LengthDist(median=400, sigma=0.8, lo=4, hi=2048)
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ def _noise(rng: np.random.Generator, n: int, step_s: float, sigma: float, corr_s
     return np.exp(sigma * x - sigma * sigma / 2)
 
 
-def diurnal(peak_rps: float = 3.5, ratio: float = 10.0, duration_s: float = 86400.0, peak_hour: float = 14.0,
+def diurnal(peak_rps: float = 2.0, ratio: float = 10.0, duration_s: float = 86400.0, peak_hour: float = 14.0,
             noise: float = 0.1, noise_corr_s: float = 600.0, seed: int = 0, step_s: float = 60.0,
             prompt: LengthDist | None = None, output: LengthDist | None = None,
             batch_fraction: float = 0.0) -> Trace:

@@ -63,10 +63,11 @@ def test_scale_down_takes_the_max_over_the_window():
                           max_step_down=100, max_step_up=100)
     wants = {0: 8, 10: 2, 20: 2, 30: 5, 40: 2, 50: 2, 60: 2, 70: 2, 80: 2, 90: 2, 100: 2}
     out, _ = drive(wants, bounds)
-    # 8 holds while t=0 is inside the 60 s window, then the 5 seen at t=30 until t=90.
-    assert out[:6] == [8] * 6
-    assert out[6:9] == [5, 5, 5]
-    assert out[9:] == [2, 2]
+    # Desired is a step function: 8 held over [0, 10), so it is inside the 60 s
+    # window until t=70; the 5 held over [30, 40) counts until t=100.
+    assert out[:7] == [8] * 7
+    assert out[7:10] == [5, 5, 5]
+    assert out[10:] == [2]
 
 
 def test_scale_down_step_cap():

@@ -29,7 +29,9 @@ def config(name, **bounds):
         policy=name,
         bounds=BoundsConfig(**bounds),
         kpa=KPAConfig(target_concurrency=8.0),
-        predictive=PredictiveConfig(capacity_tokens_per_s=1000.0, lead_time_s=130.0),
+        # Pinned so the shapes below do not move with the tuned defaults.
+        predictive=PredictiveConfig(capacity_tokens_per_s=1000.0, lead_time_s=130.0, level_tau_s=60.0,
+                                    trend_tau_s=600.0, target_utilisation=0.9, margin_z=1.0),
     )
 
 

@@ -2,11 +2,11 @@ import pytest
 
 from llmserve.autoscale.lifecycle import InstanceState as S
 from llmserve.autoscale.lifecycle import InvalidTransition, check_transition
-from llmserve.autoscale.reconcile import InstanceView, plan_scaling
+from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
 
 
 def pool(*specs):
-    return [InstanceView(i, state, in_flight, since) for i, (state, in_flight, since) in enumerate(specs)]
+    return [InstanceStatus(i, state, in_flight, since) for i, (state, in_flight, since) in enumerate(specs)]
 
 
 def test_scale_up_revives_draining_before_starting_new():

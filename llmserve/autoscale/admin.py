@@ -1,0 +1,86 @@
+"""The elastic controller's admin API, under ``/admin/autoscale/`` (admin key required).
+
+A pool is named ``model/version`` (``?pool=``); it may be left out when the
+gateway has one controlled pool.
+
+- ``GET  /admin/autoscale/pools``        policy, bounds, counts by state, desired, override
+- ``GET  /admin/autoscale/instances``    every instance: state, reason, in pool, load
+- ``GET  /admin/autoscale/events``       transitions and actions (``?since=<seq>&limit=``)
+- ``GET  /admin/autoscale/decisions``    each tick's count and the policy's reason
+                                         (``?since=&limit=&changes_only=true``)
+- ``GET  /admin/autoscale/timeline``     per-tick signals (``?since=<unix time>&limit=``)
+- ``POST /admin/autoscale/scale``        ``{"instances": n | null, "duration_s"?, "reason"?, "pool"?}``:
+                                         pin the count (null clears); each call is counted in
+                                         ``llmserve:autoscale_manual_interventions_total``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmserve.autoscale.controller import PoolController
+from llmserve.gateway.errors import GatewayError
+
+
+class ScaleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instances: int | None = Field(ge=0)
+    duration_s: float | None = Field(None, gt=0)
+    reason: str = Field("manual scale", max_length=500)
+    pool: str | None = None
+
+
+def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Request], None]) -> APIRouter:
+    r = APIRouter(prefix="/admin/autoscale", dependencies=[Depends(guard)])
+    by_key = {c.key: c for c in controllers}
+
+    def chosen(pool: str | None) -> list[PoolController]:
+        if pool is None:
+            return list(controllers)
+        c = by_key.get(pool)
+        if c is None:
+            raise GatewayError(404, f"no controlled pool {pool!r}; pools: {sorted(by_key)}", code="pool_not_found")
+        return [c]
+
+    def one(pool: str | None) -> PoolController:
+        cs = chosen(pool)
+        if len(cs) != 1:
+            raise GatewayError(400, f"name the pool (?pool=...): one of {sorted(by_key)}", code="pool_required")
+        return cs[0]
+
+    @r.get("/pools")
+    async def pools() -> dict:
+        return {"pools": [c.describe() for c in controllers]}
+
+    @r.get("/instances")
+    async def instances(pool: str | None = None, finished: bool = True) -> dict:
+        return {"instances": [{"pool": c.key, **i} for c in chosen(pool) for i in c.instance_views(finished)]}
+
+    @r.get("/events")
+    async def events(pool: str | None = None, since: int = 0, limit: int | None = None) -> dict:
+        return {"events": [{"pool": c.key, **e} for c in chosen(pool) for e in c.history.events(since, limit)]}
+
+    @r.get("/decisions")
+    async def decisions(pool: str | None = None, since: int = 0, limit: int | None = None,
+                        changes_only: bool = False) -> dict:
+        return {"decisions": [{"pool": c.key, **d} for c in chosen(pool)
+                              for d in c.history.decisions(since, limit, changes_only)]}
+
+    @r.get("/timeline")
+    async def timeline(pool: str | None = None, since: float = 0.0, limit: int | None = None) -> dict:
+        c = one(pool)
+        return {"pool": c.key, "samples": c.history.samples(since, limit)}
+
+    @r.post("/scale")
+    async def scale(body: ScaleBody) -> dict:
+        c = one(body.pool)
+        try:
+            c.set_override(body.instances, body.duration_s, body.reason)
+        except ValueError as e:
+            raise GatewayError(400, str(e), code="invalid_scale") from None
+        return c.describe()
+
+    return r

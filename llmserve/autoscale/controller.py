@@ -1,0 +1,613 @@
+"""The elastic controller: the one owner of a pool's instances and their lifecycle.
+
+Each probe interval it looks at every instance (the provider: is the process
+there? the engine: what does ``/ready`` say?) and moves it along
+``starting -> warming -> ready -> draining -> stopped`` (or ``failed``). Each
+tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
+request observers; queue depth from the gateway's pool; running, waiting, KV,
+busy fraction and throughput from the ready instances' ``/load`` reports), asks
+the policy stack built by :func:`~llmserve.autoscale.build_policy` for a count,
+and reconciles with :func:`~llmserve.autoscale.reconcile.plan_scaling`, the same
+code the simulator runs.
+
+The rules that protect requests:
+
+- an instance joins the gateway's pool only once ``/ready`` answered 200 (weights
+  loaded, warm-up ran), so a cold instance never gets traffic;
+- draining first marks it draining in the pool (no new requests), waits until the
+  gateway has nothing in flight to it and the engine reports nothing running or
+  waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
+  stops it (SIGTERM: the engine drains whatever is left and exits 0);
+- an instance that fails (process exited, actor died, unreachable for
+  ``unready_grace_s``) leaves the pool at once and is replaced, with a backoff
+  while replacements keep failing before they get ready.
+
+Every transition is an :class:`~llmserve.autoscale.history.Event` with a time and
+a reason; every tick's decision is kept with the policy's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from llmserve.autoscale.build import build_policy
+from llmserve.autoscale.collector import SignalCollector
+from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.autoscale.history import History
+from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.autoscale.metrics import AutoscaleMetrics
+from llmserve.autoscale.probe import Probe, judge, path, probe_load, probe_ready
+from llmserve.autoscale.providers.base import InstanceHandle, InstanceProvider, InstanceSpec, RunStatus
+from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
+from llmserve.autoscale.signals import PoolSignals
+from llmserve.gateway.pool import Pool
+from llmserve.load_report import LoadReport
+
+log = logging.getLogger(__name__)
+S = InstanceState
+
+
+@dataclass(slots=True)
+class ControllerConfig:
+    """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
+
+    probe_interval_s: float = 0.5
+    probe_timeout_s: float = 2.0
+    start_timeout_s: float = 600.0
+    drain_timeout_s: float = 120.0
+    stop_grace_s: float = 30.0
+    unready_grace_s: float = 20.0
+    restart_backoff_s: float = 2.0
+    max_restart_backoff_s: float = 120.0
+    signal_window_s: float = 10.0
+    latency_window_s: float = 30.0
+    chars_per_token: float = 4.0
+    output_tokens_prior: float = 128.0
+
+    def __post_init__(self) -> None:
+        for name in ("probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
+                     "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"controller config: {name} must be positive, got {getattr(self, name)}")
+        for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(eq=False, slots=True)
+class ManagedInstance:
+    """The controller's record of one instance (monotonic times unless named ``*_wall``)."""
+
+    id: str
+    state: InstanceState
+    created: float
+    created_wall: float
+    since: float
+    reason: str = ""
+    handle: InstanceHandle | None = None
+    in_pool: bool = False
+    stopping: bool = False  # a stop was sent; it is on its way out, whatever its state says
+    ready_at: float | None = None
+    drain_started: float | None = None
+    unready_since: float | None = None
+    exit_code: int | None = None
+    replaces: str | None = None
+    last_probe: Probe | None = None
+    last_load: LoadReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A manual instance count in force until ``until`` (monotonic; None: until cleared)."""
+
+    instances: int
+    until: float | None
+    reason: str
+    set_wall: float
+
+
+class Prober(Protocol):
+    """How the controller looks at an instance (HTTP by default; a fake in tests)."""
+
+    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe: ...
+
+    async def load(self, handle: InstanceHandle) -> LoadReport | None: ...
+
+
+class HttpProber:
+    def __init__(self, client: httpx.AsyncClient, timeout_s: float) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+
+    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
+        return await probe_ready(self.client, handle.url, run, self.timeout_s)
+
+    async def load(self, handle: InstanceHandle) -> LoadReport | None:
+        return await probe_load(self.client, handle.url, self.timeout_s)
+
+
+SpecFactory = Callable[[str], InstanceSpec]
+
+
+class PoolController:
+    """Scales one gateway pool (one model version) through one provider.
+
+    It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
+    for the dashboard) and a request observer (the gateway calls ``on_arrival``,
+    ``on_first_token`` and ``on_finish`` for every request; those of other pools
+    are ignored).
+    """
+
+    def __init__(self, pool: Pool, model: str, version: str, autoscale: AutoscaleConfig,
+                 provider: InstanceProvider, spec_factory: SpecFactory,
+                 config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
+                 prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, id_prefix: str | None = None) -> None:
+        self.pool = pool
+        self.model = model
+        self.version = version
+        self.autoscale = autoscale
+        self.provider = provider
+        self.spec_factory = spec_factory
+        self.config = config or ControllerConfig()
+        self.metrics = metrics
+        self.clock = clock
+        self.wall = wall
+        self.policy = build_policy(autoscale)
+        self.policy_state: Any = self.policy.initial_state()
+        cfg = self.config
+        self.collector = SignalCollector(cfg.signal_window_s, cfg.latency_window_s, cfg.output_tokens_prior)
+        self.history = History()
+        self.instances: dict[str, ManagedInstance] = {}  # not yet stopped or failed
+        self.finished: deque[ManagedInstance] = deque(maxlen=100)
+        self.desired = 0
+        self.last_signals: PoolSignals | None = None
+        self.override: Override | None = None
+        self._prober = prober
+        self._client: httpx.AsyncClient | None = None
+        self._prefix = id_prefix if id_prefix is not None else f"{version}-"
+        self._next_id = 1
+        self._tasks: dict[str, asyncio.Task] = {}  # start or stop in progress, by instance id
+        self._replacements: deque[str] = deque()  # ids of failed instances owed a replacement
+        self._failures_before_ready = 0
+        self._start_not_before = 0.0
+        self._last_billing: float | None = None
+        self._next_tick: float | None = None
+        self._loop_task: asyncio.Task | None = None
+        if metrics is not None:
+            metrics.attach(self)
+
+    # ---- gateway service ---------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.version}"
+
+    async def start(self) -> None:
+        if self._prober is None:
+            self._client = httpx.AsyncClient()
+            self._prober = HttpProber(self._client, self.config.probe_timeout_s)
+        self._loop_task = asyncio.create_task(self._run(), name=f"controller {self.key}")
+
+    async def stop(self) -> None:
+        """Stop the loop, then every instance: out of the pool, drained, stopped."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+        for inst in list(self.instances.values()):
+            if not inst.stopping:
+                if inst.state is S.READY:
+                    self._transition(inst, S.DRAINING, "controller shutting down")
+                self._begin_stop(inst, "controller shutting down")
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.provider.close()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad step must not stop the pool's scaling
+                log.exception("controller %s: step failed", self.key)
+            await asyncio.sleep(self.config.probe_interval_s)
+
+    async def step(self) -> None:
+        """One probe round; a policy tick too when one is due."""
+        await self.observe()
+        now = self.clock()
+        if self._next_tick is None or now >= self._next_tick:
+            self.tick(now)
+            tick_s = self.autoscale.tick_s
+            self._next_tick = now + tick_s if self._next_tick is None else max(self._next_tick + tick_s, now)
+
+    # ---- request observer ---------------------------------------------------------------
+    def on_arrival(self, model: str, version: str, t: float, prompt_chars: int) -> None:
+        if model == self.model and version == self.version:
+            self.collector.record_arrival(t, max(1, round(prompt_chars / self.config.chars_per_token)))
+
+    def on_first_token(self, model: str, version: str, t: float, ttft_s: float) -> None:
+        if model == self.model and version == self.version:
+            self.collector.record_first_token(t, ttft_s)
+
+    def on_finish(self, model: str, version: str, t: float, e2e_s: float, output_tokens: int,
+                  ok: bool) -> None:
+        if ok and model == self.model and version == self.version:
+            self.collector.record_finish(t, e2e_s, output_tokens)
+
+    # ---- counts ------------------------------------------------------------------------------
+    def counts(self) -> dict[InstanceState, int]:
+        """Instances by state as the policy sees them: one being stopped is on its way
+        out, so it counts as draining whatever its state."""
+        out = {s: 0 for s in InstanceState}
+        for i in self.instances.values():
+            out[S.DRAINING if i.stopping else i.state] += 1
+        return out
+
+    def provisioned(self) -> int:
+        return sum(1 for i in self.instances.values() if i.state.provisioned and not i.stopping)
+
+    # ---- observing ---------------------------------------------------------------------------
+    async def observe(self) -> None:
+        now = self.clock()
+        self._bill(now)
+        live = [i for i in self.instances.values() if i.handle is not None and not i.stopping]
+        runs = await asyncio.gather(*(self.provider.status(i.handle) for i in live))
+        coming = [(i, run) for i, run in zip(live, runs) if i.state in (S.STARTING, S.WARMING)]
+        probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in coming))
+        now = self.clock()
+        for (inst, _), probe in zip(coming, probes):
+            inst.last_probe = probe
+            self._judge(inst, probe, now)
+        for inst, run in zip(live, runs):
+            if inst.state in (S.READY, S.DRAINING) and not inst.stopping:
+                self._watch_serving(inst, run, now)
+        for inst in list(self.instances.values()):
+            if inst.handle is None and not inst.stopping and now - inst.created > self.config.start_timeout_s:
+                self._fail(inst, f"the provider gave no address within {self.config.start_timeout_s:g}s")
+        await self._advance_drains(now)
+        self._start_replacements(now)
+
+    def _judge(self, inst: ManagedInstance, probe: Probe, now: float) -> None:
+        if inst.stopping or inst.id not in self.instances:
+            return
+        verdict = judge(inst.state, probe, now - inst.created, self.config.start_timeout_s)
+        if verdict is None:
+            return
+        target, reason = verdict
+        if target is S.FAILED:
+            self._fail(inst, reason)
+            return
+        for state in path(inst.state, target):
+            self._transition(inst, state, reason)
+        if inst.state is S.READY:
+            self._join_pool(inst, now)
+
+    def _watch_serving(self, inst: ManagedInstance, run: RunStatus, now: float) -> None:
+        if run.gone:
+            self._fail(inst, f"{run.detail or run.state.value} while {inst.state.value}")
+            return
+        seen = self.pool.get(inst.id)
+        if seen is None or seen.ready or inst.state is not S.READY:
+            inst.unready_since = None
+            return
+        if inst.unready_since is None:
+            inst.unready_since = now
+        elif now - inst.unready_since > self.config.unready_grace_s:
+            self._fail(inst, f"not answering /ready for {now - inst.unready_since:.0f}s")
+
+    async def _advance_drains(self, now: float) -> None:
+        draining = [i for i in self.instances.values() if i.state is S.DRAINING and not i.stopping]
+        if not draining:
+            return
+        loads = await asyncio.gather(*(self._prober.load(i.handle) for i in draining))
+        for inst, report in zip(draining, loads):
+            if inst.state is not S.DRAINING or inst.stopping:
+                continue  # revived or failed while we waited for the report
+            inst.last_load = report or inst.last_load
+            gateway = self._gateway_inflight(inst)
+            engine = (report.num_running + report.num_waiting) if report is not None else None
+            waited = now - (inst.drain_started or now)
+            if gateway == 0 and engine == 0:
+                self._begin_stop(inst, f"drained in {waited:.1f}s", in_flight=0)
+            elif waited > self.config.drain_timeout_s:
+                self._begin_stop(inst, f"drain timeout after {waited:.0f}s", in_flight=gateway,
+                                 engine_in_flight=engine)
+
+    def _gateway_inflight(self, inst: ManagedInstance) -> int:
+        seen = self.pool.get(inst.id)
+        return seen.inflight if seen is not None else 0
+
+    # ---- deciding -----------------------------------------------------------------------------
+    def signals(self, now: float) -> PoolSignals:
+        loads = []
+        for inst in self.instances.values():
+            seen = self.pool.get(inst.id)
+            if inst.state is S.READY and seen is not None and seen.report is not None:
+                loads.append(seen.report)
+        return self.collector.snapshot(now, loads, self.pool.signals().queue_depth, self.counts())
+
+    def tick(self, now: float) -> None:
+        """Decide and reconcile (synchronous: starts and stops run as tasks)."""
+        ctx = self.signals(now)
+        self.last_signals = ctx
+        decision = self.policy.decide(ctx, self.policy_state)
+        self.policy_state = decision.state
+        desired, reason, source = decision.desired, decision.reason, "policy"
+        override = self._active_override(now)
+        if override is not None:
+            desired = override.instances
+            reason = f"manual override to {desired} ({override.reason}); policy wanted {decision.desired}"
+            source = "manual"
+        wall = self.wall()
+        provisioned = ctx.provisioned
+        self.desired = desired
+        self.history.decision(wall, provisioned, desired, reason, source, decision.desired)
+        self.history.sample(self._sample(wall, ctx, desired))
+        if desired != provisioned:
+            if self.metrics is not None:
+                direction = "up" if desired > provisioned else "down"
+                self.metrics.decisions.labels(self.model, self.version, direction, source).inc()
+            log.info("%s: %d -> %d (%s)", self.key, provisioned, desired, reason)
+        self.apply(self.plan(desired), reason, now)
+
+    def plan(self, desired: int) -> ScalePlan:
+        statuses = [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
+                    for i in self.instances.values() if not i.stopping]
+        return plan_scaling(desired, statuses)
+
+    def apply(self, plan: ScalePlan, reason: str, now: float) -> None:
+        for iid in plan.revive:
+            inst = self.instances[iid]
+            self._transition(inst, S.READY, f"revived: {reason}")
+            inst.drain_started = None
+            self.pool.set_draining(iid, False)
+        for iid in plan.cancel:
+            self._begin_stop(self.instances[iid], f"cancelled: {reason}")
+        for iid in plan.drain:
+            inst = self.instances[iid]
+            self._transition(inst, S.DRAINING, reason)
+            inst.drain_started = now
+            self.pool.set_draining(iid, True)
+        starts = plan.start
+        if starts and now < self._start_not_before:
+            log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, starts,
+                     self._start_not_before - now)
+            starts = 0
+        for _ in range(starts):
+            self._launch(reason, now)
+
+    def _active_override(self, now: float) -> Override | None:
+        o = self.override
+        if o is not None and o.until is not None and now >= o.until:
+            self.history.event(self.wall(), "-", "override", f"{o.instances}", "expired", o.reason)
+            self.override = o = None
+        return o
+
+    def override_active(self) -> bool:
+        return self._active_override(self.clock()) is not None
+
+    def set_override(self, instances: int | None, duration_s: float | None, reason: str) -> Override | None:
+        """Pin the instance count (``None`` clears it); counted as a manual intervention."""
+        max_n = self.autoscale.bounds.max_instances
+        if instances is not None and not 0 <= instances <= max_n:
+            raise ValueError(f"instances must be in [0, {max_n}] (max_instances), got {instances}")
+        if duration_s is not None and duration_s <= 0:
+            raise ValueError(f"duration_s must be positive, got {duration_s}")
+        wall = self.wall()
+        if instances is None:
+            old, self.override = self.override, None
+            self.history.event(wall, "-", "override", str(old.instances) if old else None, "cleared", reason)
+            action = "clear"
+        else:
+            until = None if duration_s is None else self.clock() + duration_s
+            self.override = Override(instances, until, reason, wall)
+            self.history.event(wall, "-", "override", None, str(instances), reason, duration_s=duration_s)
+            action = "scale"
+        if self.metrics is not None:
+            self.metrics.manual.labels(self.model, self.version, action).inc()
+        self._next_tick = None  # act on it at the next step, not a tick later
+        return self.override
+
+    # ---- actions --------------------------------------------------------------------------------
+    def _launch(self, reason: str, now: float, replaces: str | None = None) -> ManagedInstance:
+        iid = f"{self._prefix}{self._next_id}"
+        self._next_id += 1
+        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces)
+        self.instances[iid] = inst
+        self.history.event(inst.created_wall, iid, "transition", None, S.STARTING.value, reason,
+                           replaces=replaces)
+        self._tasks[iid] = asyncio.create_task(self._do_start(inst), name=f"start {iid}")
+        return inst
+
+    async def _do_start(self, inst: ManagedInstance) -> None:
+        try:
+            handle = await self.provider.start(self.spec_factory(inst.id))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any start failure fails the instance
+            self._tasks.pop(inst.id, None)
+            if not inst.stopping and inst.state is S.STARTING:
+                self._fail(inst, f"start failed: {type(e).__name__}: {e}")
+            return
+        self._tasks.pop(inst.id, None)
+        inst.handle = handle
+        self.history.event(self.wall(), inst.id, "started", inst.state.value, inst.state.value,
+                           f"{self.provider.name} provider: {handle.url}", **handle.ref)
+        if inst.stopping:  # cancelled while the provider was starting it
+            self._begin_stop(inst, inst.reason)
+
+    def _begin_stop(self, inst: ManagedInstance, reason: str, **details: Any) -> None:
+        """Out of the pool, then stop the process; the state moves when it has exited."""
+        if inst.stopping and inst.id in self._tasks:
+            return
+        inst.stopping = True
+        inst.reason = reason
+        pending = self._tasks.get(inst.id)
+        if pending is not None and inst.handle is None:
+            pending.cancel()  # a start still waiting for its address
+            self._tasks.pop(inst.id, None)
+        self._leave_pool(inst, reason)
+        self.history.event(self.wall(), inst.id, "stop", inst.state.value, inst.state.value, reason,
+                           served=self._served(inst), **details)
+        self._tasks[inst.id] = asyncio.create_task(self._do_stop(inst, reason), name=f"stop {inst.id}")
+
+    async def _do_stop(self, inst: ManagedInstance, reason: str) -> None:
+        code = None
+        if inst.handle is not None:
+            try:
+                code = await self.provider.stop(inst.handle, self.config.stop_grace_s)
+            except Exception as e:  # noqa: BLE001
+                log.warning("%s: stopping %s failed: %s", self.key, inst.id, e)
+        inst.exit_code = code
+        self._tasks.pop(inst.id, None)
+        if inst.state is S.FAILED:
+            self.history.event(self.wall(), inst.id, "cleaned_up", S.FAILED.value, S.FAILED.value,
+                               "process released", exit_code=code)
+            return
+        if inst.state is S.DRAINING and inst.drain_started is not None and self.metrics is not None:
+            self.metrics.drain.labels(self.model, self.version).observe(self.clock() - inst.drain_started)
+        self._transition(inst, S.STOPPED, reason, exit_code=code)
+
+    def _fail(self, inst: ManagedInstance, reason: str) -> None:
+        provisioned = inst.state.provisioned and not inst.stopping
+        never_ready = inst.ready_at is None
+        self._leave_pool(inst, reason)
+        self._transition(inst, S.FAILED, reason)
+        log.warning("%s: instance %s failed: %s", self.key, inst.id, reason)
+        if inst.handle is not None or inst.id in self._tasks:
+            pending = self._tasks.pop(inst.id, None)
+            if pending is not None and inst.handle is None:
+                pending.cancel()
+            else:
+                self._tasks[inst.id] = asyncio.create_task(self._do_stop(inst, reason), name=f"cleanup {inst.id}")
+        if never_ready:
+            self._failures_before_ready += 1
+            n = self._failures_before_ready
+            backoff = min(self.config.max_restart_backoff_s, self.config.restart_backoff_s * 2 ** (n - 1))
+            self._start_not_before = self.clock() + backoff
+        if provisioned:
+            self._replacements.append(inst.id)
+
+    def _start_replacements(self, now: float) -> None:
+        while self._replacements and now >= self._start_not_before:
+            failed = self._replacements.popleft()
+            if self.metrics is not None:
+                self.metrics.replacements.labels(self.model, self.version).inc()
+            self._launch(f"replaces {failed}, which failed", now, replaces=failed)
+
+    def _join_pool(self, inst: ManagedInstance, now: float) -> None:
+        assert inst.handle is not None and inst.state is S.READY
+        inst.ready_at = now
+        self._failures_before_ready = 0
+        self._start_not_before = 0.0
+        self.pool.add_instance(inst.handle.url, inst.id, ready=True)
+        inst.in_pool = True
+        self.history.event(self.wall(), inst.id, "pool_add", S.READY.value, S.READY.value,
+                           "takes traffic from now on", url=inst.handle.url, cold_start_s=now - inst.created)
+        if self.metrics is not None:
+            self.metrics.cold_start.labels(self.model, self.version).observe(now - inst.created)
+
+    def _leave_pool(self, inst: ManagedInstance, reason: str) -> None:
+        if not inst.in_pool:
+            return
+        seen = self.pool.get(inst.id)
+        in_flight = seen.inflight if seen is not None else 0
+        if seen is not None:
+            self.pool.remove_instance(inst.id)
+        inst.in_pool = False
+        self.history.event(self.wall(), inst.id, "pool_remove", inst.state.value, inst.state.value, reason,
+                           in_flight=in_flight, served=seen.served if seen is not None else 0)
+
+    def _transition(self, inst: ManagedInstance, new: InstanceState, reason: str, **details: Any) -> None:
+        old = inst.state
+        check_transition(old, new)
+        inst.state, inst.since, inst.reason = new, self.clock(), reason
+        self.history.event(self.wall(), inst.id, "transition", old.value, new.value, reason, **details)
+        if self.metrics is not None:
+            self.metrics.transitions.labels(self.model, self.version, old.value, new.value).inc()
+        if not new.billed:
+            self.instances.pop(inst.id, None)
+            self.finished.append(inst)
+
+    def _served(self, inst: ManagedInstance) -> int:
+        seen = self.pool.get(inst.id)
+        return seen.served if seen is not None else 0
+
+    def _bill(self, now: float) -> None:
+        if self._last_billing is not None and self.metrics is not None:
+            billed = sum(1 for i in self.instances.values() if i.state.billed)
+            self.metrics.instance_seconds.labels(self.model, self.version).inc(billed * (now - self._last_billing))
+        self._last_billing = now
+
+    # ---- views ----------------------------------------------------------------------------------
+    def _sample(self, wall: float, ctx: PoolSignals, desired: int) -> dict[str, Any]:
+        return {"time": wall, "ready": ctx.ready, "warming": ctx.warming, "starting": ctx.starting,
+                "draining": ctx.draining, "desired": desired, "arrival_rate": ctx.arrival_rate,
+                "arrival_tokens_per_s": ctx.arrival_tokens_per_s, "queue_depth": dict(ctx.queue_depth),
+                "queued": ctx.queued, "running": ctx.running, "waiting": ctx.waiting,
+                "ttft_p50": ctx.ttft_p50, "ttft_p99": ctx.ttft_p99, "e2e_p50": ctx.e2e_p50,
+                "e2e_p99": ctx.e2e_p99, "busy_fraction": ctx.busy_fraction, "kv_usage": ctx.kv_usage,
+                "batch_fill": ctx.batch_fill}
+
+    def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
+        seen = self.pool.get(inst.id)
+        report = seen.report if seen is not None and seen.report is not None else inst.last_load
+        return {
+            "instance_id": inst.id, "state": inst.state.value, "stopping": inst.stopping,
+            "url": inst.handle.url if inst.handle else None, "in_pool": inst.in_pool,
+            "age_s": now - inst.created, "in_state_s": now - inst.since, "reason": inst.reason,
+            "created": inst.created_wall, "replaces": inst.replaces, "exit_code": inst.exit_code,
+            "cold_start_s": (inst.ready_at - inst.created) if inst.ready_at is not None else None,
+            "inflight": seen.inflight if seen is not None else 0,
+            "served": seen.served if seen is not None else 0,
+            "gateway_ready": seen.ready if seen is not None else None,
+            "load": None if report is None else {
+                "running": report.num_running, "waiting": report.num_waiting,
+                "kv_cache_usage": report.kv_cache_usage, "busy_fraction": report.busy_fraction,
+                "tokens_per_s": report.tokens_per_s, "max_num_seqs": report.max_num_seqs},
+        }
+
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        o = self._active_override(now)
+        b = self.autoscale.bounds
+        return {
+            "pool": self.key, "model": self.model, "version": self.version, "policy": self.autoscale.policy,
+            "provider": self.provider.name, "tick_s": self.autoscale.tick_s,
+            "min_instances": b.min_instances, "max_instances": b.max_instances,
+            "desired": self.desired, "provisioned": self.provisioned(),
+            "counts": {s.value: n for s, n in self.counts().items() if s.billed},
+            "override": None if o is None else {
+                "instances": o.instances, "reason": o.reason, "set_at": o.set_wall,
+                "remaining_s": None if o.until is None else max(0.0, o.until - now)},
+            "last_decision": (self.history.decisions(limit=1) or [None])[0],
+        }
+
+    def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
+        now = self.clock()
+        out = [self.describe_instance(i, now) for i in self.instances.values()]
+        if include_finished:
+            out += [self.describe_instance(i, now) for i in reversed(self.finished)]
+        return out
+
+    def dashboard(self) -> dict[str, Any]:
+        """Everything the dashboard shows of this pool, in one JSON-able dict."""
+        return {**self.describe(), "instances": self.instance_views(),
+                "timeline": self.history.samples(limit=600),
+                "events": self.history.events(limit=60),
+                "decisions": self.history.decisions(limit=30, changes_only=True)}

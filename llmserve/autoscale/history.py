@@ -1,0 +1,83 @@
+"""What the controller did and saw, kept for people: events, decisions, a timeline.
+
+Bounded ring buffers with a sequence number each, so the admin API and the
+dashboard can ask for "everything after N" and a long-running server does not
+grow without end. Times here are wall-clock (``time.time()``) seconds: they are
+shown to people and compared with logs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A lifecycle transition (``kind="transition"``) or an action on an instance."""
+
+    seq: int
+    time: float
+    instance_id: str
+    kind: str  # transition | pool_add | pool_remove | stop | replace | override
+    old: str | None
+    new: str
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One tick's decision: how many instances, why, and whether it changed anything."""
+
+    seq: int
+    time: float
+    provisioned: int
+    desired: int
+    reason: str
+    source: str  # policy | manual
+    policy_desired: int
+
+
+class History:
+    def __init__(self, max_events: int = 5000, max_decisions: int = 5000, max_samples: int = 3600) -> None:
+        self._events: deque[Event] = deque(maxlen=max_events)
+        self._decisions: deque[DecisionRecord] = deque(maxlen=max_decisions)
+        self._changes: deque[DecisionRecord] = deque(maxlen=max_decisions)
+        self._samples: deque[dict[str, Any]] = deque(maxlen=max_samples)
+        self._seq = 0
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def event(self, time: float, instance_id: str, kind: str, old: str | None, new: str, reason: str,
+              **details: Any) -> Event:
+        e = Event(self._next(), time, instance_id, kind, old, new, reason, details)
+        self._events.append(e)
+        return e
+
+    def decision(self, time: float, provisioned: int, desired: int, reason: str, source: str,
+                 policy_desired: int) -> DecisionRecord:
+        d = DecisionRecord(self._next(), time, provisioned, desired, reason, source, policy_desired)
+        self._decisions.append(d)
+        if desired != provisioned:
+            self._changes.append(d)
+        return d
+
+    def sample(self, sample: dict[str, Any]) -> None:
+        self._samples.append(sample)
+
+    def events(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        out = [asdict(e) for e in self._events if e.seq > since]
+        return out[-limit:] if limit else out
+
+    def decisions(self, since: int = 0, limit: int | None = None, changes_only: bool = False) -> list[dict[str, Any]]:
+        src = self._changes if changes_only else self._decisions
+        out = [asdict(d) for d in src if d.seq > since]
+        return out[-limit:] if limit else out
+
+    def samples(self, since_time: float = 0.0, limit: int | None = None) -> list[dict[str, Any]]:
+        out = [s for s in self._samples if s["time"] > since_time]
+        return out[-limit:] if limit else out

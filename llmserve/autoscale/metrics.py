@@ -1,0 +1,78 @@
+"""The elastic controller's Prometheus metrics, all under ``llmserve:autoscale_``.
+
+Registered into the gateway's own registry, so one ``/metrics`` scrape of the
+gateway shows traffic and scaling side by side. Gauges are read from the live
+controllers at scrape time; counters are bumped where things happen.
+``manual_interventions_total`` is the number that should fall over time: each
+one is an operator overriding the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from llmserve.autoscale.lifecycle import InstanceState
+
+if TYPE_CHECKING:
+    from llmserve.autoscale.controller import PoolController
+
+P = "llmserve:autoscale_"
+_COLD_START_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class AutoscaleMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["model", "version"]
+        self.transitions = Counter(f"{P}transitions", "Instance lifecycle transitions",
+                                   labels + ["from_state", "to_state"], registry=registry)
+        self.decisions = Counter(f"{P}scaling_decisions", "Decisions that changed the instance count",
+                                 labels + ["direction", "source"], registry=registry)
+        self.manual = Counter(f"{P}manual_interventions", "Operator overrides of the scaling policy",
+                              labels + ["action"], registry=registry)
+        self.replacements = Counter(f"{P}replacements", "Instances started to replace a failed one",
+                                    labels, registry=registry)
+        self.instance_seconds = Counter(f"{P}instance_seconds", "Instance-seconds held (any state but "
+                                        "stopped or failed): the cost", labels, registry=registry)
+        self.cold_start = Histogram(f"{P}cold_start_seconds", "Start requested to /ready 200", labels,
+                                    buckets=_COLD_START_BUCKETS, registry=registry)
+        self.drain = Histogram(f"{P}drain_seconds", "Drain started to the instance stopped", labels,
+                               buckets=_COLD_START_BUCKETS, registry=registry)
+        self._controllers: list[PoolController] = []
+        registry.register(_Gauges(self._controllers))
+
+    def attach(self, controller: PoolController) -> None:
+        self._controllers.append(controller)
+
+
+class _Gauges(Collector):
+    def __init__(self, controllers: list[PoolController]) -> None:
+        self._controllers = controllers
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = ["model", "version"]
+        instances = GaugeMetricFamily(f"{P}instances", "Instances by lifecycle state",
+                                      labels=labels + ["state"])
+        desired = GaugeMetricFamily(f"{P}desired_instances", "The last decision's instance count",
+                                    labels=labels)
+        arrival = GaugeMetricFamily(f"{P}arrival_rate", "Requests per second arriving at the pool",
+                                    labels=labels)
+        override = GaugeMetricFamily(f"{P}override_active", "1 while a manual override is in force",
+                                     labels=labels)
+        for c in self._controllers:
+            key = [c.model, c.version]
+            counts = c.counts()
+            for state in InstanceState:
+                if state.billed:
+                    instances.add_metric(key + [state.value], counts.get(state, 0))
+            desired.add_metric(key, c.desired)
+            arrival.add_metric(key, c.last_signals.arrival_rate if c.last_signals else 0.0)
+            override.add_metric(key, 1.0 if c.override_active() else 0.0)
+        return [instances, desired, arrival, override]

@@ -1,0 +1,94 @@
+"""The default provider: ``llmserve engine`` subprocesses on free loopback ports.
+
+Each instance gets its share of the machine's CPU threads through the spec's
+``--threads`` (the caller sizes it). The engine opens its port at once and loads
+weights in the background, so ``start`` returns in milliseconds and the
+controller watches ``/ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
+from llmserve.autoscale.providers.process import engine_command, free_port, spawn, tail
+
+
+@dataclass(frozen=True, slots=True)
+class LocalProviderConfig:
+    host: str = "127.0.0.1"
+    log_dir: str | None = None  # None: a fresh temporary folder
+
+
+class LocalProvider:
+    """Subprocesses of this process; stopped with SIGTERM (drain), then SIGKILL."""
+
+    name = "local"
+
+    def __init__(self, config: LocalProviderConfig | None = None) -> None:
+        self.config = config or LocalProviderConfig()
+        self.log_dir = Path(self.config.log_dir or tempfile.mkdtemp(prefix="llmserve-instances-"))
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._ports: set[int] = set()
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle:
+        host = self.config.host
+        port = free_port(host, self._ports)
+        self._ports.add(port)
+        log_path = self.log_dir / f"{spec.instance_id}.log"
+        # Popen runs on the loop's thread on purpose: PR_SET_PDEATHSIG fires when the
+        # *thread* that forked ends, and a worker thread of to_thread() ends early.
+        proc = spawn(engine_command(spec.engine_args, host, port, spec.instance_id), log_path,
+                     dict(spec.env))
+        self._procs[spec.instance_id] = proc
+        return InstanceHandle(spec.instance_id, f"http://{host}:{port}", self.name,
+                              {"pid": proc.pid, "port": port, "log": str(log_path)})
+
+    async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
+        proc = self._procs.get(handle.instance_id)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                while proc.poll() is None:
+                    await asyncio.sleep(0.02)
+        self._procs.pop(handle.instance_id, None)
+        self._ports.discard(handle.ref.get("port", -1))
+        return proc.returncode
+
+    async def status(self, handle: InstanceHandle) -> RunStatus:
+        proc = self._procs.get(handle.instance_id)
+        if proc is None:
+            return RunStatus(RunState.VANISHED, detail="not started by this provider")
+        code = proc.poll()
+        if code is None:
+            return RunStatus(RunState.RUNNING)
+        return RunStatus(RunState.EXITED, code, f"exited with code {code}")
+
+    async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
+        return tail(Path(handle.ref.get("log", "")), lines)
+
+    async def close(self) -> None:
+        procs = list(self._procs.items())
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        for _, proc in procs:
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self._procs.clear()

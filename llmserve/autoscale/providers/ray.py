@@ -1,0 +1,185 @@
+"""Instances as Ray actors: each actor runs one engine server on its node.
+
+The controller asks Ray for an actor with the instance's resources (``num_cpus``
+here, ``num_gpus`` on a GPU cluster); Ray places it on a node that has them (and
+Ray's own cluster autoscaler adds nodes when none has). The actor starts
+``llmserve engine`` as a subprocess bound to its node's address and reports that
+address; the gateway then talks to the engine over plain HTTP, like to any other
+instance. Stopping asks the actor to SIGTERM its engine (which drains and exits
+0), then kills the actor; the engine is set to die with the actor in any case.
+
+Only plain data crosses to and from actors: argv lists, strings, numbers.
+``llmserve`` must be importable on every node (the same package the driver runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
+from llmserve.autoscale.providers.process import engine_command, free_port, spawn, tail, terminate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RayProviderConfig:
+    """``address``: an existing cluster (``"auto"``, ``"ray://head:10001"``); None starts
+    a local runtime. ``bind_host``: the address engines listen on; None means the
+    node's own address (what a multi-node cluster needs), ``127.0.0.1`` keeps a
+    single-machine runtime on loopback."""
+
+    address: str | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    bind_host: str | None = None
+    log_dir: str | None = None  # on each node; None: a temporary folder there
+    local_num_cpus: int | None = None  # a local runtime's CPU count (None: all)
+    namespace: str = "llmserve"
+    call_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError("ray provider: num_cpus and num_gpus must be >= 0")
+        if self.call_timeout_s <= 0:
+            raise ValueError("ray provider: call_timeout_s must be positive")
+
+
+class EngineActor:
+    """Runs on a Ray worker: owns one engine subprocess. Wrapped by ``ray.remote`` at use."""
+
+    def __init__(self, engine_args: list[str], instance_id: str, bind_host: str | None,
+                 log_dir: str | None, env: dict[str, str]) -> None:
+        import ray
+
+        host = bind_host or ray.util.get_node_ip_address()
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.log_path = Path(log_dir or tempfile.gettempdir()) / f"llmserve-{instance_id}.log"
+        self.proc: subprocess.Popen = spawn(engine_command(engine_args, host, self.port, instance_id),
+                                            self.log_path, env)
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def address(self) -> dict[str, Any]:
+        return {"url": self.url, "node_id": self.node_id, "pid": self.proc.pid,
+                "log": str(self.log_path), "host_pid": os.getpid()}
+
+    def status(self) -> tuple[str, int | None]:
+        code = self.proc.poll()
+        return ("running", None) if code is None else ("exited", code)
+
+    def stop(self, grace_s: float) -> int | None:
+        return terminate(self.proc, grace_s)
+
+    def log_tail(self, lines: int) -> str:
+        return tail(self.log_path, lines)
+
+
+class RayProvider:
+    """Creates and kills ``EngineActor`` actors; routes to their node address."""
+
+    name = "ray"
+
+    def __init__(self, config: RayProviderConfig | None = None) -> None:
+        self.config = config or RayProviderConfig()
+        self._actors: dict[str, Any] = {}
+        self._actor_cls: Any = None
+        self._started_runtime = False
+
+    def connect(self) -> None:
+        """Attach to the cluster, or start a local runtime. Blocking: call before serving."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        cfg = self.config
+        kwargs: dict[str, Any] = {"namespace": cfg.namespace, "log_to_driver": False}
+        if cfg.address is None:
+            kwargs.update(include_dashboard=False, num_cpus=cfg.local_num_cpus)
+            self._started_runtime = True
+        else:
+            kwargs["address"] = cfg.address
+        ray.init(**kwargs)
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle:
+        import ray
+
+        cfg = self.config
+        if self._actor_cls is None:
+            self._actor_cls = ray.remote(EngineActor)
+        actor_cls = self._actor_cls.options(
+            num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None,
+            max_restarts=0, name=f"llmserve-{spec.instance_id}")
+        actor = actor_cls.remote(list(spec.engine_args), spec.instance_id, cfg.bind_host, cfg.log_dir,
+                                 dict(spec.env))
+        self._actors[spec.instance_id] = actor
+        try:
+            # No timeout here: a pending actor waits for Ray to find (or add) a node; the
+            # controller's start timeout bounds the whole cold start instead.
+            ref = await actor.address.remote()
+        except BaseException:
+            self._actors.pop(spec.instance_id, None)
+            ray.kill(actor, no_restart=True)
+            raise
+        return InstanceHandle(spec.instance_id, ref["url"], self.name,
+                              {k: v for k, v in ref.items() if k != "url"})
+
+    async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
+        import ray
+
+        actor = self._actors.pop(handle.instance_id, None)
+        if actor is None:
+            return None
+        code = None
+        try:
+            code = await asyncio.wait_for(actor.stop.remote(grace_s),
+                                          grace_s + self.config.call_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the actor may be gone already
+            log.info("ray instance %s: stop call failed (%s); killing the actor", handle.instance_id, e)
+        ray.kill(actor, no_restart=True)
+        return code
+
+    async def status(self, handle: InstanceHandle) -> RunStatus:
+        from ray.exceptions import RayActorError
+
+        actor = self._actors.get(handle.instance_id)
+        if actor is None:
+            return RunStatus(RunState.VANISHED, detail="no such actor")
+        try:
+            state, code = await asyncio.wait_for(actor.status.remote(), self.config.call_timeout_s)
+        except RayActorError as e:
+            return RunStatus(RunState.VANISHED, detail=f"actor died: {type(e).__name__}")
+        except (asyncio.TimeoutError, Exception) as e:  # noqa: BLE001 - a slow or broken call
+            return RunStatus(RunState.UNKNOWN, detail=f"status call failed: {type(e).__name__}")
+        if state == "running":
+            return RunStatus(RunState.RUNNING)
+        return RunStatus(RunState.EXITED, code, f"engine exited with code {code}")
+
+    async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
+        actor = self._actors.get(handle.instance_id)
+        if actor is None:
+            return ""
+        try:
+            return await asyncio.wait_for(actor.log_tail.remote(lines), self.config.call_timeout_s)
+        except Exception:  # noqa: BLE001
+            return ""
+
+    async def close(self) -> None:
+        import ray
+
+        handles = list(self._actors)
+        for iid in handles:
+            await self.stop(InstanceHandle(iid, "", self.name), 10.0)
+        if self._started_runtime and ray.is_initialized():
+            t = time.monotonic()
+            ray.shutdown()
+            log.info("local ray runtime shut down in %.1f s", time.monotonic() - t)

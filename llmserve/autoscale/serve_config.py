@@ -1,0 +1,148 @@
+"""``llmserve serve``'s configuration: one YAML file, overridable by flags, validated once.
+
+Everything a served deployment needs is here: the model and the engine flags its
+instances get, the provider, the scaling policy (``autoscale``, the very
+:class:`~llmserve.autoscale.config.AutoscaleConfig` the simulator takes), the
+instance lifecycle timing (``lifecycle``) and the gateway's own settings
+(``gateway``: auth, limits, polling, retries...; ``pool``: admission,
+concurrency, balancer). See ``docs/serve.example.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.autoscale.controller import ControllerConfig
+from llmserve.autoscale.providers.base import InstanceSpec
+from llmserve.gateway.config import GatewayConfig
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+# Defaults for instances on one CPU machine; anything in the file or flags wins.
+# Cold start of the default model on CPU is seconds, so look ahead 30 s, not minutes.
+SERVE_AUTOSCALE_DEFAULTS: dict[str, Any] = {
+    "bounds": {"min_instances": 1, "max_instances": 4, "scale_up_cooldown_s": 10.0,
+               "scale_down_window_s": 120.0},
+    "predictive": {"lead_time_s": 30.0, "capacity_tokens_per_s": 300.0},
+}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderSettings(_Strict):
+    """Where instances run. ``ray_*`` apply to ``kind: ray`` only."""
+
+    kind: Literal["local", "ray"] = "local"
+    log_dir: str | None = None
+    ray_address: str | None = None  # None: start a local Ray runtime
+    ray_num_cpus: float = Field(1.0, ge=0.0)  # per instance
+    ray_num_gpus: float = Field(0.0, ge=0.0)  # per instance, on GPU clusters
+    ray_bind_host: str | None = None  # None: each node's own address
+    ray_local_num_cpus: int | None = Field(None, ge=1)
+
+
+class ServeConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    model: str = DEFAULT_MODEL
+    model_store: str | None = None
+    served_model_name: str | None = None
+    version: str = "v1"
+    engine_args: list[str] = Field(default_factory=list)
+    threads_per_instance: int | None = Field(None, ge=1)
+    cold_start_delay_s: float = Field(0.0, ge=0.0)  # testing: --startup-delay for each instance
+    admin_key: str | None = None  # None: a random key, printed at start
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    provider: ProviderSettings = ProviderSettings()
+    autoscale: dict[str, Any] = Field(default_factory=dict)
+    lifecycle: dict[str, Any] = Field(default_factory=dict)
+    gateway: dict[str, Any] = Field(default_factory=dict)
+    pool: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, args: list[str]) -> list[str]:
+        for a in args:
+            if a.split("=")[0] in ("--host", "--port", "--instance-id", "--model", "--served-model-name",
+                                   "--threads", "--startup-delay", "--model-store"):
+                raise ValueError(f"engine_args: set {a} through serve's own settings, not engine_args")
+        return args
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, d: dict[str, Any]) -> dict[str, Any]:
+        if "models" in d:
+            raise ValueError("gateway: models are set by serve (model, version, pool)")
+        return d
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeConfig:
+        # Build the nested configs once now, so every mistake shows at start.
+        self.autoscale_config()
+        self.controller_config()
+        self.gateway_config("x" * 16)
+        return self
+
+    # ---- the typed pieces -------------------------------------------------------------------
+    @property
+    def served_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        p = Path(self.model)
+        return p.stem if p.suffix == ".gguf" else p.name
+
+    def autoscale_config(self) -> AutoscaleConfig:
+        return AutoscaleConfig.from_dict(deep_merge(SERVE_AUTOSCALE_DEFAULTS, self.autoscale))
+
+    def controller_config(self) -> ControllerConfig:
+        known = {f.name for f in fields(ControllerConfig)}
+        unknown = set(self.lifecycle) - known
+        if unknown:
+            raise ValueError(f"lifecycle: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return ControllerConfig(**self.lifecycle)
+
+    def gateway_config(self, admin_key: str) -> GatewayConfig:
+        g = dict(self.gateway)
+        auth = {**g.pop("auth", {}), "admin_key": admin_key}
+        model = {"name": self.served_name,
+                 "versions": [{"name": self.version, "weight": 1.0, "upstreams": []}], **self.pool}
+        return GatewayConfig.model_validate({"models": [model], "auth": auth, **g})
+
+    def threads(self) -> int:
+        if self.threads_per_instance is not None:
+            return self.threads_per_instance
+        return max(1, (os.cpu_count() or 1) // self.autoscale_config().bounds.max_instances)
+
+    def instance_spec(self, instance_id: str) -> InstanceSpec:
+        args = ["--model", self.model, "--served-model-name", self.served_name, "--threads", str(self.threads())]
+        if self.model_store:
+            args += ["--model-store", self.model_store]
+        if self.cold_start_delay_s:
+            args += ["--startup-delay", str(self.cold_start_delay_s)]
+        return InstanceSpec(instance_id, tuple(args + list(self.engine_args)))
+
+    @classmethod
+    def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:
+        data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}: expected a mapping at the top level")
+        return cls.model_validate(deep_merge(data, overrides or {}))

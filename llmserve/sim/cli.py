@@ -1,0 +1,196 @@
+"""``llmserve simulate``: flags, and the run from flags to table, JSON and plots.
+
+The top-level CLI calls :func:`add_simulate_args` on its ``simulate`` sub-parser
+and :func:`run_simulate` with the parsed namespace; ``python -m llmserve.sim``
+runs the same thing standalone.
+
+    llmserve simulate --trace diurnal --policy threshold,kpa,predictive,static --cold-start 120
+    llmserve simulate --calibrate steps.csv --profile cpu-smollm2 --write-profile my.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+from rich.console import Console
+
+from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
+from llmserve.autoscale.config import POLICY_NAMES
+from llmserve.sim.calibrate import calibrate, read_measurements
+from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
+from llmserve.sim.plots import write_plots
+from llmserve.sim.profile import BUILTIN_PROFILES, DEFAULT_PROFILE, load_profile, save_profile
+from llmserve.sim.report import markdown_table, print_comparison, write_summaries
+from llmserve.sim.simulator import SimConfig
+from llmserve.sim.traces import TRACE_NAMES, LengthDist, build_trace
+
+
+def add_simulate_args(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's flags to ``parser``."""
+    g = parser.add_argument_group("trace")
+    g.add_argument("--trace", default="diurnal", help=f"{', '.join(TRACE_NAMES)} or a CSV file "
+                   "(timestamp,prompt_tokens,output_tokens[,priority])")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--hours", type=float, default=None, help="diurnal/bursty: trace length (default 24 / 4)")
+    g.add_argument("--peak-rps", type=float, default=None, help="diurnal: peak arrival rate (req/s)")
+    g.add_argument("--peak-to-trough", type=float, default=10.0, help="diurnal: peak / trough rate")
+    g.add_argument("--base-rps", type=float, default=None, help="bursty: base rate; ramp: low rate")
+    g.add_argument("--high-rps", type=float, default=None, help="ramp: high rate")
+    g.add_argument("--prompt-len", default=None, metavar="MEDIAN[:SIGMA]",
+                   help="log-normal prompt tokens (default 300:0.8)")
+    g.add_argument("--output-len", default=None, metavar="MEDIAN[:SIGMA]",
+                   help="log-normal output tokens (default 200:0.8)")
+    g.add_argument("--batch-fraction", type=float, default=0.0, help="share of requests in the batch class")
+
+    g = parser.add_argument_group("pool")
+    g.add_argument("--policy", default="threshold,kpa,predictive,static",
+                   help=f"comma-separated, from {', '.join(POLICY_NAMES)}")
+    g.add_argument("--profile", default=DEFAULT_PROFILE, help=f"{', '.join(BUILTIN_PROFILES)} or a JSON file")
+    g.add_argument("--cold-start", type=float, default=None, help="seconds from start to ready (default: profile's)")
+    g.add_argument("--static-instances", default="auto",
+                   help="static pool size, or 'auto': the smallest meeting the TTFT SLO in the peak hour")
+    g.add_argument("--initial-instances", type=int, default=None,
+                   help="elastic pools' size at t=0 (default: what the peak-sized pool needs at t=0)")
+    g.add_argument("--min-instances", type=int, default=1)
+    g.add_argument("--max-instances", type=int, default=64)
+    g.add_argument("--tick", type=float, default=None, help="controller tick in seconds (default 2)")
+    g.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
+    g.add_argument("--e2e-slo", type=float, default=300.0, help="seconds")
+    g.add_argument("--capacity-prior", type=float, default=None,
+                   help="predictive: prior saturation tokens/s per instance (default: from the profile)")
+    g.add_argument("--autoscale-config", default=None, metavar="YAML",
+                   help="an autoscale section (policy parameters, bounds); flags above override it")
+
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
+    g.add_argument("--no-plots", action="store_true")
+
+    g = parser.add_argument_group("calibration (instead of a simulation)")
+    g.add_argument("--calibrate", default=None, metavar="CSV",
+                   help="fit --profile's step model to measured steps "
+                   "(prefill_tokens,decode_seqs,sum_context,seconds) and write --write-profile")
+    g.add_argument("--write-profile", default=None, metavar="JSON")
+
+
+def _lengths(spec: str | None, default: LengthDist) -> LengthDist:
+    if not spec:
+        return default
+    median, _, sigma = spec.partition(":")
+    return replace(default, median=float(median), sigma=float(sigma) if sigma else default.sigma)
+
+
+def trace_from_args(args: argparse.Namespace):
+    from llmserve.sim.traces import default_output_lengths, default_prompt_lengths
+
+    if args.trace.endswith(".csv"):
+        return build_trace(args.trace)
+    kw: dict = {"prompt": _lengths(args.prompt_len, default_prompt_lengths()),
+                "output": _lengths(args.output_len, default_output_lengths()),
+                "batch_fraction": args.batch_fraction}
+    if args.trace == "diurnal":
+        kw["ratio"] = args.peak_to_trough
+        if args.peak_rps:
+            kw["peak_rps"] = args.peak_rps
+        if args.hours:
+            kw["duration_s"] = args.hours * 3600.0
+    elif args.trace == "bursty":
+        if args.base_rps:
+            kw["base_rps"] = args.base_rps
+        if args.hours:
+            kw["duration_s"] = args.hours * 3600.0
+    elif args.trace == "ramp":
+        if args.base_rps:
+            kw["low_rps"] = args.base_rps
+        if args.high_rps:
+            kw["high_rps"] = args.high_rps
+    return build_trace(args.trace, seed=args.seed, **kw)
+
+
+def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleConfig:
+    base = AutoscaleConfig()
+    if args.autoscale_config:
+        base = AutoscaleConfig.from_dict(yaml.safe_load(Path(args.autoscale_config).read_text()) or {})
+    bounds = replace(base.bounds, min_instances=args.min_instances, max_instances=args.max_instances)
+    slo = SLOConfig(ttft_s=args.ttft_slo, e2e_s=args.e2e_slo)
+    mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 300.0
+    mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 200.0
+    prior = args.capacity_prior or profile.saturation_tokens_per_s(mean_p, mean_o)
+    predictive = replace(base.predictive, capacity_tokens_per_s=prior,
+                         lead_time_s=profile.cold_start_s + (args.tick or base.tick_s) + 5.0)
+    kpa = base.kpa
+    if not args.autoscale_config:
+        # Knative's default: target 70% of the container's concurrency limit.
+        kpa = replace(kpa, target_concurrency=0.7 * profile.max_num_seqs)
+    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive, kpa=kpa)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    template = load_profile(args.profile)
+    profile, fit = calibrate(read_measurements(args.calibrate), template)
+    if not args.write_profile:
+        print("--calibrate needs --write-profile PATH", file=sys.stderr)
+        return 2
+    save_profile(profile, args.write_profile)
+    print(f"fitted {fit.n} steps: r2 {fit.r2:.4f}, rmse {fit.rmse_s * 1e3:.2f} ms, "
+          f"mean abs rel error {fit.mean_abs_rel_error:.1%}; wrote {args.write_profile}")
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Run every requested policy over the trace; print and optionally write the comparison."""
+    if args.calibrate:
+        return run_calibrate(args)
+    console = Console(stderr=True)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown or not policies:
+        console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)}[/red]")
+        return 2
+    profile = load_profile(args.profile)
+    if args.cold_start is not None:
+        profile = profile.with_cold_start(args.cold_start)
+    trace = trace_from_args(args)
+    autoscale = autoscale_from_args(args, profile, trace)
+    sim = SimConfig(seed=args.seed)
+    console.print(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s / 3600:.1f} h, "
+                  f"peak {trace.peak_rps:.2f} req/s; profile {profile.name}, cold start {profile.cold_start_s:g}s")
+
+    log = console.print
+    if args.static_instances == "auto":
+        static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log)
+    else:
+        static_n = int(args.static_instances)
+    start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
+    results = run_policies(trace, profile, autoscale, policies, static_n, sim, start, log=log)
+    summaries = [r.summary for r in results]
+    print_comparison(summaries, title=f"{trace.name}, {profile.name}, cold start {profile.cold_start_s:g}s, "
+                     f"TTFT SLO {autoscale.slo.ttft_s:g}s", console=Console())
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"argv": sys.argv[1:],
+                "trace": trace.name, "requests": len(trace), "profile": profile.name,
+                "cold_start_s": profile.cold_start_s, "static_instances": static_n,
+                "initial_instances": start, "slo": {"ttft_s": autoscale.slo.ttft_s, "e2e_s": autoscale.slo.e2e_s}}
+        write_summaries(summaries, out / "summary.json", meta)
+        (out / "table.md").write_text(markdown_table(summaries))
+        if not args.no_plots:
+            for p in write_plots(trace, results, out):
+                console.print(f"wrote {p}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmserve simulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_simulate_args(parser)
+    return run_simulate(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Run several policies over one trace, and size the static baseline for the peak.
+
+The comparison is only fair if every policy gets the same trace, instance
+profile, SLO, bounds and gateway, and the static pool it is priced against is
+the one a capacity planner would buy: the smallest fixed pool that meets the
+TTFT SLO during the busiest hour (:func:`size_static_for_peak`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from llmserve.autoscale import AutoscaleConfig, StaticConfig
+from llmserve.sim.profile import InstanceProfile
+from llmserve.sim.results import SimResult
+from llmserve.sim.simulator import SimConfig, Simulator
+from llmserve.sim.traces import Trace
+
+
+def demand_tokens_per_s(trace: Trace) -> float:
+    """Mean prompt + output tokens per request times the peak arrival rate."""
+    if not len(trace):
+        return 0.0
+    per_request = float(np.mean(trace.prompt_tokens) + np.mean(trace.output_tokens))
+    return trace.peak_rps * per_request
+
+
+def peak_window(trace: Trace, window_s: float = 3600.0) -> tuple[float, float]:
+    """The ``window_s`` around the highest point of the (smoothed) rate curve."""
+    if not len(trace.rate_t):
+        return 0.0, min(window_s, trace.duration_s)
+    step = float(np.median(np.diff(trace.rate_t))) if len(trace.rate_t) > 1 else window_s
+    k = max(1, int(round(window_s / step)))
+    smooth = np.convolve(trace.rate_rps, np.ones(k) / k, mode="same")
+    centre = float(trace.rate_t[int(np.argmax(smooth))]) + step / 2
+    t0 = min(max(0.0, centre - window_s / 2), max(0.0, trace.duration_s - window_s))
+    return t0, min(trace.duration_s, t0 + window_s)
+
+
+def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
+                         sim: SimConfig | None = None, target: float = 0.99, window_s: float = 3600.0,
+                         max_instances: int = 512,
+                         log: Callable[[str], None] | None = None) -> tuple[int, list[tuple[int, float]]]:
+    """The smallest static pool meeting ``target`` TTFT attainment over the peak window.
+
+    Searches upward from a little below the saturation estimate; returns the size
+    and the (size, attainment) pairs tried.
+    """
+    t0, t1 = peak_window(trace, window_s)
+    peak = trace.window(t0, t1)
+    mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 1.0
+    mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 1.0
+    per_instance = profile.saturation_tokens_per_s(mean_p, mean_o)
+    peak_demand = len(peak) / max(peak.duration_s, 1e-9) * (mean_p + mean_o)
+    n = max(1, math.floor(0.9 * peak_demand / per_instance))
+    tried: list[tuple[int, float]] = []
+    while n <= max_instances:
+        cfg = replace(autoscale, policy="static", static=StaticConfig(instances=n))
+        res = Simulator(peak, profile, cfg, replace(sim or SimConfig(), initial_instances=n),
+                        label=f"static-{n}").run()
+        att = res.summary.ttft_attainment
+        tried.append((n, att))
+        if log:
+            log(f"static {n}: {att:.2%} of peak-hour requests within the TTFT SLO")
+        if att >= target:
+            return n, tried
+        n += 1
+    raise RuntimeError(f"no static pool up to {max_instances} instances meets the SLO at the peak")
+
+
+def initial_instances(trace: Trace, static_n: int, min_instances: int) -> int:
+    """What a pool sized like ``static_n`` at the peak needs at the trace's first minute."""
+    if not len(trace.rate_rps) or trace.peak_rps <= 0:
+        return max(min_instances, 1)
+    return max(min_instances, math.ceil(static_n * trace.rate_rps[0] / trace.peak_rps))
+
+
+def run_policies(trace: Trace, profile: InstanceProfile, base: AutoscaleConfig, policies: Sequence[str],
+                 static_n: int, sim: SimConfig | None = None, initial: int | None = None,
+                 log: Callable[[str], None] | None = None) -> list[SimResult]:
+    """One run per policy; ``static`` runs at ``static_n`` instances, the others start at ``initial``."""
+    sim = sim or SimConfig()
+    start = initial if initial is not None else initial_instances(trace, static_n, base.bounds.min_instances)
+    results = []
+    for name in policies:
+        cfg = replace(base, policy=name, static=StaticConfig(instances=static_n))
+        label = f"static-{static_n}" if name == "static" else name
+        n0 = static_n if name == "static" else start
+        res = Simulator(trace, profile, cfg, replace(sim, initial_instances=n0), label=label).run()
+        if log:
+            s = res.summary
+            log(f"{label}: {s.ttft_attainment:.2%} within TTFT SLO, {s.instance_hours:.1f} instance-hours "
+                f"({s.wall_s:.1f}s)")
+        results.append(res)
+    return results
