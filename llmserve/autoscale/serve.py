@@ -18,7 +18,7 @@ import shlex
 import sys
 from typing import Any
 
-from llmserve.autoscale.controller import PoolController
+from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.providers.base import InstanceProvider
 from llmserve.autoscale.serve_config import ServeConfig
 
@@ -97,8 +97,9 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
     return LocalProvider(LocalProviderConfig(log_dir=p.log_dir))
 
 
-def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str):
-    """The gateway app with one controlled pool; returns ``(app, controller)``."""
+def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
+    """The gateway app with one controlled pool; returns ``(app, controller)``.
+    ``prober`` replaces the HTTP prober (tests with a fake provider)."""
     from llmserve.autoscale.admin import autoscale_router
     from llmserve.autoscale.metrics import AutoscaleMetrics
     from llmserve.gateway.admin import admin_guard
@@ -109,7 +110,7 @@ def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str):
     name = cfg.served_name
     controller = PoolController(gw.pool(name, cfg.version), name, cfg.version, cfg.autoscale_config(), provider,
                                 cfg.instance_spec, cfg.controller_config(),
-                                metrics=AutoscaleMetrics(gw.metrics.registry))
+                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober)
     gw.services.append(controller)
     gw.observers.append(controller)
     app.include_router(autoscale_router([controller], admin_guard(gw)))

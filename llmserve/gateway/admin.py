@@ -17,6 +17,7 @@ no admin key configured the whole API answers 404.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, Request
@@ -47,7 +48,8 @@ class DrainBody(BaseModel):
     draining: bool = True
 
 
-def admin_router(gw: Gateway) -> APIRouter:
+def admin_guard(gw: Gateway) -> Callable[[Request], None]:
+    """The admin-key check, as a FastAPI dependency (other admin routers reuse it)."""
     key = gw.config.auth.admin_key
 
     def require_admin(request: Request) -> None:
@@ -60,7 +62,11 @@ def admin_router(gw: Gateway) -> APIRouter:
         if not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
             raise GatewayError(401, "a valid admin key is required", code="invalid_admin_key")
 
-    r = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+    return require_admin
+
+
+def admin_router(gw: Gateway) -> APIRouter:
+    r = APIRouter(prefix="/admin", dependencies=[Depends(admin_guard(gw))])
 
     def runtime(model: str) -> ModelRuntime:
         rt = gw.models.get(model)

@@ -28,8 +28,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from llmserve.gateway.admin import admin_router
 from llmserve.gateway.canary import Action, CanaryAnalysis
 from llmserve.gateway.config import GatewayConfig, ModelConfig
+from llmserve.gateway.dashboard import dashboard_router
 from llmserve.gateway.errors import GatewayError, error_response, from_exception
-from llmserve.gateway.events import RequestObserver
+from llmserve.gateway.events import GatewayService, RequestObserver
 from llmserve.gateway.health import RetryBudget
 from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
@@ -119,6 +120,9 @@ class Gateway:
         self.models = {m.name: ModelRuntime(m, self, rng) for m in config.models}
         self.proxy = Proxy(self)
         self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
+        # Started after the gateway's own tasks, stopped before them (e.g. the elastic
+        # controller, which drains its instances while the proxy still works).
+        self.services: list[GatewayService] = []
         self.client: httpx.AsyncClient | None = None
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
@@ -145,8 +149,15 @@ class Gateway:
                 rt.apply_weights()
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary")]
+        for s in self.services:
+            await s.start()
 
     async def stop(self) -> None:
+        for s in reversed(self.services):
+            try:
+                await s.stop()
+            except Exception:  # the gateway's own shutdown must still run
+                log.exception("stopping service %r failed", s)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -320,6 +331,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(admin_router(gw))
+    app.include_router(dashboard_router(gw))
     return app
 
 

@@ -39,13 +39,14 @@ class FakeProvider:
     stops: list[str] = field(default_factory=list)
     fail_start: bool = False
     closed: bool = False
+    url_template: str = "http://fake-{id}"
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         if self.fail_start:
             raise RuntimeError("no capacity")
         self.specs.append(spec)
         self.engines[spec.instance_id] = FakeEngine(spec.instance_id, self.initial_state)
-        return InstanceHandle(spec.instance_id, f"http://fake-{spec.instance_id}", self.name)
+        return InstanceHandle(spec.instance_id, self.url_template.format(id=spec.instance_id), self.name)
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         e = self.engines[handle.instance_id]

@@ -1,0 +1,131 @@
+"""The autoscale admin API, metrics and dashboard data on the real gateway app, with a
+fake provider (instances that are "ready" at once and never take real traffic)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from llmserve.autoscale.serve import build_app
+from llmserve.autoscale.serve_config import ServeConfig
+
+from .fakes import FakeProber, FakeProvider
+
+KEY = "admin-key-for-autoscale-tests-0123"
+AUTH = {"authorization": f"Bearer {KEY}"}
+
+
+def wait_for(client, predicate, timeout=10.0, what=""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pools = client.get("/admin/autoscale/pools", headers=AUTH).json()["pools"]
+        if predicate(pools[0]):
+            return pools[0]
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}: {pools}")
+
+
+@pytest.fixture
+def served():
+    cfg = ServeConfig(model="/models/tiny", served_model_name="tiny",
+                      autoscale={"policy": "static", "static": {"instances": 1}, "tick_s": 0.1},
+                      lifecycle={"probe_interval_s": 0.05, "unready_grace_s": 600.0},
+                      gateway={"polling": {"load_interval_s": 0.5, "ready_interval_s": 5.0, "timeout_s": 0.2}})
+    # Port 9 (discard) refuses connections: the gateway's monitor cannot reach the fakes,
+    # which is fine here; nothing is proxied.
+    provider = FakeProvider(initial_state="ready", url_template="http://127.0.0.1:9/{id}")
+    app, controller = build_app(cfg, provider, KEY, prober=FakeProber(provider))
+    with TestClient(app) as client:
+        yield client, controller, provider
+
+
+def test_admin_api_needs_the_key(served):
+    client, _, _ = served
+    assert client.get("/admin/autoscale/pools").status_code == 401
+    assert client.get("/admin/autoscale/pools", headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/admin/dashboard/data").status_code == 401
+    assert client.get("/dashboard").status_code == 200  # the page itself holds no data
+
+
+def test_pools_instances_events_decisions_and_manual_scaling(served):
+    client, controller, provider = served
+    pool = wait_for(client, lambda p: p["counts"]["ready"] == 1, what="one ready instance")
+    assert pool["pool"] == "tiny/v1" and pool["policy"] == "static" and pool["provider"] == "fake"
+    inst = client.get("/admin/autoscale/instances", headers=AUTH).json()["instances"]
+    assert [(i["instance_id"], i["state"], i["in_pool"]) for i in inst] == [("v1-1", "ready", True)]
+    assert provider.specs[0].engine_args[:6] == ("--model", "/models/tiny", "--served-model-name", "tiny",
+                                                 "--threads", provider.specs[0].engine_args[5])
+
+    r = client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": 2, "reason": "load test"})
+    assert r.status_code == 200 and r.json()["override"]["instances"] == 2
+    wait_for(client, lambda p: p["counts"]["ready"] == 2, what="two ready instances")
+
+    events = client.get("/admin/autoscale/events", headers=AUTH).json()["events"]
+    new = [(e["old"], e["new"]) for e in events if e["instance_id"] == "v1-2" and e["kind"] == "transition"]
+    assert new == [(None, "starting"), ("starting", "warming"), ("warming", "ready")]
+    assert all(e["time"] > 0 and e["reason"] for e in events)
+    since = events[-1]["seq"]
+    assert client.get(f"/admin/autoscale/events?since={since}", headers=AUTH).json()["events"] == []
+
+    changes = client.get("/admin/autoscale/decisions?changes_only=true", headers=AUTH).json()["decisions"]
+    assert changes[-1]["source"] == "manual" and "load test" in changes[-1]["reason"]
+    assert changes[-1]["provisioned"] == 1 and changes[-1]["desired"] == 2
+
+    assert client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": 99}).status_code == 400
+    assert client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": -1}).status_code == 400
+    assert client.post("/admin/autoscale/scale", headers=AUTH,
+                       json={"instances": 1, "pool": "nope/v9"}).status_code == 404
+    r = client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": None, "reason": "done"})
+    assert r.status_code == 200 and r.json()["override"] is None
+    wait_for(client, lambda p: p["counts"]["ready"] == 1 and p["counts"]["draining"] == 0, what="back to one")
+
+    metrics = client.get("/metrics").text
+    assert 'llmserve:autoscale_manual_interventions_total{action="scale",model="tiny",version="v1"} 1.0' in metrics
+    assert 'llmserve:autoscale_manual_interventions_total{action="clear",model="tiny",version="v1"} 1.0' in metrics
+    assert 'llmserve:autoscale_instances{model="tiny",state="ready",version="v1"} 1.0' in metrics
+    assert 'llmserve:autoscale_transitions_total{from_state="draining",model="tiny",to_state="stopped",version="v1"} 1.0' \
+        in metrics
+    assert "llmserve:autoscale_cold_start_seconds_bucket" in metrics
+    assert "llmserve:autoscale_instance_seconds_total" in metrics
+
+    timeline = client.get("/admin/autoscale/timeline", headers=AUTH).json()["samples"]
+    assert timeline and {"ready", "desired", "arrival_rate", "queued", "ttft_p99"} <= set(timeline[-1])
+
+
+def test_dashboard_page_and_data(served):
+    client, controller, _ = served
+    wait_for(client, lambda p: p["counts"]["ready"] == 1, what="one ready instance")
+    page = client.get("/dashboard")
+    assert page.headers["content-type"].startswith("text/html")
+    html = page.text
+    for marker in ('id="chart-instances"', 'id="chart-load"', 'id="chart-latency"', 'id="instances-table"',
+                   'id="events"', 'id="canary"', "/admin/dashboard/data"):
+        assert marker in html
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched from elsewhere
+    data = client.get("/admin/dashboard/data", headers=AUTH).json()
+    assert data["models"][0]["name"] == "tiny"
+    auto = data["autoscale"][0]
+    assert auto["pool"] == "tiny/v1" and auto["instances"][0]["state"] == "ready"
+    assert auto["timeline"] and auto["events"]
+
+
+def test_serve_config_is_validated_at_start():
+    with pytest.raises(ValueError, match="unknown keys"):
+        ServeConfig(autoscale={"bounds": {"min_instance": 1}})
+    with pytest.raises(ValueError, match="lifecycle"):
+        ServeConfig(lifecycle={"drain_timeout": 3})
+    with pytest.raises(ValueError, match="engine_args"):
+        ServeConfig(engine_args=["--port", "9000"])
+    with pytest.raises(ValueError):
+        ServeConfig(gateway={"models": []})
+    with pytest.raises(ValueError):
+        ServeConfig(port=0)
+    cfg = ServeConfig(model="/x/SmolLM2.gguf", cold_start_delay_s=2.5, threads_per_instance=3,
+                      engine_args=["--max-num-seqs", "8"])
+    spec = cfg.instance_spec("v1-7")
+    assert cfg.served_name == "SmolLM2"
+    assert spec.engine_args == ("--model", "/x/SmolLM2.gguf", "--served-model-name", "SmolLM2", "--threads", "3",
+                                "--startup-delay", "2.5", "--max-num-seqs", "8")
+    assert cfg.autoscale_config().policy == "predictive"  # the default policy
