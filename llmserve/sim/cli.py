@@ -168,8 +168,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
     results = run_policies(trace, profile, autoscale, policies, static_n, sim, start, log=log)
     summaries = [r.summary for r in results]
+    table_console = Console() if sys.stdout.isatty() else Console(width=200)
     print_comparison(summaries, title=f"{trace.name}, {profile.name}, cold start {profile.cold_start_s:g}s, "
-                     f"TTFT SLO {autoscale.slo.ttft_s:g}s", console=Console())
+                     f"TTFT SLO {autoscale.slo.ttft_s:g}s", console=table_console)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,84 @@
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from dataclasses import replace
+
+from llmserve.autoscale import AutoscaleConfig, SLOConfig, StaticConfig
+from llmserve.sim.cli import add_simulate_args, run_simulate
+from llmserve.sim.compare import initial_instances, peak_window, size_static_for_peak
+from llmserve.sim.profile import InstanceProfile, StepModel, save_profile
+from llmserve.sim.simulator import SimConfig, Simulator
+from llmserve.sim.traces import LengthDist, ramp
+
+PROFILE = InstanceProfile("tiny", StepModel(0.01, 1e-4, 2e-3, 1e-6), max_num_seqs=4, max_num_batched_tokens=256,
+                          kv_capacity_tokens=100_000, cold_start_s=30.0, warmup_s=5.0)
+
+
+def small_ramp():
+    return ramp(low_rps=0.5, high_rps=4.0, hold_s=120.0, ramp_s=240.0, seed=0,
+                prompt=LengthDist(60, 0.7, 4, 400), output=LengthDist(40, 0.7, 2, 300))
+
+
+def test_peak_window_centres_on_the_busiest_stretch():
+    tr = small_ramp()
+    t0, t1 = peak_window(tr, 120.0)
+    assert t1 - t0 == 120.0
+    assert 360.0 - 60 <= t0 <= 480.0 + 60  # the plateau is [360, 480)
+
+
+def test_static_sizing_finds_the_smallest_pool_meeting_the_slo():
+    tr = small_ramp()
+    cfg = AutoscaleConfig(slo=SLOConfig(ttft_s=0.5))
+    n, tried = size_static_for_peak(tr, PROFILE, cfg, SimConfig(), window_s=120.0)
+    assert tried[-1] == (n, tried[-1][1]) and tried[-1][1] >= 0.99
+    assert all(att < 0.99 for m, att in tried[:-1])
+    if len(tried) == 1 and n > 1:  # the search started at the answer: one fewer must fail
+        t0, t1 = peak_window(tr, 120.0)
+        res = Simulator(tr.window(t0, t1), PROFILE, replace(cfg, policy="static", static=StaticConfig(instances=n - 1)),
+                        SimConfig(initial_instances=n - 1)).run()
+        assert res.summary.ttft_attainment < 0.99
+    assert initial_instances(tr, n, 1) == max(1, int(np.ceil(n * tr.rate_rps[0] / tr.peak_rps)))
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_simulate_args(p)
+    return p.parse_args(argv)
+
+
+def test_cli_runs_policies_and_writes_the_record(tmp_path, capsys):
+    prof = tmp_path / "tiny.json"
+    save_profile(PROFILE, prof)
+    csv = tmp_path / "trace.csv"
+    tr = small_ramp()
+    csv.write_text("timestamp,prompt_tokens,output_tokens\n" + "".join(
+        f"{t},{p},{o}\n" for t, p, o in zip(tr.arrival_s, tr.prompt_tokens, tr.output_tokens)))
+    out = tmp_path / "out"
+    args = parse(["--trace", str(csv), "--policy", "static,predictive", "--profile", str(prof),
+                  "--cold-start", "20", "--static-instances", "3", "--ttft-slo", "1", "--out", str(out)])
+    assert run_simulate(args) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert [r["policy"] for r in doc["runs"]] == ["static-3", "predictive"]
+    assert doc["static_instances"] == 3 and doc["cold_start_s"] == 20.0
+    assert "| predictive |" in (out / "table.md").read_text()
+    for name in ("load_instances.png", "latency.png", "cost_vs_slo.png"):
+        assert (out / name).stat().st_size > 1000
+    assert "static-3" in capsys.readouterr().out
+
+
+def test_cli_rejects_unknown_policies():
+    assert run_simulate(parse(["--policy", "magic"])) == 2
+
+
+def test_cli_calibrate_writes_a_profile(tmp_path):
+    rows = [(p, d, c, 0.01 + 1e-4 * p + 2e-3 * d + 1e-6 * c) for p in (0, 64, 256) for d in (0, 2, 4)
+            for c in (0, 1000)]
+    csv = tmp_path / "steps.csv"
+    csv.write_text("prefill_tokens,decode_seqs,sum_context,seconds\n" + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows))
+    out = tmp_path / "fitted.json"
+    assert run_simulate(parse(["--calibrate", str(csv), "--write-profile", str(out)])) == 0
+    fitted = json.loads(out.read_text())
+    assert fitted["step"]["per_decode_seq_s"] == pytest.approx(2e-3, rel=1e-6)
