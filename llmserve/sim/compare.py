@@ -47,29 +47,43 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
                          log: Callable[[str], None] | None = None) -> tuple[int, list[tuple[int, float]]]:
     """The smallest static pool meeting ``target`` TTFT attainment over the peak window.
 
-    Searches upward from a little below the saturation estimate; returns the size
-    and the (size, attainment) pairs tried.
+    A bisection (attainment grows with the pool) between the offered load R in
+    instances at saturation and R + 3 sqrt(R) (widened if that is not enough);
+    returns the size and the (size, attainment) pairs tried.
     """
     t0, t1 = peak_window(trace, window_s)
     peak = trace.window(t0, t1)
     mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 1.0
     mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 1.0
     per_instance = profile.saturation_tokens_per_s(mean_p, mean_o)
-    peak_demand = len(peak) / max(peak.duration_s, 1e-9) * (mean_p + mean_o)
-    n = max(1, math.floor(0.9 * peak_demand / per_instance))
-    tried: list[tuple[int, float]] = []
-    while n <= max_instances:
-        cfg = replace(autoscale, policy="static", static=StaticConfig(instances=n))
-        res = Simulator(peak, profile, cfg, replace(sim or SimConfig(), initial_instances=n),
-                        label=f"static-{n}").run()
-        att = res.summary.ttft_attainment
-        tried.append((n, att))
-        if log:
-            log(f"static {n}: {att:.2%} of peak-hour requests within the TTFT SLO")
-        if att >= target:
-            return n, tried
-        n += 1
-    raise RuntimeError(f"no static pool up to {max_instances} instances meets the SLO at the peak")
+    r = len(peak) / max(peak.duration_s, 1e-9) * (mean_p + mean_o) / per_instance
+    tried: dict[int, float] = {}
+
+    def ok(n: int) -> bool:
+        if n not in tried:
+            cfg = replace(autoscale, policy="static", static=StaticConfig(instances=n))
+            res = Simulator(peak, profile, cfg, replace(sim or SimConfig(), initial_instances=n),
+                            label=f"static-{n}").run()
+            tried[n] = res.summary.ttft_attainment
+            if log:
+                log(f"static {n}: {tried[n]:.2%} of peak-hour requests within the TTFT SLO")
+        return tried[n] >= target
+
+    lo = max(1, math.floor(r))  # below saturation a static pool cannot keep up
+    hi = min(max_instances, max(lo + 1, math.ceil(r + 3 * math.sqrt(r))))
+    while not ok(hi):
+        if hi >= max_instances:
+            raise RuntimeError(f"no static pool up to {max_instances} instances meets the SLO at the peak")
+        lo, hi = hi, min(max_instances, 2 * hi)
+    if ok(lo):
+        hi = lo
+    while hi - lo > 1:  # invariant: lo fails, hi passes
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, sorted(tried.items())
 
 
 def initial_instances(trace: Trace, static_n: int, min_instances: int) -> int:
