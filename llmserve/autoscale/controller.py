@@ -204,6 +204,8 @@ class PoolController:
                 await self._loop_task
             except asyncio.CancelledError:
                 pass
+        if self.instances:
+            log.info("%s: stopping %d instance(s)", self.key, len(self.instances))
         for inst in list(self.instances.values()):
             if not inst.stopping:
                 if inst.state is S.READY:
@@ -348,6 +350,9 @@ class PoolController:
         decision = self.policy.decide(ctx, self.policy_state)
         self.policy_state = decision.state
         desired, reason, source = decision.desired, decision.reason, "policy"
+        floor = self.autoscale.bounds.min_instances
+        if ctx.provisioned < floor <= desired:
+            reason = f"below min_instances ({floor}); {reason}"
         override = self._active_override(now)
         if override is not None:
             desired = override.instances
@@ -538,6 +543,7 @@ class PoolController:
         check_transition(old, new)
         inst.state, inst.since, inst.reason = new, self.clock(), reason
         self.history.event(self.wall(), inst.id, "transition", old.value, new.value, reason, **details)
+        log.info("%s: %s %s -> %s (%s)", self.key, inst.id, old.value, new.value, reason)
         if self.metrics is not None:
             self.metrics.transitions.labels(self.model, self.version, old.value, new.value).inc()
         if not new.billed:

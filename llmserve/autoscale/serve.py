@@ -123,6 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     cfg = ServeConfig.load(args.config, overrides_from_args(args))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     provider = build_provider(cfg)
     app, controller = build_app(cfg, provider, admin_key)
