@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
+import threading
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -108,7 +110,12 @@ class RayProvider:
             self._started_runtime = True
         else:
             kwargs["address"] = cfg.address
+        # ray.init installs a SIGTERM handler that exits the driver with code 15; the
+        # server's own handler (drain, then stop instances, then ray.shutdown) must win.
+        before = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         ray.init(**kwargs)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         import ray
