@@ -18,6 +18,14 @@ case "$mode" in
     exec llmserve engine --port 8000 "$@"
     ;;
   test)
+    # The dashboard test drives headless Chromium; install it once if it is missing.
+    if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+        && command -v apt-get >/dev/null 2>&1; then
+      { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; } \
+        || echo "setup: could not install chromium; the dashboard browser test will be skipped" >&2
+    fi
     set +e
     python3 -m pytest -q -p no:cacheprovider "$@"
     rc=$?
