@@ -9,6 +9,8 @@ gateway has one controlled pool.
 - ``GET  /admin/autoscale/decisions``    each tick's count and the policy's reason
                                          (``?since=&limit=&changes_only=true``)
 - ``GET  /admin/autoscale/timeline``     per-tick signals (``?since=<unix time>&limit=``)
+- ``GET  /admin/autoscale/targets``      the live instances in Prometheus ``http_sd`` format, so
+                                         Prometheus scrapes engines that come and go
 - ``POST /admin/autoscale/scale``        ``{"instances": n | null, "duration_s"?, "reason"?, "pool"?}``:
                                          pin the count (null clears); each call is counted in
                                          ``llmserve:autoscale_manual_interventions_total``
@@ -17,6 +19,7 @@ gateway has one controlled pool.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,6 +76,17 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
     async def timeline(pool: str | None = None, since: float = 0.0, limit: int | None = None) -> dict:
         c = one(pool)
         return {"pool": c.key, "samples": c.history.samples(since, limit)}
+
+    @r.get("/targets")
+    async def targets() -> list[dict]:
+        out = []
+        for c in controllers:
+            for i in c.instance_views(include_finished=False):
+                if i["url"] and i["state"] in ("warming", "ready", "draining"):
+                    out.append({"targets": [urlsplit(i["url"]).netloc],
+                                "labels": {"model": c.model, "version": c.version, "instance": i["instance_id"],
+                                           "lifecycle_state": i["state"]}})
+        return out
 
     @r.post("/scale")
     async def scale(body: ScaleBody) -> dict:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
 
 if TYPE_CHECKING:
     from llmserve.autoscale.controller import PoolController
@@ -46,7 +46,20 @@ class AutoscaleMetrics:
         registry.register(_Gauges(self._controllers))
 
     def attach(self, controller: PoolController) -> None:
+        """Export the controller's gauges, and every counter at 0 from the start (so a
+        dashboard shows 0, not "no data", and ``rate()`` sees the first increment)."""
         self._controllers.append(controller)
+        key = (controller.model, controller.version)
+        for old, targets in ALLOWED.items():
+            for new in targets:
+                self.transitions.labels(*key, old.value, new.value)
+        for direction in ("up", "down"):
+            for source in ("policy", "manual"):
+                self.decisions.labels(*key, direction, source)
+        for action in ("scale", "clear"):
+            self.manual.labels(*key, action)
+        for metric in (self.replacements, self.instance_seconds, self.cold_start, self.drain):
+            metric.labels(*key)
 
 
 class _Gauges(Collector):

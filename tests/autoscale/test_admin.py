@@ -58,6 +58,9 @@ def test_pools_instances_events_decisions_and_manual_scaling(served):
     assert provider.specs[0].engine_args[:6] == ("--model", "/models/tiny", "--served-model-name", "tiny",
                                                  "--threads", provider.specs[0].engine_args[5])
 
+    sd = client.get("/admin/autoscale/targets", headers=AUTH).json()
+    assert sd == [{"targets": ["127.0.0.1:9"], "labels": {"model": "tiny", "version": "v1", "instance": "v1-1",
+                                                         "lifecycle_state": "ready"}}]
     r = client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": 2, "reason": "load test"})
     assert r.status_code == 200 and r.json()["override"]["instances"] == 2
     wait_for(client, lambda p: p["counts"]["ready"] == 2, what="two ready instances")
@@ -129,3 +132,20 @@ def test_serve_config_is_validated_at_start():
     assert spec.engine_args == ("--model", "/x/SmolLM2.gguf", "--served-model-name", "SmolLM2", "--threads", "3",
                                 "--startup-delay", "2.5", "--max-num-seqs", "8")
     assert cfg.autoscale_config().policy == "predictive"  # the default policy
+
+
+def test_the_grafana_dashboard_and_docs_name_metrics_that_exist(served):
+    """Every llmserve:autoscale_* series the Grafana dashboard queries is exported."""
+    import json
+    import re
+    from pathlib import Path
+
+    client, _, _ = served
+    wait_for(client, lambda p: p["counts"]["ready"] == 1, what="one ready instance")
+    exported = set(re.findall(r"^(llmserve:autoscale_[a-z_]+)", client.get("/metrics").text, re.M))
+    root = Path(__file__).resolve().parents[2]
+    dash = json.loads((root / "docs" / "grafana-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    wanted = set(re.findall(r"llmserve:autoscale_[a-z_]+", exprs))
+    wanted |= set(re.findall(r"llmserve:autoscale_[a-z_]+", (root / "docs" / "autoscaling.md").read_text()))
+    assert wanted and {w for w in wanted if not any(e.startswith(w) for e in exported)} == set()
