@@ -96,15 +96,33 @@ class PredictivePolicy:
         reason = (f"{how} forecast {demand:.0f} tok/s in {cfg.lead_time_s:g}s / "
                   f"{cap:.0f} tok/s per instance -> {desired}")
 
-        if ctx.coming == 0 and ctx.ready > 0:
-            queue_per_instance = ctx.queued / ctx.ready
-            over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
-            queue_building = queue_per_instance > cfg.max_queue_per_instance
-            slow_and_busy = over > 1.0 and ctx.batch_fill >= cfg.fallback_fill
-            if queue_building or slow_and_busy:
-                bump = ctx.provisioned + max(1, math.ceil(cfg.fallback_step_fraction * ctx.provisioned))
-                if bump > desired:
-                    desired = bump
-                    reason = (f"fallback: queue {queue_per_instance:.1f}/instance, p99 {over:.2f}x target "
-                              f"at fill {ctx.batch_fill:.2f} -> {desired}")
+        if ctx.ready > 0:
+            desired, reason = self._fallback(ctx, desired, reason)
         return Decision(desired, new_state, reason)
+
+    def _fallback(self, ctx: PoolSignals, desired: int, reason: str) -> tuple[int, str]:
+        """Reactive floor for when the forecast was wrong.
+
+        A queue at the gateway means every batch seat is taken: the pool needs at
+        least a seat for every request in it now, whatever is already coming (the
+        backlog floor). And when the queue keeps building or p99 latency is over
+        target with full batches while nothing is coming, add a fraction at once.
+        """
+        cfg = self.config
+        queue_per_instance = ctx.queued / ctx.ready
+        over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
+        if ctx.queued > 0 and ctx.running > 0 and ctx.batch_fill > 0:
+            seats_per_instance = ctx.running / (ctx.batch_fill * ctx.ready)
+            floor = math.ceil(ctx.in_flight / seats_per_instance - 1e-9)
+            if floor > desired:
+                desired = floor
+                reason = f"backlog: {ctx.in_flight} requests need {floor} instances of {seats_per_instance:.0f} seats"
+        queue_building = queue_per_instance > cfg.max_queue_per_instance
+        slow_and_busy = over > 1.0 and ctx.batch_fill >= cfg.fallback_fill
+        if ctx.coming == 0 and (queue_building or slow_and_busy):
+            bump = ctx.provisioned + max(1, math.ceil(cfg.fallback_step_fraction * ctx.provisioned))
+            if bump > desired:
+                desired = bump
+                reason = (f"fallback: queue {queue_per_instance:.1f}/instance, p99 {over:.2f}x target "
+                          f"at fill {ctx.batch_fill:.2f} -> {desired}")
+        return desired, reason

@@ -144,7 +144,7 @@ def diurnal(peak_rps: float = 2.0, ratio: float = 10.0, duration_s: float = 8640
                            output or default_output_lengths(), batch_fraction)
 
 
-def bursty(base_rps: float = 2.0, burst_factor: float = 4.0, bursts_per_hour: float = 1.0,
+def bursty(base_rps: float = 0.5, burst_factor: float = 4.0, bursts_per_hour: float = 1.0,
            rise_s: float = 30.0, decay_s: float = 300.0, duration_s: float = 4 * 3600.0, seed: int = 0,
            step_s: float = 5.0, noise: float = 0.05, prompt: LengthDist | None = None,
            output: LengthDist | None = None, batch_fraction: float = 0.0) -> Trace:
@@ -164,7 +164,7 @@ def bursty(base_rps: float = 2.0, burst_factor: float = 4.0, bursts_per_hour: fl
                            output or default_output_lengths(), batch_fraction)
 
 
-def ramp(low_rps: float = 0.5, high_rps: float = 5.0, hold_s: float = 600.0, ramp_s: float = 1800.0,
+def ramp(low_rps: float = 0.2, high_rps: float = 2.0, hold_s: float = 600.0, ramp_s: float = 1800.0,
          seed: int = 0, step_s: float = 10.0, prompt: LengthDist | None = None,
          output: LengthDist | None = None, batch_fraction: float = 0.0) -> Trace:
     """Low for ``hold_s``, up over ``ramp_s``, high for ``hold_s``, down over ``ramp_s``, low for ``hold_s``."""
