@@ -34,3 +34,17 @@ def test_kpa_stable_window_averages_concurrency():
     assert d.desired == 3  # mean 30 / 10
     assert state.panic_since is None
     assert len(state.samples) == 30  # only the stable window is kept
+
+
+def test_predictive_backlog_floor_counts_coming_capacity_but_not_the_forecast():
+    from llmserve.autoscale.config import PredictiveConfig
+    from llmserve.autoscale.predictive import PredictivePolicy
+
+    policy = PredictivePolicy(PredictiveConfig(capacity_tokens_per_s=1000.0), SLOConfig())
+    # The forecast says one instance; 32 running in 4 full instances of 8 seats and 20 queued need 7.
+    ctx = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, warming=2, running=32, batch_fill=1.0,
+                      queue_depth={"realtime": 20})
+    d = policy.decide(ctx, policy.initial_state())
+    assert d.desired == 7 and d.reason.startswith("backlog")
+    calm = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, running=8, batch_fill=0.25)
+    assert policy.decide(calm, policy.initial_state()).desired == 1
