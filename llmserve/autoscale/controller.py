@@ -33,8 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
@@ -43,95 +42,16 @@ from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.history import History
 from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.autoscale.managed import ControllerConfig, ManagedInstance, Override
 from llmserve.autoscale.metrics import AutoscaleMetrics
-from llmserve.autoscale.probe import Probe, judge, path, probe_load, probe_ready
-from llmserve.autoscale.providers.base import InstanceHandle, InstanceProvider, InstanceSpec, RunStatus
+from llmserve.autoscale.probe import HttpProber, Probe, Prober, judge, path
+from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, RunStatus
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.gateway.pool import Pool
-from llmserve.load_report import LoadReport
 
 log = logging.getLogger(__name__)
 S = InstanceState
-
-
-@dataclass(slots=True)
-class ControllerConfig:
-    """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
-
-    probe_interval_s: float = 0.5
-    probe_timeout_s: float = 2.0
-    start_timeout_s: float = 600.0
-    drain_timeout_s: float = 120.0
-    stop_grace_s: float = 30.0
-    unready_grace_s: float = 20.0
-    restart_backoff_s: float = 2.0
-    max_restart_backoff_s: float = 120.0
-    signal_window_s: float = 10.0
-    latency_window_s: float = 30.0
-    chars_per_token: float = 4.0
-    output_tokens_prior: float = 128.0
-
-    def __post_init__(self) -> None:
-        for name in ("probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
-                     "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"controller config: {name} must be positive, got {getattr(self, name)}")
-        for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
-
-
-@dataclass(eq=False, slots=True)
-class ManagedInstance:
-    """The controller's record of one instance (monotonic times unless named ``*_wall``)."""
-
-    id: str
-    state: InstanceState
-    created: float
-    created_wall: float
-    since: float
-    reason: str = ""
-    handle: InstanceHandle | None = None
-    in_pool: bool = False
-    stopping: bool = False  # a stop was sent; it is on its way out, whatever its state says
-    ready_at: float | None = None
-    drain_started: float | None = None
-    unready_since: float | None = None
-    exit_code: int | None = None
-    replaces: str | None = None
-    last_probe: Probe | None = None
-    last_load: LoadReport | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """A manual instance count in force until ``until`` (monotonic; None: until cleared)."""
-
-    instances: int
-    until: float | None
-    reason: str
-    set_wall: float
-
-
-class Prober(Protocol):
-    """How the controller looks at an instance (HTTP by default; a fake in tests)."""
-
-    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe: ...
-
-    async def load(self, handle: InstanceHandle) -> LoadReport | None: ...
-
-
-class HttpProber:
-    def __init__(self, client: httpx.AsyncClient, timeout_s: float) -> None:
-        self.client = client
-        self.timeout_s = timeout_s
-
-    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
-        return await probe_ready(self.client, handle.url, run, self.timeout_s)
-
-    async def load(self, handle: InstanceHandle) -> LoadReport | None:
-        return await probe_load(self.client, handle.url, self.timeout_s)
 
 
 SpecFactory = Callable[[str], InstanceSpec]
@@ -517,11 +437,15 @@ class PoolController:
 
     def _join_pool(self, inst: ManagedInstance, now: float) -> None:
         assert inst.handle is not None and inst.state is S.READY
+        try:
+            self.pool.add_instance(inst.handle.url, inst.id, ready=True)
+        except ValueError as e:  # its URL or id is already taken in the pool
+            self._fail(inst, f"could not join the pool: {e}")
+            return
+        inst.in_pool = True
         inst.ready_at = now
         self._failures_before_ready = 0
         self._start_not_before = 0.0
-        self.pool.add_instance(inst.handle.url, inst.id, ready=True)
-        inst.in_pool = True
         self.history.event(self.wall(), inst.id, "pool_add", S.READY.value, S.READY.value,
                            "takes traffic from now on", url=inst.handle.url, cold_start_s=now - inst.created)
         if self.metrics is not None:

@@ -9,6 +9,7 @@ shown to people and compared with logs.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,14 +71,24 @@ class History:
         self._samples.append(sample)
 
     def events(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        out = [asdict(e) for e in self._events if e.seq > since]
-        return out[-limit:] if limit else out
+        return [asdict(e) for e in _tail(self._events, lambda e: e.seq > since, limit)]
 
     def decisions(self, since: int = 0, limit: int | None = None, changes_only: bool = False) -> list[dict[str, Any]]:
         src = self._changes if changes_only else self._decisions
-        out = [asdict(d) for d in src if d.seq > since]
-        return out[-limit:] if limit else out
+        return [asdict(d) for d in _tail(src, lambda d: d.seq > since, limit)]
 
     def samples(self, since_time: float = 0.0, limit: int | None = None) -> list[dict[str, Any]]:
-        out = [s for s in self._samples if s["time"] > since_time]
-        return out[-limit:] if limit else out
+        return _tail(self._samples, lambda s: s["time"] > since_time, limit)
+
+
+def _tail(items: deque, newer: Callable[[Any], bool], limit: int | None) -> list[Any]:
+    """The newest items that pass ``newer`` (at most ``limit``), oldest first. Items are
+    kept in order, so this walks back from the end and stops early: a dashboard that
+    polls every second for the last 60 events does not touch the other thousands."""
+    out = []
+    for item in reversed(items):
+        if not newer(item) or (limit is not None and len(out) >= limit):
+            break
+        out.append(item)
+    out.reverse()
+    return out

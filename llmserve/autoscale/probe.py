@@ -11,11 +11,12 @@ generation ran: a cold instance never gets traffic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
 from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
-from llmserve.autoscale.providers.base import RunState, RunStatus
+from llmserve.autoscale.providers.base import InstanceHandle, RunStatus
 from llmserve.load_report import LoadReport
 
 S = InstanceState
@@ -101,5 +102,21 @@ async def probe_load(client: httpx.AsyncClient, url: str, timeout_s: float) -> L
         return None
 
 
-def alive(run: RunStatus) -> bool:
-    return run.state in (RunState.RUNNING, RunState.UNKNOWN)
+class Prober(Protocol):
+    """How the controller looks at an instance (HTTP by default; a fake in tests)."""
+
+    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe: ...
+
+    async def load(self, handle: InstanceHandle) -> LoadReport | None: ...
+
+
+class HttpProber:
+    def __init__(self, client: httpx.AsyncClient, timeout_s: float) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+
+    async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
+        return await probe_ready(self.client, handle.url, run, self.timeout_s)
+
+    async def load(self, handle: InstanceHandle) -> LoadReport | None:
+        return await probe_load(self.client, handle.url, self.timeout_s)

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.controller import ControllerConfig
+from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.gateway.config import GatewayConfig
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from llmserve.autoscale.collector import percentile as collector_percentile
 from tests.server.harness import free_port
 
 ADMIN = "admin-key-for-serve-tests-0123456789"
@@ -198,8 +199,5 @@ def peak_ready(samples: list[Sample]) -> int:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    k = max(0, min(len(v) - 1, int(round(q / 100 * len(v) + 0.5)) - 1))
-    return v[k]
+    """Nearest rank, as the controller's signals compute it."""
+    return collector_percentile(sorted(values), q)

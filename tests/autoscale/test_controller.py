@@ -308,3 +308,15 @@ async def test_stop_drains_and_stops_everything_and_closes_the_provider():
     assert ctl.instances == {} and sorted(provider.stops) == ["v1-1", "v1-2"]
     assert provider.closed and pool.instances() == []
     assert all(transitions(ctl, i)[-2:] == ["draining", "stopped"] for i in ("v1-1", "v1-2"))
+
+
+def test_history_returns_the_newest_entries_after_a_sequence_number():
+    from llmserve.autoscale.history import History
+
+    h = History(max_events=5)
+    for k in range(8):
+        h.event(float(k), f"i{k}", "transition", None, "starting", f"r{k}")
+    assert [e["instance_id"] for e in h.events()] == ["i3", "i4", "i5", "i6", "i7"]  # bounded
+    assert [e["seq"] for e in h.events(since=6)] == [7, 8]
+    assert [e["seq"] for e in h.events(limit=2)] == [7, 8]
+    assert [e["seq"] for e in h.events(since=8)] == []

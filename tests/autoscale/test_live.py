@@ -122,12 +122,12 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
             if ("pool_add", "ready") in kinds:
                 assert kinds.index(("pool_add", "ready")) > kinds.index(("transition", "ready"))
         metrics = run["metrics"]
-        assert not re.search(r"^llmserve:gateway_retries_total\{.*\} [1-9]", metrics, re.M), metrics
+        assert not re.search(r"^llmserve:gateway_retries_total\{.*\} [1-9]", metrics, re.MULTILINE), metrics
         # (A client that closes right after the last event can be counted as disconnected;
         # that says nothing about instances, so only upstream-side errors count here.)
-        errors = re.findall(r'^llmserve:gateway_errors_total\{.*kind="([^"]+)".*\} ([0-9.]+)$', metrics, re.M)
+        errors = re.findall(r'^llmserve:gateway_errors_total\{.*kind="([^"]+)".*\} ([0-9.]+)$', metrics, re.MULTILINE)
         assert [(k, v) for k, v in errors if k != "client_disconnected" and float(v) > 0] == [], metrics
-        assert not re.search(r'^llmserve:gateway_requests_total\{.*status="5\d\d".*\} [1-9]', metrics, re.M)
+        assert not re.search(r'^llmserve:gateway_requests_total\{.*status="5\d\d".*\} [1-9]', metrics, re.MULTILINE)
 
         # Every instance that served traffic and was stopped was drained first: nothing in
         # flight at the stop, and the engine exited 0 on SIGTERM.

@@ -1,0 +1,73 @@
+"""The controller's record of one instance, its lifecycle timing, and manual overrides.
+
+Plain data: the controller (:mod:`llmserve.autoscale.controller`) is the only
+code that changes a :class:`ManagedInstance`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.probe import Probe
+from llmserve.autoscale.providers.base import InstanceHandle
+from llmserve.load_report import LoadReport
+
+
+@dataclass(slots=True)
+class ControllerConfig:
+    """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
+
+    probe_interval_s: float = 0.5
+    probe_timeout_s: float = 2.0
+    start_timeout_s: float = 600.0
+    drain_timeout_s: float = 120.0
+    stop_grace_s: float = 30.0
+    unready_grace_s: float = 20.0
+    restart_backoff_s: float = 2.0
+    max_restart_backoff_s: float = 120.0
+    signal_window_s: float = 10.0
+    latency_window_s: float = 30.0
+    chars_per_token: float = 4.0
+    output_tokens_prior: float = 128.0
+
+    def __post_init__(self) -> None:
+        for name in ("probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
+                     "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"controller config: {name} must be positive, got {getattr(self, name)}")
+        for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(eq=False, slots=True)
+class ManagedInstance:
+    """The controller's record of one instance (monotonic times unless named ``*_wall``)."""
+
+    id: str
+    state: InstanceState
+    created: float
+    created_wall: float
+    since: float
+    reason: str = ""
+    handle: InstanceHandle | None = None
+    in_pool: bool = False
+    stopping: bool = False  # a stop was sent; it is on its way out, whatever its state says
+    ready_at: float | None = None
+    drain_started: float | None = None
+    unready_since: float | None = None
+    exit_code: int | None = None
+    replaces: str | None = None
+    last_probe: Probe | None = None
+    last_load: LoadReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A manual instance count in force until ``until`` (monotonic; None: until cleared)."""
+
+    instances: int
+    until: float | None
+    reason: str
+    set_wall: float
