@@ -124,83 +124,81 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        cap = self.config.max_num_batched_tokens
         starved = self._batch_starved()
         key = self._order_key(starved)
         scheduled: dict[str, ScheduledRequest] = {}
         # When batch work is owed its share, realtime requests leave this much budget.
-        reserve = math.ceil(self.config.batch_min_share * budget) if starved else 0
+        reserve = math.ceil(self.config.batch_min_share * cap) if starved else 0
 
         def avail(r: Request) -> int:
+            left = cap - sum(x.num_tokens + len(x.spec_token_ids) for x in scheduled.values())
             if r.is_batch_class:
-                return budget
-            return budget - max(0, reserve - sum(
+                return left
+            return left - max(0, reserve - sum(
                 x.num_tokens for x in scheduled.values() if x.request.is_batch_class))
 
-        # Running requests first, in priority order; preempt when blocks run out.
-        self.running.sort(key=key)
-        queue = list(self.running)
-        while queue and budget > 0:
-            req = queue.pop(0)
-            if req not in self.running:
-                continue  # preempted as a victim earlier in this loop
-            n = min(req.num_tokens - req.num_computed_tokens, avail(req))
-            if n <= 0:
-                continue
-            spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
-            spec = spec[:max(0, avail(req) - n)]
-            while not self.kv.allocate_slots(req, n + len(spec)):
-                victim = self._pick_victim(exclude=None)
-                if victim is req and spec:
-                    spec = []  # first try without the draft tokens
-                    continue
-                self._preempt(victim, scheduled, out)
-                if victim in queue:
-                    queue.remove(victim)
-                if victim is req:
-                    break
-            else:
-                scheduled[req.request_id] = ScheduledRequest(
-                    req, n, list(spec), req.num_computed_tokens + n == req.num_tokens)
-            budget = self.config.max_num_batched_tokens - sum(
-                s.num_tokens + len(s.spec_token_ids) for s in scheduled.values())
-
-        # Then waiting requests, while there are budget and sequence slots.
-        if not out.preempted:
-            self.waiting.sort(key=key)
-            for req in list(self.waiting):
-                if budget <= 0:
-                    break
-                if len(self.running) >= self.config.max_num_seqs:
-                    if not self._preempt_for(req, scheduled, out):
-                        break
-                hits, num_hit = ([], 0)
-                if req.num_computed_tokens == 0:
-                    hits, num_hit = self.kv.get_computed_blocks(req)
-                n = min(req.num_tokens - num_hit, avail(req))
-                if n <= 0:
-                    continue
-                saved = req.num_computed_tokens
-                req.num_computed_tokens = num_hit
-                ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
-                if not ok and self._preempt_for(req, scheduled, out):
-                    ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
-                if not ok:
-                    req.num_computed_tokens = saved
-                    break  # keep priority order: do not let later requests jump ahead
-                self.kv.record_prefix_lookup(req.num_tokens, num_hit)
-                if req.num_preemptions == 0:
-                    req.num_cached_tokens = num_hit
-                self.waiting.remove(req)
-                self.running.append(req)
-                req.status = RequestStatus.RUNNING
-                scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
-                budget -= n
+        # One pass in priority order over running *and* waiting requests: a waiting
+        # realtime request is served before the prompt chunks of running batch
+        # requests, so it never waits behind them. Within a priority, running
+        # requests go first: they already hold KV.
+        order = sorted(self.running + self.waiting,
+                       key=lambda r: (*key(r)[:2], r.status is not RequestStatus.RUNNING, r.arrival_time))
+        admitting = True
+        for req in order:
+            if cap - sum(x.num_tokens + len(x.spec_token_ids) for x in scheduled.values()) <= 0:
+                break
+            if req.status is RequestStatus.RUNNING:
+                self._schedule_running(req, avail(req), scheduled, out)
+            elif admitting and not out.preempted and req in self.waiting:
+                admitting = self._admit(req, avail(req), scheduled, out)
 
         out.scheduled = list(scheduled.values())
         out.total_tokens = sum(s.num_tokens + len(s.spec_token_ids) for s in out.scheduled)
         self._account(out)
         return out
+
+    def _schedule_running(self, req: Request, budget: int, scheduled: dict, out: SchedulerOutput) -> None:
+        """Give a running request its next tokens, preempting others if blocks run out."""
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if n <= 0:
+            return
+        spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
+        spec = spec[:max(0, budget - n)]
+        while not self.kv.allocate_slots(req, n + len(spec)):
+            victim = self._pick_victim(exclude=None)
+            if victim is req and spec:
+                spec = []  # first try without the draft tokens
+                continue
+            self._preempt(victim, scheduled, out)
+            if victim is req:
+                return
+        scheduled[req.request_id] = ScheduledRequest(req, n, list(spec), req.num_computed_tokens + n == req.num_tokens)
+
+    def _admit(self, req: Request, budget: int, scheduled: dict, out: SchedulerOutput) -> bool:
+        """Start a waiting request; False when it cannot start (admission stops there)."""
+        if budget <= 0:
+            return True  # out of budget for its class only: later classes may still fit
+        if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, scheduled, out):
+            return False
+        hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
+        n = min(req.num_tokens - num_hit, budget)
+        saved = req.num_computed_tokens
+        req.num_computed_tokens = num_hit
+        ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
+        if not ok and self._preempt_for(req, scheduled, out):
+            ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
+        if not ok:
+            req.num_computed_tokens = saved
+            return False  # keep priority order: do not let later requests jump ahead
+        self.kv.record_prefix_lookup(req.num_tokens, num_hit)
+        if req.num_preemptions == 0:
+            req.num_cached_tokens = num_hit
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
+        return True
 
     def _account(self, out: SchedulerOutput) -> None:
         d = self.config.share_decay

@@ -119,3 +119,14 @@ def test_prefix_hit_skips_cached_tokens():
     # 8 of 10 tokens (two full blocks) are cached; the last two are computed
     assert out.scheduled[0].num_tokens == 2
     assert s.kv.prefix_hits == 8 and s.kv.prefix_queries == 20
+
+
+def test_waiting_realtime_is_not_stuck_behind_running_batch_prefill():
+    s = make(max_num_batched_tokens=8, num_blocks=256)
+    s.add_request(req("batch", 200, max_tokens=2, priority=BATCH, t=0))
+    out, _ = fake_step(s)
+    assert out.scheduled[0].num_tokens == 8  # the long batch prompt takes the whole budget
+    s.add_request(req("rt", 5, max_tokens=2, t=1, first=500))
+    out, _ = fake_step(s)
+    got = {x.request.request_id: x.num_tokens for x in out.scheduled}
+    assert got["rt"] == 5 and got.get("batch", 0) == 3  # realtime first, batch gets the rest
