@@ -19,8 +19,12 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None
-    # Stop speculating for a request whose recent acceptance rate falls below this.
+    # Stop speculating for a request whose recent acceptance rate falls below this
+    # (at batch 1) ...
     min_acceptance: float = 0.25
+    # ... plus this much per other decoding request: verifying draft tokens costs
+    # more as the batch grows, so a guess must be likelier to pay for itself.
+    acceptance_slope: float = 0.05
     # Skip speculation when this many requests are decoding (compute-bound already).
     max_batch_for_spec: int = 16
 

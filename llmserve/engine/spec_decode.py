@@ -199,6 +199,8 @@ class SpeculativeDecoder:
         sampled: dict[str, list[int]] = {}
         lps: dict[str, list[TokenLogprob]] = {}
         c = self.counters
+        decoding = sum(1 for s in plan.scheduled if s.sample)
+        required = self.config.min_acceptance + self.config.acceptance_slope * max(0, decoding - 1)
         for s in plan.scheduled:
             if not s.sample:
                 continue
@@ -219,10 +221,10 @@ class SpeculativeDecoder:
                     c.accepted_per_pos[i] += 1
                 acc = self._accept.setdefault(req.request_id, _Acceptance())
                 acc.rate = 0.7 * acc.rate + 0.3 * (accepted / len(drafts))
-                if acc.rate < self.config.min_acceptance:
+                if acc.rate < required:
                     # Not paying for itself: pause, then probe again later.
                     acc.paused_until = req.num_output_tokens + 32
-                    acc.rate = self.config.min_acceptance + 0.1
+                    acc.rate = required + 0.1
             if req.sampling_params.logprobs is not None:
                 raw = torch.log_softmax(logits.float(), dim=-1)
                 lps[req.request_id] = [
