@@ -61,8 +61,9 @@ class SignalCollector:
         self.window_s = window_s
         self.latency_window_s = latency_window_s
         self.mean_output_tokens = output_tokens_prior
-        self.mean_prompt_tokens: float | None = None
-        self._output_w = 1.0 / output_tokens_tau
+        self.mean_prompt_tokens = 0.0
+        self._tau = output_tokens_tau
+        self._n_prompts = self._n_outputs = 0
         self._start = start
         self._arrivals: deque[float] = deque()
         # Times and values apart, so a snapshot sorts the values without unpacking.
@@ -73,10 +74,8 @@ class SignalCollector:
 
     def record_arrival(self, t: float, prompt_tokens: int) -> None:
         self._arrivals.append(t)
-        if self.mean_prompt_tokens is None:
-            self.mean_prompt_tokens = float(prompt_tokens)
-        else:
-            self.mean_prompt_tokens += (prompt_tokens - self.mean_prompt_tokens) * self._output_w
+        self._n_prompts += 1
+        self.mean_prompt_tokens += (prompt_tokens - self.mean_prompt_tokens) / min(self._n_prompts, self._tau)
 
     def record_first_token(self, t: float, ttft_s: float) -> None:
         self._ttft_t.append(t)
@@ -85,7 +84,10 @@ class SignalCollector:
     def record_finish(self, t: float, e2e_s: float, output_tokens: int) -> None:
         self._e2e_t.append(t)
         self._e2e_v.append(e2e_s)
-        self.mean_output_tokens += (output_tokens - self.mean_output_tokens) * self._output_w
+        # A plain average until ``tau`` samples, an EWMA after: the prior only
+        # stands in until the first request finishes, not for ``tau`` requests.
+        self._n_outputs += 1
+        self.mean_output_tokens += (output_tokens - self.mean_output_tokens) / min(self._n_outputs, self._tau)
 
     @staticmethod
     def _prune(times: deque, values: deque, since: float) -> None:
@@ -125,7 +127,7 @@ class SignalCollector:
             now=now,
             window_s=self.window_s,
             arrival_rate=n_arr / span,
-            arrival_tokens_per_s=n_arr * ((self.mean_prompt_tokens or 0.0) + self.mean_output_tokens) / span,
+            arrival_tokens_per_s=n_arr * (self.mean_prompt_tokens + self.mean_output_tokens) / span,
             queue_depth=dict(queue_depth),
             waiting=waiting,
             running=running,

@@ -112,10 +112,12 @@ class PredictiveConfig:
     one controller tick. ``capacity_tokens_per_s`` is the prior for one instance's
     saturation throughput (prompt + output tokens/s with every batch seat taken);
     the policy measures it online (:mod:`llmserve.autoscale.capacity`) and plans
-    each instance at ``target_utilisation`` of it, the share at which the latency
-    SLO still holds. ``margin_z`` is the square-root-staffing factor: N = R + z *
-    sqrt(R) for an offered load of R instances, so the relative headroom shrinks
-    as the pool grows.
+    each instance at ``target_utilisation`` of it. ``margin_z`` is the
+    square-root-staffing factor: N = R + z * sqrt(R) for an offered load of R
+    instances, so the relative headroom shrinks as the pool grows. The defaults
+    (full utilisation, z = 0.65, level smoothed over 120 s) are what met the
+    capacity simulator's diurnal target (``benchmarks/sim/README.md``): the
+    square-root margin alone is the headroom.
     """
 
     lead_time_s: float = 150.0

@@ -3,12 +3,19 @@
 A new instance takes ``lead_time_s`` (cold start plus a tick) to take traffic, so
 this policy sizes the pool for the arrival rate forecast that far ahead (Holt's
 linear trend, or yesterday's profile at the same hour once a full day has been
-seen), divided by the per-instance capacity at the SLO that it measures online,
-plus a square-root queueing margin. Reactive signals are the safety net: when the
-gateway queue builds up, or p99 latency is over target while batches are full,
-and nothing is on its way, the forecast was wrong and the pool grows by a
-fraction at once. Latency alone is not enough: one long prompt can put a
-window's p99 over target on an idle pool, and more instances would not help.
+seen), in units of one instance's saturation throughput measured online
+(:mod:`llmserve.autoscale.capacity`), plus a square-root staffing margin: with
+each request holding a batch seat for its whole generation, a pool is a
+many-server queue, and the headroom such a queue needs grows like the square
+root of the load, not in proportion to it.
+
+Reactive signals are the safety net for when the forecast is wrong. A gateway
+queue means every seat is taken: the pool then needs at least a seat for every
+request in it (the backlog floor), whatever is already coming. A queue that keeps
+building, or p99 latency over target while batches are full, with nothing on its
+way, adds a fraction of the pool at once. Latency alone is not enough: one long
+prompt can put a window's p99 over target on an idle pool, and more instances
+would not help.
 """
 
 from __future__ import annotations
@@ -43,9 +50,10 @@ def instances_for(load_tokens_per_s: float, capacity_tokens_per_s: float, target
                   margin_z: float) -> int:
     """Square-root staffing: R + z * sqrt(R) instances for an offered load of R.
 
-    R is the load in instance units at ``target_utilisation`` of the SLO capacity.
-    The margin absorbs the Poisson and length noise around the forecast, which
-    grows like the square root of the load, so big pools run hotter than small ones.
+    R is the load in instance units at ``target_utilisation`` of the measured
+    capacity. The margin absorbs the Poisson and length noise around the
+    forecast, which grows like the square root of the load, so big pools run
+    hotter than small ones.
     """
     if load_tokens_per_s <= 0:
         return 0

@@ -28,6 +28,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("scale events", "scale_events", "{}"),
     ("rejected", "lost", "{}"),
     ("sim wall", "wall_s", "{:.1f}s"),
+    ("sim cpu", "cpu_s", "{:.1f}s"),
 )
 
 

@@ -51,6 +51,7 @@ class Summary:
     scale_events: int
     duration_h: float
     wall_s: float
+    cpu_s: float = float("nan")  # this process's CPU time: steadier than wall on a shared machine
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +74,7 @@ class SimResult:
         return self.timeline[:, TIMELINE_COLUMNS.index(name)] if len(self.timeline) else np.zeros(0)
 
     @classmethod
-    def build(cls, sim: "Simulator", wall_s: float) -> "SimResult":
+    def build(cls, sim: "Simulator", wall_s: float, cpu_s: float = float("nan")) -> "SimResult":
         trace, slo = sim.trace, sim.autoscale.slo
         duration = trace.duration_s
         lifetimes = [(i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]]
@@ -106,6 +107,7 @@ class SimResult:
             scale_events=len(sim.events),
             duration_h=duration / 3600.0,
             wall_s=wall_s,
+            cpu_s=cpu_s,
         )
         return cls(summary, trace.arrival_s, sim.status.copy(), sim.ttft.copy(), sim.e2e.copy(), timeline,
                    list(sim.events), lifetimes)

@@ -47,3 +47,11 @@ def test_mean_output_tokens_tracks_finished_requests():
     for _ in range(200):
         c.record_finish(1.0, 2.0, 300)
     assert c.mean_output_tokens == pytest.approx(300.0, rel=0.01)
+
+
+def test_the_output_prior_only_lasts_until_the_first_finish():
+    c = SignalCollector(output_tokens_prior=100.0, output_tokens_tau=200)
+    c.record_finish(1.0, 2.0, 500)
+    assert c.mean_output_tokens == 500.0
+    c.record_finish(1.0, 2.0, 300)
+    assert c.mean_output_tokens == 400.0
