@@ -82,12 +82,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--out-len", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from llmserve import LLM
     from llmserve.models.store import default_store_dir, resolve
 
-    in_len, out_len = (64, 32) if args.quick else (128, 128)
+    in_len, out_len = (64, 32) if args.quick else (128, args.out_len)
     plan = {1: 2, 16: 16, 64: 64} if not args.quick else {1: 1, 16: 16}
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=2048, threads=args.threads)
     tok = llm.get_tokenizer()

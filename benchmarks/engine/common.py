@@ -1,0 +1,159 @@
+"""Shared pieces of the engine benchmarks: one weight load for many engine cores,
+percentiles, machine load, and the results files.
+
+The machine these run on is small and shared, so every script measures the
+variants it compares in the same process and the same run, interleaved where it
+can; several ``EngineCore`` objects share one set of weights for that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL = "SmolLM2-135M-Instruct"
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from llmserve.engine.config import EngineConfig  # noqa: E402
+from llmserve.engine.engine import EngineCore  # noqa: E402
+from llmserve.engine.outputs import RequestOutput  # noqa: E402
+from llmserve.engine.sampling_params import SamplingParams  # noqa: E402
+
+
+@dataclass
+class Loaded:
+    """Weights, config and tokenizer loaded once; ``core()`` builds engines over them."""
+
+    name: str
+    model_config: Any
+    weights: dict[str, torch.Tensor]
+    tokenizer: Any
+    source: Path
+    store: Path
+
+    def core(self, **options: Any) -> EngineCore:
+        config = EngineConfig(model=self.name, **options)
+        return EngineCore(config, self.model_config, self.weights, self.tokenizer)
+
+
+def load(name: str = MODEL) -> Loaded:
+    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.store import default_store_dir, resolve
+
+    store = default_store_dir()
+    source = resolve(name, store)
+    model_config, weights = load_weights(source, store)
+    return Loaded(name, model_config, weights, load_tokenizer(source, store), Path(source), store)
+
+
+def loadavg() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def machine() -> dict[str, Any]:
+    """Where and on what code a run happened (uncommitted engine changes are hashed)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                                  timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    diff = git("diff", "HEAD", "--", "llmserve/engine", "llmserve/models")
+    changed = git("diff", "HEAD", "--name-only", "--", "llmserve/engine", "llmserve/models").split()
+    commit = git("rev-parse", "--short", "HEAD").strip() or "?"
+    if diff:
+        commit += f" + uncommitted changes to {', '.join(changed)} (diff sha256 {hashlib.sha256(diff.encode()).hexdigest()[:12]})"
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host_cpus": os.cpu_count(),
+        "loadavg_start": loadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "git_commit": commit,
+    }
+
+
+def pct(values: list[float], p: float) -> float:
+    return float(np.percentile(values, p)) if values else float("nan")
+
+
+def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def run_one(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams,
+            **kw: Any) -> RequestOutput:
+    """Add one request to an idle engine and step it to completion; the final output."""
+    core.add_request(rid, prompt, params, arrival_time=time.monotonic(), **kw)
+    final = None
+    while core.has_unfinished():
+        for out in core.step():
+            if out.request_id == rid and out.finished:
+                final = out
+    assert final is not None
+    return final
+
+
+def ttft(out: RequestOutput) -> float:
+    m = out.metrics
+    return m.first_token_time - m.arrival_time
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_results(name: str, quick: bool, command: str, info: dict[str, Any],
+                  sections: list[tuple[str, str]], data: dict[str, Any]) -> tuple[Path, Path]:
+    """``benchmarks/results/<name>[-quick].{md,json}``; sections are (title, markdown)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = name + ("-quick" if quick else "")
+    info = {**info, "loadavg_end": loadavg(), "command": command}
+    la0, la1 = info["loadavg_start"], info["loadavg_end"]
+    head = [f"# {name}{' (quick)' if quick else ''}", "",
+            f"`{command}`  ", f"{info['date']}, {info['host_cpus']} CPUs, torch {info['torch']} "
+            f"with {info['torch_threads']} thread(s), commit {info['git_commit']}  ",
+            f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
+            f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}", ""]
+    body = []
+    for title, md in sections:
+        body += [f"## {title}", "", md, ""]
+    md_path, json_path = RESULTS / f"{stem}.md", RESULTS / f"{stem}.json"
+    md_path.write_text("\n".join(head + body))
+    json_path.write_text(json.dumps({"machine": info, **data}, indent=1, default=_jsonable))
+    return md_path, json_path
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def command_line() -> str:
+    return "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
