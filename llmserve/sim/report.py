@@ -22,7 +22,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("e2e p50", "e2e_p50_s", "{:.1f}s"),
     ("e2e p99", "e2e_p99_s", "{:.1f}s"),
     ("inst-hours", "instance_hours", "{:.1f}"),
-    ("vs static", "cost_ratio", "{:.0%}"),
+    ("vs static", "cost_ratio", "{:.1%}"),
     ("mean", "mean_instances", "{:.1f}"),
     ("peak", "peak_instances", "{}"),
     ("scale events", "scale_events", "{}"),
