@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 from rich.console import Console
 
-from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
+from llmserve.autoscale import AutoscaleConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
