@@ -358,6 +358,9 @@ class Proxy:
                             o.on_first_token(ctx.runtime.config.name, ctx.version,
                                              ctx.t0 + ctx.ttft_s, ctx.ttft_s)
                     ctx.output_tokens += out.count(b"data: ") - out.count(b"data: [DONE]")
+                    if b"data: [DONE]" in out:
+                        # The client has the whole answer: a close from here on is no 499.
+                        outcome = Outcome.SUCCESS
                     yield out
                 try:
                     chunk = await anext(chunks)
