@@ -170,6 +170,26 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return run_server(engine_config_from(args), scfg)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this machine's engine and write a simulator instance profile."""
+    from llmserve.engine.calibration import measure_steps
+    from llmserve.engine.llm import build_engine
+    from llmserve.sim.calibrate import calibrate
+    from llmserve.sim.profile import load_profile, save_profile
+
+    engine = build_engine(engine_config_from(args))
+    rows = measure_steps(engine)
+    template = load_profile(args.template)
+    if args.cold_start is not None:
+        template = template.with_cold_start(args.cold_start)
+    profile, report = calibrate(rows, template, name=args.name)
+    save_profile(profile, args.out)
+    print(f"{len(rows)} steps, r2 {report.r2:.3f}, mean abs rel error {report.mean_abs_rel_error:.1%}")
+    print(f"step model: {profile.step}")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmserve", description="Elastic, OpenAI-compatible LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -197,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(s)
     add_server_args(s)
     s.set_defaults(fn=cmd_engine)
+
+    s = sub.add_parser("calibrate", help="measure the engine's step times into a simulator profile")
+    add_engine_args(s)
+    s.add_argument("--out", required=True, help="profile JSON to write")
+    s.add_argument("--name", default="calibrated")
+    s.add_argument("--template", default="cpu-smollm2", help="profile whose limits and cold start to keep")
+    s.add_argument("--cold-start", type=float, default=None, help="seconds (default: the template's)")
+    s.set_defaults(fn=cmd_calibrate)
 
     _optional_subcommands(sub)
     return p

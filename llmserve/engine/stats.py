@@ -28,6 +28,9 @@ class EngineStats:
         self._steps: deque[tuple[float, float, int, int]] = deque()  # start, end, tokens, generated
         self._last_token_time: dict[str, float] = {}
         self.listeners: list[StatsListener] = []
+        # (prefill_tokens, decode_seqs, sum_context, seconds) per step, when a
+        # calibration run asks for it (``llmserve calibrate``).
+        self.step_log: list[tuple[int, int, int, float]] | None = None
 
     def on_arrival(self, req) -> None:
         pass
@@ -38,6 +41,11 @@ class EngineStats:
 
     def on_step(self, t0: float, t1: float, plan) -> None:
         self.num_steps += 1
+        if self.step_log is not None:
+            decodes = [x for x in plan.scheduled if x.request.num_computed_tokens == x.request.num_tokens - 1]
+            prefill = sum(x.num_tokens for x in plan.scheduled) - len(decodes)
+            ctx = sum(x.request.num_tokens for x in decodes)
+            self.step_log.append((prefill, len(decodes), ctx, t1 - t0))
         gen = sum(1 for s in plan.scheduled if s.sample)
         self._steps.append((t0, t1, plan.total_tokens, gen))
         cutoff = t1 - self.window_s
