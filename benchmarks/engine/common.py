@@ -26,12 +26,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 MODEL = "SmolLM2-135M-Instruct"
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from llmserve.engine.config import EngineConfig  # noqa: E402
-from llmserve.engine.engine import EngineCore  # noqa: E402
-from llmserve.engine.outputs import RequestOutput  # noqa: E402
-from llmserve.engine.sampling_params import SamplingParams  # noqa: E402
+from llmserve.engine.config import EngineConfig
+from llmserve.engine.engine import EngineCore
+from llmserve.engine.outputs import RequestOutput
+from llmserve.engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -68,7 +68,7 @@ def machine() -> dict[str, Any]:
     """Where and on what code a run happened (uncommitted engine changes are hashed)."""
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False,
                                   timeout=10).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
@@ -134,10 +134,10 @@ def write_results(name: str, quick: bool, command: str, info: dict[str, Any],
     info = {**info, "loadavg_end": loadavg(), "command": command}
     la0, la1 = info["loadavg_start"], info["loadavg_end"]
     head = [f"# {name}{' (quick)' if quick else ''}", "",
-            f"`{command}`  ", f"{info['date']}, {info['host_cpus']} CPUs, torch {info['torch']} "
-            f"with {info['torch_threads']} thread(s), commit {info['git_commit']}  ",
-            f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
-            f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}", ""]
+            f"`{command}`  ", (f"{info['date']}, {info['host_cpus']} CPUs, torch {info['torch']} "
+            f"with {info['torch_threads']} thread(s), commit {info['git_commit']}  "),
+            (f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
+            f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}"), ""]
     body = []
     for title, md in sections:
         body += [f"## {title}", "", md, ""]

@@ -28,9 +28,20 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-from common import (MODEL, ROOT, EngineCore, Loaded, command_line, greedy, load, loadavg, machine, md_table,
-                    pct, write_results)
+from common import (
+    MODEL,
+    ROOT,
+    EngineCore,
+    Loaded,
+    command_line,
+    greedy,
+    load,
+    loadavg,
+    machine,
+    md_table,
+    pct,
+    write_results,
+)
 
 from llmserve.bench.cli import first_served_model
 from llmserve.bench.client import EndpointConfig
@@ -250,13 +261,16 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     p.add_argument("--threads", type=int, default=1, help="torch threads, here and in the server")
     p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--reps", type=int, default=None, help="repetitions of the pair (default 3, quick 1)")
     p.add_argument("--py-spy", default=None, metavar="BIN",
-                   help="after the measured reps, profile one more rep of each path with this py-spy binary")
+                   help="after the measured reps, profile one more rep of each path with this py-spy binary "
+                        "(results go to http_overhead-profile.md)")
     args = p.parse_args()
     info = machine()
     print("load average", info["loadavg_start"], flush=True)
     n, in_len, out_len, conc, reps = (8, 64, 16, 4, 1) if args.quick else (32, 128, 64, 16, 3)
-    engine_opts = dict(threads=args.threads, max_num_seqs=conc, num_kv_blocks=512)
+    reps = args.reps or reps
+    engine_opts = {"threads": args.threads, "max_num_seqs": conc, "num_kv_blocks": 512}
     engine_args = ["--threads", str(args.threads), "--max-num-seqs", str(conc), "--num-kv-blocks", "512"]
     logdir = Path(tempfile.mkdtemp(prefix="llmserve-http-bench-", dir="/tmp"))
     m = load()
@@ -339,7 +353,7 @@ def main() -> None:
                 "(measured separately, same load):\n\n" + imd)
         sections.append(("Start-to-ready", smd))
     info["torch_threads"] = args.threads
-    paths = write_results("http_overhead", args.quick, command_line(), info, sections,
+    paths = write_results("http_overhead" + ("-profile" if args.py_spy else ""), args.quick, command_line(), info, sections,
                           {"runs": runs, "startup": start, "http_cost": cost, "ratios": ratios,
                            "profile": prof})
     for title, s in sections:

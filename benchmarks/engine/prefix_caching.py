@@ -19,9 +19,20 @@ import time
 from typing import Any
 
 import numpy as np
-
-from common import (EngineCore, Loaded, command_line, greedy, load, loadavg, machine, md_table, pct,
-                    run_one, ttft, write_results)
+from common import (
+    EngineCore,
+    Loaded,
+    command_line,
+    greedy,
+    load,
+    loadavg,
+    machine,
+    md_table,
+    pct,
+    run_one,
+    ttft,
+    write_results,
+)
 
 SUBJECTS = ["Orders", "Refunds", "Shipping", "Accounts", "Warranty", "Privacy", "Billing", "Returns",
             "Subscriptions", "Gift cards", "Repairs", "Store pickup"]
@@ -52,41 +63,41 @@ QUESTIONS = [
 ]
 USER_TURNS = [
     # (conversation, turn) user messages of roughly 60-100 tokens
-    ["I am planning a vegetable garden on a small balcony that gets about five hours of sun in the "
+    [("I am planning a vegetable garden on a small balcony that gets about five hours of sun in the "
      "afternoon. I have room for six large pots and a railing planter. I would like to grow something "
-     "to eat every week from June to October. What should I plant first, and in which pots?",
-     "Thanks. The tomatoes you mentioned: should they be bush or vine varieties for pots that are forty "
-     "centimetres wide, and how often should I water them when the weather is hot and windy?",
-     "Good. My neighbour says coffee grounds are a good fertiliser for everything. Is that true for "
-     "the herbs and the lettuce, or should I buy a liquid feed instead? I prefer organic options.",
-     "Last question: how do I keep pigeons away from the seedlings without harming them? They land "
-     "on the railing every morning and pull up anything small."],
-    ["I run a small bakery with four employees and I want to start taking online orders for cakes "
+     "to eat every week from June to October. What should I plant first, and in which pots?"),
+     ("Thanks. The tomatoes you mentioned: should they be bush or vine varieties for pots that are forty "
+     "centimetres wide, and how often should I water them when the weather is hot and windy?"),
+     ("Good. My neighbour says coffee grounds are a good fertiliser for everything. Is that true for "
+     "the herbs and the lettuce, or should I buy a liquid feed instead? I prefer organic options."),
+     ("Last question: how do I keep pigeons away from the seedlings without harming them? They land "
+     "on the railing every morning and pull up anything small.")],
+    [("I run a small bakery with four employees and I want to start taking online orders for cakes "
      "with pickup the next day. I have a simple website but no shop system yet. What are the main "
-     "things I need to set up, and in what order?",
-     "For payments, is it better to take the full price online or only a deposit? Some customers "
-     "order big birthday cakes and then do not come, which costs us a lot.",
-     "How should I handle allergies? Each cake can contain nuts, gluten, eggs and milk, and people "
-     "often ask for changes. I want the order form to make this clear.",
-     "Finally, what should the confirmation email say so that customers know when to come and what "
-     "to bring? Please keep it short, we are a friendly neighbourhood shop."],
-    ["I am learning Python and wrote a script that reads a CSV file of my monthly expenses and prints "
+     "things I need to set up, and in what order?"),
+     ("For payments, is it better to take the full price online or only a deposit? Some customers "
+     "order big birthday cakes and then do not come, which costs us a lot."),
+     ("How should I handle allergies? Each cake can contain nuts, gluten, eggs and milk, and people "
+     "often ask for changes. I want the order form to make this clear."),
+     ("Finally, what should the confirmation email say so that customers know when to come and what "
+     "to bring? Please keep it short, we are a friendly neighbourhood shop.")],
+    [("I am learning Python and wrote a script that reads a CSV file of my monthly expenses and prints "
      "the total for each category. It works, but it is slow for big files and the code is messy. "
-     "What are the usual ways to make such a script cleaner?",
-     "I used a dictionary with the category as key and a running sum as value. Would the collections "
-     "module or pandas be better here, and what are the trade-offs for a beginner?",
-     "How do I make the script handle broken lines in the file, for example a missing amount or a "
-     "comma inside the description, without crashing the whole run?",
-     "Last thing: I want to print the results sorted by total, largest first, with two decimals and "
-     "aligned columns. What is the simplest way to do that?"],
+     "What are the usual ways to make such a script cleaner?"),
+     ("I used a dictionary with the category as key and a running sum as value. Would the collections "
+     "module or pandas be better here, and what are the trade-offs for a beginner?"),
+     ("How do I make the script handle broken lines in the file, for example a missing amount or a "
+     "comma inside the description, without crashing the whole run?"),
+     ("Last thing: I want to print the results sorted by total, largest first, with two decimals and "
+     "aligned columns. What is the simplest way to do that?")],
 ]
 
 
 def system_prompt(tok: Any, n_tokens: int, seed: int = 0) -> str:
     """A support handbook of about ``n_tokens`` tokens, deterministic for a seed."""
     rng = random.Random(seed)
-    parts = ["You are the customer support assistant of Northwind Home, a shop for kitchen and home "
-             "appliances. Follow the handbook below exactly. Answer in at most three sentences."]
+    parts = [("You are the customer support assistant of Northwind Home, a shop for kitchen and home "
+             "appliances. Follow the handbook below exactly. Answer in at most three sentences.")]
     i = 0
     while len(tok.encode("\n".join(parts))) < n_tokens:
         subject = SUBJECTS[i % len(SUBJECTS)]
@@ -107,7 +118,7 @@ def shared_prompt(m: Loaded, args: argparse.Namespace) -> tuple[str, dict[str, A
     tok = m.tokenizer
     sys_text = system_prompt(tok, args.system_tokens)
     n_q = 4 if args.quick else 12
-    opts = dict(threads=args.threads, num_kv_blocks=256)
+    opts = {"threads": args.threads, "num_kv_blocks": 256}
     cores = {"on": m.core(enable_prefix_caching=True, **opts), "off": m.core(enable_prefix_caching=False, **opts)}
     prompts = [chat_ids(tok, [{"role": "system", "content": sys_text}, {"role": "user", "content": q}])
                for q in QUESTIONS[:n_q + 1]]
@@ -147,7 +158,7 @@ def multi_turn(m: Loaded, args: argparse.Namespace) -> tuple[str, dict[str, Any]
     tok = m.tokenizer
     n_conv, n_turns = (2, 2) if args.quick else (3, 4)
     reply_tokens = 16 if args.quick else 32
-    opts = dict(threads=args.threads, num_kv_blocks=256)
+    opts = {"threads": args.threads, "num_kv_blocks": 256}
     cores = {"on": m.core(enable_prefix_caching=True, **opts), "off": m.core(enable_prefix_caching=False, **opts)}
     for name, core in cores.items():
         run_one(core, f"warm-{name}", chat_ids(tok, [{"role": "user", "content": "Hello there!"}]), greedy(2))

@@ -16,13 +16,22 @@ import time
 from typing import Any
 
 import numpy as np
-
-from common import EngineCore, Loaded, command_line, greedy, load, loadavg, machine, md_table, write_results
+from common import (
+    EngineCore,
+    Loaded,
+    command_line,
+    greedy,
+    load,
+    loadavg,
+    machine,
+    md_table,
+    write_results,
+)
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 PROSE = [
-    "The town library opened in 1904 in a narrow brick building next to the railway station. For its first "
+    ("The town library opened in 1904 in a narrow brick building next to the railway station. For its first "
     "twenty years it had no electric light, so it closed at sunset in winter and the librarian, Margaret Hale, "
     "lent out lamps to readers who wanted to stay a little longer. In 1931 the council bought the old grain "
     "store across the square and the collection moved there, filling two floors with shelves that local "
@@ -32,8 +41,8 @@ PROSE = [
     "fountain outside. Today the library lends about forty thousand items a year, runs a repair cafe on "
     "Saturday mornings and keeps a room of local newspapers going back to 1871, which family historians "
     "visit from all over the country. The brick building by the station is now a bakery, but the carved "
-    "word LIBRARY is still visible above its door.",
-    "To replace the chain on a bicycle, first shift to the smallest sprocket at the back and the smallest "
+    "word LIBRARY is still visible above its door."),
+    ("To replace the chain on a bicycle, first shift to the smallest sprocket at the back and the smallest "
     "chainring at the front, so that the chain is as slack as possible. Find the quick link, if there is "
     "one, and open it with quick link pliers; otherwise push out a pin with a chain tool, turning the "
     "handle slowly until the pin is almost out. Lay the old chain next to the new one on a flat surface and "
@@ -41,8 +50,8 @@ PROSE = [
     "if it is too long. Thread the new chain through the rear derailleur, around the sprocket and over the "
     "chainring, making sure it passes inside both guide plates of the derailleur cage. Join the ends with "
     "the new quick link and pull the pedals hard to seat it. Finally, shift through all the gears while "
-    "turning the pedals by hand, and check that the chain does not skip or rub against the front derailleur.",
-    "Our team meets every Monday at ten to plan the week. Each person gives a short update of no more than "
+    "turning the pedals by hand, and check that the chain does not skip or rub against the front derailleur."),
+    ("Our team meets every Monday at ten to plan the week. Each person gives a short update of no more than "
     "two minutes: what they finished last week, what they will work on this week, and anything that blocks "
     "them. We keep a shared list of open questions, and anyone can add to it before the meeting. Decisions "
     "are written down in the same document, with the name of the person who will act on them and a date. "
@@ -50,8 +59,8 @@ PROSE = [
     "are needed. On the first Monday of the month we also look back at the previous month: what went well, "
     "what did not, and one thing we want to change. New team members are paired with a buddy for their "
     "first four weeks, and the buddy joins them in these meetings to explain the context behind the "
-    "updates. The meeting ends at ten thirty, even if the list is not finished.",
-    "Sourdough bread needs only flour, water, salt and a starter, but it needs time. The evening before "
+    "updates. The meeting ends at ten thirty, even if the list is not finished."),
+    ("Sourdough bread needs only flour, water, salt and a starter, but it needs time. The evening before "
     "baking, feed the starter with equal weights of flour and water and leave it in a warm place. In the "
     "morning, when it has doubled and smells slightly sour, mix five hundred grams of flour with three "
     "hundred and fifty grams of water and leave the mixture to rest for half an hour. Add one hundred grams "
@@ -59,7 +68,7 @@ PROSE = [
     "hours, stretch and fold the dough every thirty minutes. Then shape it into a tight ball, place it in a "
     "floured basket and leave it in the fridge overnight. The next morning, heat the oven with a heavy pot "
     "inside to two hundred and fifty degrees, tip the dough into the pot, cut the top with a sharp blade "
-    "and bake it for twenty minutes with the lid on and twenty five minutes without.",
+    "and bake it for twenty minutes with the lid on and twenty five minutes without."),
 ]
 CODE = [
     '''def load_orders(path):
@@ -241,7 +250,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: see README)")
-    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (results of k other than 4 go to speculative-k<k>.md)")
     args = p.parse_args()
     info = machine()
     print("load average", info["loadavg_start"], flush=True)
@@ -250,7 +259,7 @@ def main() -> None:
     conc = 4 if args.quick else 8
     n_single = 1 if args.quick else 4
     max_tok = {"grounded": 48 if args.quick else 192, "chat": 32 if args.quick else 128}
-    opts = dict(threads=args.threads, num_kv_blocks=512, max_num_seqs=16)
+    opts = {"threads": args.threads, "num_kv_blocks": 512, "max_num_seqs": 16}
     cores = {"no spec": m.core(**opts), "ngram": m.core(speculative_config=spec_cfg, **opts)}
     for name, core in cores.items():  # kernels warm, nothing cached that is measured
         run_batch(core, prompts(m.tokenizer, "chat")[-1:], 8, f"warm-{name}")
@@ -306,7 +315,8 @@ def main() -> None:
     data = {k: {n: {kk: vv for kk, vv in v.items() if kk != "token_ids"} for n, v in r.items()}
             for k, r in data.items()}
     data["verify_cost"] = vc
-    paths = write_results("speculative", args.quick, command_line(), info,
+    name = "speculative" + (f"-k{args.k}" if args.k != NGRAM["num_speculative_tokens"] else "")
+    paths = write_results(name, args.quick, command_line(), info,
                           [("n-gram speculation, with and without", md)], {"rows": rows, "runs": data,
                                                                             "spec_config": spec_cfg})
     print(md)
