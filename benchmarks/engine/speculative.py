@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ from common import (
     md_table,
     write_results,
 )
+
+from llmserve.engine.config import SpeculativeConfig
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
@@ -289,8 +292,8 @@ def main() -> None:
     g1 = next(r for r in rows if r[0] == "grounded" and r[1] == "1")
     ch = [r for r in rows if r[0] == "chat"]
     md = md_table(cols, rows)
-    md += (f"\n\nn-gram speculation {spec_cfg} (adaptive switch at its defaults: min_acceptance 0.25, "
-           f"max_batch_for_spec 16). Greedy, max_tokens {max_tok['grounded']} (input-grounded) and "
+    switch = {k: v for k, v in asdict(SpeculativeConfig()).items() if k not in {*spec_cfg, "model"}}
+    md += (f"\n\nn-gram speculation {spec_cfg} (adaptive switch at its defaults: {switch}). Greedy, max_tokens {max_tok['grounded']} (input-grounded) and "
            f"{max_tok['chat']} (chat; answers may stop at EOS). tok/s = generated tokens / wall time from "
            f"adding the requests to the last one finishing (prefill included); TPOT excludes the first token. "
            f"Acceptance rate = accepted / proposed draft tokens; mean accepted length = accepted draft "
