@@ -16,5 +16,9 @@ def test_measured_steps_fit_a_profile(tiny):
     assert all(r[3] > 0 for r in rows)
     profile, report = calibrate(rows, load_profile("cpu-smollm2"), name="tiny")
     assert report.n == len(rows)
-    assert profile.step.step_time(64, 4, 400) > profile.step.step_time(0, 1, 10)
+    # Timings on a shared machine are noise at this size: check the fit is usable
+    # (non-negative, monotone), not its values; the fit itself is tested in tests/sim.
+    step = profile.step
+    assert min(step.base_s, step.per_prefill_token_s, step.per_decode_seq_s, step.per_context_token_s) >= 0
+    assert step.step_time(64, 4, 400) >= step.step_time(0, 1, 10) > 0
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
