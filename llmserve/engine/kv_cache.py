@@ -129,7 +129,10 @@ class KVCacheManager:
         need_new = max(0, self.blocks_needed(total_tokens) - held - len(hits))
         # Cache hits sitting in the free queue stop being free once touched.
         hits_from_free = sum(1 for b in hits if b.ref_cnt == 0)
-        reserve = self.watermark_blocks if admitting else 0
+        # The watermark lets running requests grow; with none running it protects no one,
+        # and would keep a request that needs the whole pool (allowed: it fits
+        # max_model_len) waiting forever on an idle engine.
+        reserve = self.watermark_blocks if admitting and self._reqs else 0
         if need_new + hits_from_free + reserve > self.pool.num_free:
             return False
         if rb is None:

@@ -116,3 +116,20 @@ def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size,
         s.finish_request(rid, RequestStatus.FINISHED_ABORTED)
     assert kv.num_free_blocks == kv.num_blocks
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
+
+
+def test_a_request_needing_the_whole_pool_starts_on_an_idle_engine():
+    # 32 blocks of 16 tokens: a 500-token prompt needs all 32, and the admission
+    # watermark (1 block) used to keep it waiting forever although it fits the pool.
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512), KVCacheManager(32, 16))
+    big = _req("big", range(500), max_tokens=1)
+    sched.add_request(big)
+    out = sched.schedule()
+    assert [s.request.request_id for s in out.scheduled] == ["big"]
+    # With another request holding blocks the watermark still applies to admissions.
+    kv = KVCacheManager(32, 16)
+    small = _req("small", range(16))
+    _admit(kv, small)
+    other = _req("other", range(1000, 1000 + 31 * 16))
+    assert not kv.allocate_slots(other, other.num_tokens, admitting=True)
+    assert kv.allocate_slots(other, other.num_tokens, admitting=False)
