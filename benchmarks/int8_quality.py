@@ -28,7 +28,6 @@ def main() -> None:
 
     torch.set_num_threads(2)
     base = LLM("SmolLM2-135M-Instruct", max_num_seqs=8)
-    eng = base.engine
     tok = base.get_tokenizer()
     ids = tok.encode(Path(os.__file__).with_name("LICENSE.txt").read_text())[:3000]
     # The converted fp32 weights, straight from the store's cache.

@@ -92,7 +92,7 @@ def main() -> None:
     plan = {1: 2, 16: 16, 64: 64} if not args.quick else {1: 1, 16: 16}
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=2048, threads=args.threads)
     tok = llm.get_tokenizer()
-    n_params = 134_515_008  # SmolLM2-135M: embedding tied with the output head
+    n_params = llm.engine.runner.model.num_parameters()
     rate = gemm_gflops(args.threads)
     ceiling = rate * 1e9 / (2 * n_params)
     rows = []

@@ -190,7 +190,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommands of the other layers, imported only when chosen: each pulls in its own
+# stack (httpx, numpy, matplotlib, ...), which would add a second or more to every
+# `llmserve engine` start. Each module owns its flags.
+_LAYER_COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "bench": ("llmserve.bench.cli", "add_bench_args", "run_bench",
+              "serving benchmark against any OpenAI-compatible endpoint"),
+    "simulate": ("llmserve.sim.cli", "add_simulate_args", "run_simulate",
+                 "capacity simulator: replay traffic through the live policies"),
+    "gateway": ("llmserve.gateway.cli", "add_gateway_args", "run_gateway_cmd",
+                "the OpenAI-compatible gateway in front of instance pools"),
+    "serve": ("llmserve.autoscale.serve", "add_serve_args", "run_serve",
+              "gateway + elastic controller + local instances"),
+}
+
+
+def _chosen_command(argv: list[str] | None) -> str | None:
+    args = sys.argv[1:] if argv is None else argv
+    return next((a for a in args if not a.startswith("-")), None)
+
+
+def _layer_subcommands(sub, chosen: str | None) -> None:
+    import importlib
+
+    for name, (module, add_args, run, help_) in _LAYER_COMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        if name == chosen:
+            mod = importlib.import_module(module)
+            getattr(mod, add_args)(s)
+            s.set_defaults(fn=getattr(mod, run))
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the subcommand named in ``argv`` (default: sys.argv) gets its layer's flags."""
     p = argparse.ArgumentParser(prog="llmserve", description="Elastic, OpenAI-compatible LLM serving.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -226,48 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cold-start", type=float, default=None, help="seconds (default: the template's)")
     s.set_defaults(fn=cmd_calibrate)
 
-    _optional_subcommands(sub)
+    _layer_subcommands(sub, _chosen_command(argv))
     return p
 
 
-def _optional_subcommands(sub) -> None:
-    """Subcommands of the other layers; each module owns its flags."""
-    try:
-        from llmserve.bench.cli import add_bench_args, run_bench
-
-        s = sub.add_parser("bench", help="serving benchmark against any OpenAI-compatible endpoint")
-        add_bench_args(s)  # includes `bench compare A.json B.json`
-        s.set_defaults(fn=run_bench)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from llmserve.sim.cli import add_simulate_args, run_simulate
-
-        s = sub.add_parser("simulate", help="capacity simulator: replay traffic through the live policies")
-        add_simulate_args(s)
-        s.set_defaults(fn=run_simulate)
-    except ImportError:
-        pass
-    try:
-        from llmserve.gateway.cli import add_gateway_args, run_gateway_cmd
-
-        s = sub.add_parser("gateway", help="the OpenAI-compatible gateway in front of instance pools")
-        add_gateway_args(s)
-        s.set_defaults(fn=run_gateway_cmd)
-    except ImportError:
-        pass
-    try:
-        from llmserve.autoscale.serve import add_serve_args, run_serve
-
-        s = sub.add_parser("serve", help="gateway + elastic controller + local instances")
-        add_serve_args(s)
-        s.set_defaults(fn=run_serve)
-    except ImportError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:

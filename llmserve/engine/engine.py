@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,7 +45,6 @@ class _Track:
     hold_back: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    sampled_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class EngineCore:
@@ -146,7 +145,6 @@ class EngineCore:
             req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
             hold_back=max((len(s) for s in params.stop), default=1) - 1)
-        self.stats.on_arrival(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is; its KV blocks are freed at once."""

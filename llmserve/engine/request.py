@@ -70,7 +70,6 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
-    first_scheduled_time: float | None = None
     stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:

@@ -22,7 +22,6 @@ class RunOutput:
     logits: torch.Tensor  # [num_sample_rows, vocab]
     # request_id -> (first row in logits, number of rows): 1 + number of draft tokens
     rows: dict[str, tuple[int, int]]
-    forward_seconds: float = 0.0
 
 
 class ModelRunner:

@@ -56,6 +56,34 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+class _Planned(dict):
+    """This step's scheduled requests by id, with running token totals so that every
+    budget check is O(1) (a sum per candidate made a step quadratic in the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0  # new + speculative tokens
+        self.batch = 0  # new tokens of batch-class requests
+
+    def _count(self, s: ScheduledRequest, sign: int) -> None:
+        self.total += sign * (s.num_tokens + len(s.spec_token_ids))
+        if s.request.is_batch_class:
+            self.batch += sign * s.num_tokens
+
+    def __setitem__(self, key: str, s: ScheduledRequest) -> None:
+        if key in self:
+            self._count(self[key], -1)
+        super().__setitem__(key, s)
+        self._count(s, +1)
+
+    def pop(self, key: str, default=None):
+        s = super().pop(key, None)
+        if s is None:
+            return default
+        self._count(s, -1)
+        return s
+
+
 class Scheduler:
     """Waiting and running queues, priority order, budget and preemption."""
 
@@ -127,16 +155,13 @@ class Scheduler:
         cap = self.config.max_num_batched_tokens
         starved = self._batch_starved()
         key = self._order_key(starved)
-        scheduled: dict[str, ScheduledRequest] = {}
+        scheduled = _Planned()
         # When batch work is owed its share, realtime requests leave this much budget.
         reserve = math.ceil(self.config.batch_min_share * cap) if starved else 0
 
         def avail(r: Request) -> int:
-            left = cap - sum(x.num_tokens + len(x.spec_token_ids) for x in scheduled.values())
-            if r.is_batch_class:
-                return left
-            return left - max(0, reserve - sum(
-                x.num_tokens for x in scheduled.values() if x.request.is_batch_class))
+            left = cap - scheduled.total
+            return left if r.is_batch_class else left - max(0, reserve - scheduled.batch)
 
         # One pass in priority order over running *and* waiting requests: a waiting
         # realtime request is served before the prompt chunks of running batch
@@ -146,15 +171,15 @@ class Scheduler:
                        key=lambda r: (*key(r)[:2], r.status is not RequestStatus.RUNNING, r.arrival_time))
         admitting = True
         for req in order:
-            if cap - sum(x.num_tokens + len(x.spec_token_ids) for x in scheduled.values()) <= 0:
+            if scheduled.total >= cap:
                 break
             if req.status is RequestStatus.RUNNING:
                 self._schedule_running(req, avail(req), scheduled, out)
-            elif admitting and not out.preempted and req in self.waiting:
+            elif admitting and not out.preempted:  # (a request preempted here is not re-admitted)
                 admitting = self._admit(req, avail(req), scheduled, out)
 
         out.scheduled = list(scheduled.values())
-        out.total_tokens = sum(s.num_tokens + len(s.spec_token_ids) for s in out.scheduled)
+        out.total_tokens = scheduled.total
         self._account(out)
         return out
 

@@ -208,8 +208,13 @@ class SpeculativeDecoder:
             start, n_rows = run.rows[req.request_id]
             logits = run.logits[start:start + n_rows]
             drafts = s.spec_token_ids
-            gen = row_fn(req).generator or self.engine.sampler.generator
-            p_rows = [process(logits[j], row_fn(req, drafts[:j])) for j in range(n_rows)]
+            params = req.sampling_params
+            base = row_fn(req)
+            gen = base.generator or self.engine.sampler.generator
+            if params.greedy and not params.needs_penalties:
+                p_rows = list(logits)  # argmax of the raw logits: no per-row copy needed
+            else:
+                p_rows = [process(logits[j], row_fn(req, drafts[:j]) if j else base) for j in range(n_rows)]
             q = self._q.get(req.request_id)
             tokens, accepted = rejection_sample(p_rows, drafts, q, req.sampling_params.greedy, gen)
             sampled[req.request_id] = tokens
@@ -230,5 +235,5 @@ class SpeculativeDecoder:
                 lps[req.request_id] = [
                     TokenLogprob(t, d.logprob, d.top_logprobs or [])
                     for j, t in enumerate(tokens)
-                    for d in [Sampler.describe(t, row_fn(req), raw[j])]]
+                    for d in [Sampler.describe(t, base, raw[j])]]
         return sampled, lps

@@ -32,9 +32,6 @@ class EngineStats:
         # calibration run asks for it (``llmserve calibrate``).
         self.step_log: list[tuple[int, int, int, float]] | None = None
 
-    def on_arrival(self, req) -> None:
-        pass
-
     def on_first_scheduled(self, req, now: float) -> None:
         for lst in self.listeners:
             lst.on_scheduled(now - req.arrival_time)

@@ -17,6 +17,7 @@ class LinearLayer(Protocol):
     """``y = x @ W.T`` for a weight ``W`` of shape ``[out_features, in_features]``."""
 
     out_features: int
+    in_features: int
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -26,7 +27,7 @@ class DenseLinear:
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
         self.weight = weight.to(dtype).contiguous()
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.weight.dtype:

@@ -55,6 +55,12 @@ class LlamaForCausalLM:
         self.lm_head: LinearLayer = linear(head)
         self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
 
+    def num_parameters(self) -> int:
+        """Parameters a token's forward pass multiplies by (the tied head counted once)."""
+        linears = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        norms = self.norm.numel() + sum(layer.input_norm.numel() + layer.post_norm.numel() for layer in self.layers)
+        return sum(m.out_features * m.in_features for m in linears) + norms
+
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 

@@ -39,7 +39,7 @@ class Int8Linear:
             warnings.simplefilter("ignore")  # torch marks quantized tensor creation deprecated
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
             self.packed = torch.ops.quantized.linear_prepack(qw, None)
-        self.out_features = q.shape[0]
+        self.out_features, self.in_features = q.shape
         # fbgemm's AVX2 path can saturate with full-range activations; qnnpack cannot.
         self.reduce_range = torch.backends.quantized.engine in ("fbgemm", "x86")
 

@@ -158,7 +158,7 @@ def test_serve_flags_override_the_yaml(tmp_path):
     cfg_file = tmp_path / "serve.yaml"
     cfg_file.write_text("port: 9100\nmodel: /m/a\nautoscale: {policy: kpa, bounds: {max_instances: 5}}\n"
                         "engine_args: ['--max-num-seqs', '2']\n")
-    args = build_parser().parse_args(["serve", "--config", str(cfg_file), "--port", "9200", "--min-instances", "2",
+    args = build_parser(["serve"]).parse_args(["serve", "--config", str(cfg_file), "--port", "9200", "--min-instances", "2",
                                       "--engine-args", "--max-num-seqs 8 --dtype bf16", "--provider", "ray",
                                       "--cold-start-delay", "1.5"])
     cfg = ServeConfig.load(args.config, overrides_from_args(args))
@@ -166,5 +166,5 @@ def test_serve_flags_override_the_yaml(tmp_path):
     assert (cfg.port, cfg.model, cfg.provider.kind, cfg.cold_start_delay_s) == (9200, "/m/a", "ray", 1.5)
     assert (auto.policy, auto.bounds.min_instances, auto.bounds.max_instances) == ("kpa", 2, 5)
     assert cfg.engine_args == ["--max-num-seqs", "8", "--dtype", "bf16"]
-    plain = ServeConfig.load(None, overrides_from_args(build_parser().parse_args(["serve"])))
+    plain = ServeConfig.load(None, overrides_from_args(build_parser(["serve"]).parse_args(["serve"])))
     assert (plain.port, plain.model, plain.provider.kind) == (8000, "SmolLM2-135M-Instruct", "local")
