@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmserve.autoscale.usage import held_seconds
+
 if TYPE_CHECKING:
     from llmserve.sim.simulator import Simulator
 
@@ -22,7 +24,9 @@ TIMELINE_COLUMNS = ("t", "arrival_rps", "arrival_tokens_per_s", "ready", "coming
                     "queued", "ttft_p99")
 
 
-def _pct(values: np.ndarray, q: float) -> float:
+def percentile(values: np.ndarray, q: float) -> float:
+    """numpy's linear percentile over the values that are not NaN (NaN when there are none)."""
+    values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
@@ -78,8 +82,7 @@ class SimResult:
         trace, slo = sim.trace, sim.autoscale.slo
         duration = trace.duration_s
         lifetimes = [(i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]]
-        seconds = sum(max(0.0, min(duration, stop if stop is not None else duration) - min(duration, max(0.0, start)))
-                      for start, stop in lifetimes)
+        seconds = held_seconds(lifetimes, 0.0, duration)
         timeline = np.array(sim.timeline, dtype=float) if sim.timeline else np.zeros((0, len(TIMELINE_COLUMNS)))
         n = max(len(trace), 1)
         ttft_ok = np.nan_to_num(sim.ttft, nan=np.inf) <= slo.ttft_s
@@ -96,11 +99,11 @@ class SimResult:
             e2e_slo_s=slo.e2e_s,
             ttft_attainment=float(np.sum(ttft_ok)) / n,
             e2e_attainment=float(np.sum(e2e_ok)) / n,
-            ttft_p50_s=_pct(sim.ttft, 50),
-            ttft_p90_s=_pct(sim.ttft, 90),
-            ttft_p99_s=_pct(sim.ttft, 99),
-            e2e_p50_s=_pct(sim.e2e, 50),
-            e2e_p99_s=_pct(sim.e2e, 99),
+            ttft_p50_s=percentile(sim.ttft, 50),
+            ttft_p90_s=percentile(sim.ttft, 90),
+            ttft_p99_s=percentile(sim.ttft, 99),
+            e2e_p50_s=percentile(sim.e2e, 50),
+            e2e_p99_s=percentile(sim.e2e, 99),
             instance_hours=seconds / 3600.0,
             mean_instances=seconds / duration if duration > 0 else 0.0,
             peak_instances=int(provisioned[in_day].max()) if np.any(in_day) else 0,

@@ -19,12 +19,13 @@ import time
 
 import pytest
 
+from llmserve.autoscale.usage import instance_seconds
 from llmserve.bench.cli import execute
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import Sampler, ServeProcess, instance_seconds, peak_ready, percentile, serve_config
+from .serve_harness import Sampler, ServeProcess, peak_ready, percentile, serve_config
 
 pytestmark = pytest.mark.slow
 
