@@ -27,6 +27,12 @@ class SpeculativeConfig:
     acceptance_slope: float = 0.05
     # Skip speculation when this many requests are decoding (compute-bound already).
     max_batch_for_spec: int = 16
+    # Each request's draft length adapts: it grows by 2 after a fully accepted draft,
+    # up to this, and falls to (accepted + 1) after a rejection. Long verbatim copies
+    # then get long drafts, while text that rarely matches pays for one guess at a
+    # time. None: 2 x num_speculative_tokens for n-gram (a guess costs nothing to
+    # make), num_speculative_tokens for a draft model (each guess is a forward pass).
+    max_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft"):
@@ -37,6 +43,11 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.method == "draft" and not self.model:
             raise ValueError("draft speculation needs 'model'")
+        if self.max_speculative_tokens is None:
+            k = self.num_speculative_tokens
+            self.max_speculative_tokens = 2 * k if self.method == "ngram" else k
+        if self.max_speculative_tokens < self.num_speculative_tokens:
+            raise ValueError("max_speculative_tokens must be at least num_speculative_tokens")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":

@@ -118,8 +118,16 @@ def rejection_sample(p_rows: list[torch.Tensor], drafts: list[int], q_rows: torc
 
 @dataclass
 class _Acceptance:
+    k: int  # this request's current draft length
     rate: float = 1.0  # EWMA of accepted / proposed
     paused_until: int = 0  # output length at which to try speculating again
+
+    def adapt(self, proposed: int, accepted: int, k_max: int) -> None:
+        """Grow after a draft accepted whole at full length; shrink to what was accepted."""
+        if accepted == proposed == self.k:
+            self.k = min(k_max, self.k + 2)
+        elif accepted < proposed:
+            self.k = max(1, accepted + 1)
 
 
 @dataclass
@@ -136,6 +144,7 @@ class SpeculativeDecoder:
     def __init__(self, config: SpeculativeConfig, engine: "EngineCore") -> None:
         self.config = config
         self.k = config.num_speculative_tokens
+        self.k_max = config.max_speculative_tokens
         self.engine = engine
         if config.method == "ngram":
             self.proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
@@ -143,7 +152,7 @@ class SpeculativeDecoder:
             from llmserve.engine.draft_model import DraftModelProposer
 
             self.proposer = DraftModelProposer(config, engine)
-        self.counters = SpecCounters(accepted_per_pos=[0] * self.k)
+        self.counters = SpecCounters(accepted_per_pos=[0] * self.k_max)
         self._accept: dict[str, _Acceptance] = {}
         self._q: dict[str, torch.Tensor | None] = {}
 
@@ -178,16 +187,16 @@ class SpeculativeDecoder:
             return
         want = []
         for r in decoding:
-            acc = self._accept.setdefault(r.request_id, _Acceptance())
+            acc = self._accept.setdefault(r.request_id, _Acceptance(self.k))
             if acc.paused_until > r.num_output_tokens:
                 continue
-            room = min(self.k, r.max_tokens - r.num_output_tokens - 1,
+            room = min(acc.k, r.max_tokens - r.num_output_tokens - 1,
                        self.engine.max_model_len - r.num_tokens - 1)
             if room > 0:
                 want.append((r, room))
         if not want:
             return
-        props = self.proposer.propose([r for r, _ in want], self.k, self.engine._row)
+        props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.engine._row)
         for r, room in want:
             prop = props.get(r.request_id)
             if prop and prop.tokens:
@@ -224,8 +233,9 @@ class SpeculativeDecoder:
                 c.num_accepted_tokens += accepted
                 for i in range(accepted):
                     c.accepted_per_pos[i] += 1
-                acc = self._accept.setdefault(req.request_id, _Acceptance())
+                acc = self._accept.setdefault(req.request_id, _Acceptance(self.k))
                 acc.rate = 0.7 * acc.rate + 0.3 * (accepted / len(drafts))
+                acc.adapt(len(drafts), accepted, self.k_max)
                 if acc.rate < required:
                     # Not paying for itself: pause, then probe again later.
                     acc.paused_until = req.num_output_tokens + 32

@@ -9,7 +9,7 @@ import torch
 
 import llmserve.engine.draft_model as draft_model
 from llmserve.engine.sampling_params import SamplingParams
-from llmserve.engine.spec_decode import find_ngram_continuation, rejection_sample
+from llmserve.engine.spec_decode import _Acceptance, find_ngram_continuation, rejection_sample
 from llmserve.models.llama import LlamaForCausalLM
 from tests.engine.conftest import make_tiny, run_to_completion
 from tests.engine.test_sampler import _chi2_ok
@@ -67,6 +67,45 @@ def test_draft_identical_to_target_is_accepted(setup, monkeypatch):
     spec = eng.spec
     assert spec.num_accepted_tokens >= 0.9 * spec.num_draft_tokens
     assert spec.accepted_per_pos[0] >= spec.accepted_per_pos[2] > 0
+
+
+def test_draft_length_grows_while_drafts_are_accepted_whole(setup, monkeypatch):
+    tiny, prompts, ref = setup
+    _use_draft(monkeypatch, tiny)
+    eng = tiny.engine(num_kv_blocks=128, speculative_config={
+        "method": "draft", "model": "self", "num_speculative_tokens": 2, "max_speculative_tokens": 6})
+    eng.add_request("a", prompts[1], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    assert run_to_completion(eng)["a"] == ref[1]
+    spec = eng.spec
+    assert len(spec.accepted_per_pos) == 6 and spec.accepted_per_pos[5] > 0
+    assert spec.num_draft_tokens > 2 * spec.num_drafts  # longer than k on average
+
+
+def test_draft_length_adapts_to_what_is_accepted():
+    acc = _Acceptance(k=4)
+    acc.adapt(proposed=4, accepted=4, k_max=8)
+    assert acc.k == 6
+    acc.adapt(proposed=3, accepted=3, k_max=8)  # a short lookup accepted whole: no evidence for more
+    assert acc.k == 6
+    acc.adapt(proposed=6, accepted=6, k_max=8)
+    acc.adapt(proposed=8, accepted=8, k_max=8)
+    assert acc.k == 8
+    acc.adapt(proposed=8, accepted=2, k_max=8)
+    assert acc.k == 3
+    acc.adapt(proposed=3, accepted=0, k_max=8)
+    assert acc.k == 1
+
+
+def test_draft_length_shrinks_after_rejections(setup, monkeypatch):
+    tiny, prompts, ref = setup
+    _use_draft(monkeypatch, make_tiny(seed=9, layers=1))  # an unrelated draft: mostly wrong
+    eng = tiny.engine(num_kv_blocks=128, speculative_config={
+        "method": "draft", "model": "bad", "num_speculative_tokens": 4, "min_acceptance": 0.0})
+    eng.add_request("b", prompts[1], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    assert run_to_completion(eng)["b"] == ref[1]
+    spec = eng.spec
+    assert spec.num_drafts > 5
+    assert spec.num_draft_tokens < 2 * spec.num_drafts  # mostly 1-token guesses after the first miss
 
 
 def test_low_acceptance_turns_speculation_off(setup, monkeypatch):
