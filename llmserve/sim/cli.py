@@ -2,10 +2,7 @@
 
 The top-level CLI calls :func:`add_simulate_args` on its ``simulate`` sub-parser
 and :func:`run_simulate` with the parsed namespace; ``python -m llmserve.sim``
-runs the same thing standalone.
-
-    llmserve simulate --trace diurnal --policy threshold,kpa,predictive,static --cold-start 120
-    llmserve simulate --calibrate steps.csv --profile cpu-smollm2 --write-profile my.json
+runs the same thing standalone. :data:`EXAMPLES` is the help's epilog.
 """
 
 from __future__ import annotations
@@ -30,8 +27,29 @@ from llmserve.sim.simulator import SimConfig
 from llmserve.sim.traces import TRACE_NAMES, LengthDist, build_trace
 
 
+EXAMPLES = """\
+examples:
+  llmserve simulate --trace diurnal --policy threshold,kpa,predictive,static --cold-start 120
+  llmserve simulate --calibrate steps.csv --profile cpu-smollm2 --write-profile my.json
+
+fidelity check (--fidelity): replay one compressed trace through a live
+`llmserve serve` (started here as a child process, from the same YAML it takes)
+and through the simulator, and compare TTFT/e2e percentiles, TPOT,
+instance-seconds, peak instances and scale-ups/downs. The instance profile is
+measured on the served model first (same engine flags and threads), the cold
+start is the one measured live, and the policy, gateway and controller settings
+come from the serve config: the pool flags are not used.
+
+  llmserve simulate --fidelity --serve-config serve.yaml --trace ramp \\
+      --base-rps 0.004 --high-rps 0.03 --time-scale 150 \\
+      --prompt-len 24:0.5 --output-len 16:0.5 --out DIR
+"""
+
+
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
-    """Add the simulator's flags to ``parser``."""
+    """Add the simulator's flags (and the examples, as the help's epilog) to ``parser``."""
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     g = parser.add_argument_group("trace")
     g.add_argument("--trace", default="diurnal", help=f"{', '.join(TRACE_NAMES)} or a CSV file "
                    "(timestamp,prompt_tokens,output_tokens[,priority])")
@@ -46,6 +64,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-len", default=None, metavar="MEDIAN[:SIGMA]",
                    help="log-normal output tokens (default 200:0.8)")
     g.add_argument("--batch-fraction", type=float, default=0.0, help="share of requests in the batch class")
+    g.add_argument("--time-scale", type=float, default=1.0, metavar="F",
+                   help="play the trace F times faster (times / F, rates x F, lengths kept), e.g. to replay "
+                   "the 90-minute ramp live in a minute")
 
     g = parser.add_argument_group("pool")
     g.add_argument("--policy", default="threshold,kpa,predictive,static",
@@ -70,6 +91,18 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
     g.add_argument("--no-plots", action="store_true")
 
+    g = parser.add_argument_group("fidelity check (instead of a policy comparison)")
+    g.add_argument("--fidelity", action="store_true",
+                   help="replay the trace through a live `llmserve serve` and through the simulator; "
+                   "print live vs sim (TTFT, e2e, instance-seconds, peak, scale-ups); --out writes "
+                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log")
+    g.add_argument("--serve-config", default=None, metavar="YAML",
+                   help="fidelity: the YAML `llmserve serve --config` takes (default: serve's defaults)")
+    g.add_argument("--model", default=None, help="fidelity: the model to serve (overrides the serve config's)")
+    g.add_argument("--fidelity-profile", default=None, metavar="JSON",
+                   help="fidelity: use this profile's step model and limits instead of measuring the engine "
+                   "(its cold start is still replaced by the live one)")
+
     g = parser.add_argument_group("calibration (instead of a simulation)")
     g.add_argument("--calibrate", default=None, metavar="CSV",
                    help="fit --profile's step model to measured steps "
@@ -85,6 +118,10 @@ def _lengths(spec: str | None, default: LengthDist) -> LengthDist:
 
 
 def trace_from_args(args: argparse.Namespace):
+    return _trace_from_args(args).compressed(args.time_scale)
+
+
+def _trace_from_args(args: argparse.Namespace):
     from llmserve.sim.traces import default_output_lengths, default_prompt_lengths
 
     if args.trace.endswith(".csv"):
@@ -145,6 +182,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Run every requested policy over the trace; print and optionally write the comparison."""
     if args.calibrate:
         return run_calibrate(args)
+    if args.fidelity:
+        from llmserve.sim.fidelity_check import run_fidelity
+
+        return run_fidelity(args, trace_from_args(args))
     console = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICY_NAMES]
@@ -187,8 +228,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmserve simulate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="llmserve simulate",
+                                     description="Capacity simulator: replay traffic through the live policies.")
     add_simulate_args(parser)
     return run_simulate(parser.parse_args(argv))
 

@@ -89,6 +89,20 @@ class Trace:
     def peak_rps(self) -> float:
         return float(self.rate_rps.max()) if len(self.rate_rps) else len(self) / max(self.duration_s, 1e-9)
 
+    def compressed(self, factor: float) -> "Trace":
+        """The same requests played ``factor`` times faster: times divided, rates multiplied.
+
+        Lengths are kept, so the work per request is the same and the load per
+        second is ``factor`` times higher: how a day-long shape is replayed live in
+        a minute against a small model.
+        """
+        if not factor > 0:
+            raise ValueError(f"trace: compression factor must be positive, got {factor}")
+        if factor == 1:
+            return self
+        return Trace(f"{self.name}/{factor:g}", self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
+                     self.priority, self.duration_s / factor, self.rate_t / factor, self.rate_rps * factor)
+
     def window(self, t0: float, t1: float) -> "Trace":
         """The requests arriving in [t0, t1), shifted to start at zero."""
         lo, hi = np.searchsorted(self.arrival_s, [t0, t1])
