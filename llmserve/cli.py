@@ -40,6 +40,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads for this instance")
     g.add_argument("--batch-min-share", type=float, default=0.1)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
 
 
 def engine_config_from(args: argparse.Namespace):
@@ -50,7 +52,8 @@ def engine_config_from(args: argparse.Namespace):
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
-        batch_min_share=args.batch_min_share, model_store=args.model_store)
+        batch_min_share=args.batch_min_share, model_store=args.model_store,
+        long_prefill_token_threshold=args.long_prefill_token_threshold)
     if args.dtype:
         kw["dtype"] = args.dtype
     if getattr(args, "served_model_name", None):

@@ -74,6 +74,7 @@ class EngineConfig:
     seed: int | None = None
     threads: int | None = None
     batch_min_share: float = 0.1
+    long_prefill_token_threshold: int = 0  # cap on a prompt chunk per step; 0: none
     speculative_config: SpeculativeConfig | dict | None = None
     model_store: str | None = None
     served_model_name: str | None = None

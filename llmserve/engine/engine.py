@@ -72,7 +72,8 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            batch_min_share=config.batch_min_share), self.kv)
+            batch_min_share=config.batch_min_share,
+            long_prefill_token_threshold=config.long_prefill_token_threshold), self.kv)
         self.runner = ModelRunner(self.model, self.kv, kv_dtype)
         self.sampler = Sampler(config.seed)
         self.stats = EngineStats()

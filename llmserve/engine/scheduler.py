@@ -26,6 +26,9 @@ class SchedulerConfig:
     batch_min_share: float = 0.1
     # Smoothing of the per-class token accounting behind ``batch_min_share``.
     share_decay: float = 0.9
+    # vLLM's knob: a prompt chunk is at most this many tokens per step (0: no cap).
+    # Small chunks bound how long a realtime arrival waits for the step in progress.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -34,6 +37,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0.0 <= self.batch_min_share < 1.0:
             raise ValueError("batch_min_share must be in [0, 1)")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
 @dataclass(slots=True)
@@ -170,9 +175,16 @@ class Scheduler:
         order = sorted(self.running + self.waiting,
                        key=lambda r: (*key(r)[:2], r.status is not RequestStatus.RUNNING, r.arrival_time))
         admitting = True
+        rt_prefill = False
         for req in order:
             if scheduled.total >= cap:
                 break
+            prefill = req.num_tokens - req.num_computed_tokens > 1
+            if req.is_batch_class and prefill and rt_prefill and not starved:
+                # A step that prefills a realtime prompt carries no batch prompt chunk:
+                # it lasts as long as on an idle engine (batch decodes are cheap; stay).
+                continue
+            rt_prefill |= prefill and not req.is_batch_class
             if req.status is RequestStatus.RUNNING:
                 self._schedule_running(req, avail(req), scheduled, out)
             elif admitting and not out.preempted:  # (a request preempted here is not re-admitted)
@@ -185,7 +197,7 @@ class Scheduler:
 
     def _schedule_running(self, req: Request, budget: int, scheduled: dict, out: SchedulerOutput) -> None:
         """Give a running request its next tokens, preempting others if blocks run out."""
-        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
         if n <= 0:
             return
         spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
@@ -207,7 +219,7 @@ class Scheduler:
         if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, scheduled, out):
             return False
         hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
-        n = min(req.num_tokens - num_hit, budget)
+        n = self._chunk(req.num_tokens - num_hit, budget)
         saved = req.num_computed_tokens
         req.num_computed_tokens = num_hit
         ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
@@ -224,6 +236,11 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
         return True
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        cap = self.config.long_prefill_token_threshold
+        n = min(remaining, budget)
+        return min(n, cap) if cap and n > 1 else n
 
     def _account(self, out: SchedulerOutput) -> None:
         d = self.config.share_decay

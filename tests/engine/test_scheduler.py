@@ -129,4 +129,31 @@ def test_waiting_realtime_is_not_stuck_behind_running_batch_prefill():
     s.add_request(req("rt", 5, max_tokens=2, t=1, first=500))
     out, _ = fake_step(s)
     got = {x.request.request_id: x.num_tokens for x in out.scheduled}
-    assert got["rt"] == 5 and got.get("batch", 0) == 3  # realtime first, batch gets the rest
+    # Realtime first, and its prefill step carries no batch prompt chunk, so it takes
+    # no longer than on an idle engine; the batch prompt resumes at the next step.
+    assert got == {"rt": 5}
+    out, _ = fake_step(s)
+    got = {x.request.request_id: x.num_tokens for x in out.scheduled}
+    assert got == {"rt": 1, "batch": 7}
+
+
+def test_batch_decodes_share_a_realtime_prefill_step_and_starved_batch_still_chunks():
+    s = make(max_num_batched_tokens=16, num_blocks=256, batch_min_share=0.0)
+    s.add_request(req("b-dec", 4, max_tokens=8, priority=BATCH, t=0))
+    fake_step(s)  # prefilled: decoding from now on
+    s.add_request(req("rt", 6, max_tokens=2, t=1, first=500))
+    out, _ = fake_step(s)
+    assert {x.request.request_id: x.num_tokens for x in out.scheduled} == {"rt": 6, "b-dec": 1}
+    # Batch owed its share still gets prompt chunks while a long realtime prompt prefills.
+    s2 = make(max_num_batched_tokens=8, num_blocks=256, batch_min_share=0.5)
+    s2.add_request(req("batch", 100, max_tokens=2, priority=BATCH, t=0))
+    s2.add_request(req("rt", 40, max_tokens=2, t=1, first=500))
+    got = [{x.request.request_id: x.num_tokens for x in fake_step(s2)[0].scheduled} for _ in range(4)]
+    assert sum(g.get("batch", 0) for g in got) >= 0.5 * 32 - 8, got
+
+
+def test_long_prefill_token_threshold_caps_prompt_chunks_not_decodes():
+    s = make(max_num_batched_tokens=64, num_blocks=256, long_prefill_token_threshold=10)
+    s.add_request(req("a", 25, max_tokens=3))
+    sizes = [fake_step(s)[0].scheduled[0].num_tokens for _ in range(5)]
+    assert sizes == [10, 10, 5, 1, 1]
