@@ -309,11 +309,12 @@ def chunk_profile(core: EngineCore, budget: int, vocab: int, n_steps: int = 3) -
 
 def head_of_line(m: Loaded, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     tok = m.tokenizer
-    budgets = [64, 128, 256] if args.quick else [32, 64, 128, 256, 512]
+    budgets = args.budgets or ([64, 128, 256] if args.quick else [32, 64, 128, 256, 512])
     rounds, per_round, n_idle = (1, 4, 3) if args.quick else (2, 8, 4)
     batch_len = 2000
     vocab = m.model_config.vocab_size
-    cores = {b: m.core(threads=args.threads, max_num_batched_tokens=b, num_kv_blocks=320) for b in budgets}
+    cores = {b: m.core(threads=args.threads, max_num_batched_tokens=b, num_kv_blocks=320,
+                       long_prefill_token_threshold=args.long_prefill_token_threshold) for b in budgets}
     rng = np.random.default_rng(0)
     for b, core in cores.items():
         run_one(core, f"warm{b}", realtime_prompts(tok, 1, 99)[0], greedy(4))
@@ -361,7 +362,8 @@ def head_of_line(m: Loaded, args: argparse.Namespace) -> tuple[str, dict[str, An
     prof_md = md_table(["max_num_batched_tokens", "step wall ms (profiled)"] + [k for k in next(iter(prof.values())) if k != "wall"],
                        [[b, prof[b]["wall"]] + [v for k, v in prof[b].items() if k != "wall"] for b in budgets])
     met = [b for b, x in rows_ok(rows)]
-    md += (f"\n\nBatch stream: two {batch_len}-token batch-priority prompts always in flight (a new one "
+    md += (f"\n\nlong_prefill_token_threshold {args.long_prefill_token_threshold} (0: prompt chunks "
+           f"limited by the budget only). Batch stream: two {batch_len}-token batch-priority prompts always in flight (a new one "
            f"starts when one finishes, 4 output tokens each, random token ids so nothing is cached). "
            f"Realtime: short chat questions (~{len(realtime_prompts(tok, 1, 0)[0])} prompt tokens, 4 output "
            f"tokens) with exponential gaps of mean {args.rt_gap} s, wall clock; TTFT counts from the "
@@ -389,6 +391,10 @@ def main() -> None:
     p.add_argument("--rt-gap", type=float, default=1.5, help="mean seconds between realtime arrivals")
     p.add_argument("--only", choices=["shared", "multiturn", "hol"], default=None,
                    help="run one part (results go to prefix_caching-<part>.md)")
+    p.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="head-of-line: max_num_batched_tokens values, e.g. 64,256")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="head-of-line: cap on a prompt chunk per step (results go to ...-lpt<N>.md)")
     args = p.parse_args()
     info = machine()
     print("load average", info["loadavg_start"], flush=True)
@@ -409,6 +415,8 @@ def main() -> None:
         print(md, flush=True)
     info["torch_threads"] = args.threads
     name = "prefix_caching" + (f"-{args.only}" if args.only else "")
+    if args.long_prefill_token_threshold:
+        name += f"-lpt{args.long_prefill_token_threshold}"
     paths = write_results(name, args.quick, command_line(), info, sections, data)
     print("wrote", *paths)
 
