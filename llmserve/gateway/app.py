@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -36,6 +35,7 @@ from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.proxy import Proxy
+from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.gateway.window_stats import WindowStats
 
@@ -50,6 +50,8 @@ class ModelRuntime:
         self.gateway = gateway
         gcfg = gateway.config
         self.pools: dict[str, Pool] = {}
+        # Looked up on every request: a dict, not a scan of the config's list.
+        self.upstream_models = {v.name: v.upstream_model for v in config.versions}
         for v in config.versions:
             pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
                         concurrency=config.concurrency, balancer=config.balancer,
@@ -123,7 +125,7 @@ class Gateway:
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
         self.services: list[GatewayService] = []
-        self.client: httpx.AsyncClient | None = None
+        self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -136,12 +138,9 @@ class Gateway:
 
     async def start(self) -> None:
         lim = self.config.limits
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(lim.request_timeout_s, connect=lim.connect_timeout_s,
-                                  pool=lim.connect_timeout_s),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512,
-                                keepalive_expiry=30.0))
-        self.monitor = Monitor(self.pools, self.client, self.config.polling)
+        self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
+                                       read_timeout=lim.request_timeout_s, keepalive_expiry=30.0)
+        self.monitor = Monitor(self.pools, self.upstream, self.config.polling)
         now = time.time()
         for rt in self.models.values():
             if rt.canary is not None and rt.config.canary.auto_start:
@@ -165,8 +164,8 @@ class Gateway:
                 await t
         if self.monitor is not None:
             self.monitor.close()
-        if self.client is not None:
-            await self.client.aclose()
+        if self.upstream is not None:
+            await self.upstream.aclose()
 
     async def _canary_loop(self) -> None:
         intervals = [rt.config.canary.interval_s for rt in self.models.values()

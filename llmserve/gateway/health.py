@@ -29,6 +29,7 @@ class OutlierConfig(BaseModel):
 @dataclass
 class _Record:
     outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=10_000))
+    errors: int = 0  # failures among ``outcomes``, kept so a record is O(1), not O(window)
     ejected_until: float = 0.0
     ejections: int = 0
 
@@ -45,13 +46,16 @@ class OutlierDetector:
     def record(self, instance_id: str, ok: bool, now: float, pool_size: int) -> bool:
         """Note one outcome; True if this ejected the instance."""
         rec = self._records.setdefault(instance_id, _Record())
-        rec.outcomes.append((now, ok))
-        while rec.outcomes and rec.outcomes[0][0] < now - self.config.window_s:
-            rec.outcomes.popleft()
-        if now < rec.ejected_until or len(rec.outcomes) < self.config.min_requests:
+        outcomes = rec.outcomes
+        if len(outcomes) == outcomes.maxlen:  # append would drop the oldest unseen
+            rec.errors -= not outcomes.popleft()[1]
+        outcomes.append((now, ok))
+        rec.errors += not ok
+        while outcomes and outcomes[0][0] < now - self.config.window_s:
+            rec.errors -= not outcomes.popleft()[1]
+        if now < rec.ejected_until or len(outcomes) < self.config.min_requests:
             return False
-        errors = sum(1 for _, good in rec.outcomes if not good)
-        if errors / len(rec.outcomes) < self.config.max_error_rate:
+        if rec.errors / len(outcomes) < self.config.max_error_rate:
             rec.ejections = 0  # a healthy full window forgives earlier ejections
             return False
         ejected = sum(1 for r in self._records.values() if now < r.ejected_until)
@@ -62,6 +66,7 @@ class OutlierDetector:
                        self.config.max_ejection_s)
         rec.ejected_until = now + duration
         rec.outcomes.clear()  # back from ejection, it is judged on fresh outcomes
+        rec.errors = 0
         return True
 
     def forget(self, instance_id: str) -> None:

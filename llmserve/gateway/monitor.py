@@ -19,13 +19,14 @@ import httpx
 
 from llmserve.gateway.config import PollingConfig
 from llmserve.gateway.pool import Instance, Pool
+from llmserve.gateway.upstream import UpstreamClient
 from llmserve.load_report import LoadReport, MetricsLoadParser
 
 log = logging.getLogger(__name__)
 
 
 class Monitor:
-    def __init__(self, pools: Callable[[], Iterable[Pool]], client: httpx.AsyncClient,
+    def __init__(self, pools: Callable[[], Iterable[Pool]], client: UpstreamClient,
                  config: PollingConfig) -> None:
         self._pools = pools
         self._client = client
@@ -84,26 +85,27 @@ class Monitor:
     async def _fetch_load(self, inst: Instance) -> LoadReport:
         timeout = self.config.timeout_s
         if inst.load_source == "load":
-            r = await self._client.get(f"{inst.url}/load", timeout=timeout)
-            if r.status_code not in (404, 405):
-                r.raise_for_status()
-                return LoadReport.model_validate_json(r.content)
+            status, body = await self._client.get(f"{inst.url}/load", timeout=timeout)
+            if status not in (404, 405):
+                _check(status, inst, "/load")
+                return LoadReport.model_validate_json(body)
             inst.load_source = "metrics"
             inst.metrics_parser = MetricsLoadParser(inst.instance_id)
             log.info("instance %s has no /load; reading /metrics", inst.instance_id)
-        r = await self._client.get(f"{inst.url}/metrics", timeout=timeout)
-        r.raise_for_status()
+        status, body = await self._client.get(f"{inst.url}/metrics", timeout=timeout)
+        _check(status, inst, "/metrics")
         assert inst.metrics_parser is not None
-        return inst.metrics_parser.parse(r.text, time.time())
+        return inst.metrics_parser.parse(body.decode("utf-8", "replace"), time.time())
 
     async def check_ready(self, pool: Pool, inst: Instance) -> None:
         try:
-            r = await self._client.get(f"{inst.url}{inst.ready_path}",
-                                       timeout=self.config.timeout_s)
-            if r.status_code == 404 and inst.ready_path == "/ready":
+            status, _ = await self._client.get(f"{inst.url}{inst.ready_path}",
+                                               timeout=self.config.timeout_s)
+            if status == 404 and inst.ready_path == "/ready":
                 inst.ready_path = "/health"
-                r = await self._client.get(f"{inst.url}/health", timeout=self.config.timeout_s)
-            ready = r.status_code == 200
+                status, _ = await self._client.get(f"{inst.url}/health",
+                                                   timeout=self.config.timeout_s)
+            ready = status == 200
         except httpx.HTTPError:
             ready = False
         if ready != inst.ready:
@@ -112,3 +114,8 @@ class Monitor:
         if ready:
             inst.ever_ready = True
             pool.pump()
+
+
+def _check(status: int, inst: Instance, path: str) -> None:
+    if status >= 400:
+        raise httpx.HTTPError(f"{path} of {inst.instance_id} answered {status}")

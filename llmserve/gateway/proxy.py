@@ -30,6 +30,7 @@ from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
+from llmserve.gateway.upstream import UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, UnknownVersion
 
 if TYPE_CHECKING:
@@ -190,10 +191,10 @@ class Proxy:
     async def _attempts(self, request: Request, path: str, ctx: _Context) -> Response:
         gw, rt = self.gw, ctx.runtime
         pool = rt.pools[ctx.version]
-        vcfg = rt.config.version(ctx.version)
+        upstream_model = rt.upstream_models[ctx.version]
         content = ctx.parsed.raw
-        if vcfg.upstream_model:
-            content = json.dumps({**ctx.parsed.body, "model": vcfg.upstream_model}).encode()
+        if upstream_model:
+            content = json.dumps({**ctx.parsed.body, "model": upstream_model}).encode()
         headers = {"content-type": "application/json", "accept-encoding": "identity",
                    "x-request-id": ctx.request_id, VERSION_HEADER: ctx.version}
         headers.update({h: request.headers[h] for h in _FORWARD_HEADERS
@@ -244,10 +245,8 @@ class Proxy:
         gw, inst = self.gw, lease.instance
         ctx.instance = inst.instance_id
         gw.metrics.upstream.labels(ctx.runtime.config.name, ctx.version, inst.instance_id).inc()
-        upstream_req = gw.client.build_request("POST", f"{inst.url}{path}", content=content,
-                                               headers=headers)
         try:
-            resp = await gw.client.send(upstream_req, stream=True)
+            resp = await gw.upstream.post(f"{inst.url}{path}", content, headers)
         except httpx.HTTPError as e:
             pool.release(lease, Outcome.FAILURE)
             return None, GatewayError(502, f"upstream {inst.instance_id} failed: "
@@ -324,7 +323,7 @@ class Proxy:
                                code="client_disconnected")
         return wait.result()
 
-    async def _read_error(self, resp: httpx.Response, lease: Lease, pool: Pool) -> Response:
+    async def _read_error(self, resp: UpstreamResponse, lease: Lease, pool: Pool) -> Response:
         """A 5xx from upstream: kept to pass through if no retry succeeds."""
         try:
             body = await resp.aread()
@@ -336,14 +335,14 @@ class Proxy:
         headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         return Response(body, resp.status_code, headers=headers)
 
-    def _headers(self, resp: httpx.Response, ctx: _Context) -> dict[str, str]:
+    def _headers(self, resp: UpstreamResponse, ctx: _Context) -> dict[str, str]:
         out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         out.setdefault("x-request-id", ctx.request_id)
         out[VERSION_HEADER] = ctx.version
         out[UPSTREAM_HEADER] = ctx.instance or ""
         return out
 
-    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: httpx.Response,
+    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: UpstreamResponse,
                      lease: Lease, pool: Pool, ctx: _Context) -> AsyncIterator[bytes]:
         outcome, status, kind = Outcome.NEUTRAL, resp.status_code, None
         buf = first
@@ -381,7 +380,7 @@ class Proxy:
             await _end_stream(resp, lease, pool, ctx, outcome, status, kind)
 
 
-async def _end_stream(resp: httpx.Response, lease: Lease, pool: Pool, ctx: _Context,
+async def _end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: _Context,
                       outcome: Outcome, status: int, kind: str | None) -> None:
     """Free the slot, close the upstream, record the outcome; once per stream."""
     if lease.released:
@@ -400,7 +399,7 @@ class _RelayResponse(StreamingResponse):
     before the body starts: then the relay generator never runs, so its own
     ``finally`` never does either."""
 
-    def __init__(self, body, *, resp: httpx.Response, lease: Lease, pool: Pool,
+    def __init__(self, body, *, resp: UpstreamResponse, lease: Lease, pool: Pool,
                  ctx: _Context, **kw) -> None:
         super().__init__(body, **kw)
         self._cleanup = (resp, lease, pool, ctx)
