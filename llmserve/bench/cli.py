@@ -192,6 +192,7 @@ def execute(cfg: BenchConfig, plan: Plan | None = None) -> BenchResult:
     meta: dict[str, Any] = {
         "label": cfg.label,
         "started_at": started,
+        "origin_wall": outcome.origin_wall,  # wall time of the offsets' zero (after the client's set-up)
         "token_counts": plan.tokenizer.description,
         "requests_planned": len(plan.requests),
         "requests_sent": len(outcome.records),

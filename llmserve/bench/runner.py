@@ -31,6 +31,7 @@ class RunOutcome:
     duration_s: float
     warmup_records: list[RequestRecord]
     server_deltas: dict[str, float] = field(default_factory=dict)
+    origin_wall: float = 0.0  # time.time() at the measured run's offset 0 (to line records up with server logs)
 
 
 def _recount_output(rec: RequestRecord, tok: Tokenizer | None) -> None:
@@ -47,11 +48,11 @@ async def _send_all(
     offsets: Sequence[float],
     max_concurrency: int | None,
     progress: tqdm | None,
-) -> tuple[list[RequestRecord], float]:
+) -> tuple[list[RequestRecord], float, float]:
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     finished = [asyncio.Event() for _ in requests]
     records: list[RequestRecord | None] = [None] * len(requests)
-    origin = time.perf_counter()
+    origin, origin_wall = time.perf_counter(), time.time()
 
     async def one(i: int) -> None:
         try:
@@ -70,7 +71,7 @@ async def _send_all(
 
     await asyncio.gather(*(one(i) for i in range(len(requests))))
     duration = time.perf_counter() - origin
-    return [r for r in records if r is not None], duration
+    return [r for r in records if r is not None], duration, origin_wall
 
 
 async def _prime(client: httpx.AsyncClient, cfg: EndpointConfig) -> None:
@@ -109,14 +110,14 @@ async def run_requests(
         warm: list[RequestRecord] = []
         if warmups:
             warm_reqs = [replace(r, depends_on=None) for r in warmups]
-            warm, _ = await _send_all(client, cfg, warm_reqs, [0.0] * len(warm_reqs), max_concurrency, None)
+            warm, _, _ = await _send_all(client, cfg, warm_reqs, [0.0] * len(warm_reqs), max_concurrency, None)
         before = await scrape(client, metrics_url) if metrics_url else None
         bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not show_progress)
         try:
-            records, duration = await _send_all(client, cfg, requests, offsets, max_concurrency, bar)
+            records, duration, origin_wall = await _send_all(client, cfg, requests, offsets, max_concurrency, bar)
         finally:
             bar.close()
         after = await scrape(client, metrics_url) if metrics_url else None
     for r in records:
         _recount_output(r, tokenizer)
-    return RunOutcome(records, duration, warm, counter_deltas(before, after))
+    return RunOutcome(records, duration, warm, counter_deltas(before, after), origin_wall)

@@ -24,6 +24,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -216,6 +217,9 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     log = console.print
     st = settings_from_args(args, trace)
     serve = st.serve
+    # The profile is measured with one engine on the machine and live runs several plus the
+    # gateway and the client: on a shared machine the load average says how far apart they were.
+    machine: dict[str, Any] = {"cpus": os.cpu_count(), "load_1m_before_calibration": os.getloadavg()[0]}
     if st.profile_path:
         profile, max_len = load_profile(st.profile_path), None
     else:
@@ -226,9 +230,14 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     log(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s:.1f}s, peak {trace.peak_rps:.2f} req/s; "
         f"policy {serve.autoscale_config().policy}")
     # A scratch folder: serve's YAML there holds the admin key, which must not land in --out.
+    machine["load_1m_before_live"] = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="llmserve-fidelity-") as tmp:
         live = replay_live(trace, st.serve_dict, tok, Path(tmp), seed=st.seed,
                            request_timeout_s=st.request_timeout_s, log=log)
+    machine["load_1m_after_live"] = os.getloadavg()[0]
+    log(f"load average (1 min) on {machine['cpus']} CPUs: {machine['load_1m_before_calibration']:.1f} before "
+        f"calibration, {machine['load_1m_before_live']:.1f} before and {machine['load_1m_after_live']:.1f} "
+        "after the live run")
     ups = startups(live.events)
     cold, warm = typical_startup(ups, live.t0, live.t0 + trace.duration_s)
     profile = replace(profile, cold_start_s=cold, warmup_s=warm)
@@ -256,7 +265,11 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
                "live_startups": [{"instance_id": s.instance_id, "cold_start_s": s.cold_start_s,
                                   "warmup_s": s.warmup_s} for s in ups],
                "live": live_fig.as_dict(), "sim": sim_fig.as_dict(), "rows": [r.as_dict() for r in rows],
-               "checks": checks}
+               "checks": checks, "machine": machine,
+               # Each side's count changes, seconds from the trace's start, with the policy's reason.
+               "decisions": {"live": [(round(d["time"] - live.t0, 2), d["provisioned"], d["desired"], d["reason"])
+                                      for d in live.decisions if d["time"] >= live.t0],
+                             "sim": [(round(t, 2), a, b, why) for t, a, b, why in res.events]}}
         save_profile(profile, st.out / "profile.json")
         (st.out / "serve.log").write_text(live.serve_log)
         for p in write_outputs(st.out, doc, rows, trace, live_ttft, live_e2e, res):

@@ -6,12 +6,14 @@ built with the model's tokenizer) and ``ignore_eos`` so every answer is exactly
 the trace's output length. ``llmserve serve`` runs as a child process with the
 given config; once its minimum pool is ready the trace starts, and when every
 request has ended the admin API's event log and scaling decisions are read and
-serve is stopped (SIGTERM: it drains and stops its instances).
+serve is stopped (SIGTERM: it drains and stops its instances), but not before
+the trace's duration is over, so the pool is observed over the whole window.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +118,14 @@ def replay_live(trace: Trace, serve_config: dict[str, Any], tok: Tokenizer, work
                                     timeout_s=request_timeout_s),
             load=LoadConfig(num_prompts=max(1, len(requests))), show_progress=False)
         result = execute(bench, Plan(tok, requests, trace.arrival_s.tolist(), []))
+        # Keep serving until the trace's window is over: the simulator bills its pool to the
+        # window's end, and stopping serve earlier would cut the live bill short.
+        left = result.meta["origin_wall"] + trace.duration_s - time.time()
+        if left > 0:
+            log(f"all requests ended; serving the last {left:.1f}s of the trace's window")
+            time.sleep(left)
         events, decisions = serve.events(), serve.decisions(changes_only=True)
     finally:
         code = serve.stop()
-    # started_at is taken just before the bench's event loop starts: the trace's zero is
-    # at most the client's set-up (~0.1 s) later, which shifts the live window by as much.
-    return LiveRun(result.records, result.meta["started_at"], ready, events, decisions, code, serve.log(),
+    return LiveRun(result.records, result.meta["origin_wall"], ready, events, decisions, code, serve.log(),
                    sum(len(r.prompt) for r in requests))
