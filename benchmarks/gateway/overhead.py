@@ -360,6 +360,54 @@ def overhead(args: argparse.Namespace, urls: dict[str, str], tokenizer: str | No
     return {"runs": runs, "pairs": pairs, "median": med}
 
 
+def paired_ttft(args: argparse.Namespace, urls: dict[str, str], tokenizer: str | None) -> dict[str, Any]:
+    """Single requests at concurrency 1, the targets taking turns request by request
+    (order rotated): the TTFT difference within each turn, where the machine's load
+    has had no time to change, is what the gateway adds. The bench's own client
+    (``send_request``) times them."""
+    from llmserve.bench.client import EndpointConfig, make_http_client, send_request
+    from llmserve.bench.datasets import random_dataset
+    from llmserve.bench.metrics import ttft
+    from llmserve.bench.tokenizer import load_tokenizer
+
+    reqs = random_dataset(load_tokenizer(tokenizer), args.pairs, args.input_len, args.paired_output_len,
+                          seed=args.seed + 2)
+    cfgs = {t: EndpointConfig(u, SERVED, "completions", ignore_eos=True, timeout_s=600) for t, u in urls.items()}
+
+    async def run() -> list[dict[str, float]]:
+        clients = {t: make_http_client(1) for t in urls}
+        try:
+            for t in urls:  # connections open and warm before timing
+                await send_request(clients[t], cfgs[t], reqs[0], -1, time.perf_counter())
+            rows = []
+            for i, req in enumerate(reqs):
+                row = {}
+                for t in rotation(list(urls), i):
+                    rec = await send_request(clients[t], cfgs[t], req, i, time.perf_counter())
+                    if not rec.success:
+                        raise RuntimeError(f"{t}: {rec.error}")
+                    row[t] = 1000 * ttft(rec)
+                rows.append(row)
+            return rows
+        finally:
+            for c in clients.values():
+                await c.aclose()
+
+    la0 = os.getloadavg()[0]
+    rows = asyncio.run(run())
+    out: dict[str, Any] = {"pairs": len(rows), "loadavg_1min": la0, "rows": rows, "targets": {}}
+    for t in urls:
+        m = {"ttft_p50_ms": median([r[t] for r in rows])}
+        if t != "direct":
+            diffs = [r[t] - r["direct"] for r in rows]
+            m.update(diff_p50_ms=median(diffs), diff_p25_ms=pct(diffs, 25), diff_p75_ms=pct(diffs, 75))
+        out["targets"][t] = m
+        extra = (f", minus direct: median {m['diff_p50_ms']:+.2f} ms (IQR {m['diff_p25_ms']:+.2f} .. "
+                 f"{m['diff_p75_ms']:+.2f})") if t != "direct" else ""
+        print(f"  {t:8s}: TTFT p50 {m['ttft_p50_ms']:.2f} ms{extra}", flush=True)
+    return out
+
+
 def drive(port: int, model: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "_drive", "--port", str(port), "--model-name", model,
            "--conns", str(args.ceiling_concurrency), "--requests", str(args.ceiling_requests),
@@ -408,7 +456,7 @@ def ceiling(args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int
 
 def profile(args: argparse.Namespace, gw_port: int, gw_pid: int, out_path: Path) -> dict[str, Any]:
     """py-spy over the gateway during one more ceiling run; top frames by own and total time."""
-    raw = out_path.with_suffix(".collapsed")
+    raw = Path(tempfile.mkdtemp(prefix="gw-spy-")) / "gateway.collapsed"  # raw stacks stay out of the repo
     spy = subprocess.Popen(["py-spy", "record", "-p", str(gw_pid), "-r", "250", "-f", "raw", "-o", str(raw),
                             "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(1.0)
@@ -458,7 +506,7 @@ def git(*a: str) -> str:
 
 def machine() -> dict[str, Any]:
     commit = git("rev-parse", "--short", "HEAD").strip() or "?"
-    changed = git("diff", "HEAD", "--name-only", "--", "llmserve/gateway").split()
+    changed = git("diff", "HEAD", "--name-only", "--", "llmserve/gateway", "benchmarks/gateway").split()
     if changed:
         commit += f" + uncommitted changes to {', '.join(changed)}"
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpus": os.cpu_count(),
@@ -494,6 +542,14 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
                 for t, m in over["median"].items()]
         md += [md_table(["through", "TTFT p50", "TTFT p99", "ITL p50", "tok/s vs direct",
                          "gateway CPU per request"], rows), ""]
+        pr = over["paired"]
+        md += [f"TTFT of single requests (concurrency 1, {args.input_len} in / {args.paired_output_len} out), "
+               f"{pr['pairs']} per target, the targets taking turns request by request (load "
+               f"{pr['loadavg_1min']:.2f}); the difference is taken within each turn:", ""]
+        rows = [[t, m["ttft_p50_ms"], "-" if t == "direct" else f"{m['diff_p50_ms']:+.2f} ms",
+                 "-" if t == "direct" else f"{m['diff_p25_ms']:+.2f} .. {m['diff_p75_ms']:+.2f} ms"]
+                for t, m in pr["targets"].items()]
+        md += [md_table(["target", "TTFT p50 ms", "minus direct, median", "minus direct, IQR"], rows), ""]
     if ceil is not None:
         md += ["## Ceiling: a trivial upstream behind the gateway", "",
                f"{args.ceiling_requests} streamed completions per run ({args.ceiling_chunks} token events + "
@@ -522,7 +578,7 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
 
 def main_run(args: argparse.Namespace) -> None:
     if args.quick:
-        args.rounds, args.num_prompts, args.ceiling_requests = 2, 16, 1000
+        args.rounds, args.num_prompts, args.ceiling_requests, args.pairs = 2, 16, 1000, 30
     name = "gateway_overhead" + ("-quick" if args.quick else "") + (f"-{args.label}" if args.label else "")
     info = machine()
     info["command"] = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
@@ -548,7 +604,10 @@ def main_run(args: argparse.Namespace) -> None:
     try:
         engine = Proc("engine", [sys.executable, "-m", "llmserve.cli", "engine", "--model", model_path,
                                  "--threads", str(args.threads), "--port", str(e_port),
-                                 "--served-model-name", SERVED], logdir, f"http://127.0.0.1:{e_port}/ready")
+                                 "--served-model-name", SERVED,
+                                 # Every run repeats the same prompts: without this, all but the
+                                 # first would be served from the prefix cache.
+                                 "--no-enable-prefix-caching"], logdir, f"http://127.0.0.1:{e_port}/ready")
         procs.append(engine)
         fake = Proc("fake", [sys.executable, __file__, "_fake", "--port", str(f_port),
                              "--chunks", str(args.ceiling_chunks)], logdir, f"http://127.0.0.1:{f_port}/ready")
@@ -581,6 +640,8 @@ def main_run(args: argparse.Namespace) -> None:
                 bench_once(url, warm, tokenizer, args.seed + 1, pids)
             print("overhead (bench, same seed and workload):", flush=True)
             over = overhead(args, urls, tokenizer, pids)
+            print(f"TTFT, {args.pairs} single requests per target taking turns:", flush=True)
+            over["paired"] = paired_ttft(args, urls, tokenizer)
         if args.only in (None, "ceiling"):
             print("ceiling (trivial upstream):", flush=True)
             prof = RESULTS / f"{name}-profile.txt" if args.profile else None
@@ -610,12 +671,14 @@ def main() -> None:
                    help="'tiny' (a tiny random Llama, the default) or a model store name / path")
     p.add_argument("--tokenizer", default=None, help="for exact prompt lengths (tiny: its own)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=4, help="direct/gateway pairs, ABBA order")
+    p.add_argument("--rounds", type=int, default=4, help="runs per target, the order rotated each round")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pairs", type=int, default=100, help="single requests per target for the paired TTFT")
+    p.add_argument("--paired-output-len", type=int, default=4)
     p.add_argument("--ceiling-concurrency", type=int, default=64)
     p.add_argument("--ceiling-requests", type=int, default=4000)
     p.add_argument("--ceiling-chunks", type=int, default=4, help="token events per fake stream")
@@ -625,7 +688,7 @@ def main() -> None:
                    help="also run a gateway from the llmserve code in DIR (e.g. an older commit's "
                         "`git archive`), interleaved with this checkout's")
     p.add_argument("--only", choices=["overhead", "ceiling"], default=None)
-    p.add_argument("--quick", action="store_true", help="2 rounds, 16 prompts, 1000 ceiling requests")
+    p.add_argument("--quick", action="store_true", help="2 rounds, 16 prompts, 30 pairs, 1000 ceiling requests")
     args = p.parse_args()
     if args.role == "_fake":
         serve_fake(args.port, args.chunks, args.gap_ms / 1000)
