@@ -72,8 +72,8 @@ async def test_content_length_and_keep_alive_reuse():
             assert await r.aread() == b'{"a":1}'
             await r.aclose()
         assert srv.connections == 1
-        req = srv.requests[0]
-        assert req.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        req = srv.requests[0].lower()  # header names are case-insensitive
+        assert req.startswith(b"post /v1/completions http/1.1\r\n")
         assert b"\r\nhost: 127.0.0.1:" in req and b"\r\ncontent-length: 8\r\n" in req
         assert b"\r\nx-request-id: r1\r\n" in req and req.endswith(b'\r\n\r\n{"x": 1}')
         await c.aclose()
@@ -241,5 +241,25 @@ async def test_get_reads_the_whole_answer_on_the_same_connections():
         await r.aclose()
         assert srv.connections == 1
         assert srv.requests[0].startswith(b"GET /load HTTP/1.1\r\n")
-        assert b"content-length" not in srv.requests[0]
+        assert b"content-length" not in srv.requests[0].lower()
+        await c.aclose()
+
+
+async def test_read_timeout_mid_body_and_unsupported_scheme():
+    async def stall(writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+        return "close"
+
+    async with RawServer(lambda n: stall) as srv:
+        c = client(read_timeout=0.2)
+        r = await c.post(srv.url + "/", b"", {})
+        chunks = r.aiter_raw()
+        assert await anext(chunks) == b"abc"
+        with pytest.raises(httpx.ReadTimeout):
+            await anext(chunks)
+        await r.aclose()
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await c.post("ftp://127.0.0.1/", b"", {})
         await c.aclose()
