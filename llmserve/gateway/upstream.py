@@ -122,11 +122,10 @@ class UpstreamClient:
     connect and read timeouts for one call."""
 
     def __init__(self, *, connect_timeout: float, read_timeout: float,
-                 keepalive_expiry: float = 30.0, max_idle_per_host: int = 512) -> None:
+                 keepalive_expiry: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout  # for each wait on the upstream, as httpx's read timeout
         self.keepalive_expiry = keepalive_expiry
-        self.max_idle_per_host = max_idle_per_host
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._urls: dict[str, URL] = {}
