@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from llmserve.autoscale.process import terminate
 from llmserve.bench.cli import execute, first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
@@ -118,13 +118,7 @@ class Engine:
         raise TimeoutError(f"engine not ready after 600 s; see {self.log}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def run_suite(name: str, base_url: str, model: str, label: str, args: argparse.Namespace, table: Path) -> None:

@@ -43,6 +43,7 @@ from common import (
     write_results,
 )
 
+from llmserve.autoscale.process import terminate
 from llmserve.bench.cli import first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.datasets import SampleRequest, random_dataset
@@ -96,13 +97,7 @@ class Server:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
 
 
 def startup_times(args: argparse.Namespace, m: Loaded, engine_args: list[str], logdir: Path) -> dict[str, Any]:

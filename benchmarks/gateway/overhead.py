@@ -97,13 +97,9 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready after {timeout} s:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        from llmserve.autoscale.process import terminate
+
+        terminate(self.proc)
 
 
 def tiny_model(cache: Path) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from llmserve.autoscale.process import terminate
 from llmserve.autoscale.providers.process import free_port
 
 
@@ -103,11 +103,5 @@ class ServeProcess:
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (serve drains and stops its instances), then SIGKILL after ``timeout``."""
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, timeout)
         return self.proc.returncode
