@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from llmserve.autoscale.process import terminate
+from llmserve.autoscale.providers.process import terminate
 from llmserve.bench.cli import execute, first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
@@ -118,7 +118,7 @@ class Engine:
         raise TimeoutError(f"engine not ready after 600 s; see {self.log}")
 
     def __exit__(self, *exc: object) -> None:
-        terminate(self.proc)
+        terminate(self.proc, 30.0)
 
 
 def run_suite(name: str, base_url: str, model: str, label: str, args: argparse.Namespace, table: Path) -> None:

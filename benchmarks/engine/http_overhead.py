@@ -43,7 +43,7 @@ from common import (
     write_results,
 )
 
-from llmserve.autoscale.process import terminate
+from llmserve.autoscale.providers.process import terminate
 from llmserve.bench.cli import first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.datasets import SampleRequest, random_dataset
@@ -97,7 +97,7 @@ class Server:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        terminate(self.proc)
+        terminate(self.proc, 30.0)
 
 
 def startup_times(args: argparse.Namespace, m: Loaded, engine_args: list[str], logdir: Path) -> dict[str, Any]:

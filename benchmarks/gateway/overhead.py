@@ -38,7 +38,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from llmserve.autoscale.providers.process import free_port, terminate
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 SERVED = "bench"  # the model name both the instance and the gateway answer to
@@ -54,10 +55,6 @@ FAKE = "fake"
 
 
 # ---- processes --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_s(pid: int) -> float:
@@ -97,9 +94,7 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready after {timeout} s:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        from llmserve.autoscale.process import terminate
-
-        terminate(self.proc)
+        terminate(self.proc, 30.0)
 
 
 def tiny_model(cache: Path) -> Path:

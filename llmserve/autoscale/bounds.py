@@ -77,6 +77,7 @@ class BoundedPolicy:
         if wanted > current:
             if current < cfg.min_instances:
                 desired = wanted  # below the floor (start-up, failures): no cooldown, no cap
+                reason = f"below min_instances ({cfg.min_instances}); {inner.reason}"
             elif last_up is not None and now - last_up < cfg.scale_up_cooldown_s:
                 desired = current
                 reason = f"{inner.reason}; held by scale-up cooldown"

@@ -114,13 +114,14 @@ class SignalCollector:
         loads = list(loads)
         k = len(loads)
         busy = kv = fill = tput = 0.0
-        waiting = running = 0
+        waiting = running = seats = 0
         for r in loads:
             waiting += r.num_waiting
             running += r.num_running
             busy += r.busy_fraction
             kv += r.kv_cache_usage
             fill += r.num_running / r.max_num_seqs if r.max_num_seqs > 0 else 0.0
+            seats += max(r.max_num_seqs, 0)
             tput += r.tokens_per_s
         d = max(k, 1)
         return PoolSignals(
@@ -138,6 +139,7 @@ class SignalCollector:
             busy_fraction=busy / d,
             kv_usage=kv / d,
             batch_fill=fill / d,
+            seats_per_instance=seats / d,
             throughput_per_instance=tput / d,
             ready=counts.get(InstanceState.READY, 0),
             warming=counts.get(InstanceState.WARMING, 0),

@@ -270,9 +270,6 @@ class PoolController:
         decision = self.policy.decide(ctx, self.policy_state)
         self.policy_state = decision.state
         desired, reason, source = decision.desired, decision.reason, "policy"
-        floor = self.autoscale.bounds.min_instances
-        if ctx.provisioned < floor <= desired:
-            reason = f"below min_instances ({floor}); {reason}"
         override = self._active_override(now)
         if override is not None:
             desired = override.instances

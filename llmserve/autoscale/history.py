@@ -87,7 +87,7 @@ def _tail(items: deque, newer: Callable[[Any], bool], limit: int | None) -> list
     polls every second for the last 60 events does not touch the other thousands."""
     out = []
     for item in reversed(items):
-        if not newer(item) or (limit is not None and len(out) >= limit):
+        if not newer(item) or (limit and len(out) >= limit):  # 0 or None: no limit
             break
         out.append(item)
     out.reverse()

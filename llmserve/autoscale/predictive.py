@@ -119,8 +119,8 @@ class PredictivePolicy:
         cfg = self.config
         queue_per_instance = ctx.queued / ctx.ready
         over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
-        if ctx.queued > 0 and ctx.running > 0 and ctx.batch_fill > 0:
-            seats_per_instance = ctx.running / (ctx.batch_fill * ctx.ready)
+        seats_per_instance = ctx.seats_per_instance
+        if ctx.queued > 0 and seats_per_instance > 0:
             floor = math.ceil(ctx.in_flight / seats_per_instance - 1e-9)
             if floor > desired:
                 desired = floor

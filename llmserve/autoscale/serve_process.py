@@ -21,8 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from llmserve.autoscale.process import terminate
-from llmserve.autoscale.providers.process import free_port
+from llmserve.autoscale.providers.process import free_port, terminate
 
 
 class ServeProcess:
@@ -34,7 +33,6 @@ class ServeProcess:
         self.admin_key = config.get("admin_key") or secrets.token_urlsafe(24)
         config = {**config, "port": self.port, "admin_key": self.admin_key,
                   "provider": {"log_dir": str(self.workdir / "instances"), **config.get("provider", {})}}
-        self.config = config
         cfg_path = self.workdir / f"serve-{self.port}.yaml"
         cfg_path.write_text(yaml.safe_dump(config))
         self.log_path = self.workdir / f"serve-{self.port}.log"

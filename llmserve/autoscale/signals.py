@@ -33,6 +33,7 @@ class PoolSignals:
     busy_fraction: float = 0.0
     kv_usage: float = 0.0
     batch_fill: float = 0.0
+    seats_per_instance: float = 0.0  # max_num_seqs, from the reports received
     throughput_per_instance: float = 0.0
     # Instances by lifecycle state.
     ready: int = 0

@@ -184,11 +184,12 @@ class Scheduler:
                 # A step that prefills a realtime prompt carries no batch prompt chunk:
                 # it lasts as long as on an idle engine (batch decodes are cheap; stay).
                 continue
-            rt_prefill |= prefill and not req.is_batch_class
             if req.status is RequestStatus.RUNNING:
                 self._schedule_running(req, avail(req), scheduled, out)
             elif admitting and not out.preempted:  # (a request preempted here is not re-admitted)
                 admitting = self._admit(req, avail(req), scheduled, out)
+            # Only a realtime prompt that got tokens this step holds batch chunks back.
+            rt_prefill |= prefill and not req.is_batch_class and req.request_id in scheduled
 
         out.scheduled = list(scheduled.values())
         out.total_tokens = scheduled.total

@@ -139,7 +139,9 @@ class Gateway:
     async def start(self) -> None:
         lim = self.config.limits
         self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
-                                       read_timeout=lim.request_timeout_s, keepalive_expiry=30.0)
+                                       read_timeout=lim.request_timeout_s,
+                                       # under uvicorn's 5 s keep-alive: never reuse one the engine closed
+                                       keepalive_expiry=4.0)
         self.monitor = Monitor(self.pools, self.upstream, self.config.polling)
         now = time.time()
         for rt in self.models.values():

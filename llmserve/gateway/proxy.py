@@ -356,8 +356,9 @@ class Proxy:
                         for o in self.gw.observers:
                             o.on_first_token(ctx.runtime.config.name, ctx.version,
                                              ctx.t0 + ctx.ttft_s, ctx.ttft_s)
-                    ctx.output_tokens += out.count(b"data: ") - out.count(b"data: [DONE]")
-                    if b"data: [DONE]" in out:
+                    done = out.count(b"data: [DONE]")
+                    ctx.output_tokens += out.count(b"data: ") - done
+                    if done:
                         # The client has the whole answer: a close from here on is no 499.
                         outcome = Outcome.SUCCESS
                     yield out

@@ -183,23 +183,14 @@ class UpstreamClient:
                 raise httpx.LocalProtocolError(f"header {k!r} has a line break")
         session = self._get_session()
         tmo = self._timeout(timeout)
-        # A kept-alive connection the upstream closed meanwhile fails before any byte
-        # of a response; that is retried once on a new connection, as httpcore does
-        # (aiohttp itself retries only idempotent methods).
-        for last in (False, True):
-            with _mapped_errors():
-                try:
-                    resp = await session.request(
-                        method, u, data=content, headers=headers, timeout=tmo,
-                        allow_redirects=False)
-                except aiohttp.ClientConnectorError:
-                    raise  # a new connection that failed: nothing to retry on
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                    if last:
-                        raise
-                    continue
-            return UpstreamResponse(resp)
-        raise AssertionError("unreachable")
+        # No resend here: a POST the upstream may already have received must not run
+        # twice behind the proxy's back (its retry, on another instance, is budgeted
+        # and counted). Stale kept-alive connections are avoided instead by expiring
+        # them before the upstream does (see keepalive_expiry).
+        with _mapped_errors():
+            resp = await session.request(method, u, data=content, headers=headers, timeout=tmo,
+                                         allow_redirects=False)
+        return UpstreamResponse(resp)
 
     async def aclose(self) -> None:
         if self._session is not None:

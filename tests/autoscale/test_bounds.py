@@ -92,3 +92,4 @@ def test_below_min_ignores_cooldown():
     # two instances failed: back to the floor at once despite the cooldown
     d = policy.decide(PoolSignals(now=10, ready=0), d.state)
     assert d.desired >= 2
+    assert d.reason.startswith("below min_instances (2)")

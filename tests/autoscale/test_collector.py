@@ -38,6 +38,7 @@ def test_snapshot_rates_windows_and_means():
     assert s.e2e_p99 is None
     assert (s.running, s.waiting, s.queued) == (6, 1, 5)
     assert s.batch_fill == pytest.approx((4 / 8 + 2 / 8) / 2)
+    assert s.seats_per_instance == pytest.approx(8.0)
     assert s.throughput_per_instance == pytest.approx(200.0)
     assert (s.ready, s.warming, s.starting, s.draining, s.provisioned) == (2, 1, 0, 1, 3)
 

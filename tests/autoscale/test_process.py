@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from llmserve.autoscale.process import terminate
+from llmserve.autoscale.providers.process import terminate
 
 
 def _child(code: str) -> subprocess.Popen:
@@ -27,4 +27,4 @@ def test_a_child_ignoring_sigterm_is_killed_after_the_grace():
                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                "print('up', flush=True); time.sleep(60)")
     assert terminate(p, grace_s=0.5) == -signal.SIGKILL
-    assert terminate(p) == -signal.SIGKILL  # already gone: no signal, same code
+    assert terminate(p, grace_s=0.5) == -signal.SIGKILL  # already gone: no signal, same code

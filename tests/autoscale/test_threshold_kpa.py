@@ -43,8 +43,14 @@ def test_predictive_backlog_floor_counts_coming_capacity_but_not_the_forecast():
     policy = PredictivePolicy(PredictiveConfig(capacity_tokens_per_s=1000.0), SLOConfig())
     # The forecast says one instance; 32 running in 4 full instances of 8 seats and 20 queued need 7.
     ctx = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, warming=2, running=32, batch_fill=1.0,
-                      queue_depth={"realtime": 20})
+                      seats_per_instance=8.0, queue_depth={"realtime": 20})
     d = policy.decide(ctx, policy.initial_state())
     assert d.desired == 7 and d.reason.startswith("backlog")
-    calm = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, running=8, batch_fill=0.25)
+    calm = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, running=8, batch_fill=0.25,
+                       seats_per_instance=8.0)
     assert policy.decide(calm, policy.initial_state()).desired == 1
+    # Two of four ready instances have reported yet (16 running, full): seats per
+    # instance still come from the reports, so 16 + 20 queued need 5, not 9.
+    partial = PoolSignals(now=10.0, arrival_tokens_per_s=100.0, ready=4, running=16, batch_fill=1.0,
+                          seats_per_instance=8.0, queue_depth={"realtime": 20})
+    assert policy.decide(partial, policy.initial_state()).desired == 5
