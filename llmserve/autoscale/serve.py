@@ -94,7 +94,7 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
         return ray_provider
     from llmserve.autoscale.providers.local import LocalProvider, LocalProviderConfig
 
-    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir))
+    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir, fork_from_template=p.fork_from_template))
 
 
 def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):

@@ -50,6 +50,7 @@ class ProviderSettings(_Strict):
 
     kind: Literal["local", "ray"] = "local"
     log_dir: str | None = None
+    fork_from_template: bool = True  # local: fork instances from a pre-imported template process
     ray_address: str | None = None  # None: start a local Ray runtime
     ray_num_cpus: float = Field(1.0, ge=0.0)  # per instance
     ray_num_gpus: float = Field(0.0, ge=0.0)  # per instance, on GPU clusters

@@ -16,6 +16,22 @@ from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
 from llmserve.models.rope import RotaryEmbedding
 
 
+def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose pages the OS maps on first write.
+
+    ``torch.zeros`` writes every byte up front: for a KV pool of a few GiB that is seconds
+    of start-up. ``calloc`` (numpy's zeros) gets fresh zero pages from the kernel instead.
+    """
+    import numpy as np
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = 1
+    for d in shape:
+        count *= d
+    raw = torch.from_numpy(np.zeros(count * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
+
+
 class _Layer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory) -> None:
         p = f"model.layers.{i}."
@@ -94,5 +110,5 @@ class LlamaForCausalLM:
     def allocate_kv_cache(self, num_blocks: int, block_size: int,
                           dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks * block_size, self.num_kv_heads, self.head_dim)
-        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-                for _ in range(self.config.num_hidden_layers)]
+        pool = lazily_zeroed((2 * self.config.num_hidden_layers, *shape), dtype)
+        return [(pool[2 * i], pool[2 * i + 1]) for i in range(self.config.num_hidden_layers)]

@@ -97,3 +97,15 @@ def test_smollm2_second_load_comes_from_the_cache(smollm2_path, tmp_path, capsys
     shutil.rmtree(cache_dir(smollm2_path, tmp_path))  # 540 MB that pytest would otherwise keep
     with capsys.disabled():  # reported, never asserted: wall-clock depends on the machine
         print(f"\nSmolLM2 load: first (dequantize + cache) {t1 - t0:.2f} s, second (cached) {t2 - t1:.2f} s")
+
+
+def test_the_kv_pool_buffer_is_zero_and_slabs_are_independent():
+    """The KV pool comes from calloc (pages mapped on first write): zero, contiguous, one slab per index."""
+    from llmserve.models.llama import lazily_zeroed
+
+    t = lazily_zeroed((4, 3, 2, 5), torch.float32)
+    assert t.shape == (4, 3, 2, 5) and t.dtype == torch.float32 and t.is_contiguous()
+    assert torch.count_nonzero(t) == 0
+    t[1].fill_(1.0)
+    assert t.sum().item() == 30 and torch.count_nonzero(t[0]) == 0 and torch.count_nonzero(t[2:]) == 0
+    assert lazily_zeroed((7,), torch.bfloat16).dtype == torch.bfloat16

@@ -4,11 +4,17 @@ Each instance gets its share of the machine's CPU threads through the spec's
 ``--threads`` (the caller sizes it). The engine opens its port at once and loads
 weights in the background, so ``start`` returns in milliseconds and the
 controller watches ``/ready``.
+
+By default instances are forked from a template process that has already
+imported torch and the server (``providers/template.py``): that is ~2.5 s of
+each start-up paid once. ``fork_from_template=False`` spawns a fresh
+interpreter per instance.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import tempfile
@@ -17,13 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
-from llmserve.autoscale.providers.process import engine_command, free_port, spawn, tail
+from llmserve.autoscale.providers.process import engine_argv, engine_command, free_port, spawn, tail
+from llmserve.autoscale.providers.template import ForkedProcess, Template, TemplateError, needs_fresh_process
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class LocalProviderConfig:
     host: str = "127.0.0.1"
     log_dir: str | None = None  # None: a fresh temporary folder
+    fork_from_template: bool = True
+    template_ready_timeout_s: float = 120.0
 
 
 class LocalProvider:
@@ -34,21 +45,39 @@ class LocalProvider:
     def __init__(self, config: LocalProviderConfig | None = None) -> None:
         self.config = config or LocalProviderConfig()
         self.log_dir = Path(self.config.log_dir or tempfile.mkdtemp(prefix="llmserve-instances-"))
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen | ForkedProcess] = {}
         self._ports: set[int] = set()
+        self.template = Template(self.log_dir / "template.log") if self.config.fork_from_template else None
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         host = self.config.host
         port = free_port(host, self._ports)
         self._ports.add(port)
         log_path = self.log_dir / f"{spec.instance_id}.log"
-        # Popen runs on the loop's thread on purpose: PR_SET_PDEATHSIG fires when the
-        # *thread* that forked ends, and a worker thread of to_thread() ends early.
-        proc = spawn(engine_command(spec.engine_args, host, port, spec.instance_id), log_path,
-                     dict(spec.env))
+        argv = engine_argv(spec.engine_args, host, port, spec.instance_id)
+        proc = await self._fork(argv, log_path, dict(spec.env))
+        if proc is None:
+            # Popen runs on the loop's thread on purpose: PR_SET_PDEATHSIG fires when the
+            # *thread* that forked ends, and a worker thread of to_thread() ends early.
+            proc = spawn(engine_command(spec.engine_args, host, port, spec.instance_id), log_path,
+                         dict(spec.env))
         self._procs[spec.instance_id] = proc
         return InstanceHandle(spec.instance_id, f"http://{host}:{port}", self.name,
                               {"pid": proc.pid, "port": port, "log": str(log_path)})
+
+    async def _fork(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess | None:
+        """The instance forked from the template; None where a fresh process is needed."""
+        t = self.template
+        if t is None or needs_fresh_process(env):
+            return None
+        if not await asyncio.to_thread(t.wait_ready, self.config.template_ready_timeout_s):
+            log.warning("template process unusable (%s); spawning instances instead", t.error or "not ready")
+            return None
+        try:
+            return await asyncio.to_thread(t.spawn, argv, log_path, env)
+        except TemplateError as e:
+            log.warning("template process could not fork (%s); spawning instead", e)
+            return None
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         proc = self._procs.get(handle.instance_id)
@@ -92,3 +121,5 @@ class LocalProvider:
                 proc.kill()
                 proc.wait(timeout=10)
         self._procs.clear()
+        if self.template is not None:
+            await asyncio.to_thread(self.template.close)
