@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -158,6 +159,13 @@ def _last_event_end(buf: bytes) -> int:
 class Proxy:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
+        # Request ids: a random per-process prefix and a counter (uuid4 per request is a
+        # urandom call; ids need to be unique, not secret).
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count()
+
+    def _request_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids):016x}"
 
     async def handle(self, request: Request, path: str) -> Response:
         t0 = time.monotonic()
@@ -173,9 +181,8 @@ class Proxy:
         except UnknownVersion as e:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
-        gw.metrics.routed.labels(parsed.model, version, decision.reason.value).inc()
-        ctx = _Context(runtime, version, parsed, t0,
-                       request.headers.get("x-request-id") or uuid.uuid4().hex)
+        gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
+        ctx = _Context(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id())
         if gw.observers:
             chars = prompt_chars(parsed.body)
             for o in gw.observers:
@@ -211,7 +218,7 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     break
-                gw.metrics.retries.labels(rt.config.name, ctx.version).inc()
+                gw.metrics.child(gw.metrics.retries, rt.config.name, ctx.version).inc()
             try:
                 lease = await self._acquire(pool, route, ctx, tried, request)
             except GatewayError:
@@ -244,7 +251,7 @@ class Proxy:
         or ``(None, failure)`` to retry, the lease then already released."""
         gw, inst = self.gw, lease.instance
         ctx.instance = inst.instance_id
-        gw.metrics.upstream.labels(ctx.runtime.config.name, ctx.version, inst.instance_id).inc()
+        gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version, inst.instance_id).inc()
         try:
             resp = await gw.upstream.post(f"{inst.url}{path}", content, headers)
         except httpx.HTTPError as e:
@@ -453,15 +460,15 @@ class _Context:
         rt, m = self.runtime, self.runtime.gateway.metrics
         labels = (rt.config.name, self.version, self.parsed.priority.name.lower())
         e2e = time.monotonic() - self.t0
-        m.requests.labels(*labels, str(status)).inc()
+        m.child(m.requests, *labels, str(status)).inc()
         if error_kind is not None or status >= 400:
-            m.errors.labels(*labels, error_kind or f"http_{status}").inc()
+            m.child(m.errors, *labels, error_kind or f"http_{status}").inc()
         if self.instance is not None:
-            m.queue_time.labels(*labels).observe(self.queued_s)
+            m.child(m.queue_time, *labels).observe(self.queued_s)
         if self.ttft_s is not None:
-            m.ttft.labels(*labels).observe(self.ttft_s)
+            m.child(m.ttft, *labels).observe(self.ttft_s)
         if ok and status < 400:
-            m.e2e.labels(*labels).observe(e2e)
+            m.child(m.e2e, *labels).observe(e2e)
         if (self.instance is not None or not ok) and status != 499:
             rt.stats.record(self.version, time.time(), ok, self.ttft_s,
                             e2e if ok and status < 400 else None)
