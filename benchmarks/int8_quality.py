@@ -2,6 +2,9 @@
 
     python benchmarks/int8_quality.py            # 3,000 tokens of CPython's LICENSE text, 8 chat prompts
 
+Formats: fp32; bf16; int8 (int8 weights, fp32 activations: llmserve's kernel); w8a8
+(int8 weights and per-tensor dynamic int8 activations: torch's fbgemm kernel).
+
 Writes benchmarks/results/int8_quality.{md,json}. The text ships with Python itself,
 so every machine scores the same tokens.
 """
@@ -27,7 +30,7 @@ def main() -> None:
     from llmserve.models.weights import linear_factory_for
 
     torch.set_num_threads(2)
-    base = LLM("SmolLM2-135M-Instruct", max_num_seqs=8)
+    base = LLM("SmolLM2-135M-Instruct", max_num_seqs=8, dtype="fp32")
     tok = base.get_tokenizer()
     ids = tok.encode(Path(os.__file__).with_name("LICENSE.txt").read_text())[:3000]
     # The converted fp32 weights, straight from the store's cache.
@@ -36,13 +39,13 @@ def main() -> None:
 
     mc, w = load_weights(resolve("SmolLM2-135M-Instruct", default_store_dir()), default_store_dir())
     rows = {}
-    for fmt in ("fp32", "bf16", "int8"):
+    for fmt in ("fp32", "bf16", "int8", "w8a8"):
         model = LlamaForCausalLM(mc, w, linear_factory_for(fmt))
         t = time.perf_counter()
         rows[fmt] = {"perplexity": perplexity(model, ids), "seconds": time.perf_counter() - t}
     sp = SamplingParams(max_tokens=32, temperature=0)
     ref = [o.token_ids for o in base.generate([tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS], sp)]
-    for fmt in ("bf16", "int8"):
+    for fmt in ("bf16", "int8", "w8a8"):
         llm = LLM("SmolLM2-135M-Instruct", max_num_seqs=8, dtype=fmt)
         outs = [o.token_ids for o in llm.generate([tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS], sp)]
         rows[fmt]["greedy_equal_share"] = sum(a == b for a, b in zip(outs, ref)) / len(ref)

@@ -1,6 +1,7 @@
 """Offline generation throughput on the real model: llmserve vs Hugging Face static batching.
 
     python benchmarks/offline_throughput.py                # 64 prompts, 128 in / 128 out, c = 1, 16, 64
+    python benchmarks/offline_throughput.py --dtypes fp32,int8   # several weight formats, one run
     python benchmarks/offline_throughput.py --quick        # a smaller smoke run
 
 Reports generated tokens/s at each concurrency and the fraction of the compute
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -80,7 +82,7 @@ def main() -> None:
     ap.add_argument("--model", default="SmolLM2-135M-Instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--dtypes", default="fp32", help="comma-separated weight formats, measured in turn")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--out-len", type=int, default=128)
     args = ap.parse_args()
@@ -90,9 +92,11 @@ def main() -> None:
 
     in_len, out_len = (64, 32) if args.quick else (128, args.out_len)
     plan = {1: 2, 16: 16, 64: 64} if not args.quick else {1: 1, 16: 16}
-    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=2048, threads=args.threads)
-    tok = llm.get_tokenizer()
-    n_params = llm.engine.runner.model.num_parameters()
+    dtypes = args.dtypes.split(",")
+    llms = {d: LLM(args.model, dtype=d, max_num_seqs=64, max_num_batched_tokens=2048, threads=args.threads)
+            for d in dtypes}
+    tok = llms[dtypes[0]].get_tokenizer()
+    n_params = llms[dtypes[0]].engine.runner.model.num_parameters()
     rate = gemm_gflops(args.threads)
     ceiling = rate * 1e9 / (2 * n_params)
     rows = []
@@ -104,28 +108,33 @@ def main() -> None:
         hf = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32).eval()
     for c, n in plan.items():
         prompts = prompts_for(tok, n, in_len, seed=c)
-        r = run_llmserve(llm, prompts, out_len, c)
-        row = {"concurrency": c, "prompts": n, "llmserve_tok_s": r["tok_s"], "llmserve_s": r["seconds"]}
+        row = {"concurrency": c, "prompts": n}
+        for d in dtypes:
+            r = run_llmserve(llms[d], prompts, out_len, c)
+            row.update({f"{d}_tok_s": r["tok_s"], f"{d}_s": r["seconds"], f"{d}_fp32_ceiling_fraction":
+                        r["tok_s"] / ceiling})
         if hf is not None:
             h = run_hf(hf, prompts, out_len, c)
-            row.update(hf_tok_s=h["tok_s"], hf_s=h["seconds"], ratio=r["tok_s"] / h["tok_s"])
-        row["ceiling_fraction"] = r["tok_s"] / ceiling
+            row.update(hf_tok_s=h["tok_s"], hf_s=h["seconds"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg": os.getloadavg(), "threads": args.threads,
             "gemm_gflops": rate, "ceiling_tok_s": ceiling, "in_len": in_len, "out_len": out_len,
-            "dtype": args.dtype, "machine": platform.processor() or platform.machine()}
+            "dtypes": dtypes, "machine": platform.processor() or platform.machine(),
+            "command": "python benchmarks/offline_throughput.py " + " ".join(sys.argv[1:])}
     RESULTS.mkdir(exist_ok=True)
-    name = "offline_throughput" + ("_quick" if args.quick else "") + ("" if args.dtype == "fp32" else f"_{args.dtype}")
+    name = "offline_throughput" + ("_quick" if args.quick else "") + ("" if dtypes == ["fp32"] else "_" + "_".join(dtypes))
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"GEMM {rate:.0f} GFLOP/s -> ceiling {ceiling:.0f} tok/s; load avg {meta['load_avg'][0]:.1f}; "
-             f"{in_len} in / {out_len} out; dtype {args.dtype}; {meta['date']}", "",
-             "| concurrency | prompts | llmserve tok/s | HF tok/s | llmserve/HF | of ceiling |",
-             "|---|---|---|---|---|---|"]
+    cols = [f"llmserve {d} tok/s" for d in dtypes] + ["HF fp32 tok/s"] + [f"{d}/HF" for d in dtypes]
+    lines = [f"`{meta['command']}`", "",
+             f"GEMM {rate:.0f} GFLOP/s -> fp32 compute ceiling {ceiling:.0f} tok/s; load avg "
+             f"{meta['load_avg'][0]:.1f}; {in_len} in / {out_len} out; {args.threads} threads; {meta['date']}", "",
+             "| concurrency | prompts | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for r in rows:
-        lines.append(f"| {r['concurrency']} | {r['prompts']} | {r['llmserve_tok_s']:.1f} | "
-                     f"{r.get('hf_tok_s', float('nan')):.1f} | {r.get('ratio', float('nan')):.2f} | "
-                     f"{r['ceiling_fraction']:.0%} |")
+        hf_t = r.get("hf_tok_s", float("nan"))
+        cells = [f"{r[f'{d}_tok_s']:.1f}" for d in dtypes] + [f"{hf_t:.1f}"] + \
+            [f"{r[f'{d}_tok_s'] / hf_t:.2f}" for d in dtypes]
+        lines.append(f"| {r['concurrency']} | {r['prompts']} | " + " | ".join(cells) + " |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

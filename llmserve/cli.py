@@ -24,8 +24,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=DEFAULT_MODEL, help="model store name, .gguf file or Hugging Face folder")
     g.add_argument("--model-store", default=_store_default(), help="model store folder")
-    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "auto"],
-                   help="weight format (default: the engine's default)")
+    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "w8a8", "auto"],
+                   help="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
+                        "too (torch's dynamic int8; lossy on SmolLM2); auto (default) = int8 for a "
+                        "block-quantised GGUF where the int8 kernel runs, else fp32")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-model-len", type=int, default=None)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "int8")
-_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "fp32", "bfloat16": "bf16",
-                  "fp32": "fp32", "bf16": "bf16", "int8": "int8"}
+DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16": "bf16",
+                  "fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "w8a8"}
 
 
 @dataclass(slots=True)
@@ -63,7 +63,9 @@ class SpeculativeConfig:
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"
-    dtype: str = "fp32"
+    # auto: int8 where the weights came from a block-quantised GGUF (nothing to lose) and
+    # the int8 kernel runs here, fp32 otherwise. Resolved by EngineCore.
+    dtype: str = "auto"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     block_size: int = 16

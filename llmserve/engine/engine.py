@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,15 +52,21 @@ class EngineCore:
     """One model, one KV pool, one scheduler; not thread-safe (AsyncEngine serialises)."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig,
-                 weights: dict[str, torch.Tensor], tokenizer: Any | None = None) -> None:
+                 weights: dict[str, torch.Tensor], tokenizer: Any | None = None,
+                 prepared_dir: Path | None = None) -> None:
+        """``prepared_dir``: where the model store keeps prepared (int8) weights, if anywhere."""
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
-        from llmserve.models.weights import linear_factory_for  # late: quantisation is optional
+        from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
-        self.model = LlamaForCausalLM(model_config, weights, linear_factory_for(config.dtype))
+        config.dtype = resolve_dtype(config.dtype, model_config.quantized_source)
+        factory = linear_factory_for(config.dtype, prepared_dir)
+        self.model = LlamaForCausalLM(model_config, weights, factory)
+        if isinstance(factory, PreparedCache):
+            factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         kv_dtype = torch.float32

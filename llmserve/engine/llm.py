@@ -18,7 +18,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
     """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
     from pathlib import Path
 
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.loading import load_tokenizer, load_weights, prepared_dir
     from llmserve.models.store import default_store_dir, resolve
 
     store = Path(config.model_store) if config.model_store else default_store_dir()
@@ -27,7 +27,7 @@ def build_engine(config: EngineConfig) -> EngineCore:
     tokenizer = load_tokenizer(source, store)
     if config.served_model_name:
         model_config.name = config.served_model_name
-    return EngineCore(config, model_config, weights, tokenizer)
+    return EngineCore(config, model_config, weights, tokenizer, prepared_dir(source, store))
 
 
 class LLM:

@@ -36,6 +36,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     name: str = "model"
+    # The weights were decoded from <= 8-bit blocks of 32 or 256 (GGUF Q4_x / Q5_x /
+    # Q8_0 / k-quants): the int8 weight format holds them (nearly) as they are.
+    quantized_source: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim <= 0:
@@ -71,6 +74,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
             name=name,
+            quantized_source=bool(d.get("llmserve_quantized_source", False)),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -99,6 +103,7 @@ class ModelConfig:
             "attention_bias": False,
             "mlp_bias": False,
             "torch_dtype": "float32",
+            "llmserve_quantized_source": self.quantized_source,
         }
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:

@@ -167,9 +167,19 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
             bos_token_id=int(bos) if bos is not None else None,
             eos_token_id=list(dict.fromkeys(eos)),
             name=path.stem,
+            quantized_source=_block_quantized(reader),
         )
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"{path}: invalid model metadata ({e})") from e
+
+
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+
+
+def _block_quantized(reader: Any) -> bool:
+    """True when every matrix is stored in a block-quantised type of at most 8 bits."""
+    mats = [t for t in reader.tensors if len(t.shape) == 2]
+    return bool(mats) and all(t.tensor_type.name not in _FLOAT_TYPES for t in mats)
 
 
 def _dequantize(tensor: Any, path: Path) -> torch.Tensor:

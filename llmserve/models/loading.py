@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 LOADERS: tuple[WeightLoader, ...] = (GGUFLoader(), HFLoader())
 CONVERTED = "converted"
-CACHE_FORMAT = 1  # bump when the converted layout changes, to orphan old entries
+CACHE_FORMAT = 2  # bump when the converted layout changes, to orphan old entries (2: quantized_source)
 SOURCE_INFO = "source.json"
 
 
@@ -48,6 +48,17 @@ def cache_dir(source: Path, store_dir: Path) -> Path:
     st = source.stat()
     ident = f"{CACHE_FORMAT}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     return Path(store_dir) / CONVERTED / f"{source.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def prepared_dir(source: Path, store_dir: Path) -> Path:
+    """Where prepared forms of ``source``'s weights (int8) are cached: beside a GGUF's
+    conversion, or under ``<store>/prepared/`` for a HF folder (keyed like ``cache_dir``)."""
+    source = Path(source)
+    if isinstance(find_loader(source), GGUFLoader):
+        return cache_dir(source, store_dir)
+    st = (source / "config.json").stat()
+    ident = f"{CACHE_FORMAT}|{source.resolve()}|{st.st_mtime_ns}"
+    return Path(store_dir) / "prepared" / f"{source.name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
 def load_weights(source: Path, store_dir: Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -1,9 +1,14 @@
-"""int8 weights: per-output-channel int8, dynamic int8 activations, torch's own kernels.
+"""int8 weights, one scale per output channel, in two forms.
 
-``torch.ops.quantized.linear_dynamic`` (fbgemm on x86, qnnpack on Arm) quantises each
-activation row on the fly and runs an int8 GEMM; weights stream at a quarter of
-fp32's bytes, which is what bounds a decode step on a CPU. The quantised form
-(int8 values + one scale per output channel) is what the model store caches.
+- ``int8`` (:class:`WeightOnlyInt8Linear`): int8 weights, fp32 activations. Decode
+  steps are bound by the bytes the weights stream, and int8 weights are a quarter of
+  fp32's; activations stay exact, which this model needs (its activations have
+  outlier channels). Our AVX2 kernel (``w8_kernel``) does the product.
+- ``w8a8`` (:class:`Int8Linear`): also quantises activations, per tensor, on the fly
+  (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack on Arm). Faster
+  at large batches, but it loses far too much on SmolLM2 (perplexity +359 %).
+
+The quantised form (int8 values + scales) is what the model store caches.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 
+from llmserve.models import w8_kernel
 from llmserve.models.linear import LinearFactory
 
 
@@ -51,6 +58,81 @@ class Int8Linear:
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
 
-def int8_factory() -> LinearFactory:
+def w8a8_factory() -> LinearFactory:
     torch.backends.quantized.engine = _engine()
     return Int8Linear.from_float
+
+
+GROUP = 32  # weights per affine map: GGUF's Q8_0 / Q4_1 block size
+
+
+def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8 per 32 weights: ``w ≈ q * scale + offset`` group by group.
+
+    Each group takes the better of two grids: 255 steps between its min and max
+    (asymmetric), which holds GGUF's Q4_1 / Q4_K levels exactly (16 levels of the same
+    span: 255 = 15 * 17), or steps of ``absmax / 127`` around zero (symmetric), which
+    holds Q8_0's exactly. Weights that came from such a file come back as they were,
+    up to float rounding; others lose at most half a step."""
+    w = w.float()
+    n, k = w.shape
+    g = w.reshape(n, k // GROUP, GROUP)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    a_scale = ((hi - lo) / 255.0).clamp(min=1e-12)
+    a_codes = torch.round((g - lo[..., None]) / a_scale[..., None]).clamp(0, 255) - 128
+    a_offset = lo + 128 * a_scale
+    s_scale = (g.abs().amax(dim=2) / 127.0).clamp(min=1e-12)
+    s_codes = torch.round(g / s_scale[..., None]).clamp(-127, 127)
+    a_err = (a_codes * a_scale[..., None] + a_offset[..., None] - g).abs().amax(dim=2)
+    s_err = (s_codes * s_scale[..., None] - g).abs().amax(dim=2)
+    sym = s_err < a_err
+    q = torch.where(sym[..., None], s_codes, a_codes).to(torch.int8).reshape(n, k)
+    scale = torch.where(sym, s_scale, a_scale)
+    offset = torch.where(sym, torch.zeros_like(a_offset), a_offset)
+    return q, scale.contiguous(), offset.contiguous()
+
+
+class WeightOnlyInt8Linear:
+    """``y = x @ W.T`` with ``W = q * scale + offset`` per 32-weight group and fp32 ``x``.
+
+    Up to ``SMALL_M`` rows (decode steps: bound by the bytes the weights stream) our AVX2
+    kernel (``w8_kernel``) reads the int8 codes. More rows (prefill, large batches) are
+    compute-bound, and on AVX2 without VNNI int8 codes only add widening work there, so
+    those go to torch's fp32 GEMM on the fp32 weights the codes came from (the model
+    holds them anyway; for GGUF-sourced weights the codes reproduce them exactly).
+    """
+
+    SMALL_M = 16  # measured crossover here: at 16 rows the kernel is 1.45x fp32, at 64 slower
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                 dense: torch.Tensor | None = None) -> None:
+        self.q = q.contiguous()
+        self.scale, self.offset = scale.float().contiguous(), offset.float().contiguous()
+        self.out_features, self.in_features = q.shape
+        self._kernel = w8_kernel.load()
+        self.dense = dense if dense is not None else self.dequantized()
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor) -> "WeightOnlyInt8Linear":
+        if w.shape[1] % GROUP:
+            raise ValueError(f"int8 weights need an input size divisible by {GROUP}, got {w.shape[1]}")
+        q, scale, offset = quantize_groups(w)
+        return cls(q, scale, offset, dense=w.float().contiguous())
+
+    def dequantized(self) -> torch.Tensor:
+        n, k = self.q.shape
+        g = self.q.float().reshape(n, k // GROUP, GROUP)
+        return (g * self.scale[..., None] + self.offset[..., None]).reshape(n, k).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float()
+        if self._kernel is not None and x2.shape[0] <= self.SMALL_M:
+            y = self._kernel.w8_linear(x2, self.q, self.scale, self.offset)
+        else:
+            y = F.linear(x2, self.dense)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def int8_factory() -> LinearFactory:
+    return WeightOnlyInt8Linear.from_float

@@ -1,13 +1,40 @@
-"""Choose the linear-layer implementation for a weight format."""
+"""Choose the linear-layer implementation for a weight format, and cache prepared forms.
+
+Quantising the model's weights (int8) takes a few hundred milliseconds of start-up;
+:class:`PreparedCache` keeps the result in the model store so later starts read it
+back (memory-mapped) instead.
+"""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import torch
 
-from llmserve.models.linear import LinearFactory, dense_factory
+from llmserve.models.files import atomic_target
+from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
+
+log = logging.getLogger(__name__)
+
+PREPARED_FORMAT = 2  # bump when a prepared layout or the quantisation changes
 
 
-def linear_factory_for(dtype: str) -> LinearFactory:
+def resolve_dtype(dtype: str, quantized_source: bool) -> str:
+    """``auto`` -> int8 for weights decoded from a block-quantised file when the int8 kernel
+    runs on this machine (faster, and the int8 form holds such weights as they are), else fp32."""
+    if dtype != "auto":
+        return dtype
+    if quantized_source:
+        from llmserve.models import w8_kernel
+
+        if w8_kernel.load() is not None:
+            return "int8"
+    return "fp32"
+
+
+def linear_factory_for(dtype: str, prepared: Path | None = None) -> LinearFactory:
+    """The factory for ``dtype``; with ``prepared`` (a folder), an int8 form is cached there."""
     if dtype == "fp32":
         return dense_factory(torch.float32)
     if dtype == "bf16":
@@ -15,5 +42,59 @@ def linear_factory_for(dtype: str) -> LinearFactory:
     if dtype == "int8":
         from llmserve.models.quant import int8_factory
 
-        return int8_factory()
+        return PreparedCache(prepared / f"int8-v{PREPARED_FORMAT}.safetensors", int8_factory()) \
+            if prepared is not None else int8_factory()
+    if dtype == "w8a8":
+        from llmserve.models.quant import w8a8_factory
+
+        return w8a8_factory()
     raise ValueError(f"unknown weight format {dtype!r}")
+
+
+class PreparedCache:
+    """Wraps the int8 factory: layers come from the cache file in call order (the model
+    builds them in a fixed order) and a miss quantises; ``save`` writes what was built."""
+
+    def __init__(self, path: Path, factory: LinearFactory) -> None:
+        self.path = path
+        self.factory = factory
+        self.built: list[LinearLayer] = []
+        self.cached: dict[str, torch.Tensor] = {}
+        self.hits = 0
+        if path.is_file():
+            try:
+                from safetensors.torch import load_file
+
+                self.cached = load_file(str(path))
+            except Exception as e:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
+                log.warning("ignoring a broken prepared-weights cache %s: %s", path, e)
+
+    def __call__(self, w: torch.Tensor) -> LinearLayer:
+        from llmserve.models.quant import WeightOnlyInt8Linear
+
+        i = len(self.built)
+        q = self.cached.get(f"{i}.q")
+        if q is not None and tuple(q.shape) == tuple(w.shape):
+            layer: LinearLayer = WeightOnlyInt8Linear(q, self.cached[f"{i}.scale"], self.cached[f"{i}.offset"],
+                                                      dense=w.float().contiguous())
+            self.hits += 1
+        else:
+            layer = self.factory(w)
+        self.built.append(layer)
+        return layer
+
+    def save(self) -> None:
+        """Write the cache if any layer was quantised this time (best effort)."""
+        if self.hits == len(self.built):
+            return
+        from safetensors.torch import save_file
+
+        tensors = {}
+        for i, layer in enumerate(self.built):
+            tensors.update({f"{i}.q": layer.q, f"{i}.scale": layer.scale, f"{i}.offset": layer.offset})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_target(self.path) as tmp:
+                save_file(tensors, tmp, metadata={"format": "llmserve-int8", "layers": str(len(self.built))})
+        except OSError as e:
+            log.warning("could not cache the int8 weights in %s: %s", self.path, e)

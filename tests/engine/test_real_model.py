@@ -20,9 +20,17 @@ def hf_model(smollm2_path):
     return m.eval()
 
 
-@pytest.fixture(scope="module")
-def llm(smollm2_path, model_store):
-    return LLM(str(smollm2_path), model_store=str(model_store), max_num_seqs=8, num_kv_blocks=256)
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def llm(request, smollm2_path, model_store):
+    return LLM(str(smollm2_path), model_store=str(model_store), max_num_seqs=8, num_kv_blocks=256,
+               dtype=request.param)
+
+
+def test_auto_picks_int8_for_the_q4_gguf(smollm2_path, model_store):
+    from llmserve.models import w8_kernel
+
+    auto = LLM(str(smollm2_path), model_store=str(model_store), max_num_seqs=2, num_kv_blocks=16)
+    assert auto.engine.config.dtype == ("int8" if w8_kernel.cpu_supported() else "fp32")
 
 
 def test_logits_match_transformers(llm, hf_model):
@@ -50,5 +58,6 @@ def test_greedy_chat_equals_transformers(llm, hf_model):
         ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
     out = llm.chat(msgs, SamplingParams(max_tokens=24, temperature=0))[0]
     n = len(out.token_ids)
+    # int8 holds this file's Q4_1 / Q8_0 weights exactly; only summation order differs.
     assert out.token_ids == ref[:n]
     assert "Paris" in out.text

@@ -8,7 +8,7 @@ from llmserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import run_to_completion
 
 
-@pytest.mark.parametrize("fmt,tol", [("bf16", 0.05), ("int8", 0.15)])
+@pytest.mark.parametrize("fmt,tol", [("bf16", 0.05), ("int8", 0.02), ("w8a8", 0.15)])
 def test_logits_close_to_fp32(tiny, fmt, tol):
     prompt = list(range(5, 40))
     lps = {}
@@ -27,7 +27,7 @@ def test_logits_close_to_fp32(tiny, fmt, tol):
     assert err < tol * max(abs(v) for v in ref.values())
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "w8a8"])
 def test_formats_run_the_full_engine(tiny, fmt):
     eng = tiny.engine(dtype=fmt, num_kv_blocks=32, block_size=4, max_num_batched_tokens=8)
     for i in range(3):
@@ -40,3 +40,25 @@ def test_formats_run_the_full_engine(tiny, fmt):
 def test_unknown_format_is_rejected(tiny):
     with pytest.raises(ValueError, match="dtype"):
         tiny.engine(dtype="fp8")
+
+
+def test_int8_on_q4_1_weights_is_greedy_equal_to_hf():
+    """Weights on GGUF's Q4_1 grid (what SmolLM2's file holds) survive int8 exactly, so the
+    int8 engine's greedy tokens equal Hugging Face's fp32 ones, with chunked prefill on."""
+    from tests.engine.conftest import make_tiny
+    from tests.models.test_int8 import q4_1_like
+
+    t = make_tiny(seed=3)
+    state = t.hf.state_dict()
+    for name, w in list(state.items()):
+        if w.dim() == 2 and "embed_tokens" not in name:
+            state[name] = q4_1_like(*w.shape, seed=len(name))
+    t.hf.load_state_dict(state)
+    t.weights = {k: v.detach().clone() for k, v in t.hf.state_dict().items()}
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
+    eng = t.engine(dtype="int8", num_kv_blocks=64, block_size=4, max_num_batched_tokens=16)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    done = run_to_completion(eng)
+    for i, p in enumerate(prompts):
+        assert done[str(i)] == t.hf_greedy(p, 12)
