@@ -104,3 +104,15 @@ def test_the_store_cache_gives_back_the_same_layers(tmp_path):
         assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.offset, b.offset)
     stale = linear_factory_for("int8", tmp_path)  # a different shape is quantised afresh, not misread
     assert stale(torch.randn(64, 128)).in_features == 128 and stale.hits == 0
+
+
+def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
+    """Builds are keyed by content, so two checkouts sharing a cache never rebuild each other's."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    a = w8_kernel.build_dir()
+    src = tmp_path / "w8_linear.cpp"
+    src.write_bytes(w8_kernel.SOURCE.read_bytes())
+    monkeypatch.setattr(w8_kernel, "SOURCE", src)
+    assert w8_kernel.build_dir() == a  # same content elsewhere: same folder
+    src.write_bytes(src.read_bytes() + b"\n// changed\n")
+    assert w8_kernel.build_dir() != a
