@@ -38,12 +38,11 @@ class PrefixConfig(BaseModel):
 def prefix_hashes(text: str, block_chars: int, max_blocks: int) -> list[bytes]:
     """Chain hashes of the full leading blocks (a partial last block is not hashed)."""
     out: list[bytes] = []
-    prev = b""
     n = min(len(text) // block_chars, max_blocks)
-    for k in range(n):
-        block = text[k * block_chars:(k + 1) * block_chars].encode()
-        prev = hashlib.blake2b(prev + block, digest_size=12).digest()
-        out.append(prev)
+    h = hashlib.blake2b(digest_size=12)
+    for k in range(n):  # one running hash over the prefix: block k's digest covers blocks 0..k
+        h.update(text[k * block_chars:(k + 1) * block_chars].encode())
+        out.append(h.copy().digest())
     return out
 
 
@@ -54,6 +53,7 @@ class PrefixAffinityScorer:
         self.config = config or PrefixConfig()
         self._table: OrderedDict[bytes, str] = OrderedDict()
         self.hits = 0  # picks that went where the prompt's first block was recorded
+        self._last: tuple[str | None, list[bytes]] = (None, [])
 
     def __len__(self) -> int:
         return len(self._table)
@@ -95,4 +95,8 @@ class PrefixAffinityScorer:
             del self._table[h]
 
     def _hashes(self, request: RouteRequest) -> list[bytes]:
-        return prefix_hashes(request.prefix_text, self.config.block_chars, self.config.max_blocks)
+        # A pick asks twice (score, then on_picked) for the same request: hash once.
+        if request.prefix_text is not self._last[0]:
+            self._last = (request.prefix_text,
+                          prefix_hashes(request.prefix_text, self.config.block_chars, self.config.max_blocks))
+        return self._last[1]
