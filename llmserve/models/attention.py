@@ -6,6 +6,10 @@ writes the new tokens' K/V to their slots, then attends per *group*: requests wi
 the same number of query tokens (all decodes form one group) share one batched
 ``scaled_dot_product_attention`` call over their gathered, padded contexts. The
 gather indices and masks are built once per step and reused by every layer.
+
+A decode group (one new token per sequence) on an fp32 pool goes to our C++ kernel
+instead (``csrc/paged_attention.cpp``), which reads each key and value where it lies
+in the pool: no gathered copy of every context, every layer, every step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class AttnGroup:
     q_len: int
     kv_index: torch.Tensor  # [B, Lk] slot ids of each sequence's context (padded)
     mask: torch.Tensor  # [B, 1, n_rep * q_len, Lk] True where attention is allowed
+    lens: torch.Tensor | None = None  # [B] context lengths
 
 
 @dataclass
@@ -47,7 +52,7 @@ def build_group(start: int, q_len: int, context_lens: list[int], block_tables: l
     q_pos = ctx - q_len + torch.arange(q_len).view(1, q_len, 1)
     mask = pos.view(1, 1, lk) <= q_pos  # also masks padding: pos > q_pos >= ... < ctx
     mask = mask.unsqueeze(1).repeat(1, 1, n_rep, 1)
-    return AttnGroup(start, b, q_len, kv_index, mask)
+    return AttnGroup(start, b, q_len, kv_index, mask, ctx.view(b))
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -59,9 +64,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     out = torch.empty(t, h * d, dtype=q.dtype)
+    kernel = _decode_kernel() if k_cache.dtype == torch.float32 and q.dtype == torch.float32 else None
     for g in meta.groups:
         b, lq = g.num_seqs, g.q_len
         rows = slice(g.start, g.start + b * lq)
+        if kernel is not None and lq == 1 and g.lens is not None:
+            o = kernel.paged_decode_attention(q[rows], k_cache, v_cache, g.kv_index, g.lens, scale)
+            out[rows] = o.view(b, h * d)
+            continue
         # Fold the query heads that share a KV head into the query-length axis, so
         # grouped-query attention needs no copy of K/V per query head.
         qg = q[rows].view(b, lq, h, d).permute(0, 2, 1, 3).reshape(b, kvh, (h // kvh) * lq, d)
@@ -73,3 +83,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
         out[rows] = o.reshape(b, h, lq, d).permute(0, 2, 1, 3).reshape(b * lq, h * d)
     return out
+
+
+def _decode_kernel():
+    """The compiled kernels, or None (no compiler, no AVX2, or LLMSERVE_NO_W8_KERNEL set)."""
+    from llmserve.models import w8_kernel
+
+    return w8_kernel.load()

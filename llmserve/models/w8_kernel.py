@@ -1,4 +1,6 @@
-"""The weight-only int8 kernel (``csrc/w8_linear.cpp``): built once, on first use.
+"""llmserve's C++ CPU kernels, built once on first use: the weight-only int8 product
+(``csrc/w8_linear.cpp``) and decode attention over the paged KV pool
+(``csrc/paged_attention.cpp``).
 
 torch's own CPU kernels either quantise the activations too (fbgemm's dynamic int8
 linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
@@ -22,7 +24,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "w8_linear.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "w8_linear.cpp"  # holds the module's bindings
+SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "paged_attention.cpp")
 
 
 def cpu_supported() -> bool:
@@ -41,7 +44,8 @@ def build_dir() -> Path:
     (and replace the library under running processes) every time they alternate."""
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + _FLAGS.encode() + torch.__version__.encode()).hexdigest()[:16]
+    blob = b"".join(p.read_bytes() for p in (SOURCE, *SOURCES[1:]))
+    digest = hashlib.sha256(blob + _FLAGS.encode() + torch.__version__.encode()).hexdigest()[:16]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"llmserve_w8_{digest}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -63,12 +67,15 @@ def load():
         lib = folder / f"{name}.so"
         if (folder / _DONE).is_file() and lib.is_file():
             return _import(name, lib)  # built before: no ninja run, no lock
-        src = folder / SOURCE.name
-        if not src.is_file() or src.read_bytes() != SOURCE.read_bytes():
-            shutil.copyfile(SOURCE, src)
+        copies = []
+        for original in (SOURCE, *SOURCES[1:]):
+            src = folder / original.name
+            if not src.is_file() or src.read_bytes() != original.read_bytes():
+                shutil.copyfile(original, src)
+            copies.append(str(src))
         from torch.utils.cpp_extension import load as build
 
-        module = build(name=name, sources=[str(src)], extra_cflags=_FLAGS.split(), build_directory=str(folder),
+        module = build(name=name, sources=copies, extra_cflags=_FLAGS.split(), build_directory=str(folder),
                        verbose=False)
         (folder / _DONE).write_text("ok\n")
         return module
