@@ -10,7 +10,7 @@ shift || true
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 llmserve pull --quiet
 # The int8 weight kernel (C++, AVX2): built once into torch's extension cache.
-python3 -m llmserve.models.w8_kernel >/dev/null || true
+python3 -m llmserve.models.kernels >/dev/null || true
 
 case "$mode" in
   serve)

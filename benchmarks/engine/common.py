@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 MODEL = "SmolLM2-135M-Instruct"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch
+from tables import md_table, pct  # noqa: F401 - re-exported for the engine benchmarks
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
@@ -89,10 +91,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def pct(values: list[float], p: float) -> float:
-    return float(np.percentile(values, p)) if values else float("nan")
-
-
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
 
@@ -113,17 +111,6 @@ def run_one(core: EngineCore, rid: str, prompt: list[int], params: SamplingParam
 def ttft(out: RequestOutput) -> float:
     m = out.metrics
     return m.first_token_time - m.arrival_time
-
-
-def md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def write_results(name: str, quick: bool, command: str, info: dict[str, Any],

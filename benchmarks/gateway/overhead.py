@@ -50,6 +50,8 @@ from llmserve.autoscale.providers.process import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from tables import md_table, pct  # noqa: E402 - the benchmarks' shared helpers, found via the line above
 SERVED = "bench"  # the model name both the instance and the gateway answer to
 FAKE = "fake"
 
@@ -266,12 +268,6 @@ def drive_main(args: argparse.Namespace) -> None:
 
 
 # ---- the measurement --------------------------------------------------------------------
-def pct(values: list[float], p: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(values, p)) if values else float("nan")
-
-
 def median(values: list[float]) -> float:
     import numpy as np
 
@@ -477,17 +473,6 @@ def profile(args: argparse.Namespace, gw_port: int, gw_pid: int, out_path: Path)
 
 
 # ---- results ----------------------------------------------------------------------------
-def md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def git(*a: str) -> str:
     try:
         return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True, timeout=10).stdout

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from llmserve.models import kernels
+
 
 @dataclass
 class AttnGroup:
@@ -86,7 +88,5 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _decode_kernel():
-    """The compiled kernels, or None (no compiler, no AVX2, or LLMSERVE_NO_W8_KERNEL set)."""
-    from llmserve.models import w8_kernel
-
-    return w8_kernel.load()
+    """The compiled kernels, or None (no compiler, no AVX2, or LLMSERVE_NO_KERNELS set)."""
+    return kernels.load()

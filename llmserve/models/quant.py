@@ -3,7 +3,7 @@
 - ``int8`` (:class:`WeightOnlyInt8Linear`): int8 weights, fp32 activations. Decode
   steps are bound by the bytes the weights stream, and int8 weights are a quarter of
   fp32's; activations stay exact, which this model needs (its activations have
-  outlier channels). Our AVX2 kernel (``w8_kernel``) does the product.
+  outlier channels). Our AVX2 kernel (``kernels``) does the product.
 - ``w8a8`` (:class:`Int8Linear`): also quantises activations, per tensor, on the fly
   (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack on Arm). Faster
   at large batches, but it loses far too much on SmolLM2 (perplexity +359 %).
@@ -18,7 +18,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from llmserve.models import w8_kernel
+from llmserve.models import kernels
 from llmserve.models.linear import LinearFactory
 
 
@@ -96,7 +96,7 @@ class WeightOnlyInt8Linear:
     """``y = x @ W.T`` with ``W = q * scale + offset`` per 32-weight group and fp32 ``x``.
 
     Up to ``SMALL_M`` rows (decode steps: bound by the bytes the weights stream) our AVX2
-    kernel (``w8_kernel``) reads the int8 codes. More rows (prefill, large batches) are
+    kernel (``kernels``) reads the int8 codes. More rows (prefill, large batches) are
     compute-bound, and on AVX2 without VNNI int8 codes only add widening work there, so
     those go to torch's fp32 GEMM on the fp32 weights the codes came from (the model
     holds them anyway; for GGUF-sourced weights the codes reproduce them exactly).
@@ -109,7 +109,7 @@ class WeightOnlyInt8Linear:
         self.q = q.contiguous()
         self.scale, self.offset = scale.float().contiguous(), offset.float().contiguous()
         self.out_features, self.in_features = q.shape
-        self._kernel = w8_kernel.load()
+        self._kernel = kernels.load()
         self.dense = dense if dense is not None else self.dequantized()
 
     @classmethod

@@ -26,9 +26,9 @@ def resolve_dtype(dtype: str, quantized_source: bool) -> str:
     if dtype != "auto":
         return dtype
     if quantized_source:
-        from llmserve.models import w8_kernel
+        from llmserve.models import kernels
 
-        if w8_kernel.load() is not None:
+        if kernels.load() is not None:
             return "int8"
     return "fp32"
 

@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from rich.console import Console
 
-from llmserve.autoscale.serve_config import ServeConfig, deep_merge
+from llmserve.autoscale.serve_config import ServeConfig
 from llmserve.autoscale.usage import spans_from_events
 from llmserve.bench.tokenizer import load_tokenizer
 from llmserve.sim.fidelity import Row, SideFigures, compare, markdown, side_figures, table
@@ -63,14 +62,8 @@ class FidelitySettings:
 
 
 def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettings:
-    data: dict[str, Any] = {}
-    if args.serve_config:
-        data = yaml.safe_load(Path(args.serve_config).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.serve_config}: expected a mapping at the top level")
-    if args.model:
-        data = deep_merge(data, {"model": args.model})
-    serve = ServeConfig.model_validate(data)
+    serve = ServeConfig.load(args.serve_config, {"model": args.model} if args.model else None)
+    data = serve.model_dump(mode="json", exclude_unset=True)  # what the user's YAML (and --model) set
     if not len(trace):
         raise ValueError("fidelity: the trace has no requests")
     return FidelitySettings(data, serve, trace, args.seed, args.fidelity_profile,

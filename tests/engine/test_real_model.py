@@ -27,10 +27,10 @@ def llm(request, smollm2_path, model_store):
 
 
 def test_auto_picks_int8_for_the_q4_gguf(smollm2_path, model_store):
-    from llmserve.models import w8_kernel
+    from llmserve.models import kernels
 
     auto = LLM(str(smollm2_path), model_store=str(model_store), max_num_seqs=2, num_kv_blocks=16)
-    assert auto.engine.config.dtype == ("int8" if w8_kernel.cpu_supported() else "fp32")
+    assert auto.engine.config.dtype == ("int8" if kernels.cpu_supported() else "fp32")
 
 
 def test_logits_match_transformers(llm, hf_model):

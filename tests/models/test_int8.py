@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmserve.models import w8_kernel
+from llmserve.models import kernels
 from llmserve.models.quant import GROUP, WeightOnlyInt8Linear, quantize_groups
 from llmserve.models.weights import PreparedCache, linear_factory_for
 
@@ -29,9 +29,9 @@ def q4_1_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 def test_the_kernel_builds_on_an_avx2_machine():
-    if not w8_kernel.cpu_supported():
+    if not kernels.cpu_supported():
         pytest.skip("no AVX2/FMA here: the torch fallback is used")
-    assert w8_kernel.load() is not None
+    assert kernels.load() is not None
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 64])
@@ -109,10 +109,10 @@ def test_the_store_cache_gives_back_the_same_layers(tmp_path):
 def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
     """Builds are keyed by content, so two checkouts sharing a cache never rebuild each other's."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    a = w8_kernel.build_dir()
+    a = kernels.build_dir()
     src = tmp_path / "w8_linear.cpp"
-    src.write_bytes(w8_kernel.SOURCE.read_bytes())
-    monkeypatch.setattr(w8_kernel, "SOURCE", src)
-    assert w8_kernel.build_dir() == a  # same content elsewhere: same folder
+    src.write_bytes(kernels.SOURCE.read_bytes())
+    monkeypatch.setattr(kernels, "SOURCE", src)
+    assert kernels.build_dir() == a  # same content elsewhere: same folder
     src.write_bytes(src.read_bytes() + b"\n// changed\n")
-    assert w8_kernel.build_dir() != a
+    assert kernels.build_dir() != a

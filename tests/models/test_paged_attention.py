@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import llmserve.models.attention as attention
-from llmserve.models import w8_kernel
+from llmserve.models import kernels
 from llmserve.models.attention import AttentionMetadata, build_group, paged_attention
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 2, 40)])
 @pytest.mark.parametrize("batch", [1, 5, 33])
 def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, batch):
-    if w8_kernel.load() is None:
+    if kernels.load() is None:
         pytest.skip("no kernel on this machine")
     g = torch.Generator().manual_seed(batch * 100 + heads)
     bs, blocks = 4, 512

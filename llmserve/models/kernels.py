@@ -4,12 +4,13 @@
 
 torch's own CPU kernels either quantise the activations too (fbgemm's dynamic int8
 linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
-(``_weight_int8pack_mm``: 7-40x slower than fp32 here). The kernel is compiled with
-``torch.utils.cpp_extension`` into torch's extension cache (``$TORCH_EXTENSIONS_DIR``,
-default ``~/.cache/torch_extensions``), so only the first start on a machine pays
-the ~1 min build; ``scripts/setup.sh`` does it at install time. Where it cannot be
-built or the CPU lacks AVX2/FMA, :func:`load` returns None and int8 layers run
-torch's fp32 product instead (correct, no faster than fp32).
+(``_weight_int8pack_mm``: 7-40x slower than fp32 here). The kernels are compiled
+with ``torch.utils.cpp_extension`` into torch's extension cache
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), so only the first
+start on a machine pays the ~1 min build; ``scripts/setup.sh`` does it at install
+time. Where they cannot be built, the CPU lacks AVX2/FMA or ``LLMSERVE_NO_KERNELS``
+is set, :func:`load` returns None: int8 layers run torch's fp32 product and decode
+attention gathers its context for SDPA (correct, slower).
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "w8_linear.cpp"  # holds the module's bindings
-SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "paged_attention.cpp")
+EXTRA_SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.cpp",)
+
+
+def sources() -> tuple[Path, ...]:
+    return (SOURCE, *EXTRA_SOURCES)
 
 
 def cpu_supported() -> bool:
@@ -37,17 +42,17 @@ def cpu_supported() -> bool:
 
 
 def build_dir() -> Path:
-    """A build folder named by the source's content, holding its own copy of the source.
+    """A build folder named by the sources' content, holding its own copy of them.
 
     torch keys a JIT build by name and rebuilds when the command changes, and the
     command names the source's path: two checkouts sharing one cache would rebuild
     (and replace the library under running processes) every time they alternate."""
     import torch
 
-    blob = b"".join(p.read_bytes() for p in (SOURCE, *SOURCES[1:]))
+    blob = b"".join(p.read_bytes() for p in sources())
     digest = hashlib.sha256(blob + _FLAGS.encode() + torch.__version__.encode()).hexdigest()[:16]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"llmserve_w8_{digest}"
+    folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"llmserve_kernels_{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -59,7 +64,7 @@ _DONE = "llmserve-built"  # written once a build succeeded: the library can be i
 @functools.cache
 def load():
     """The compiled module (with ``w8_linear``), or None where it cannot be had."""
-    if os.environ.get("LLMSERVE_NO_W8_KERNEL") or not cpu_supported():
+    if os.environ.get("LLMSERVE_NO_KERNELS") or not cpu_supported():
         return None
     try:
         folder = build_dir()
@@ -68,7 +73,7 @@ def load():
         if (folder / _DONE).is_file() and lib.is_file():
             return _import(name, lib)  # built before: no ninja run, no lock
         copies = []
-        for original in (SOURCE, *SOURCES[1:]):
+        for original in sources():
             src = folder / original.name
             if not src.is_file() or src.read_bytes() != original.read_bytes():
                 shutil.copyfile(original, src)
@@ -95,5 +100,5 @@ def _import(name: str, lib: Path):
     return module
 
 
-if __name__ == "__main__":  # python -m llmserve.models.w8_kernel: build it now (set-up does this)
+if __name__ == "__main__":  # python -m llmserve.models.kernels: build it now (set-up does this)
     print("built" if load() is not None else "not available (fallback in use)")
