@@ -25,12 +25,13 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "w8_linear.cpp"  # holds the module's bindings
-EXTRA_SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.cpp",)
+CSRC = Path(__file__).parent / "csrc"
+# bindings.cpp declares every kernel and holds the Python module
+SOURCES = ("bindings.cpp", "w8_linear.cpp", "paged_attention.cpp")
 
 
 def sources() -> tuple[Path, ...]:
-    return (SOURCE, *EXTRA_SOURCES)
+    return tuple(CSRC / name for name in SOURCES)
 
 
 def cpu_supported() -> bool:

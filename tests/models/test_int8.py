@@ -110,9 +110,12 @@ def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
     """Builds are keyed by content, so two checkouts sharing a cache never rebuild each other's."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     a = kernels.build_dir()
-    src = tmp_path / "w8_linear.cpp"
-    src.write_bytes(kernels.SOURCE.read_bytes())
-    monkeypatch.setattr(kernels, "SOURCE", src)
+    copy = tmp_path / "csrc"
+    copy.mkdir()
+    for src in kernels.sources():
+        (copy / src.name).write_bytes(src.read_bytes())
+    monkeypatch.setattr(kernels, "CSRC", copy)
     assert kernels.build_dir() == a  # same content elsewhere: same folder
+    src = copy / "w8_linear.cpp"
     src.write_bytes(src.read_bytes() + b"\n// changed\n")
     assert kernels.build_dir() != a
