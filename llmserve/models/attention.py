@@ -57,14 +57,12 @@ def build_group(start: int, q_len: int, context_lens: list[int], block_tables: l
     return AttnGroup(start, b, q_len, kv_index, mask, ctx.view(b))
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D]; caches: [S, KVH, D]. Returns [T, H * D]."""
+    """q: [T, H, D]; caches: [S, KVH, D], the step's new keys and values already written.
+    Returns [T, H * D]."""
     t, h, d = q.shape
-    kvh = k.shape[1]
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    kvh = k_cache.shape[1]
     out = torch.empty(t, h * d, dtype=q.dtype)
     kernel = _decode_kernel() if k_cache.dtype == torch.float32 and q.dtype == torch.float32 else None
     for g in meta.groups:

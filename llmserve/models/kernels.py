@@ -1,6 +1,7 @@
 """llmserve's C++ CPU kernels, built once on first use: the weight-only int8 product
-(``csrc/w8_linear.cpp``) and decode attention over the paged KV pool
-(``csrc/paged_attention.cpp``).
+(``csrc/w8_linear.cpp``), decode attention over the paged KV pool
+(``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
+(``csrc/fused_ops.cpp``: RMSNorm with the residual add, RoPE with the KV write, SwiGLU).
 
 torch's own CPU kernels either quantise the activations too (fbgemm's dynamic int8
 linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
@@ -27,11 +28,17 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "w8_linear.cpp", "paged_attention.cpp")
+SOURCES = ("bindings.cpp", "w8_linear.cpp", "paged_attention.cpp", "fused_ops.cpp")
+HEADERS = ("simd.h",)
 
 
 def sources() -> tuple[Path, ...]:
     return tuple(CSRC / name for name in SOURCES)
+
+
+def files() -> tuple[Path, ...]:
+    """Everything a build reads: its content names the build."""
+    return sources() + tuple(CSRC / name for name in HEADERS)
 
 
 def cpu_supported() -> bool:
@@ -50,7 +57,7 @@ def build_dir() -> Path:
     (and replace the library under running processes) every time they alternate."""
     import torch
 
-    blob = b"".join(p.read_bytes() for p in sources())
+    blob = b"".join(p.read_bytes() for p in files())
     digest = hashlib.sha256(blob + _FLAGS.encode() + torch.__version__.encode()).hexdigest()[:16]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"llmserve_kernels_{digest}"
@@ -58,7 +65,8 @@ def build_dir() -> Path:
     return folder
 
 
-_FLAGS = "-O3 -mavx2 -mfma"
+# no FMA contraction: the elementwise kernels round like torch's ops (explicit FMAs stay)
+_FLAGS = "-O3 -mavx2 -mfma -ffp-contract=off"
 _DONE = "llmserve-built"  # written once a build succeeded: the library can be imported as is
 
 
@@ -73,12 +81,11 @@ def load():
         lib = folder / f"{name}.so"
         if (folder / _DONE).is_file() and lib.is_file():
             return _import(name, lib)  # built before: no ninja run, no lock
-        copies = []
-        for original in sources():
+        for original in files():
             src = folder / original.name
             if not src.is_file() or src.read_bytes() != original.read_bytes():
                 shutil.copyfile(original, src)
-            copies.append(str(src))
+        copies = [str(folder / src.name) for src in sources()]
         from torch.utils.cpp_extension import load as build
 
         module = build(name=name, sources=copies, extra_cflags=_FLAGS.split(), build_directory=str(folder),

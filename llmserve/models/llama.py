@@ -8,11 +8,11 @@ products see no padding; only attention is grouped (``llmserve.models.attention`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from llmserve.models.attention import AttentionMetadata, paged_attention
 from llmserve.models.config import ModelConfig
 from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
+from llmserve.models.ops import TorchOps, layer_ops
 from llmserve.models.rope import RotaryEmbedding
 
 
@@ -70,6 +70,7 @@ class LlamaForCausalLM:
             head = self.embed
         self.lm_head: LinearLayer = linear(head)
         self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
+        self.ops: TorchOps = layer_ops()
 
     def num_parameters(self) -> int:
         """Parameters a token's forward pass multiplies by (the tied head counted once)."""
@@ -77,35 +78,28 @@ class LlamaForCausalLM:
         norms = self.norm.numel() + sum(layer.input_norm.numel() + layer.post_norm.numel() for layer in self.layers)
         return sum(m.out_features * m.in_features for m in linears) + norms
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm, for every input token."""
-        t = input_ids.shape[0]
-        x = self.embed[input_ids]
-        cos, sin = self.rope.tables(positions)
+        """Hidden states [T, hidden] before the final norm, for every input token."""
+        ops, eps = self.ops, self.eps
+        x = self.embed[input_ids]  # the residual stream; a fresh tensor, updated in place
+        delta = None  # what the previous sublayer adds to x
         for layer, (kc, vc) in zip(self.layers, kv_caches):
-            h = self._rms(x, layer.input_norm)
-            qkv = layer.qkv(h)
-            q = qkv[:, :self.q_size].view(t, self.num_heads, self.head_dim)
-            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
-            q = self.rope.apply(q, cos, sin)
-            k = self.rope.apply(k, cos, sin)
-            x = x + layer.o(paged_attention(q, k, v, kc, vc, meta, self.scale))
-            h = self._rms(x, layer.post_norm)
-            gu = layer.gate_up(h)
-            g, u = gu.chunk(2, dim=-1)
-            x = x + layer.down(F.silu(g) * u)
+            h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \
+                else ops.add_rms_norm_(x, delta, layer.input_norm, eps)
+            q = ops.rope_and_cache_(layer.qkv(h), positions, self.rope, kc, vc, meta.slot_mapping,
+                                    self.num_heads, self.num_kv_heads)
+            h = ops.add_rms_norm_(x, layer.o(paged_attention(q, kc, vc, meta, self.scale)), layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(h)))
+        if delta is not None:
+            x.add_(delta)
         return x
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output head for the rows that sample only."""
-        return self.lm_head(self._rms(hidden, self.norm)).float()
+        return self.lm_head(self.ops.rms_norm(hidden.contiguous(), self.norm, self.eps)).float()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int,
                           dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -42,6 +42,7 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()
         self.sin = emb.sin()
+        self.head_dim = head_dim
         self.half = head_dim // 2
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -112,7 +112,7 @@ def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
     a = kernels.build_dir()
     copy = tmp_path / "csrc"
     copy.mkdir()
-    for src in kernels.sources():
+    for src in kernels.files():
         (copy / src.name).write_bytes(src.read_bytes())
     monkeypatch.setattr(kernels, "CSRC", copy)
     assert kernels.build_dir() == a  # same content elsewhere: same folder

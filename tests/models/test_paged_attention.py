@@ -32,7 +32,8 @@ def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, ba
     q = torch.randn(batch, heads, dim, generator=g)
     k = torch.randn(batch, kv_heads, dim, generator=g)
     v = torch.randn(batch, kv_heads, dim, generator=g)
-    fast = paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, dim ** -0.5)
+    k_cache[slots], v_cache[slots] = k, v  # the step's new tokens, written before attention
+    fast = paged_attention(q, k_cache, v_cache, meta, dim ** -0.5)
     monkeypatch.setattr(attention, "_decode_kernel", lambda: None)
-    ref = paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, dim ** -0.5)
+    ref = paged_attention(q, k_cache, v_cache, meta, dim ** -0.5)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)

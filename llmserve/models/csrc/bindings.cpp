@@ -4,8 +4,17 @@
 torch::Tensor w8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor offset);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor kv_index, torch::Tensor lens, double scale);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
+torch::Tensor silu_mul(torch::Tensor gu);
+void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8_linear", &w8_linear, "weight-only int8 matrix-vector products, 32-weight affine groups (AVX2)");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV pool (AVX2)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  m.def("add_rms_norm_", &add_rms_norm_, "x += r in place, then RMSNorm of each row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up] rows");
+  m.def("rope_and_cache_", &rope_and_cache_, "RoPE on the q and k heads of qkv in place, k and v to the KV pool");
 }

@@ -13,20 +13,11 @@
 #include <cmath>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t d) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  float s = _mm_cvtss_f32(lo);
-  for (; i < d; ++i) s += a[i] * b[i];
-  return s;
-}
+using llmserve::dot;
 
 inline void axpy(float a, const float* x, float* y, int64_t d) {
   const __m256 av = _mm256_set1_ps(a);

@@ -1,0 +1,150 @@
+// The decoder layer's small steps, each one pass over memory (AVX2 + FMA).
+//
+// In a decode step every op sees a row or a few: torch's composite RMSNorm (pow, mean, add,
+// rsqrt, two muls), rotate-half RoPE (slices, cat, neg, muls, add, per q and k) and the
+// KV writes cost ~10 dispatches and ~10 us each per layer, more than their arithmetic.
+// Here each is one call, and inputs this small run on the calling thread: waking torch's
+// worker threads costs more than the work (and a scheduler quantum on a busy machine).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "simd.h"
+
+namespace {
+
+using llmserve::exp256;
+using llmserve::hsum;
+
+constexpr int64_t kRowsPerTask = 16;  // rows of a few hundred floats: below this, one thread
+
+// y = x / sqrt(mean(x^2) + eps) * w, rounded in HF's order: (x * inv) * w.
+inline void rms_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum(acc);
+  for (; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv), _mm256_loadu_ps(w + i)));
+  for (; i < n; ++i) y[i] = (x[i] * inv) * w[i];
+}
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, H]");
+  TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(0) == x.size(1),
+              "w must be contiguous float32 [H]");
+}
+
+}  // namespace
+
+// x [M, H] -> RMSNorm(x) * w.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check_rows(x, w);
+  auto y = torch::empty_like(x);
+  const int64_t H = x.size(1);
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.size(0), kRowsPerTask, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) rms_row(xp + m * H, wp, yp + m * H, H, static_cast<float>(eps));
+  });
+  return y;
+}
+
+// x += r (the residual stream, in place), then RMSNorm(x) * w.
+torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  check_rows(x, w);
+  TORCH_CHECK(r.sizes() == x.sizes() && r.scalar_type() == at::kFloat && r.is_contiguous(), "r must match x");
+  auto y = torch::empty_like(x);
+  const int64_t H = x.size(1);
+  float* xp = x.data_ptr<float>();
+  const float *rp = r.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.size(0), kRowsPerTask, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      float* xr = xp + m * H;
+      const float* rr = rp + m * H;
+      for (int64_t i = 0; i < H; ++i) xr[i] += rr[i];
+      rms_row(xr, wp, yp + m * H, H, static_cast<float>(eps));
+    }
+  });
+  return y;
+}
+
+// gu [M, 2I] (gate | up) -> silu(gate) * up [M, I].
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
+              "gu must be contiguous float32 [M, 2I]");
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  auto y = torch::empty({M, I}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, M, kRowsPerTask / 4, [&](int64_t m0, int64_t m1) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (int64_t m = m0; m < m1; ++m) {
+      const float *g = gp + m * 2 * I, *u = g + I;
+      float* out = yp + m * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+      }
+      for (; i < I; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
+  });
+  return y;
+}
+
+// qkv [T, (H + 2 KVH) D]: rotates the q and k heads in place (HF's rotate-half RoPE, the
+// tables cos, sin [P, D] indexed by positions [T]) and writes each token's k and v heads
+// to row slots[t] of k_cache, v_cache [S, KVH, D]. The q heads stay in qkv for attention.
+void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2, "cos, sin must be float32 [P, D]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
+              "caches must be contiguous float32 [S, KVH, D]");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
+                  positions.is_contiguous() && slots.is_contiguous(), "positions and slots must be contiguous int64");
+  const int64_t T = qkv.size(0), D = cos.size(1), half = D / 2, P = cos.size(0), S = k_cache.size(0);
+  TORCH_CHECK(qkv.size(1) == (H + 2 * KVH) * D && k_cache.size(1) == KVH && k_cache.size(2) == D && D % 2 == 0,
+              "head shapes do not match");
+  TORCH_CHECK(positions.numel() == T && slots.numel() == T, "one position and one slot per token");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < P && sl[t] >= 0 && sl[t] < S, "position or slot out of range");
+  float* base = qkv.data_ptr<float>();
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  const int64_t width = (H + 2 * KVH) * D;
+  at::parallel_for(0, T, kRowsPerTask, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = base + t * width;
+      const float *c = cp + pos[t] * D, *s = sp + pos[t] * D;
+      for (int64_t h = 0; h < H + KVH; ++h) {  // q heads, then k heads
+        float* x = row + h * D;
+        // out = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1); products rounded
+        // separately, as torch does (the build turns off FMA contraction)
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * c[i] + (-x2) * s[i];
+          x[i + half] = x2 * c[i + half] + x1 * s[i + half];
+        }
+      }
+      const float *k = row + H * D, *v = row + (H + KVH) * D;
+      std::copy(k, k + KVH * D, kc + sl[t] * KVH * D);
+      std::copy(v, v + KVH * D, vc + sl[t] * KVH * D);
+    }
+  });
+}

@@ -1,0 +1,69 @@
+"""The fused C++ forms of the decoder layer's small steps against the torch forms they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmserve.models import kernels
+from llmserve.models.ops import FusedOps, TorchOps
+from llmserve.models.rope import RotaryEmbedding
+
+REF = TorchOps()
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedOps:
+    module = kernels.load()
+    if module is None:
+        pytest.skip("no kernels on this machine")
+    return FusedOps(module)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 40])
+@pytest.mark.parametrize("hidden", [576, 100])
+def test_rms_norm_and_the_residual_add(fused, rows, hidden):
+    g = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=g) * 3
+    r = torch.randn(rows, hidden, generator=g)
+    w = torch.randn(hidden, generator=g)
+    torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), REF.rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    xa, xb = x.clone(), x.clone()
+    ya, yb = fused.add_rms_norm_(xa, r, w, 1e-5), REF.add_rms_norm_(xb, r, w, 1e-5)
+    assert torch.equal(xa, xb)  # the residual stream itself is exact
+    torch.testing.assert_close(ya, yb, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (9, 1536), (3, 20)])
+def test_silu_mul(fused, rows, inter):
+    g = torch.Generator().manual_seed(rows + inter)
+    gu = torch.randn(rows, 2 * inter, generator=g) * 6
+    gu[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -88.0])  # the exponent's clamps
+    torch.testing.assert_close(fused.silu_mul(gu), REF.silu_mul(gu), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,tokens", [(9, 3, 64, 1), (9, 3, 64, 37), (4, 2, 16, 5)])
+def test_rope_and_the_kv_write(fused, heads, kv_heads, dim, tokens):
+    g = torch.Generator().manual_seed(tokens + dim)
+    rope = RotaryEmbedding(dim, 4096, 10000.0)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g)
+    positions = torch.randint(0, 4096, (tokens,), generator=g)
+    slots = torch.randperm(256, generator=g)[:tokens]
+    caches = [torch.randn(256, kv_heads, dim, generator=g) for _ in range(2)]
+    ref_caches = [c.clone() for c in caches]
+    q_ref = REF.rope_and_cache_(qkv.clone(), positions, rope, *ref_caches, slots, heads, kv_heads)
+    q = fused.rope_and_cache_(qkv, positions, rope, *caches, slots, heads, kv_heads)
+    torch.testing.assert_close(q, q_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[0], ref_caches[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(caches[1], ref_caches[1])  # values are copied, not rotated
+
+
+def test_bad_indices_are_refused_not_written(fused):
+    rope = RotaryEmbedding(16, 64, 10000.0)
+    qkv = torch.randn(1, 4 * 16)
+    kc, vc = torch.zeros(8, 1, 16), torch.zeros(8, 1, 16)
+    with pytest.raises(RuntimeError, match="out of range"):
+        fused.rope_and_cache_(qkv, torch.tensor([0]), rope, kc, vc, torch.tensor([8]), 2, 1)
+    with pytest.raises(RuntimeError, match="out of range"):
+        fused.rope_and_cache_(qkv, torch.tensor([64]), rope, kc, vc, torch.tensor([0]), 2, 1)
+    assert not kc.any() and not vc.any()
