@@ -72,7 +72,9 @@ class ModelRunner:
         pos_t = torch.cat(positions)
         hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
         if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, dtype=torch.long)])
+            if sample_rows != list(range(hidden.shape[0])):
+                hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.long))
+            logits = self.model.compute_logits(hidden)
         else:
             logits = torch.empty(0, self.model.config.vocab_size)
         return RunOutput(logits, rows)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from llmserve.engine.sampling_params import SamplingParams
+from llmserve.models.ops import layer_ops
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class Sampler:
 
     def __init__(self, seed: int | None = None) -> None:
         self.generator = torch.Generator()
+        self.ops = layer_ops()
         if seed is not None:
             self.generator.manual_seed(seed)
         else:
@@ -91,7 +93,7 @@ class Sampler:
         logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
         greedy_fast = all(r.params.greedy and not r.params.needs_penalties for r in rows)
         if greedy_fast:
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = self.ops.argmax(logits).tolist()
         else:
             tokens = []
             for i, row in enumerate(rows):

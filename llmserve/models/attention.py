@@ -48,7 +48,7 @@ def build_group(start: int, q_len: int, context_lens: list[int], block_tables: l
     for i, bt in enumerate(block_tables):
         n = min(len(bt), blocks.shape[1])
         blocks[i, :n] = torch.tensor(bt[:n], dtype=torch.long)
-    kv_index = blocks[:, pos // block_size] * block_size + (pos % block_size)
+    kv_index = blocks.index_select(1, pos // block_size) * block_size + (pos % block_size)
     ctx = torch.tensor(context_lens).view(b, 1, 1)
     # query i of a sequence sits at absolute position ctx - q_len + i
     q_pos = ctx - q_len + torch.arange(q_len).view(1, q_len, 1)

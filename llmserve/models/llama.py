@@ -83,7 +83,7 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm, for every input token."""
         ops, eps = self.ops, self.eps
-        x = self.embed[input_ids]  # the residual stream; a fresh tensor, updated in place
+        x = self.embed.index_select(0, input_ids)  # the residual stream: a fresh tensor, updated in place
         delta = None  # what the previous sublayer adds to x
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \

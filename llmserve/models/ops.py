@@ -1,5 +1,5 @@
-"""The decoder layer's small steps (RMSNorm with the residual add, RoPE with the KV write,
-SwiGLU's gate), in two interchangeable forms.
+"""The model's small steps (RMSNorm with the residual add, RoPE with the KV write, SwiGLU's
+gate, greedy sampling's argmax), in two interchangeable forms.
 
 :class:`TorchOps` composes torch ops and is the reference. :class:`FusedOps` runs each
 step as one C++ call (``csrc/fused_ops.cpp``): in a decode step these steps see a row or
@@ -43,6 +43,10 @@ class TorchOps:
         v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
         return q
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Index of each row's first maximum."""
+        return logits.argmax(dim=-1)
+
 
 class FusedOps(TorchOps):
     def __init__(self, module) -> None:
@@ -56,6 +60,9 @@ class FusedOps(TorchOps):
 
     def silu_mul(self, gu):
         return self.k.silu_mul(gu)
+
+    def argmax(self, logits):
+        return self.k.argmax_rows(logits.float().contiguous())
 
     def rope_and_cache_(self, qkv, positions, rope, k_cache, v_cache, slots, heads, kv_heads):
         if k_cache.dtype != torch.float32:  # the kernel writes fp32 pools only

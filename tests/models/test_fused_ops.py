@@ -67,3 +67,13 @@ def test_bad_indices_are_refused_not_written(fused):
     with pytest.raises(RuntimeError, match="out of range"):
         fused.rope_and_cache_(qkv, torch.tensor([64]), rope, kc, vc, torch.tensor([0]), 2, 1)
     assert not kc.any() and not vc.any()
+
+
+def test_argmax_takes_the_first_maximum(fused):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 49152, generator=g)
+    logits[1, 7] = logits[1, 9000] = 100.0  # a tie: the first wins
+    logits[2] = 0.0
+    logits[3, 123] = float("nan")
+    assert torch.equal(fused.argmax(logits), REF.argmax(logits))
+    assert fused.argmax(logits)[1] == 7

@@ -7,6 +7,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor gu);
+torch::Tensor argmax_rows(torch::Tensor x);
 void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH);
 
@@ -16,5 +17,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, "x += r in place, then RMSNorm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up] rows");
+  m.def("argmax_rows", &argmax_rows, "index of each row's first maximum");
   m.def("rope_and_cache_", &rope_and_cache_, "RoPE on the q and k heads of qkv in place, k and v to the KV pool");
 }

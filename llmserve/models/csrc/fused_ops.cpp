@@ -5,7 +5,7 @@
 // KV writes cost ~10 dispatches and ~10 us each per layer, more than their arithmetic.
 // Here each is one call, and inputs this small run on the calling thread: waking torch's
 // worker threads costs more than the work (and a scheduler quantum on a busy machine).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -36,7 +36,7 @@ inline void rms_row(const float* x, const float* w, float* y, int64_t n, float e
   for (; i < n; ++i) y[i] = (x[i] * inv) * w[i];
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
+void check_rows(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, H]");
   TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(0) == x.size(1),
               "w must be contiguous float32 [H]");
@@ -45,9 +45,9 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& w) {
 }  // namespace
 
 // x [M, H] -> RMSNorm(x) * w.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
   check_rows(x, w);
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const int64_t H = x.size(1);
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -58,10 +58,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 }
 
 // x += r (the residual stream, in place), then RMSNorm(x) * w.
-torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+at::Tensor add_rms_norm_(at::Tensor x, at::Tensor r, at::Tensor w, double eps) {
   check_rows(x, w);
   TORCH_CHECK(r.sizes() == x.sizes() && r.scalar_type() == at::kFloat && r.is_contiguous(), "r must match x");
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const int64_t H = x.size(1);
   float* xp = x.data_ptr<float>();
   const float *rp = r.data_ptr<float>(), *wp = w.data_ptr<float>();
@@ -78,11 +78,11 @@ torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, d
 }
 
 // gu [M, 2I] (gate | up) -> silu(gate) * up [M, I].
-torch::Tensor silu_mul(torch::Tensor gu) {
+at::Tensor silu_mul(at::Tensor gu) {
   TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
               "gu must be contiguous float32 [M, 2I]");
   const int64_t M = gu.size(0), I = gu.size(1) / 2;
-  auto y = torch::empty({M, I}, gu.options());
+  auto y = at::empty({M, I}, gu.options());
   const float* gp = gu.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, M, kRowsPerTask / 4, [&](int64_t m0, int64_t m1) {
@@ -106,8 +106,8 @@ torch::Tensor silu_mul(torch::Tensor gu) {
 // qkv [T, (H + 2 KVH) D]: rotates the q and k heads in place (HF's rotate-half RoPE, the
 // tables cos, sin [P, D] indexed by positions [T]) and writes each token's k and v heads
 // to row slots[t] of k_cache, v_cache [S, KVH, D]. The q heads stay in qkv for attention.
-void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
-                     torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH) {
+void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::Tensor sin,
+                     at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, int64_t H, int64_t KVH) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2, "cos, sin must be float32 [P, D]");
@@ -147,4 +147,25 @@ void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor c
       std::copy(v, v + KVH * D, vc + sl[t] * KVH * D);
     }
   });
+}
+
+// Greedy sampling: the index of each row's first maximum (torch.argmax's choice), scanned on
+// this thread; torch's reduction wakes its worker threads for a single 49k-float row.
+at::Tensor argmax_rows(at::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, V]");
+  const int64_t M = x.size(0), V = x.size(1);
+  TORCH_CHECK(V > 0, "rows must not be empty");
+  auto out = at::empty({M}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, M, kRowsPerTask, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = xp + m * V;
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;  // NaN wins, as in torch
+      op[m] = best;
+    }
+  });
+  return out;
 }

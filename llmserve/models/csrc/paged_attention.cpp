@@ -5,7 +5,7 @@
 // the context, which torch's SDPA would need: 11 % of a batch-64 step before), a softmax,
 // and the weighted sum of the values. Grouped-query attention: query head h reads KV head
 // h / (H / KVH).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -30,8 +30,8 @@ inline void axpy(float a, const float* x, float* y, int64_t d) {
 
 // q [B, H, D]; k_cache, v_cache [S, KVH, D]; kv_index [B, L] slot of each context position
 // (padded); lens [B] context lengths -> [B, H, D]. All float32 except the int64 indices.
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor kv_index, torch::Tensor lens, double scale) {
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                     at::Tensor kv_index, at::Tensor lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "q must be float32 [B, H, D]");
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
                   k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous float32");
@@ -42,7 +42,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), L = kv_index.size(1);
   TORCH_CHECK(H % KVH == 0 && k_cache.size(2) == D, "head shapes do not match");
   const int64_t rep = H / KVH;
-  auto out = torch::zeros({B, H, D}, q.options());
+  auto out = at::zeros({B, H, D}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
   const int64_t *ip = kv_index.data_ptr<int64_t>(), *lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
