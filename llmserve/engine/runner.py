@@ -39,8 +39,8 @@ class ModelRunner:
             by_len.setdefault(s.num_tokens + len(s.spec_token_ids), []).append(s)
 
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
         groups = []
         sample_rows: list[int] = []
         rows: dict[str, tuple[int, int]] = {}
@@ -53,10 +53,9 @@ class ModelRunner:
                 c = req.num_computed_tokens
                 tokens = req.all_token_ids[c:c + s.num_tokens] + s.spec_token_ids
                 table = self.kv.block_ids(req.request_id)
-                pos = torch.arange(c, c + q_len)
-                bt = torch.tensor(table, dtype=torch.long)
-                positions.append(pos)
-                slots.append(bt[pos // bs] * bs + pos % bs)
+                # plain lists, one tensor each at the end: per-request tensor ops cost more than this
+                positions.extend(range(c, c + q_len))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q_len))
                 row0 = len(ids)
                 ids.extend(tokens)
                 ctx_lens.append(c + q_len)
@@ -67,9 +66,9 @@ class ModelRunner:
                     sample_rows.extend(range(row0 + q_len - n_rows, row0 + q_len))
             groups.append(build_group(start, q_len, ctx_lens, tables, bs, self.n_rep))
 
-        meta = AttentionMetadata(torch.cat(slots), groups)
+        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long), groups)
         input_ids = torch.tensor(ids, dtype=torch.long)
-        pos_t = torch.cat(positions)
+        pos_t = torch.tensor(positions, dtype=torch.long)
         hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
         if sample_rows:
             if sample_rows != list(range(hidden.shape[0])):

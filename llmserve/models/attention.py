@@ -44,10 +44,8 @@ def build_group(start: int, q_len: int, context_lens: list[int], block_tables: l
     b = len(context_lens)
     lk = max(context_lens)
     pos = torch.arange(lk)
-    blocks = torch.zeros(b, -(-lk // block_size), dtype=torch.long)
-    for i, bt in enumerate(block_tables):
-        n = min(len(bt), blocks.shape[1])
-        blocks[i, :n] = torch.tensor(bt[:n], dtype=torch.long)
+    nb = -(-lk // block_size)
+    blocks = torch.tensor([bt[:nb] + [0] * (nb - len(bt[:nb])) for bt in block_tables], dtype=torch.long)
     kv_index = blocks.index_select(1, pos // block_size) * block_size + (pos % block_size)
     ctx = torch.tensor(context_lens).view(b, 1, 1)
     # query i of a sequence sits at absolute position ctx - q_len + i
@@ -63,8 +61,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns [T, H * D]."""
     t, h, d = q.shape
     kvh = k_cache.shape[1]
-    out = torch.empty(t, h * d, dtype=q.dtype)
     kernel = _decode_kernel() if k_cache.dtype == torch.float32 and q.dtype == torch.float32 else None
+    if kernel is not None and len(meta.groups) == 1 and meta.groups[0].q_len == 1 and meta.groups[0].lens is not None:
+        g = meta.groups[0]  # a pure decode step (the common case): no output copy
+        return kernel.paged_decode_attention(q, k_cache, v_cache, g.kv_index, g.lens, scale).view(t, h * d)
+    out = torch.empty(t, h * d, dtype=q.dtype)
     for g in meta.groups:
         b, lq = g.num_seqs, g.q_len
         rows = slice(g.start, g.start + b * lq)
