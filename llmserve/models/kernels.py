@@ -1,15 +1,16 @@
-"""llmserve's C++ CPU kernels, built once on first use: the weight-only int8 product
-(``csrc/w8_linear.cpp``), decode attention over the paged KV pool
+"""llmserve's C++ CPU kernels, built once on first use: the int8 product for decode steps
+(``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32),
+decode attention over the paged KV pool
 (``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
 (``csrc/fused_ops.cpp``: RMSNorm with the residual add, RoPE with the KV write, SwiGLU).
 
-torch's own CPU kernels either quantise the activations too (fbgemm's dynamic int8
-linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
+torch's own CPU kernels either quantise the activations per tensor (fbgemm's dynamic
+int8 linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
 (``_weight_int8pack_mm``: 7-40x slower than fp32 here). The kernels are compiled
 with ``torch.utils.cpp_extension`` into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), so only the first
 start on a machine pays the ~1 min build; ``scripts/setup.sh`` does it at install
-time. Where they cannot be built, the CPU lacks AVX2/FMA or ``LLMSERVE_NO_KERNELS``
+time. Where they cannot be built, the CPU lacks AVX2/FMA/F16C or ``LLMSERVE_NO_KERNELS``
 is set, :func:`load` returns None: int8 layers run torch's fp32 product and decode
 attention gathers its context for SDPA (correct, slower).
 """
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "w8_linear.cpp", "paged_attention.cpp", "fused_ops.cpp")
+SOURCES = ("bindings.cpp", "qdot_linear.cpp", "paged_attention.cpp", "fused_ops.cpp")
 HEADERS = ("simd.h",)
 
 
@@ -46,7 +47,7 @@ def cpu_supported() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
 def build_dir() -> Path:
@@ -65,14 +66,16 @@ def build_dir() -> Path:
     return folder
 
 
-# no FMA contraction: the elementwise kernels round like torch's ops (explicit FMAs stay)
-_FLAGS = "-O3 -mavx2 -mfma -ffp-contract=off"
+# no FMA contraction: the elementwise kernels round like torch's ops (explicit FMAs stay);
+# -fopenmp: without it at::parallel_for runs serially (ATen's OpenMP backend is inline),
+# with it the library shares the libgomp torch has already loaded
+_FLAGS = "-O3 -mavx2 -mfma -mf16c -ffp-contract=off -fopenmp"
 _DONE = "llmserve-built"  # written once a build succeeded: the library can be imported as is
 
 
 @functools.cache
 def load():
-    """The compiled module (with ``w8_linear``), or None where it cannot be had."""
+    """The compiled module (``q4_linear``, ``paged_decode_attention``, ...), or None where it cannot be had."""
     if os.environ.get("LLMSERVE_NO_KERNELS") or not cpu_supported():
         return None
     try:
@@ -88,12 +91,12 @@ def load():
         copies = [str(folder / src.name) for src in sources()]
         from torch.utils.cpp_extension import load as build
 
-        module = build(name=name, sources=copies, extra_cflags=_FLAGS.split(), build_directory=str(folder),
-                       verbose=False)
+        module = build(name=name, sources=copies, extra_cflags=_FLAGS.split(), extra_ldflags=["-fopenmp"],
+                       build_directory=str(folder), verbose=False)
         (folder / _DONE).write_text("ok\n")
         return module
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja...: the fp32 product still works
-        log.warning("int8 weight kernel unavailable (%s); int8 layers use the fp32 product", e)
+        log.warning("C++ kernels unavailable (%s); int8 layers use the fp32 product", e)
         return None
 
 

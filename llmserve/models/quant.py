@@ -1,14 +1,17 @@
-"""int8 weights, one scale per output channel, in two forms.
+"""Quantised weights in two forms.
 
-- ``int8`` (:class:`WeightOnlyInt8Linear`): int8 weights, fp32 activations. Decode
-  steps are bound by the bytes the weights stream, and int8 weights are a quarter of
-  fp32's; activations stay exact, which this model needs (its activations have
-  outlier channels). Our AVX2 kernel (``kernels``) does the product.
-- ``w8a8`` (:class:`Int8Linear`): also quantises activations, per tensor, on the fly
-  (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack on Arm). Faster
-  at large batches, but it loses far too much on SmolLM2 (perplexity +359 %).
+- ``int8`` (:class:`WeightOnlyInt8Linear`): a code per weight and an affine map per 32
+  weights (GGUF's Q4_1 / Q8_0 levels held exactly), stored as 4-bit codes where the
+  matrix is on 16 levels, else 8-bit (``qlayout``). Up to ``SMALL_M`` rows our AVX2
+  kernel (``kernels``) quantises the activations per 32 too and multiplies in integers,
+  llama.cpp style; per-32 scales follow this model's outlier channels closely enough
+  (perplexity +0.1 %), where one scale per tensor does not (``w8a8``). More rows use
+  torch's fp32 GEMM on the fp32 weights, exactly.
+- ``w8a8`` (:class:`Int8Linear`): int8 weights per output channel, activations quantised
+  per tensor on the fly (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack
+  on Arm). It loses far too much on SmolLM2 (perplexity +359 %).
 
-The quantised form (int8 values + scales) is what the model store caches.
+The packed ``int8`` form is what the model store caches.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 
 from llmserve.models import kernels
 from llmserve.models.linear import LinearFactory
+from llmserve.models.qlayout import GROUP, PackedWeights, pack
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,9 +67,6 @@ def w8a8_factory() -> LinearFactory:
     return Int8Linear.from_float
 
 
-GROUP = 32  # weights per affine map: GGUF's Q8_0 / Q4_1 block size
-
-
 def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """int8 per 32 weights: ``w ≈ q * scale + offset`` group by group.
 
@@ -85,7 +86,10 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     s_codes = torch.round(g / s_scale[..., None]).clamp(-127, 127)
     a_err = (a_codes * a_scale[..., None] + a_offset[..., None] - g).abs().amax(dim=2)
     s_err = (s_codes * s_scale[..., None] - g).abs().amax(dim=2)
-    sym = s_err < a_err
+    # a group on 16 levels (GGUF Q4_1 / Q4_K) stays on the min-max grid even where the
+    # symmetric one happens to hold it as well: the layer can then store it as 4 bits
+    on16 = ((a_codes + 128) % 17 == 0).all(dim=2)
+    sym = (s_err < a_err) & ~on16
     q = torch.where(sym[..., None], s_codes, a_codes).to(torch.int8).reshape(n, k)
     scale = torch.where(sym, s_scale, a_scale)
     offset = torch.where(sym, torch.zeros_like(a_offset), a_offset)
@@ -93,42 +97,43 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 class WeightOnlyInt8Linear:
-    """``y = x @ W.T`` with ``W = q * scale + offset`` per 32-weight group and fp32 ``x``.
+    """``y = x @ W.T`` with ``W = code * scale + offset`` per 32-weight group.
 
-    Up to ``SMALL_M`` rows (decode steps: bound by the bytes the weights stream) our AVX2
-    kernel (``kernels``) reads the int8 codes. More rows (prefill, large batches) are
-    compute-bound, and on AVX2 without VNNI int8 codes only add widening work there, so
-    those go to torch's fp32 GEMM on the fp32 weights the codes came from (the model
-    holds them anyway; for GGUF-sourced weights the codes reproduce them exactly).
+    Up to ``SMALL_M`` rows (decode steps, bound by the bytes the weights stream) our AVX2
+    kernel reads the packed codes (``qlayout``: 4 bits a weight for a Q4 source) and
+    quantises each row of ``x`` per 32 on the fly. More rows (prefill chunks) go to
+    torch's fp32 GEMM on the fp32 weights the codes came from (the model holds them
+    anyway; for GGUF-sourced weights the codes reproduce them exactly), so prompts are
+    processed without activation rounding. The kernel is faster at every row count
+    measured (1.2x fp32 at 2,048 rows, 2-3x up to 64; benchmarks/engine/int8_kernel.py);
+    the bound is where its gain stops paying for rounding the activations.
     """
 
-    SMALL_M = 16  # measured crossover here: at 16 rows the kernel is 1.45x fp32, at 64 slower
+    SMALL_M = 64  # decode steps up to max_num_seqs' default; the kernel was 2.0-2.4x fp32 at 64 rows
+    FINE = True
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-                 dense: torch.Tensor | None = None) -> None:
-        self.q = q.contiguous()
-        self.scale, self.offset = scale.float().contiguous(), offset.float().contiguous()
-        self.out_features, self.in_features = q.shape
-        self._kernel = kernels.load()
+    def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None) -> None:
+        self.packed = packed
+        self.out_features, self.in_features = packed.out_features, packed.in_features
+        kernel = kernels.load()
+        self._product = None if kernel is None else kernel.q4_linear if packed.bits == 4 else kernel.q8_linear
         self.dense = dense if dense is not None else self.dequantized()
 
     @classmethod
     def from_float(cls, w: torch.Tensor) -> "WeightOnlyInt8Linear":
         if w.shape[1] % GROUP:
             raise ValueError(f"int8 weights need an input size divisible by {GROUP}, got {w.shape[1]}")
-        q, scale, offset = quantize_groups(w)
-        return cls(q, scale, offset, dense=w.float().contiguous())
+        return cls(pack(*quantize_groups(w)), dense=w.float().contiguous())
 
     def dequantized(self) -> torch.Tensor:
-        n, k = self.q.shape
-        g = self.q.float().reshape(n, k // GROUP, GROUP)
-        return (g * self.scale[..., None] + self.offset[..., None]).reshape(n, k).contiguous()
+        return self.packed.dequantized()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()
-        if self._kernel is not None and x2.shape[0] <= self.SMALL_M:
-            y = self._kernel.w8_linear(x2, self.q, self.scale, self.offset)
+        if self._product is not None and x2.shape[0] <= self.SMALL_M:
+            p = self.packed
+            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, self.FINE)
         else:
             y = F.linear(x2, self.dense)
         return y.reshape(*shape[:-1], self.out_features)

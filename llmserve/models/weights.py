@@ -1,8 +1,8 @@
 """Choose the linear-layer implementation for a weight format, and cache prepared forms.
 
-Quantising the model's weights (int8) takes a few hundred milliseconds of start-up;
-:class:`PreparedCache` keeps the result in the model store so later starts read it
-back (memory-mapped) instead.
+Quantising and packing the model's weights (int8) takes seconds of start-up;
+:class:`PreparedCache` keeps the packed result in the model store so later starts read
+it back (memory-mapped) instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
 
 log = logging.getLogger(__name__)
 
-PREPARED_FORMAT = 2  # bump when a prepared layout or the quantisation changes
+PREPARED_FORMAT = 3  # bump when a prepared layout or the quantisation changes (3: qlayout's packing)
 
 
 def resolve_dtype(dtype: str, quantized_source: bool) -> str:
@@ -42,7 +42,8 @@ def linear_factory_for(dtype: str, prepared: Path | None = None) -> LinearFactor
     if dtype == "int8":
         from llmserve.models.quant import int8_factory
 
-        return PreparedCache(prepared / f"int8-v{PREPARED_FORMAT}.safetensors", int8_factory()) \
+        # a subfolder: the converted model's loader reads every *.safetensors beside it
+        return PreparedCache(prepared / "int8" / f"v{PREPARED_FORMAT}.safetensors", int8_factory()) \
             if prepared is not None else int8_factory()
     if dtype == "w8a8":
         from llmserve.models.quant import w8a8_factory
@@ -63,20 +64,27 @@ class PreparedCache:
         self.hits = 0
         if path.is_file():
             try:
+                from safetensors import safe_open
                 from safetensors.torch import load_file
 
-                self.cached = load_file(str(path))
+                with safe_open(str(path), "pt") as f:
+                    version = (f.metadata() or {}).get("version")
+                if version == str(PREPARED_FORMAT):
+                    self.cached = load_file(str(path))
+                else:
+                    log.warning("ignoring a prepared-weights cache of another format: %s", path)
             except Exception as e:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
                 log.warning("ignoring a broken prepared-weights cache %s: %s", path, e)
 
     def __call__(self, w: torch.Tensor) -> LinearLayer:
+        from llmserve.models.qlayout import PackedWeights
         from llmserve.models.quant import WeightOnlyInt8Linear
 
         i = len(self.built)
-        q = self.cached.get(f"{i}.q")
-        if q is not None and tuple(q.shape) == tuple(w.shape):
-            layer: LinearLayer = WeightOnlyInt8Linear(q, self.cached[f"{i}.scale"], self.cached[f"{i}.offset"],
-                                                      dense=w.float().contiguous())
+        fields = {name: self.cached.get(f"{i}.{name}") for name in ("codes", "scale", "offset")}
+        packed = PackedWeights.from_tensors(fields, tuple(w.shape))
+        if packed is not None:
+            layer: LinearLayer = WeightOnlyInt8Linear(packed, dense=w.float().contiguous())
             self.hits += 1
         else:
             layer = self.factory(w)
@@ -91,10 +99,11 @@ class PreparedCache:
 
         tensors = {}
         for i, layer in enumerate(self.built):
-            tensors.update({f"{i}.q": layer.q, f"{i}.scale": layer.scale, f"{i}.offset": layer.offset})
+            tensors.update({f"{i}.{name}": t for name, t in layer.packed.tensors().items()})
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_target(self.path) as tmp:
-                save_file(tensors, tmp, metadata={"format": "llmserve-int8", "layers": str(len(self.built))})
+                save_file(tensors, tmp, metadata={"format": "llmserve-int8", "version": str(PREPARED_FORMAT),
+                                                  "layers": str(len(self.built))})
         except OSError as e:
             log.warning("could not cache the int8 weights in %s: %s", self.path, e)

@@ -47,8 +47,11 @@ def test_logits_match_transformers(llm, hf_model):
     top = out.outputs[0].logprobs[0].top
     ref_lp = torch.log_softmax(ref, -1)
     assert [t for t, _ in top] == torch.topk(ref_lp, 5).indices.tolist()
+    # int8 rounds the decode rows' activations per 32 values (llama.cpp's Q8 scheme): the
+    # top 5 stay the same, their logprobs move by a few thousandths
+    tol = 2e-3 if eng.config.dtype == "fp32" else 1.5e-2
     for t, lp in top:
-        assert lp == pytest.approx(float(ref_lp[t]), abs=2e-3)
+        assert lp == pytest.approx(float(ref_lp[t]), abs=tol)
 
 
 def test_greedy_chat_equals_transformers(llm, hf_model):

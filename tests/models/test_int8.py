@@ -1,9 +1,10 @@
-"""int8 weights (int8 codes, one affine map per 32 weights; fp32 activations) and their kernel.
+"""int8 weights (a code per weight, one affine map per 32) and their decode kernel.
 
-The kernel is checked against the plain product with the dequantised weights for
-many row counts, and the layer's dispatch (kernel up to SMALL_M rows, fp32 GEMM on
-the source weights above, fp32 without the kernel); GGUF Q4_1-style weights must
-come back exactly; and the model store's int8 cache must give back the same layers
+The kernels (4-bit and 8-bit codes, activations quantised per 32 into one or two bytes)
+are checked against the float product they define, for 1..16 rows and shapes with odd
+group counts and partial tiles; the packing must round-trip and hold GGUF Q4_1 / Q8_0 weights exactly;
+the layer's dispatch (kernel up to SMALL_M rows, fp32 GEMM on the source weights above,
+fp32 without the kernel); and the model store's cache must give back the same layers
 without quantising again.
 """
 
@@ -13,75 +14,184 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmserve.models import kernels
+from llmserve.models import kernels, qlayout
 from llmserve.models.quant import GROUP, WeightOnlyInt8Linear, quantize_groups
-from llmserve.models.weights import PreparedCache, linear_factory_for
+from llmserve.models.weights import PREPARED_FORMAT, PreparedCache, linear_factory_for
+
+needs_kernel = pytest.mark.skipif(kernels.load() is None, reason="no AVX2/FMA/F16C or no compiler here")
 
 
 def q4_1_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Weights as GGUF Q4_1 stores them: per 32, ``d * q + m`` with q in 0..15 (both ends used)."""
+    """Weights as GGUF Q4_1 stores them: per 32, ``d * q + m`` with q in 0..15 (both ends
+    used), d and m float16 values."""
     g = torch.Generator().manual_seed(seed)
-    d = torch.rand(n, k // GROUP, 1, generator=g) * 0.02 + 1e-3
-    m = torch.randn(n, k // GROUP, 1, generator=g) * 0.05
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.02 + 1e-3).half().float()
+    m = (torch.randn(n, k // GROUP, 1, generator=g) * 0.05).half().float()
     q = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=g)
     q[..., 0], q[..., -1] = 0, 15
     return (d * q + m).reshape(n, k)
 
 
-def test_the_kernel_builds_on_an_avx2_machine():
-    if not kernels.cpu_supported():
-        pytest.skip("no AVX2/FMA here: the torch fallback is used")
-    assert kernels.load() is not None
-
-
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16, 17, 64])
-@pytest.mark.parametrize("n,k", [(40, 32), (100, 96), (300, 576)])
-def test_the_product_equals_the_dequantised_one(rows, n, k):
-    """The kernel (any row count) against torch on the dequantised weights; the layer
-    uses it up to SMALL_M rows and torch's fp32 GEMM on the source weights above."""
-    torch.manual_seed(rows * 1000 + n)
-    w = torch.randn(n, k)
-    layer = WeightOnlyInt8Linear.from_float(w)
-    x = torch.randn(rows, k)
-    ref = F.linear(x, layer.dequantized())
-    tol = dict(rtol=1e-4, atol=1e-4 * ref.abs().max().item())
-    if layer._kernel is not None:
-        torch.testing.assert_close(layer._kernel.w8_linear(x, layer.q, layer.scale, layer.offset), ref, **tol)
-    got = layer(x.reshape(1, rows, k))  # leading dimensions are kept
-    assert got.shape == (1, rows, n)
-    if rows <= layer.SMALL_M:
-        torch.testing.assert_close(got[0], ref, **tol)
-    else:
-        torch.testing.assert_close(got[0], F.linear(x, w))
-
-
-def test_without_the_kernel_the_layer_is_the_fp32_product():
-    w = torch.randn(64, 128)
-    layer = WeightOnlyInt8Linear.from_float(w)
-    layer._kernel = None
-    x = torch.randn(3, 128)
-    torch.testing.assert_close(layer(x), F.linear(x, w))
-
-
 def q8_0_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Weights as GGUF Q8_0 stores them: per 32, ``d * q`` with q in -127..127 (one end reached)."""
+    """Weights as GGUF Q8_0 stores them: per 32, ``d * q`` with q in -127..127 (one end
+    reached), d a float16 value."""
     g = torch.Generator().manual_seed(seed)
-    d = torch.rand(n, k // GROUP, 1, generator=g) * 0.001 + 1e-4
+    d = (torch.rand(n, k // GROUP, 1, generator=g) * 0.001 + 1e-4).half().float()
     q = torch.randint(-127, 128, (n, k // GROUP, GROUP), generator=g)
     q[..., 0] = 127
     return (d * q).reshape(n, k)
 
 
-def test_q4_1_and_q8_0_weights_come_back_exactly_and_quantisation_error_is_bounded():
-    for w in (q4_1_like(48, 128), q8_0_like(48, 128)):
+def kernel_reference(layer: WeightOnlyInt8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product the kernel defines: the weights' centred codes part x dequantised
+    activations, plus their offsets x the activations' exact group sums (4-bit codes j
+    are centred as j - 7.5, the offset moving by 7.5 steps; 8-bit ones are centred)."""
+    xq, xres, xd, xs = kernels.load().quantize_activations(x, layer.FINE)
+    rows, k = x.shape
+    xr = ((xq.float() + xres.float() / 128).reshape(rows, -1, GROUP) * xd[..., None]).reshape(rows, k)
+    n, p = layer.out_features, layer.packed
+    center = 7.5 if p.bits == 4 else 0.0
+    offset = qlayout.untile(p.offset.float(), n) + center * qlayout.untile(p.scale.float(), n)
+    w_codes = layer.dequantized() - offset.repeat_interleave(GROUP, dim=1)
+    return xr.double() @ w_codes.double().T + xs.double() @ offset.double().T
+
+
+def test_the_kernel_builds_on_an_avx2_machine():
+    if not kernels.cpu_supported():
+        pytest.skip("no AVX2/FMA/F16C here: the torch fallback is used")
+    assert kernels.load() is not None
+
+
+@needs_kernel
+def test_activations_are_quantised_per_32_with_exact_sums():
+    torch.manual_seed(0)
+    x = torch.randn(5, 160) * torch.logspace(-3, 2, 160)  # outlier-like channels
+    x[1, :32] = 0  # an all-zero group
+    q, r, xd, xs = kernels.load().quantize_activations(x, False)
+    g = x.reshape(5, -1, GROUP)
+    torch.testing.assert_close(xd, g.abs().amax(2) / 127)
+    torch.testing.assert_close(xs, g.sum(2), rtol=1e-5, atol=1e-4)
+    want = torch.round(g / xd.clamp(min=1e-30)[..., None]).clamp(-127, 127)
+    diff = (q.float().reshape(5, -1, GROUP) - want).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01  # ties may round either way
+    assert q.abs().max() <= 127 and bool((q[1, :32] == 0).all()) and bool((r == 0).all())
+    # fine: the residual's byte takes the error from half a step of xd to half of xd / 128
+    q2, r2, xd2, _ = kernels.load().quantize_activations(x, True)
+    assert torch.equal(q2, q) and torch.equal(xd2, xd) and r2.abs().max() <= 64
+    err = (x.reshape(5, -1, GROUP) - (q2.float() + r2.float() / 128).reshape(5, -1, GROUP) * xd[..., None]).abs()
+    assert bool((err <= xd[..., None] / 256 * 1.01 + 1e-6).all())
+
+
+@needs_kernel
+@pytest.mark.parametrize("source", ["q4_1", "q8_0", "random"])
+@pytest.mark.parametrize("n,k", [(40, 32), (13, 96), (100, 160), (300, 576), (24, 1536)])
+def test_the_kernel_equals_its_float_definition(source, n, k):
+    """1..16 rows; K = 32 * an odd or even number of groups, not only multiples of 256;
+    N not a multiple of the 8-output tile."""
+    w = {"q4_1": q4_1_like, "q8_0": q8_0_like, "random": lambda n, k: torch.randn(n, k)}[source](n, k)
+    layer = WeightOnlyInt8Linear.from_float(w)
+    assert layer.packed.bits == (4 if source == "q4_1" else 8)
+    for fine in (True, False):
+        layer.FINE = fine
+        for rows in range(1, 17):
+            torch.manual_seed(rows)
+            x = torch.randn(rows, k) * 3
+            ref = kernel_reference(layer, x)
+            got = layer(x)
+            torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+            if fine:  # 15-bit activations: close to the exact product
+                exact = F.linear(x, layer.dequantized())
+                torch.testing.assert_close(got, exact, rtol=0, atol=1e-3 * exact.abs().max().item())
+
+
+@needs_kernel
+def test_extreme_codes_and_activations_do_not_saturate():
+    """The int16 sums inside the kernel at their bounds: 4-bit codes 15 (and 0) times +-127
+    over a whole group; 8-bit codes -128 times -127 (maddubs' largest pair, 32512)."""
+    k = 256
+    x = torch.full((3, k), 2.0)
+    x[1] = -2.0
+    x[2, ::2] = -2.0
+    q4 = torch.full((16, k), 1.5)
+    q4[:, ::GROUP] = 0.0  # codes 15 but one 0 per group: on the 16-level grid
+    q8 = torch.full((16, k), -1.0)
+    q8[:, 0] = 1.0 - 2.0 / 255  # min-max grid: codes -128 (most), -127 and 127: off the 16 levels
+    q8[:, 1] = -1.0 + 2.0 / 255
+    for w, bits in ((q4, 4), (q8, 8)):
         layer = WeightOnlyInt8Linear.from_float(w)
+        assert layer.packed.bits == bits
+        for fine in (True, False):
+            layer.FINE = fine
+            torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-3)
+            torch.testing.assert_close(layer(x), F.linear(x, w), rtol=1e-4, atol=1e-2)
+
+
+def test_packing_round_trips_and_picks_bits_and_scale_precision():
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((8, 32), (13, 96), (30, 160)):
+        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+        scale, offset = torch.rand(n, k // GROUP, generator=g) + 0.1, torch.randn(n, k // GROUP, generator=g)
+        p = qlayout.pack(q, scale, offset)
+        assert p.bits == 8 and p.scale.dtype == torch.float32  # arbitrary fp32 scales stay fp32
+        want = (q.float().reshape(n, -1, GROUP) * scale[..., None] + offset[..., None]).reshape(n, k)
+        torch.testing.assert_close(p.dequantized(), want)
+        assert p.codes.shape == (-(-n // 8), k * 8) and p.scale.shape == (-(-n // 8), k // GROUP, 8)
+        j = torch.randint(0, 16, (n, k), generator=g)
+        p4 = qlayout.pack((17 * j - 128).to(torch.int8), scale, offset)
+        assert p4.bits == 4 and p4.codes.dtype == torch.uint8 and p4.codes.shape == (-(-n // 8), k * 4)
+        torch.testing.assert_close(p4.dequantized(), (((17 * j - 128).float()).reshape(n, -1, GROUP)
+                                                      * scale[..., None] + offset[..., None]).reshape(n, k))
+        back = qlayout.PackedWeights.from_tensors(p4.tensors(), (n, k))
+        assert back is not None and torch.equal(back.dequantized(), p4.dequantized())
+        assert qlayout.PackedWeights.from_tensors(p4.tensors(), (n, k + 32)) is None
+
+
+def test_q4_1_and_q8_0_weights_come_back_exactly_in_4_and_8_bits_with_fp16_scales():
+    for w, bits in ((q4_1_like(48, 160), 4), (q8_0_like(48, 160), 8)):
+        layer = WeightOnlyInt8Linear.from_float(w)
+        assert layer.packed.bits == bits and layer.packed.scale.dtype == torch.float16
         assert (layer.dequantized() - w).abs().max().item() < 1e-6 * w.abs().max().item()
     r = torch.randn(48, 128)
     q, scale, offset = quantize_groups(r)
     assert q.dtype == torch.int8 and scale.shape == offset.shape == (48, 128 // GROUP)
     span = r.reshape(48, -1, GROUP).amax(2) - r.reshape(48, -1, GROUP).amin(2)
-    err = (WeightOnlyInt8Linear(q, scale, offset).dequantized() - r).abs().reshape(48, -1, GROUP).amax(2)
+    layer = WeightOnlyInt8Linear.from_float(r)
+    assert layer.packed.scale.dtype == torch.float32
+    err = (layer.dequantized() - r).abs().reshape(48, -1, GROUP).amax(2)
     assert bool((err <= span / 255 / 2 * 1.01 + 1e-7).all())  # at most half a step
+
+
+def test_a_16_level_group_stays_on_the_min_max_grid():
+    """Values the symmetric grid also holds (here +-7.5 steps) must not make a Q4 group
+    symmetric, or the whole matrix would lose its 4-bit form."""
+    w = q4_1_like(8, 64)
+    w[3, :32] = torch.where(torch.arange(32) % 2 == 0, -0.375, 0.375)  # levels 0 and 15 of d = 0.05
+    assert WeightOnlyInt8Linear.from_float(w).packed.bits == 4
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 64, 65, 200])
+def test_dispatch_kernel_up_to_small_m_then_fp32_source_weights(rows):
+    torch.manual_seed(rows)
+    w = q4_1_like(72, 96)
+    layer = WeightOnlyInt8Linear.from_float(w)
+    x = torch.randn(rows, 96)
+    got = layer(x.reshape(1, rows, 96))  # leading dimensions are kept
+    assert got.shape == (1, rows, 72)
+    if layer._product is not None and rows <= layer.SMALL_M:
+        torch.testing.assert_close(got[0].double(), kernel_reference(layer, x), rtol=1e-4, atol=1e-4)
+        exact = F.linear(x, w)  # activation rounding only
+        torch.testing.assert_close(got[0], exact, rtol=0, atol=1e-3 * exact.abs().max().item())
+    else:
+        torch.testing.assert_close(got[0], F.linear(x, w))
+
+
+def test_without_the_kernel_the_layer_is_the_fp32_product(monkeypatch):
+    monkeypatch.setattr(kernels, "load", lambda: None)  # as with LLMSERVE_NO_KERNELS=1
+    w = torch.randn(64, 128)
+    layer = WeightOnlyInt8Linear.from_float(w)
+    assert layer._product is None
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(layer(x), F.linear(x, w))
 
 
 def test_constant_groups_and_bad_shapes():
@@ -92,18 +202,34 @@ def test_constant_groups_and_bad_shapes():
 
 
 def test_the_store_cache_gives_back_the_same_layers(tmp_path):
-    ws = [torch.randn(64, 96), torch.randn(32, 64)]
+    ws = [q4_1_like(64, 96), torch.randn(30, 64), q8_0_like(16, 160)]
     first = linear_factory_for("int8", tmp_path)
-    assert isinstance(first, PreparedCache)
+    assert isinstance(first, PreparedCache) and first.path == tmp_path / "int8" / f"v{PREPARED_FORMAT}.safetensors"
     built = [first(w) for w in ws]
     first.save()
     again = linear_factory_for("int8", tmp_path)
     layers = [again(w) for w in ws]
-    assert again.hits == 2
+    assert again.hits == 3
     for a, b in zip(built, layers):
-        assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.offset, b.offset)
+        for name, t in a.packed.tensors().items():
+            assert torch.equal(t, b.packed.tensors()[name]) and t.dtype == b.packed.tensors()[name].dtype
+        assert b.out_features == a.out_features and b.in_features == a.in_features
     stale = linear_factory_for("int8", tmp_path)  # a different shape is quantised afresh, not misread
     assert stale(torch.randn(64, 128)).in_features == 128 and stale.hits == 0
+
+
+def test_a_cache_of_another_format_is_ignored(tmp_path):
+    from safetensors.torch import save_file
+
+    w = torch.randn(16, 64)
+    layer = WeightOnlyInt8Linear.from_float(w)
+    tensors = {f"0.{name}": t for name, t in layer.packed.tensors().items()}
+    cache = linear_factory_for("int8", tmp_path)
+    cache.path.parent.mkdir()
+    save_file(tensors, str(cache.path), metadata={"version": "other"})
+    cache = linear_factory_for("int8", tmp_path)
+    cache(w)
+    assert cache.hits == 0
 
 
 def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
@@ -116,6 +242,6 @@ def test_the_build_folder_follows_the_source_content(tmp_path, monkeypatch):
         (copy / src.name).write_bytes(src.read_bytes())
     monkeypatch.setattr(kernels, "CSRC", copy)
     assert kernels.build_dir() == a  # same content elsewhere: same folder
-    src = copy / "w8_linear.cpp"
+    src = copy / "qdot_linear.cpp"
     src.write_bytes(src.read_bytes() + b"\n// changed\n")
     assert kernels.build_dir() != a

@@ -1,0 +1,316 @@
+// Integer dot products for the int8 layers' small-M path (decode steps: a few rows x every
+// weight), llama.cpp style, on x86 CPUs with AVX2 + FMA + F16C (no VNNI needed).
+//
+// W[n, k] = code[n, k] * scale[n, g] + offset[n, g] for the group g = k / 32. Each row of x
+// is quantised per 32 too: x ~ xd * q (q = round(x / xd) in -127..127, xd = absmax / 127),
+// keeping its exact fp32 group sums xs, so that
+//   sum_k W[n, k] x[k] = sum_g scale * xd * sum_k(code * q) + offset * xs.
+// The inner sums are integer: _mm256_maddubs_epi16 multiplies unsigned by signed bytes and
+// adds neighbours into int16, _mm256_madd_epi16 widens to int32; one float multiply-add per
+// group, row and 8 outputs remains. Fine (the default of the Python layer): the rounding's
+// residual takes a second byte, x ~ xd * (q + r / 128), and a second maddubs, so the
+// activations carry 15 bits (one byte loses greedy agreement with fp32 on SmolLM2's outlier
+// channels); that doubles the arithmetic, which a one-row step, bound by memory, hardly sees.
+//
+// The layout (llmserve/models/qlayout.py) serves both costs of a decode step: bytes (4-bit
+// codes for 16-level sources such as GGUF Q4_1, 8-bit for Q8_0; float16 scales where exact)
+// and instructions (tiles of 8 outputs whose codes come 4 per output and step, so products
+// sum in place and scales apply to 8 outputs at once). Weights stream once, in order, per
+// call; rows go 4 (fine: 2) at a time over a tile held in L1.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kTile = 8;  // outputs per tile: one float vector
+constexpr int64_t kRowsPerPass = 4;
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum(__m256i v) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+  return _mm_cvtsi128_si32(x);
+}
+
+// M rows of x quantised per 32: x ~ xd * q, q = round(x / xd) in -127..127, xd = absmax / 127.
+// Fine: also the rounding's residual, x ~ xd * (q + r / 128) with r in -64..64 (15-bit
+// activations in two bytes, each a maddubs operand). Per group [M, G]: the unit u of the
+// products (xd, or xd / 128 when fine), the exact sum xs, and e = xs - u * sum(X) for
+// X = q (or 128 q + r), what rounding took from the sum (see Q4::kCenter).
+struct Acts {
+  int64_t K, G;
+  std::vector<int8_t> q, r;  // [M, K]; r only when fine
+  std::vector<float> u, s, e;
+
+  Acts(const float* x, int64_t M, int64_t K_, bool fine)
+      : K(K_), G(K_ / kGroup), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), e(M * G) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int64_t i = 0; i < M * G; ++i) {
+      const float* xg = x + i * kGroup;
+      __m256 v[4], mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(xg + 8 * j);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+        sum = _mm256_add_ps(sum, v[j]);
+      }
+      const float amax = hmax(mx);
+      s[i] = hsum(sum);
+      // (127 / amax overflows for denormal groups: those count as zero)
+      const __m256 inv = _mm256_set1_ps(amax >= 1e-30f ? 127.f / amax : 0.f);
+      __m256i c[4], f[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 t = _mm256_mul_ps(v[j], inv), rt = _mm256_round_ps(t, kNearest);
+        c[j] = _mm256_cvtps_epi32(rt);
+        if (fine) {
+          const __m256 residual = _mm256_mul_ps(_mm256_sub_ps(t, rt), _mm256_set1_ps(128.f));  // in -64..64
+          f[j] = _mm256_cvtps_epi32(_mm256_round_ps(residual, kNearest));
+        }
+      }
+      int64_t total = hsum(_mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3])));
+      store(c, q.data() + i * kGroup);
+      u[i] = amax / 127.f;
+      if (fine) {
+        total = 128 * total + hsum(_mm256_add_epi32(_mm256_add_epi32(f[0], f[1]), _mm256_add_epi32(f[2], f[3])));
+        store(f, r.data() + i * kGroup);
+        u[i] /= 128.f;
+      }
+      e[i] = s[i] - u[i] * static_cast<float>(total);
+    }
+  }
+
+  // 32 int32 codes (in -127..127) as bytes, in order
+  static void store(const __m256i (&c)[4], int8_t* out) {
+    // the packs work within 128-bit lanes: 4-int blocks come out as 0 2 4 6 1 3 5 7
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
+  }
+};
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }
+
+// A group's products for a tile: p[r] = per output, the sum over its 32 codes of code * X
+// for row r, as int32, X = q (fine: 128 q + r). The codes of a tile's group are 8 steps of
+// 32 bytes: 4 consecutive codes of each of the 8 outputs, so maddubs + madd sum 4 products
+// per output in place and x enters as its 4 codes of the step, broadcast (the VNNI layout):
+// no horizontal sums anywhere.
+struct Q4 {
+  static constexpr int64_t kGroupBytes = kTile * kGroup / 2;  // step 2i: low nibbles; 2i + 1: high
+  // Codes 0..15 against the rounded x would weigh the rounding of x's whole group sum by
+  // the group's mean weight (one-byte activations: perplexity +1.6 % on SmolLM2, against
+  // +0.06 % with the int8 form's centred codes). So the codes are centred, j - 7.5, with
+  // the offset moved to offset + 7.5 * scale against the exact xs; in sums over j the
+  // difference is one term (u: the unit of X, see Acts):
+  //   scale * u * sum((j - 7.5) * X) + (offset + 7.5 * scale) * xs
+  //     = scale * u * sum(j * X) + offset * xs + 7.5 * scale * e.
+  static constexpr float kCenter = 7.5f;
+  template <int R, bool Fine>
+  static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
+                         __m256i (&p)[R]) {
+    // codes <= 15, |q| <= 127 (|r| <= 64): a maddubs lane is at most 2 * 15 * 127 = 3810, so
+    // the 8 steps of a group add up in int16 (<= 30480) before one madd widens them
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    __m256i a[R], b[Fine ? R : 1];
+    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
+    if constexpr (Fine)
+      for (int r = 0; r < R; ++r) b[r] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = load32(w + 32 * i);
+      const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+      for (int r = 0; r < R; ++r) {
+        a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(lo, bcast4(x[r] + 8 * i)));
+        a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(hi, bcast4(x[r] + 8 * i + 4)));
+        if constexpr (Fine) {
+          b[r] = _mm256_add_epi16(b[r], _mm256_maddubs_epi16(lo, bcast4(xr[r] + 8 * i)));
+          b[r] = _mm256_add_epi16(b[r], _mm256_maddubs_epi16(hi, bcast4(xr[r] + 8 * i + 4)));
+        }
+      }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; ++r) {
+      p[r] = _mm256_madd_epi16(a[r], ones);
+      if constexpr (Fine) p[r] = _mm256_add_epi32(_mm256_slli_epi32(p[r], 7), _mm256_madd_epi16(b[r], ones));
+    }
+  }
+};
+
+struct Q8 {
+  static constexpr int64_t kGroupBytes = kTile * kGroup;
+  static constexpr float kCenter = 0.f;  // codes -128..127 are centred already
+  template <int R, bool Fine>
+  static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
+                         __m256i (&p)[R]) {
+    // maddubs wants one unsigned side: |code| times q with code's sign (-128 reads as 128);
+    // a lane reaches 2 * 128 * 127 = 32512, so each step widens to int32 at once
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i b[Fine ? R : 1];
+    for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+    if constexpr (Fine)
+      for (int r = 0; r < R; ++r) b[r] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i v = load32(w + 32 * s), u = _mm256_sign_epi8(v, v);
+      for (int r = 0; r < R; ++r) {
+        const __m256i xs = _mm256_sign_epi8(bcast4(x[r] + 4 * s), v);
+        p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones));
+        if constexpr (Fine) {
+          const __m256i rs = _mm256_sign_epi8(bcast4(xr[r] + 4 * s), v);
+          b[r] = _mm256_add_epi32(b[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, rs), ones));
+        }
+      }
+    }
+    if constexpr (Fine)  // |p| <= 32 * 128 * 127: 128 p fits int32
+      for (int r = 0; r < R; ++r) p[r] = _mm256_add_epi32(_mm256_slli_epi32(p[r], 7), b[r]);
+  }
+};
+
+// One tile (8 outputs from n0) for R rows from m0: codes [G][kGroupBytes]; scale and offset [G][8].
+template <class Codes, class S, int R, bool Fine>
+void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
+               int64_t N, int64_t n0) {
+  const int64_t K = a.K, G = a.G;
+  __m256 acc[R], off[R];
+  for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t *x[R], *xr[R];
+    for (int r = 0; r < R; ++r) {
+      x[r] = a.q.data() + (m0 + r) * K + g * kGroup;
+      xr[r] = Fine ? a.r.data() + (m0 + r) * K + g * kGroup : nullptr;
+    }
+    __m256i p[R];
+    Codes::template dot<R, Fine>(codes + g * Codes::kGroupBytes, x, xr, p);
+    const __m256 s = load8(scale + g * kTile), o = load8(offset + g * kTile);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * G + g;
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(s, _mm256_broadcast_ss(&a.u[i])), acc[r]);
+      off[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), off[r]);
+      if constexpr (Codes::kCenter != 0.f)
+        off[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(Codes::kCenter * a.e[i]), off[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + (m0 + r) * N + n0;
+    const __m256 v = _mm256_add_ps(acc[r], off[r]);
+    if (n0 + kTile <= N) {
+      _mm256_storeu_ps(yr, v);
+    } else {
+      alignas(32) float tmp[kTile];
+      _mm256_store_ps(tmp, v);
+      for (int64_t c = 0; c < N - n0; ++c) yr[c] = tmp[c];
+    }
+  }
+}
+
+template <class Codes, class S, bool Fine>
+torch::Tensor run(const torch::Tensor& x_, const torch::Tensor& codes, const torch::Tensor& scale,
+                  const torch::Tensor& offset, int64_t N) {
+  const torch::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
+  const Acts a(x.data_ptr<float>(), M, K, Fine);
+  auto y = torch::empty({M, N}, x.options());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const S *sp = scale.data_ptr<S>(), *op = offset.data_ptr<S>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* c = cp + t * G * Codes::kGroupBytes;
+      const S *s = sp + t * G * kTile, *o = op + t * G * kTile;
+      if constexpr (Fine) {  // two accumulators a row: half the rows a pass
+        for (int64_t m = 0; m < M; m += 2) {
+          if (M - m == 1) tile_rows<Codes, S, 1, true>(a, m, c, s, o, yp, N, t * kTile);
+          else tile_rows<Codes, S, 2, true>(a, m, c, s, o, yp, N, t * kTile);
+        }
+      } else {
+        for (int64_t m = 0; m < M; m += kRowsPerPass) {
+          switch (std::min(kRowsPerPass, M - m)) {
+            case 1: tile_rows<Codes, S, 1, false>(a, m, c, s, o, yp, N, t * kTile); break;
+            case 2: tile_rows<Codes, S, 2, false>(a, m, c, s, o, yp, N, t * kTile); break;
+            case 3: tile_rows<Codes, S, 3, false>(a, m, c, s, o, yp, N, t * kTile); break;
+            default: tile_rows<Codes, S, 4, false>(a, m, c, s, o, yp, N, t * kTile); break;
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+template <class Codes>
+torch::Tensor dispatch(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+                       bool fine) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
+  const int64_t K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
+  TORCH_CHECK(K % kGroup == 0 && codes.is_contiguous() && codes.numel() == tiles * G * Codes::kGroupBytes,
+              "codes must be contiguous, ceil(N / 8) tiles of K / 32 groups, and K a multiple of 32");
+  TORCH_CHECK(scale.scalar_type() == offset.scalar_type() && scale.is_contiguous() && offset.is_contiguous() &&
+                  scale.numel() == tiles * G * kTile && offset.numel() == tiles * G * kTile,
+              "scale and offset must be contiguous [ceil(N / 8), K / 32, 8] of one dtype");
+  const bool half = scale.scalar_type() == at::kHalf;
+  TORCH_CHECK(half || scale.scalar_type() == at::kFloat, "scale and offset must be float32 or float16");
+  if (half)
+    return fine ? run<Codes, at::Half, true>(x, codes, scale, offset, N)
+                : run<Codes, at::Half, false>(x, codes, scale, offset, N);
+  return fine ? run<Codes, float, true>(x, codes, scale, offset, N)
+              : run<Codes, float, false>(x, codes, scale, offset, N);
+}
+
+}  // namespace
+
+// x [M, K] float32; nibbles: qlayout's 4-bit codes (uint8, ceil(N / 8) * K * 4 bytes);
+// scale, offset [ceil(N / 8), K / 32, 8] float16 or float32; fine: two-byte activations -> [M, N].
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scale, torch::Tensor offset, int64_t N,
+                        bool fine) {
+  TORCH_CHECK(nibbles.scalar_type() == at::kByte, "nibbles must be uint8");
+  return dispatch<Q4>(x, nibbles, scale, offset, N, fine);
+}
+
+// x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); scale, offset as above.
+torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+                        bool fine) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
+  return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine);
+}
+
+// The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros
+// unless fine), xd = absmax / 127 and the exact sums xs [M, K / 32]: x ~ xd * (q + r / 128).
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
+              "x must be float32 [M, K] with K a multiple of 32");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup;
+  const Acts a(x.data_ptr<float>(), M, K, fine);
+  auto q = torch::empty({M, K}, x.options().dtype(at::kChar));
+  auto r = torch::zeros({M, K}, x.options().dtype(at::kChar));
+  auto d = torch::empty({M, G}, x.options()), s = torch::empty({M, G}, x.options());
+  std::copy(a.q.begin(), a.q.end(), q.data_ptr<int8_t>());
+  std::copy(a.r.begin(), a.r.end(), r.data_ptr<int8_t>());
+  for (int64_t i = 0; i < M * G; ++i) d.data_ptr<float>()[i] = a.u[i] * (fine ? 128.f : 1.f);
+  std::copy(a.s.begin(), a.s.end(), s.data_ptr<float>());
+  return {q, r, d, s};
+}
