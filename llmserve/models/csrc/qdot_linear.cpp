@@ -17,12 +17,14 @@
 // and instructions (tiles of 8 outputs whose codes come 4 per output and step, so products
 // sum in place and scales apply to 8 outputs at once). Weights stream once, in order, per
 // call; rows go 4 (fine: 2) at a time over a tile held in L1.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <vector>
+
+#include "simd.h"
 
 namespace {
 
@@ -30,13 +32,7 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kTile = 8;  // outputs per tile: one float vector
 constexpr int64_t kRowsPerPass = 4;
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
+using llmserve::hsum;
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -228,12 +224,12 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
 }
 
 template <class Codes, class S, bool Fine>
-torch::Tensor run(const torch::Tensor& x_, const torch::Tensor& codes, const torch::Tensor& scale,
-                  const torch::Tensor& offset, int64_t N) {
-  const torch::Tensor x = x_.contiguous();
+at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& scale,
+                  const at::Tensor& offset, int64_t N) {
+  const at::Tensor x = x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
   const Acts a(x.data_ptr<float>(), M, K, Fine);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const S *sp = scale.data_ptr<S>(), *op = offset.data_ptr<S>();
   float* yp = y.data_ptr<float>();
@@ -262,7 +258,7 @@ torch::Tensor run(const torch::Tensor& x_, const torch::Tensor& codes, const tor
 }
 
 template <class Codes>
-torch::Tensor dispatch(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t N,
                        bool fine) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   const int64_t K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
@@ -284,14 +280,14 @@ torch::Tensor dispatch(torch::Tensor x, torch::Tensor codes, torch::Tensor scale
 
 // x [M, K] float32; nibbles: qlayout's 4-bit codes (uint8, ceil(N / 8) * K * 4 bytes);
 // scale, offset [ceil(N / 8), K / 32, 8] float16 or float32; fine: two-byte activations -> [M, N].
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scale, torch::Tensor offset, int64_t N,
+at::Tensor q4_linear(at::Tensor x, at::Tensor nibbles, at::Tensor scale, at::Tensor offset, int64_t N,
                         bool fine) {
   TORCH_CHECK(nibbles.scalar_type() == at::kByte, "nibbles must be uint8");
   return dispatch<Q4>(x, nibbles, scale, offset, N, fine);
 }
 
 // x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); scale, offset as above.
-torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t N,
                         bool fine) {
   TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
   return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine);
@@ -299,15 +295,15 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 
 // The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros
 // unless fine), xd = absmax / 127 and the exact sums xs [M, K / 32]: x ~ xd * (q + r / 128).
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine) {
+std::vector<at::Tensor> quantize_activations(at::Tensor x, bool fine) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
               "x must be float32 [M, K] with K a multiple of 32");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup;
   const Acts a(x.data_ptr<float>(), M, K, fine);
-  auto q = torch::empty({M, K}, x.options().dtype(at::kChar));
-  auto r = torch::zeros({M, K}, x.options().dtype(at::kChar));
-  auto d = torch::empty({M, G}, x.options()), s = torch::empty({M, G}, x.options());
+  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto r = at::zeros({M, K}, x.options().dtype(at::kChar));
+  auto d = at::empty({M, G}, x.options()), s = at::empty({M, G}, x.options());
   std::copy(a.q.begin(), a.q.end(), q.data_ptr<int8_t>());
   std::copy(a.r.begin(), a.r.end(), r.data_ptr<int8_t>());
   for (int64_t i = 0; i < M * G; ++i) d.data_ptr<float>()[i] = a.u[i] * (fine ? 128.f : 1.f);

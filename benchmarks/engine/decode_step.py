@@ -1,0 +1,105 @@
+"""Where a steady decode step goes, per weight format and batch size, on the real model.
+
+    python benchmarks/engine/decode_step.py                  # int8 and fp32, batches 1, 16, 64
+    python benchmarks/engine/decode_step.py --dtypes int8 --batches 1 --steps 60
+
+For each (format, batch): 128-token prompts are prefilled, then ``--steps`` decode
+steps are timed as a whole and split into the model's forward, the output head (final
+norm + head), the linear layers (all of them, the head included) and sampling.
+Decode-only figures: the offline benchmark (``benchmarks/offline_throughput.py``) adds
+prefill and the ramp of a run. Results: ``benchmarks/results/decode_step.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from common import load, loadavg, machine, md_table, write_results
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from offline_throughput import prompts_for
+
+from llmserve.engine.sampling_params import SamplingParams
+
+
+def timed(obj, name: str, acc: dict[str, float], key: str) -> None:
+    """Wrap ``obj.name`` so that its wall time adds up in ``acc[key]``."""
+    f = getattr(obj, name)
+
+    def g(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[key] += time.perf_counter() - t
+    setattr(obj, name, g)
+
+
+class TimedLinear:
+    """A linear layer whose calls add their wall time to ``acc["linear"]``."""
+
+    def __init__(self, inner, acc: dict[str, float]) -> None:
+        self.inner, self.acc = inner, acc
+        self.out_features, self.in_features = inner.out_features, inner.in_features
+
+    def __call__(self, x):
+        t = time.perf_counter()
+        try:
+            return self.inner(x)
+        finally:
+            self.acc["linear"] += time.perf_counter() - t
+
+
+def measure(loaded, dtype: str, batch: int, steps: int) -> dict[str, float]:
+    core = loaded.core(dtype=dtype, max_num_seqs=max(batch, 1))
+    sp = SamplingParams(max_tokens=128 + steps + 8, temperature=0, ignore_eos=True)
+    for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
+        core.add_request(f"r{i}", p, sp)
+    sch = core.scheduler
+    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
+        core.step()
+    for _ in range(2):
+        core.step()
+    acc = dict.fromkeys(("forward", "head", "linear", "sample"), 0.0)
+    model = core.runner.model
+    timed(model, "forward", acc, "forward")
+    timed(model, "compute_logits", acc, "head")
+    timed(core, "_sample", acc, "sample")
+    model.lm_head = TimedLinear(model.lm_head, acc)
+    for lay in model.layers:
+        lay.qkv, lay.o = TimedLinear(lay.qkv, acc), TimedLinear(lay.o, acc)
+        lay.gate_up, lay.down = TimedLinear(lay.gate_up, acc), TimedLinear(lay.down, acc)
+    t = time.perf_counter()
+    for _ in range(steps):
+        core.step()
+    total = (time.perf_counter() - t) / steps
+    return {"step_ms": total * 1e3, "tok_s": batch / total, **{k + "_ms": v / steps * 1e3 for k, v in acc.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="int8,fp32")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    info = {**machine(), "loadavg_start": loadavg()}
+    loaded = load()
+    rows, data = [], []
+    for dtype in args.dtypes.split(","):
+        for b in (int(x) for x in args.batches.split(",")):
+            r = measure(loaded, dtype, b, args.steps if b < 64 else max(6, args.steps // 5))
+            data.append({"dtype": dtype, "batch": b, **r})
+            rows.append([dtype, b, f"{r['step_ms']:.1f}", f"{r['tok_s']:.1f}", f"{r['forward_ms']:.1f}",
+                         f"{r['head_ms']:.1f}", f"{r['linear_ms']:.1f}", f"{r['sample_ms']:.2f}"])
+            print(rows[-1], flush=True)
+    table = md_table(["format", "batch", "step ms", "decode tok/s", "forward ms", "head ms",
+                      "linear layers ms (head included)", "sample ms"], rows)
+    cmd = "python benchmarks/engine/decode_step.py " + " ".join(sys.argv[1:])
+    md, _ = write_results("decode_step", False, cmd.strip(), info, [("Steady decode steps", table)], {"rows": data})
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()
