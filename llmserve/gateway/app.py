@@ -350,10 +350,10 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
 
 def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
-                log_level: str = "info") -> None:
+                log_level: str = "info", access_log: bool = False) -> None:
     import uvicorn
 
     config = GatewayConfig.load(config_path)
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level,
+    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=access_log,
                 h11_max_incomplete_event_size=config.limits.max_header_bytes + 4096,
                 timeout_keep_alive=30)

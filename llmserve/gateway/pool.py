@@ -235,13 +235,15 @@ class Pool:
                 exclude: Iterable[str] = ()) -> Waiting:
         """Queue a request and dispatch what can go now; ``waiting.done`` is True when it
         already has a slot (the common case), so the caller can skip the wait."""
-        if self._broken(self.views(self._clock())):
+        now = self._clock()
+        views = self.views(now)
+        if self._broken(views):
             raise NoHealthyInstance(self._broken_message())
         waiter = _Waiter(asyncio.get_running_loop().create_future(), request, frozenset(exclude))
-        result = self.admission.offer(waiter, priority, self._clock())
+        result = self.admission.offer(waiter, priority, now)
         if isinstance(result, Rejected):
             raise QueueFull(result)
-        self.pump()
+        self.pump(now, views)
         return Waiting(waiter, result.ticket)
 
     async def wait(self, waiting: Waiting) -> Lease:
@@ -283,12 +285,15 @@ class Pool:
         now = self._clock()
         return {i.instance_id: i.breaker.state(now) for i in self._instances.values()}
 
-    def pump(self) -> None:
-        """Dispatch waiting requests to instances with room; expire overdue ones."""
-        now = self._clock()
+    def pump(self, now: float | None = None, views: list[InstanceView] | None = None) -> None:
+        """Dispatch waiting requests to instances with room; expire overdue ones.
+        ``views`` (taken at ``now``) saves the caller's snapshot being taken again."""
+        if now is None:
+            now = self._clock()
         self._expire(now)
         while len(self.admission):
-            views = self.views(now)
+            if views is None:
+                views = self.views(now)
             candidates, _ = self.picker.candidates(views)
             if not candidates and self._broken(views):
                 for e in self.admission.expire(float("inf")):
@@ -310,6 +315,7 @@ class Pool:
             inst.inflight += 1
             inst.served += 1
             waiter.future.set_result(Lease(inst, now - entry.enqueued_at))
+            views = None  # the dispatch changed an instance's load
         self._expire(now)
 
     def _broken(self, views: list[InstanceView]) -> bool:

@@ -105,6 +105,9 @@ class UpstreamResponse:
             return await self._content.read()
 
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self._closed:
             return
         self._closed = True

@@ -118,6 +118,11 @@ class Picker:
         cands, why_not = self.candidates(instances, exclude)
         if not cands:
             return PickResult(None, why_not)
+        if len(cands) == 1:  # nothing to compare (one instance has room): skip scoring
+            chosen = cands[0]
+            for scorer, _ in self.scorers:
+                scorer.on_picked(request, chosen)
+            return PickResult(chosen)
         scores = self.score(request, cands)
         best = max(scores)
         near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
