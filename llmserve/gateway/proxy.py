@@ -164,6 +164,34 @@ def _last_event_end(buf: bytes) -> int:
     return max(a + 2 if a >= 0 else 0, b + 4 if b >= 0 else 0)
 
 
+def _is_sse(resp: UpstreamResponse) -> bool:
+    return resp.headers.get("content-type", "").startswith("text/event-stream")
+
+
+class _Plan:
+    """One request's attempts: where and what to send, and how the tries went."""
+
+    __slots__ = ("attempt", "content", "headers", "last", "path", "pool", "request", "route",
+                 "tried")
+
+    def __init__(self, request: Request, pool: Pool, path: str, content: bytes,
+                 headers: dict[str, str], route: RouteRequest) -> None:
+        self.request, self.pool, self.path = request, pool, path
+        self.content, self.headers, self.route = content, headers, route
+        self.attempt = 0
+        self.tried: list[str] = []
+        self.last: GatewayError | Response | None = None
+
+
+class _Current:
+    """The upstream a stream relays now (a retry before the first event replaces it)."""
+
+    __slots__ = ("lease", "resp")
+
+    def __init__(self, resp: UpstreamResponse, lease: Lease) -> None:
+        self.resp, self.lease = resp, lease
+
+
 class Proxy:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -205,7 +233,6 @@ class Proxy:
 
     async def _attempts(self, request: Request, path: str, ctx: _Context) -> Response:
         gw, rt = self.gw, ctx.runtime
-        pool = rt.pools[ctx.version]
         upstream_model = rt.upstream_models[ctx.version]
         content = ctx.parsed.raw
         if upstream_model:
@@ -219,87 +246,130 @@ class Proxy:
                                          prefix_cfg.block_chars * prefix_cfg.max_blocks),
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
-        tried: list[str] = []
-        last: GatewayError | Response | None = None
-        for attempt in range(1, gw.config.retry.max_attempts + 1):
-            if attempt > 1:
+        plan = _Plan(request, rt.pools[ctx.version], path, content, headers, route)
+        while True:
+            got = await self._try_next(plan, ctx)
+            if got is None:
+                return self._failed(plan, ctx)
+            resp, lease = got
+            if ctx.parsed.stream and _is_sse(resp):
+                # The head goes to the client now, before the first event: a client
+                # that gets it only with the first token spends its response set-up
+                # (~0.7 ms here) inside the TTFT. No body byte is sent until the first
+                # event, so a stream that breaks before it is still retried.
+                current = _Current(resp, lease)
+                headers_out = self._headers(resp, ctx)
+                headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+                return _RelayResponse(self._stream(plan, ctx, current), current=current,
+                                      pool=plan.pool, ctx=ctx, status_code=resp.status_code,
+                                      headers=headers_out)
+            try:
+                body = await resp.aread()
+            except httpx.HTTPError as e:
+                plan.pool.release(lease, Outcome.FAILURE)
+                plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} broke off: {e}",
+                                         code="upstream_broken")
+                continue
+            finally:
+                resp.close()
+            plan.pool.release(lease, Outcome.SUCCESS)
+            if gw.observers and resp.status_code == 200:
+                ctx.output_tokens = _completion_tokens(body)
+            ctx.finish(resp.status_code, ok=True)
+            return Response(body, resp.status_code, headers=self._headers(resp, ctx))
+
+    async def _try_next(self, plan: _Plan, ctx: _Context
+                        ) -> tuple[UpstreamResponse, Lease] | None:
+        """Send the next attempt and return its upstream response (head in, status
+        below 500) with its lease, or None when no attempt is left (the reason is in
+        ``plan.last``). Failed tries release their lease and are recorded there."""
+        gw = self.gw
+        while plan.attempt < gw.config.retry.max_attempts:
+            plan.attempt += 1
+            if plan.attempt > 1:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
-                    break
-                gw.metrics.child(gw.metrics.retries, rt.config.name, ctx.version).inc()
+                    return None
+                gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
             try:
-                lease = await self._acquire(pool, route, ctx, tried, request)
+                lease = await self._acquire(plan.pool, plan.route, ctx, plan.tried, plan.request)
             except GatewayError:
-                if last is None:
+                if plan.last is None:
                     raise
-                break  # no instance for a retry: answer with the upstream's error
+                return None  # no instance for a retry: answer with the last failure
+            inst = lease.instance
+            ctx.instance = inst.instance_id
+            gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version,
+                             inst.instance_id).inc()
             try:
-                response, failure = await self._attempt(lease, pool, path, content, headers, ctx)
+                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers)
+            except httpx.HTTPError as e:
+                plan.pool.release(lease, Outcome.FAILURE)
+                plan.last = GatewayError(502, f"upstream {inst.instance_id} failed: "
+                                              f"{type(e).__name__}: {e}", code="upstream_unreachable")
+                plan.tried.append(inst.instance_id)
+                continue
             except BaseException:
-                pool.release(lease, Outcome.NEUTRAL)  # a no-op when already released
+                plan.pool.release(lease, Outcome.NEUTRAL)
                 raise
-            tried.append(lease.instance.instance_id)
-            if response is not None:
-                return response
-            last = failure
+            plan.tried.append(inst.instance_id)
+            if resp.status_code >= 500:
+                plan.last = await self._read_error(resp, lease, plan.pool)
+                continue
+            return resp, lease
+        return None
+
+    def _failed(self, plan: _Plan, ctx: _Context) -> Response:
+        """The answer when every attempt failed before the response began."""
+        last = plan.last
         if isinstance(last, Response):
             ctx.finish(last.status_code, ok=False, error_kind="upstream_5xx")
             last.headers[VERSION_HEADER] = ctx.version
             last.headers[UPSTREAM_HEADER] = ctx.instance or ""
             return last
         assert last is not None
-        if len(tried) > 1:
-            last.message = f"{len(tried)} attempts failed; last: {last.message}"
+        if len(plan.tried) > 1:
+            last.message = f"{len(plan.tried)} attempts failed; last: {last.message}"
         raise last
 
-    async def _attempt(self, lease: Lease, pool: Pool, path: str, content: bytes,
-                       headers: dict[str, str], ctx: _Context
-                       ) -> tuple[Response | None, GatewayError | Response | None]:
-        """One try on the leased instance: ``(response, None)`` to answer the client,
-        or ``(None, failure)`` to retry, the lease then already released."""
-        gw, inst = self.gw, lease.instance
-        ctx.instance = inst.instance_id
-        gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version, inst.instance_id).inc()
-        try:
-            resp = await gw.upstream.post(f"{inst.url}{path}", content, headers)
-        except httpx.HTTPError as e:
-            pool.release(lease, Outcome.FAILURE)
-            return None, GatewayError(502, f"upstream {inst.instance_id} failed: "
-                                           f"{type(e).__name__}: {e}", code="upstream_unreachable")
-        if resp.status_code >= 500:
-            return None, await self._read_error(resp, lease, pool)
-        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-        if not (ctx.parsed.stream and is_sse):
+    async def _stream(self, plan: _Plan, ctx: _Context, current: _Current) -> AsyncIterator[bytes]:
+        """The client's stream: the first upstream that delivers a first event, relayed.
+        Until that event nothing but the head has reached the client, so a stream that
+        ends or breaks before it is retried like a failed request."""
+        while True:
+            resp, lease = current.resp, current.lease
+            chunks = resp.aiter_raw()
             try:
-                body = await resp.aread()
-            except httpx.HTTPError as e:
-                pool.release(lease, Outcome.FAILURE)
-                return None, GatewayError(502, f"upstream {inst.instance_id} broke off: {e}",
+                first = await anext(chunks)
+            except (httpx.HTTPError, StopAsyncIteration) as e:
+                resp.close()
+                plan.pool.release(lease, Outcome.FAILURE)
+                plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} closed the "
+                                              f"stream before its first event ({type(e).__name__})",
+                                         code="upstream_broken")
+                got = await self._try_next(plan, ctx)
+                if got is not None and not _is_sse(got[0]):
+                    # A retry answered 4xx or JSON: too late for its status code.
+                    bad, bad_lease = got
+                    plan.last = GatewayError(502, f"upstream {bad_lease.instance.instance_id} "
+                                                  f"answered {bad.status_code} to a retried stream",
+                                             code="upstream_broken")
+                    bad.close()
+                    plan.pool.release(bad_lease, Outcome.NEUTRAL)
+                    got = None
+                if got is None:
+                    last = plan.last
+                    message = last.message if isinstance(last, GatewayError) else \
+                        f"upstream answered {last.status_code}"
+                    ctx.finish(502, ok=False, error_kind="upstream_broken")
+                    yield sse_error_event(f"{len(plan.tried)} attempts failed; last: {message}",
                                           code="upstream_broken")
-            finally:
-                await resp.aclose()
-            pool.release(lease, Outcome.SUCCESS)
-            if gw.observers and resp.status_code == 200:
-                ctx.output_tokens = _completion_tokens(body)
-            ctx.finish(resp.status_code, ok=True)
-            return Response(body, resp.status_code, headers=self._headers(resp, ctx)), None
-        chunks = resp.aiter_raw()
-        try:
-            first = await anext(chunks)
-        except (httpx.HTTPError, StopAsyncIteration) as e:
-            await resp.aclose()
-            pool.release(lease, Outcome.FAILURE)
-            return None, GatewayError(502, f"upstream {inst.instance_id} closed the stream "
-                                           f"before its first event ({type(e).__name__})",
-                                      code="upstream_broken")
-        except BaseException:
-            await resp.aclose()
-            raise
-        headers_out = self._headers(resp, ctx)
-        headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        return _RelayResponse(self._relay(first, chunks, resp, lease, pool, ctx),
-                              resp=resp, lease=lease, pool=pool, ctx=ctx,
-                              status_code=resp.status_code, headers=headers_out), None
+                    return
+                current.resp, current.lease = got
+                continue
+            async for out in self._relay(first, chunks, resp, lease, plan.pool, ctx):
+                yield out
+            return
 
     async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
                        tried: list[str], request: Request) -> Lease:
@@ -420,10 +490,9 @@ class _RelayResponse(StreamingResponse):
     anyio task group cost about as much CPU per request as the whole relay (its
     cancel even formats task reprs)."""
 
-    def __init__(self, body, *, resp: UpstreamResponse, lease: Lease, pool: Pool,
-                 ctx: _Context, **kw) -> None:
+    def __init__(self, body, *, current: _Current, pool: Pool, ctx: _Context, **kw) -> None:
         super().__init__(body, **kw)
-        self._cleanup = (resp, lease, pool, ctx)
+        self._cleanup = (current, pool, ctx)
 
     async def __call__(self, scope, receive, send) -> None:
         stream = asyncio.ensure_future(self.stream_response(send))
@@ -436,8 +505,10 @@ class _RelayResponse(StreamingResponse):
             try:
                 await asyncio.wait((stream,))  # let the relay's own cleanup finish
             finally:
-                resp, lease, pool, ctx = self._cleanup
-                await _end_stream(resp, lease, pool, ctx, Outcome.NEUTRAL, 499, None)
+                current, pool, ctx = self._cleanup
+                await _end_stream(current.resp, current.lease, pool, ctx, Outcome.NEUTRAL, 499, None)
+                # Gone while a retry was being sent: the lease above was already released.
+                ctx.finish(499, error_kind="client_disconnected", ok=True)  # once-only
             error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None:
             raise error

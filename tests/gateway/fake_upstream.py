@@ -31,6 +31,7 @@ class Behaviour:
     error_rate: float = 0.0
     error_status: int = 500
     break_after_tokens: int | None = None
+    first_token_gate: threading.Event | None = None  # the first token waits for it
     has_load: bool = True
     has_ready: bool = True
     ready: bool = True
@@ -92,6 +93,8 @@ def make_app(b: Behaviour) -> Starlette:
         async def stream():
             try:
                 await asyncio.sleep(b.first_token_delay_s)
+                if b.first_token_gate is not None:
+                    await asyncio.to_thread(b.first_token_gate.wait, 30)
                 for i in range(b.tokens):
                     if b.break_after_tokens is not None and i >= b.break_after_tokens:
                         raise RuntimeError("injected mid-stream failure")

@@ -1,6 +1,7 @@
 """Retries before the first byte, the breaker, mid-stream failure, recovery."""
 
 import json
+import threading
 
 from .app_harness import instance_of, sse_events, stack, wait_until
 from .fake_upstream import Behaviour, ServerThread, free_port, make_app
@@ -97,6 +98,43 @@ def test_stream_that_breaks_before_its_first_event_is_retried():
                 events = sse_events(r.read().decode())
             assert events[-1] == "[DONE]"
         assert broken.requests >= 2  # it was tried, and the client never saw it
+
+
+def test_a_retried_stream_that_still_fails_ends_with_an_error_event():
+    # The head went out with the first upstream's; the retries broke before their
+    # first event as well, so the failure can only be told in the stream.
+    a, b = Behaviour("a", break_after_tokens=0), Behaviour("b", break_after_tokens=0)
+    with stack({"v1": [a, b]}, breaker={"failure_threshold": 100}) as s:
+        with s.client.stream("POST", "/v1/chat/completions", json={
+                "model": "chat", "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status_code == 200
+            events = sse_events(r.read().decode())
+        assert a.requests + b.requests == 3  # max_attempts
+        assert len(events) == 1
+        error = json.loads(events[0])["error"]
+        assert error["code"] == "upstream_broken" and "3 attempts failed" in error["message"]
+
+
+def test_stream_head_reaches_the_client_before_the_first_event():
+    # A client that got the head only with the first token would set up its
+    # response inside the time to first token.
+    gate = threading.Event()
+    release = threading.Timer(10, gate.set)  # a gateway holding the head fails, not hangs
+    release.start()
+    a = Behaviour("a", tokens=2, first_token_gate=gate)
+    try:
+        with stack({"v1": [a]}) as s:
+            with s.client.stream("POST", "/v1/chat/completions", json={
+                    "model": "chat", "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}]}) as r:
+                assert r.status_code == 200 and not gate.is_set()
+                assert r.headers["content-type"].startswith("text/event-stream")
+                gate.set()
+                events = sse_events(r.read().decode())
+            assert events[-1] == "[DONE]"
+    finally:
+        release.cancel()
 
 
 def test_a_client_leaving_mid_stream_frees_the_slot_and_the_upstream():
