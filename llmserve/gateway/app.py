@@ -356,4 +356,6 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     config = GatewayConfig.load(config_path)
     uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=access_log,
                 h11_max_incomplete_event_size=config.limits.max_header_bytes + 4096,
+                # The gateway never reads the client address, so no X-Forwarded-* rewriting.
+                proxy_headers=False,
                 timeout_keep_alive=30)
