@@ -32,7 +32,9 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "Exp
            "Translate 'good morning' into Spanish.", "What does a CPU do?"]
 
 
-INT8_FINE = {"int8": True, "int8, one-byte activations": False}
+INT8_FINE = {"int8": True, "int8, fp16 KV cache": True, "int8, one-byte activations": False}
+# The KV pool of each format (the engine's default for int8 weights is fp16).
+KV = {"int8, fp16 KV cache": "fp16"}
 
 
 @contextmanager
@@ -68,20 +70,22 @@ def main() -> None:
         layer.SMALL_M = 1 << 30
         return layer
 
-    formats = ("fp32", "bf16", "int8", "int8, one-byte activations", "w8a8")
+    formats = ("fp32", "bf16", "int8", "int8, fp16 KV cache", "int8, one-byte activations", "w8a8")
     rows = {}
     for fmt in formats:
         with activations(INT8_FINE.get(fmt, True)):
             factory = kernel_on_every_row if fmt in INT8_FINE else linear_factory_for(fmt)
             model = LlamaForCausalLM(mc, w, factory)
             t = time.perf_counter()
-            rows[fmt] = {"perplexity": perplexity(model, ids), "seconds": time.perf_counter() - t}
+            kv = torch.float16 if KV.get(fmt) == "fp16" else torch.float32
+            rows[fmt] = {"perplexity": perplexity(model, ids, kv_dtype=kv), "seconds": time.perf_counter() - t}
     sp = SamplingParams(max_tokens=32, temperature=0)
     chats = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     ref = [o.token_ids for o in base.generate(chats, sp)]
     for fmt in formats[1:]:
         with activations(INT8_FINE.get(fmt, True)):
-            llm = LLM("SmolLM2-135M-Instruct", max_num_seqs=8, dtype="int8" if fmt in INT8_FINE else fmt)
+            llm = LLM("SmolLM2-135M-Instruct", max_num_seqs=8, dtype="int8" if fmt in INT8_FINE else fmt,
+                      kv_cache_dtype=KV.get(fmt, "fp32"))
             outs = [o.token_ids for o in llm.generate(chats, sp)]
         rows[fmt]["greedy_equal_share"] = sum(a == b for a, b in zip(outs, ref)) / len(ref)
         rows[fmt]["greedy_tokens_before_first_difference"] = [common_prefix(a, b) for a, b in zip(outs, ref)]

@@ -28,6 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
                         "too (torch's dynamic int8; lossy on SmolLM2); auto (default) = int8 for a "
                         "block-quantised GGUF where the int8 kernel runs, else fp32")
+    g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp32", "fp16"],
+                   help="KV pool element type; auto (default) = fp16 with int8 weights, else fp32")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-model-len", type=int, default=None)
@@ -58,6 +60,8 @@ def engine_config_from(args: argparse.Namespace):
         long_prefill_token_threshold=args.long_prefill_token_threshold)
     if args.dtype:
         kw["dtype"] = args.dtype
+    if getattr(args, "kv_cache_dtype", None):
+        kw["kv_cache_dtype"] = args.kv_cache_dtype
     if getattr(args, "served_model_name", None):
         kw["served_model_name"] = args.served_model_name[0]
     return EngineConfig(**kw)

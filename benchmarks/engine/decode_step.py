@@ -52,8 +52,8 @@ class TimedLinear:
             self.acc["linear"] += time.perf_counter() - t
 
 
-def measure(loaded, dtype: str, batch: int, steps: int) -> dict[str, float]:
-    core = loaded.core(dtype=dtype, max_num_seqs=max(batch, 1))
+def measure(loaded, dtype: str, batch: int, steps: int, kv: str = "auto") -> dict[str, float]:
+    core = loaded.core(dtype=dtype, max_num_seqs=max(batch, 1), kv_cache_dtype=kv)
     sp = SamplingParams(max_tokens=128 + steps + 8, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
         core.add_request(f"r{i}", p, sp)
@@ -75,7 +75,8 @@ def measure(loaded, dtype: str, batch: int, steps: int) -> dict[str, float]:
     for _ in range(steps):
         core.step()
     total = (time.perf_counter() - t) / steps
-    return {"step_ms": total * 1e3, "tok_s": batch / total, **{k + "_ms": v / steps * 1e3 for k, v in acc.items()}}
+    return {"step_ms": total * 1e3, "tok_s": batch / total, "kv_cache_dtype": core.config.kv_cache_dtype,
+            **{k + "_ms": v / steps * 1e3 for k, v in acc.items()}}
 
 
 def main() -> None:
@@ -83,18 +84,21 @@ def main() -> None:
     ap.add_argument("--dtypes", default="int8,fp32")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--kv-cache-dtypes", default="auto", help="e.g. auto,fp32: each format with each")
     args = ap.parse_args()
     info = {**machine(), "loadavg_start": loadavg()}
     loaded = load()
     rows, data = [], []
     for dtype in args.dtypes.split(","):
-        for b in (int(x) for x in args.batches.split(",")):
-            r = measure(loaded, dtype, b, args.steps if b < 64 else max(6, args.steps // 5))
-            data.append({"dtype": dtype, "batch": b, **r})
-            rows.append([dtype, b, f"{r['step_ms']:.1f}", f"{r['tok_s']:.1f}", f"{r['forward_ms']:.1f}",
-                         f"{r['head_ms']:.1f}", f"{r['linear_ms']:.1f}", f"{r['sample_ms']:.2f}"])
-            print(rows[-1], flush=True)
-    table = md_table(["format", "batch", "step ms", "decode tok/s", "forward ms", "head ms",
+        for kv in args.kv_cache_dtypes.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                r = measure(loaded, dtype, b, args.steps if b < 64 else max(6, args.steps // 5), kv)
+                data.append({"dtype": dtype, "batch": b, **r})
+                rows.append([dtype, r["kv_cache_dtype"], b, f"{r['step_ms']:.1f}", f"{r['tok_s']:.1f}",
+                             f"{r['forward_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['linear_ms']:.1f}",
+                             f"{r['sample_ms']:.2f}"])
+                print(rows[-1], flush=True)
+    table = md_table(["format", "KV cache", "batch", "step ms", "decode tok/s", "forward ms", "head ms",
                       "linear layers ms (head included)", "sample ms"], rows)
     cmd = "python benchmarks/engine/decode_step.py " + " ".join(sys.argv[1:])
     md, _ = write_results("decode_step", False, cmd.strip(), info, [("Steady decode steps", table)], {"rows": data})

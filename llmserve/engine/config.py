@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16")
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16": "bf16",
                   "fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "w8a8"}
 
@@ -66,6 +67,10 @@ class EngineConfig:
     # auto: int8 where the weights came from a block-quantised GGUF (nothing to lose) and
     # the int8 kernel runs here, fp32 otherwise. Resolved by EngineCore.
     dtype: str = "auto"
+    # The KV pool's element type. auto: fp16 with int8 weights (half the bytes each decode
+    # step's attention streams, twice the tokens per GiB; within the int8 tolerance), fp32
+    # otherwise (fp32 weights stay token-exact against transformers).
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     block_size: int = 16
@@ -87,6 +92,11 @@ class EngineConfig:
         if d is None:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         self.dtype = d
+        kv = {"float16": "fp16", "half": "fp16", "float32": "fp32"}.get(
+            str(self.kv_cache_dtype).lower(), str(self.kv_cache_dtype).lower())
+        if kv not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        self.kv_cache_dtype = kv
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -69,8 +69,11 @@ class EngineCore:
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
-        kv_dtype = torch.float32
-        num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(4), self.max_model_len)
+        if config.kv_cache_dtype == "auto":
+            config.kv_cache_dtype = "fp16" if config.dtype == "int8" else "fp32"
+        kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
+        num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
+                                           self.max_model_len)
         self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)
         self.kv = KVCacheManager(num_blocks, config.block_size,
                                  enable_prefix_caching=config.enable_prefix_caching,

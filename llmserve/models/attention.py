@@ -61,7 +61,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns [T, H * D]."""
     t, h, d = q.shape
     kvh = k_cache.shape[1]
-    kernel = _decode_kernel() if k_cache.dtype == torch.float32 and q.dtype == torch.float32 else None
+    kernel = _decode_kernel() if k_cache.dtype in (torch.float32, torch.float16) and q.dtype == torch.float32 \
+        else None
     if kernel is not None and len(meta.groups) == 1 and meta.groups[0].q_len == 1 and meta.groups[0].lens is not None:
         g = meta.groups[0]  # a pure decode step (the common case): no output copy
         return kernel.paged_decode_attention(q, k_cache, v_cache, g.kv_index, g.lens, scale).view(t, h * d)

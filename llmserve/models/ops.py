@@ -65,7 +65,7 @@ class FusedOps(TorchOps):
         return self.k.argmax_rows(logits.float().contiguous())
 
     def rope_and_cache_(self, qkv, positions, rope, k_cache, v_cache, slots, heads, kv_heads):
-        if k_cache.dtype != torch.float32:  # the kernel writes fp32 pools only
+        if k_cache.dtype not in (torch.float32, torch.float16):  # the kernel writes these pools
             return super().rope_and_cache_(qkv, positions, rope, k_cache, v_cache, slots, heads, kv_heads)
         self.k.rope_and_cache_(qkv, positions, rope.cos, rope.sin, k_cache, v_cache, slots, heads, kv_heads)
         return qkv[:, :heads * rope.head_dim].view(qkv.shape[0], heads, rope.head_dim)

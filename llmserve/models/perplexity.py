@@ -11,10 +11,12 @@ from llmserve.models.llama import LlamaForCausalLM
 
 
 @torch.inference_mode()
-def perplexity(model: LlamaForCausalLM, token_ids: list[int], window: int = 512) -> float:
-    """exp(mean NLL) over non-overlapping windows, each scored from its own start."""
+def perplexity(model: LlamaForCausalLM, token_ids: list[int], window: int = 512,
+               kv_dtype: torch.dtype = torch.float32) -> float:
+    """exp(mean NLL) over non-overlapping windows, each scored from its own start; the
+    keys and values go through a KV pool of ``kv_dtype``, as an engine's would."""
     nll, count = 0.0, 0
-    caches = model.allocate_kv_cache(1, window)
+    caches = model.allocate_kv_cache(1, window, kv_dtype)
     n_rep = model.num_heads // model.num_kv_heads
     for start in range(0, len(token_ids) - 1, window):
         chunk = token_ids[start:start + window + 1]

@@ -42,20 +42,23 @@ def test_silu_mul(fused, rows, inter):
     torch.testing.assert_close(fused.silu_mul(gu), REF.silu_mul(gu), rtol=2e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim,tokens", [(9, 3, 64, 1), (9, 3, 64, 37), (4, 2, 16, 5)])
-def test_rope_and_the_kv_write(fused, heads, kv_heads, dim, tokens):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,dim,tokens", [(9, 3, 64, 1), (9, 3, 64, 37), (4, 2, 16, 5), (3, 1, 12, 3)])
+def test_rope_and_the_kv_write(fused, heads, kv_heads, dim, tokens, cache_dtype):
     g = torch.Generator().manual_seed(tokens + dim)
     rope = RotaryEmbedding(dim, 4096, 10000.0)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g)
     positions = torch.randint(0, 4096, (tokens,), generator=g)
     slots = torch.randperm(256, generator=g)[:tokens]
-    caches = [torch.randn(256, kv_heads, dim, generator=g) for _ in range(2)]
+    caches = [torch.randn(256, kv_heads, dim, generator=g).to(cache_dtype) for _ in range(2)]
     ref_caches = [c.clone() for c in caches]
     q_ref = REF.rope_and_cache_(qkv.clone(), positions, rope, *ref_caches, slots, heads, kv_heads)
     q = fused.rope_and_cache_(qkv, positions, rope, *caches, slots, heads, kv_heads)
     torch.testing.assert_close(q, q_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(caches[0], ref_caches[0], rtol=1e-6, atol=1e-6)
     assert torch.equal(caches[1], ref_caches[1])  # values are copied, not rotated
+    if cache_dtype == torch.float16:  # rounded as torch's .to(float16) rounds, tails included
+        assert torch.equal(caches[0], ref_caches[0])
 
 
 def test_bad_indices_are_refused_not_written(fused):

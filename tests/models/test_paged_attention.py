@@ -11,9 +11,10 @@ from llmserve.models import kernels
 from llmserve.models.attention import AttentionMetadata, build_group, paged_attention
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 2, 40)])
 @pytest.mark.parametrize("batch", [1, 5, 33])
-def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, batch):
+def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, batch, cache_dtype):
     if kernels.load() is None:
         pytest.skip("no kernel on this machine")
     g = torch.Generator().manual_seed(batch * 100 + heads)
@@ -33,7 +34,11 @@ def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, ba
     k = torch.randn(batch, kv_heads, dim, generator=g)
     v = torch.randn(batch, kv_heads, dim, generator=g)
     k_cache[slots], v_cache[slots] = k, v  # the step's new tokens, written before attention
+    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     fast = paged_attention(q, k_cache, v_cache, meta, dim ** -0.5)
     monkeypatch.setattr(attention, "_decode_kernel", lambda: None)
     ref = paged_attention(q, k_cache, v_cache, meta, dim ** -0.5)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    grp = meta.groups[0]  # the kernel itself, whatever paged_attention routes to it
+    direct = kernels.load().paged_decode_attention(q, k_cache, v_cache, grp.kv_index, grp.lens, dim ** -0.5)
+    torch.testing.assert_close(direct.view(batch, -1), ref, rtol=1e-5, atol=1e-5)

@@ -106,14 +106,24 @@ at::Tensor silu_mul(at::Tensor gu) {
 // qkv [T, (H + 2 KVH) D]: rotates the q and k heads in place (HF's rotate-half RoPE, the
 // tables cos, sin [P, D] indexed by positions [T]) and writes each token's k and v heads
 // to row slots[t] of k_cache, v_cache [S, KVH, D]. The q heads stay in qkv for attention.
+// n float32 values to IEEE half, round to nearest even (F16C where n allows).
+static void to_half(const float* x, at::Half* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) out[i] = static_cast<at::Half>(x[i]);
+}
+
 void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::Tensor sin,
                      at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, int64_t H, int64_t KVH) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.dim() == 2, "cos, sin must be float32 [P, D]");
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+  const auto ct = k_cache.scalar_type();
+  TORCH_CHECK((ct == at::kFloat || ct == at::kHalf) && v_cache.scalar_type() == ct && k_cache.is_contiguous() &&
                   v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
-              "caches must be contiguous float32 [S, KVH, D]");
+              "caches must be contiguous float32 or float16 [S, KVH, D], both the same");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
                   positions.is_contiguous() && slots.is_contiguous(), "positions and slots must be contiguous int64");
   const int64_t T = qkv.size(0), D = cos.size(1), half = D / 2, P = cos.size(0), S = k_cache.size(0);
@@ -126,7 +136,11 @@ void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::T
     TORCH_CHECK(pos[t] >= 0 && pos[t] < P && sl[t] >= 0 && sl[t] < S, "position or slot out of range");
   float* base = qkv.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  const bool half_cache = ct == at::kHalf;
+  float* kc = half_cache ? nullptr : k_cache.data_ptr<float>();
+  float* vc = half_cache ? nullptr : v_cache.data_ptr<float>();
+  at::Half* kh = half_cache ? k_cache.data_ptr<at::Half>() : nullptr;
+  at::Half* vh = half_cache ? v_cache.data_ptr<at::Half>() : nullptr;
   const int64_t width = (H + 2 * KVH) * D;
   at::parallel_for(0, T, kRowsPerTask, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -143,8 +157,13 @@ void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::T
         }
       }
       const float *k = row + H * D, *v = row + (H + KVH) * D;
-      std::copy(k, k + KVH * D, kc + sl[t] * KVH * D);
-      std::copy(v, v + KVH * D, vc + sl[t] * KVH * D);
+      if (half_cache) {  // round to nearest even, as torch's .to(float16)
+        to_half(k, kh + sl[t] * KVH * D, KVH * D);
+        to_half(v, vh + sl[t] * KVH * D, KVH * D);
+      } else {
+        std::copy(k, k + KVH * D, kc + sl[t] * KVH * D);
+        std::copy(v, v + KVH * D, vc + sl[t] * KVH * D);
+      }
     }
   });
 }

@@ -6,6 +6,9 @@
 // values. Grouped-query attention: query head h reads KV head h / (H / KVH), and the heads
 // sharing a KV head are done together, so each key and value is read from memory once.
 //
+// The pool holds float32 or float16 (IEEE half, widened with F16C as it is read: half the
+// bytes to stream, the same arithmetic in float32).
+//
 // At batch 64 this reads every context of the batch once per layer, so it has to run
 // near memory speed: scores are taken 8 keys at a time (one horizontal sum per 8 keys,
 // not per key), the softmax uses a vector exp, and the weighted sum keeps its
@@ -22,9 +25,21 @@
 
 namespace {
 
-using llmserve::dot;
 using llmserve::exp256;
 using llmserve::hsum;
+
+// 8 cache values as float32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t d) {  // d a multiple of 8
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+  return hsum(acc);
+}
 
 // The 8 horizontal sums of a[0..7], as one vector.
 inline __m256 hsum8(const __m256* a) {
@@ -37,7 +52,8 @@ inline __m256 hsum8(const __m256* a) {
 }
 
 // scores[t] = scale * q . key(t) for t < n; D a multiple of 8.
-void scores_of(const float* q, const float* const* keys, int64_t n, int64_t D, float scale, float* scores) {
+template <typename T>
+void scores_of(const float* q, const T* const* keys, int64_t n, int64_t D, float scale, float* scores) {
   const __m256 sc = _mm256_set1_ps(scale);
   int64_t t = 0;
   for (; t + 8 <= n; t += 8) {
@@ -45,7 +61,7 @@ void scores_of(const float* q, const float* const* keys, int64_t n, int64_t D, f
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < D; j += 8) {
       const __m256 qv = _mm256_loadu_ps(q + j);
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + i] + j), acc[i]);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(keys[t + i] + j), acc[i]);
     }
     _mm256_storeu_ps(scores + t, _mm256_mul_ps(hsum8(acc), sc));
   }
@@ -71,17 +87,17 @@ void softmax(float* s, int64_t n) {
 }
 
 // out[r][c0 .. c0 + 8 NV) = sum_t p[r][t] value(t)[c0 ..] for R heads; accumulators stay in registers.
-template <int R, int NV>
-void weighted_values(const float* const* p, const float* const* vals, int64_t n, int64_t c0, float* const* out) {
+template <int R, int NV, typename T>
+void weighted_values(const float* const* p, const T* const* vals, int64_t n, int64_t c0, float* const* out) {
   __m256 acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
-    const float* v = vals[t] + c0;
+    const T* v = vals[t] + c0;
     __m256 w[R];
     for (int r = 0; r < R; ++r) w[r] = _mm256_set1_ps(p[r][t]);
     for (int j = 0; j < NV; ++j) {
-      const __m256 x = _mm256_loadu_ps(v + 8 * j);
+      const __m256 x = load8(v + 8 * j);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(w[r], x, acc[r][j]);
     }
   }
@@ -89,8 +105,8 @@ void weighted_values(const float* const* p, const float* const* vals, int64_t n,
     for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out[r] + c0 + 8 * j, acc[r][j]);
 }
 
-template <int R>
-void weighted_values_chunk(const float* const* p, const float* const* vals, int64_t n, int64_t c0, int64_t nv,
+template <int R, typename T>
+void weighted_values_chunk(const float* const* p, const T* const* vals, int64_t n, int64_t c0, int64_t nv,
                            float* const* out) {
   switch (nv) {
     case 1: weighted_values<R, 1>(p, vals, n, c0, out); break;
@@ -100,36 +116,13 @@ void weighted_values_chunk(const float* const* p, const float* const* vals, int6
   }
 }
 
-}  // namespace
-
-// q [B, H, D]; k_cache, v_cache [S, KVH, D]; kv_index [B, L] slot of each context position
-// (padded); lens [B] context lengths -> [B, H, D]. All float32 except the int64 indices.
-at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                  at::Tensor kv_index, at::Tensor lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "q must be float32 [B, H, D]");
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous float32");
-  TORCH_CHECK(kv_index.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "indices must be int64");
-  q = q.contiguous();
-  kv_index = kv_index.contiguous();
-  lens = lens.contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), L = kv_index.size(1);
-  const int64_t S = k_cache.size(0);
-  TORCH_CHECK(H % KVH == 0 && k_cache.size(2) == D && D % 8 == 0, "head shapes do not match (or D % 8 != 0)");
-  TORCH_CHECK(lens.numel() == B && kv_index.size(0) == B, "one context length and index row per sequence");
+template <typename T>
+void decode(const float* qp, const T* kp, const T* vp, const int64_t* ip, const int64_t* lp, float* op, int64_t B,
+            int64_t H, int64_t KVH, int64_t D, int64_t L, float sc) {
   const int64_t rep = H / KVH;
-  auto out = at::zeros({B, H, D}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
-  const int64_t *ip = kv_index.data_ptr<int64_t>(), *lp = lens.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = std::min(lp[b], L);
-    for (int64_t t = 0; t < n; ++t) TORCH_CHECK(ip[b * L + t] >= 0 && ip[b * L + t] < S, "slot out of range");
-  }
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * KVH, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(static_cast<size_t>(rep * L));
-    std::vector<const float*> keys(static_cast<size_t>(L)), vals(static_cast<size_t>(L));
+    std::vector<const T*> keys(static_cast<size_t>(L)), vals(static_cast<size_t>(L));
     std::vector<const float*> probs(static_cast<size_t>(rep));
     std::vector<float*> outs(static_cast<size_t>(rep));
     for (int64_t w = w0; w < w1; ++w) {
@@ -158,5 +151,38 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
       }
     }
   });
+}
+
+}  // namespace
+
+// q [B, H, D]; k_cache, v_cache [S, KVH, D] (float32 or float16, the same); kv_index [B, L]
+// slot of each context position (padded); lens [B] context lengths -> [B, H, D] float32.
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                  at::Tensor kv_index, at::Tensor lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "q must be float32 [B, H, D]");
+  const auto kt = k_cache.scalar_type();
+  TORCH_CHECK((kt == at::kFloat || kt == at::kHalf) && v_cache.scalar_type() == kt && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(), "caches must be contiguous float32 or float16, both the same");
+  TORCH_CHECK(kv_index.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "indices must be int64");
+  q = q.contiguous();
+  kv_index = kv_index.contiguous();
+  lens = lens.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), L = kv_index.size(1);
+  const int64_t S = k_cache.size(0);
+  TORCH_CHECK(H % KVH == 0 && k_cache.size(2) == D && D % 8 == 0, "head shapes do not match (or D % 8 != 0)");
+  TORCH_CHECK(lens.numel() == B && kv_index.size(0) == B, "one context length and index row per sequence");
+  auto out = at::zeros({B, H, D}, q.options());
+  const int64_t *ip = kv_index.data_ptr<int64_t>(), *lp = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = std::min(lp[b], L);
+    for (int64_t t = 0; t < n; ++t) TORCH_CHECK(ip[b * L + t] >= 0 && ip[b * L + t] < S, "slot out of range");
+  }
+  const float sc = static_cast<float>(scale);
+  if (kt == at::kHalf)
+    decode(q.data_ptr<float>(), k_cache.data_ptr<at::Half>(), v_cache.data_ptr<at::Half>(), ip, lp,
+           out.data_ptr<float>(), B, H, KVH, D, L, sc);
+  else
+    decode(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), ip, lp, out.data_ptr<float>(),
+           B, H, KVH, D, L, sc);
   return out;
 }
