@@ -265,7 +265,10 @@ class UpstreamClient:
         for k, v in headers.items():
             if "\r" in v or "\n" in v or "\0" in v or "\r" in k or "\n" in k or ":" in k:
                 raise httpx.LocalProtocolError(f"header {k!r} cannot be sent as it is")
-            parts.append(f"{k}: {v}\r\n".encode("latin-1"))
+            try:
+                parts.append(f"{k}: {v}\r\n".encode("latin-1"))
+            except UnicodeEncodeError:
+                raise httpx.LocalProtocolError(f"header {k!r} is not latin-1") from None
         parts.append(b"\r\n")
         if content:
             parts.append(content)

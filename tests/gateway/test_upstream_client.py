@@ -214,6 +214,8 @@ async def test_large_body_with_backpressure_and_header_injection_refused():
         await r.aclose()
         with pytest.raises(httpx.LocalProtocolError):
             await c.post(srv.url + "/", b"", {"x-request-id": "a\r\nx-evil: 1"})
+        with pytest.raises(httpx.LocalProtocolError):
+            await c.post(srv.url + "/", b"", {"x-request-id": "caf\u00e9 \u2615"})
         await c.aclose()
 
 
