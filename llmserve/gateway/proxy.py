@@ -1,11 +1,14 @@
 """The request path: parse, route a version, queue for an instance, forward, relay.
 
-Attempts that fail before the first byte reaches the client (connection error,
-5xx, a stream that breaks before its first event) are retried on another
+Attempts that fail before the first body byte reaches the client (connection
+error, 5xx, a stream that breaks before its first event) are retried on another
 instance of the same pool, within ``retry.max_attempts`` and the retry budget.
-Once streaming has begun a failure ends the stream with an SSE error event.
-Streams are relayed event by event, so that error event never lands in the
-middle of a half-written one.
+A stream's response head goes out as soon as the first upstream's 200
+event-stream head is in (the client's set-up then overlaps the prefill); if that
+stream and every retry fail before a first event, the client gets one SSE error
+event instead of a status code. Once events flow, a failure ends the stream with
+an SSE error event. Streams are relayed event by event, so that error event never
+lands in the middle of a half-written one.
 """
 
 from __future__ import annotations
