@@ -137,6 +137,9 @@ struct Q4 {
     for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
     if constexpr (Fine)
       for (int r = 0; r < R; ++r) b[r] = _mm256_setzero_si256();
+    // Not unrolled: unrolled, the compiler reassociates the int16 sums into trees whose
+    // partial results spill to the stack with two rows and two bytes (Fine).
+#pragma GCC unroll 1
     for (int i = 0; i < 4; ++i) {
       const __m256i v = load32(w + 32 * i);
       const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);

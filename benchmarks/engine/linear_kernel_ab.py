@@ -1,0 +1,52 @@
+"""The int8 layer kernels of two builds, taking turns in one process, on the real model.
+
+    python benchmarks/engine/linear_kernel_ab.py BASELINE_BUILD_FOLDER [THIS_BUILD_FOLDER]
+
+Every layer product of SmolLM2's 30 layers (qkv, o, gate_up, down; the 4- and 8-bit
+codes as the int8 format packs them) with two-byte activations, at 16 and 64 rows:
+the median of 6 alternating rounds per build, and the ratio. Without the second
+folder, this checkout's kernels are the other side. Build folders are under
+``~/.cache/torch_extensions/py311_cpu/llmserve_kernels_<hash>``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from attention_kernel import load_so
+from common import load
+
+
+def main() -> None:
+    from llmserve.models import kernels
+
+    base = load_so(sys.argv[1])
+    this = load_so(sys.argv[2]) if len(sys.argv) > 2 else kernels.load()
+    model = load().core(dtype="int8", max_num_seqs=64).runner.model
+    layers = [getattr(lay, k) for lay in model.layers for k in ("qkv", "o", "gate_up", "down")]
+    torch.manual_seed(0)
+    for rows in (16, 64):
+        xs = {k: torch.randn(rows, k) for k in {lay.in_features for lay in layers}}
+
+        def run(module) -> None:
+            for lay in layers:
+                p = lay.packed
+                fn = module.q4_linear if p.bits == 4 else module.q8_linear
+                fn(xs[lay.in_features], p.codes, p.scale, p.offset, lay.out_features, True)
+
+        times: dict[str, list[float]] = {"baseline": [], "this": []}
+        for rnd in range(6):
+            pair = [("baseline", base), ("this", this)]
+            for name, module in (pair if rnd % 2 else pair[::-1]):
+                t = time.perf_counter()
+                run(module)
+                times[name].append((time.perf_counter() - t) * 1e3)
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        print(f"{rows} rows, all layer products: baseline {med['baseline']:.1f} ms, this {med['this']:.1f} ms, "
+              f"this / baseline {med['this'] / med['baseline']:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
