@@ -3,7 +3,8 @@
     python benchmarks/engine/linear_kernel_ab.py BASELINE_BUILD_FOLDER [THIS_BUILD_FOLDER]
 
 Every layer product of SmolLM2's 30 layers (qkv, o, gate_up, down; the 4- and 8-bit
-codes as the int8 format packs them) with two-byte activations, at 16 and 64 rows:
+codes as the int8 format packs them), then the output head (8-bit codes), with
+two-byte activations, at 16 and 64 rows:
 the median of 6 alternating rounds per build, and the ratio. Without the second
 folder, this checkout's kernels are the other side. Build folders are under
 ``~/.cache/torch_extensions/py311_cpu/llmserve_kernels_<hash>``.
@@ -26,12 +27,13 @@ def main() -> None:
     this = load_so(sys.argv[2]) if len(sys.argv) > 2 else kernels.load()
     model = load().core(dtype="int8", max_num_seqs=64).runner.model
     layers = [getattr(lay, k) for lay in model.layers for k in ("qkv", "o", "gate_up", "down")]
+    groups = {"layer products": layers, "output head": [model.lm_head]}
     torch.manual_seed(0)
-    for rows in (16, 64):
-        xs = {k: torch.randn(rows, k) for k in {lay.in_features for lay in layers}}
+    for (what, chosen), rows in ((g, r) for g in groups.items() for r in (16, 64)):
+        xs = {k: torch.randn(rows, k) for k in {lay.in_features for lay in chosen}}
 
         def run(module) -> None:
-            for lay in layers:
+            for lay in chosen:
                 p = lay.packed
                 fn = module.q4_linear if p.bits == 4 else module.q8_linear
                 fn(xs[lay.in_features], p.codes, p.scale, p.offset, lay.out_features, True)
@@ -44,7 +46,7 @@ def main() -> None:
                 run(module)
                 times[name].append((time.perf_counter() - t) * 1e3)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-        print(f"{rows} rows, all layer products: baseline {med['baseline']:.1f} ms, this {med['this']:.1f} ms, "
+        print(f"{rows} rows, {what}: baseline {med['baseline']:.1f} ms, this {med['this']:.1f} ms, "
               f"this / baseline {med['this'] / med['baseline']:.3f}", flush=True)
 
 
