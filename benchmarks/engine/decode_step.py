@@ -17,9 +17,7 @@ import sys
 import time
 
 from common import load, loadavg, machine, md_table, write_results
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from offline_throughput import prompts_for
+from offline_throughput import prompts_for  # common puts benchmarks/ on the path
 
 from llmserve.engine.sampling_params import SamplingParams
 

@@ -7,6 +7,8 @@ from typing import Any
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")
+_KV_ALIASES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
+               "half": "fp16"}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16": "bf16",
                   "fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "w8a8"}
 
@@ -92,9 +94,8 @@ class EngineConfig:
         if d is None:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         self.dtype = d
-        kv = {"float16": "fp16", "half": "fp16", "float32": "fp32"}.get(
-            str(self.kv_cache_dtype).lower(), str(self.kv_cache_dtype).lower())
-        if kv not in KV_CACHE_DTYPES:
+        kv = _KV_ALIASES.get(str(self.kv_cache_dtype).lower())
+        if kv is None:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         self.kv_cache_dtype = kv
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

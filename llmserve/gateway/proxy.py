@@ -466,10 +466,10 @@ class Proxy:
                 f"the upstream instance failed mid-stream ({type(e).__name__}); "
                 "the response is incomplete", code="upstream_broken")
         finally:
-            await _end_stream(resp, lease, pool, ctx, outcome, status, kind)
+            _end_stream(resp, lease, pool, ctx, outcome, status, kind)
 
 
-async def _end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: _Context,
+def _end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: _Context,
                       outcome: Outcome, status: int, kind: str | None) -> None:
     """Free the slot, close the upstream, record the outcome; once per stream."""
     if lease.released:
@@ -509,7 +509,7 @@ class _RelayResponse(StreamingResponse):
                 await asyncio.wait((stream,))  # let the relay's own cleanup finish
             finally:
                 current, pool, ctx = self._cleanup
-                await _end_stream(current.resp, current.lease, pool, ctx, Outcome.NEUTRAL, 499, None)
+                _end_stream(current.resp, current.lease, pool, ctx, Outcome.NEUTRAL, 499, None)
                 # Gone while a retry was being sent: the lease above was already released.
                 ctx.finish(499, error_kind="client_disconnected", ok=True)  # once-only
             error = stream.exception() if stream.done() and not stream.cancelled() else None

@@ -119,18 +119,17 @@ class Picker:
         if not cands:
             return PickResult(None, why_not)
         if len(cands) == 1:  # nothing to compare (one instance has room): skip scoring
-            chosen = cands[0]
-            for scorer, _ in self.scorers:
-                scorer.on_picked(request, chosen)
-            return PickResult(chosen)
-        scores = self.score(request, cands)
-        best = max(scores)
-        near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
-        if len(near) >= 2:
-            a, b = self._rng.sample(near, 2)
-            chosen = max((a, b), key=lambda sc: (sc[0], -sc[1].est_load))[1]
+            chosen, by_id = cands[0], {}
         else:
-            chosen = near[0][1]
+            scores = self.score(request, cands)
+            best = max(scores)
+            near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
+            if len(near) >= 2:
+                a, b = self._rng.sample(near, 2)
+                chosen = max((a, b), key=lambda sc: (sc[0], -sc[1].est_load))[1]
+            else:
+                chosen = near[0][1]
+            by_id = {c.instance_id: s for s, c in zip(scores, cands)}
         for scorer, _ in self.scorers:
             scorer.on_picked(request, chosen)
-        return PickResult(chosen, None, {c.instance_id: s for s, c in zip(scores, cands)})
+        return PickResult(chosen, None, by_id)

@@ -103,9 +103,6 @@ at::Tensor silu_mul(at::Tensor gu) {
   return y;
 }
 
-// qkv [T, (H + 2 KVH) D]: rotates the q and k heads in place (HF's rotate-half RoPE, the
-// tables cos, sin [P, D] indexed by positions [T]) and writes each token's k and v heads
-// to row slots[t] of k_cache, v_cache [S, KVH, D]. The q heads stay in qkv for attention.
 // n float32 values to IEEE half, round to nearest even (F16C where n allows).
 static void to_half(const float* x, at::Half* out, int64_t n) {
   int64_t i = 0;
@@ -115,6 +112,9 @@ static void to_half(const float* x, at::Half* out, int64_t n) {
   for (; i < n; ++i) out[i] = static_cast<at::Half>(x[i]);
 }
 
+// qkv [T, (H + 2 KVH) D]: rotates the q and k heads in place (HF's rotate-half RoPE, the
+// tables cos, sin [P, D] indexed by positions [T]) and writes each token's k and v heads
+// to row slots[t] of k_cache, v_cache [S, KVH, D]. The q heads stay in qkv for attention.
 void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::Tensor sin,
                      at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, int64_t H, int64_t KVH) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");

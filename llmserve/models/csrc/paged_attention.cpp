@@ -28,12 +28,7 @@ namespace {
 
 using llmserve::exp256;
 using llmserve::hsum;
-
-// 8 cache values as float32.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using llmserve::load8;
 
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {  // d a multiple of 8

@@ -33,6 +33,7 @@ constexpr int64_t kTile = 8;  // outputs per tile: one float vector
 constexpr int64_t kRowsPerPass = 4;
 
 using llmserve::hsum;
+using llmserve::load8;
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -103,11 +104,6 @@ struct Acts {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
   }
 };
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }

@@ -1,5 +1,6 @@
 // AVX2 helpers shared by llmserve's kernels.
 #pragma once
+#include <c10/util/Half.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -12,6 +13,12 @@ inline float hsum(__m256 v) {
   lo = _mm_hadd_ps(lo, lo);
   lo = _mm_hadd_ps(lo, lo);
   return _mm_cvtss_f32(lo);
+}
+
+// 8 values as float32: float32 as they are, IEEE half widened (F16C).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 inline float dot(const float* a, const float* b, int64_t d) {
