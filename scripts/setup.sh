@@ -2,34 +2,56 @@
 # One entry point for a fresh machine:
 #   bash scripts/setup.sh          install everything, fetch the default model, serve it
 #   bash scripts/setup.sh test     install everything, fetch the default model, run the test suite
+#
+# Everything goes into .venv inside the checkout, exactly as requirements/lock.txt
+# says (pinned, hashed); the system interpreter is never touched. Afterwards the CLI
+# is .venv/bin/llmserve (or `source .venv/bin/activate`). Refresh the lock with
+# scripts/lock.sh; try the newest allowed versions with scripts/check-latest.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-serve}"
 shift || true
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
-llmserve pull --quiet
-# The int8 weight kernel (C++, AVX2): built once into torch's extension cache.
-python3 -m llmserve.models.kernels >/dev/null || true
+venv="${LLMSERVE_VENV:-.venv}"
+py="$venv/bin/python"
+# Built C++ kernels live beside the venv, not in a per-user cache a previous run filled.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/$venv/torch_extensions}"
+
+if [ ! -x "$py" ] || ! "$py" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+  rm -rf "$venv"
+  python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+fi
+pip() {  # quiet; and without the warnings some machines' file:// index settings print per package
+  "$py" -m pip --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+# --no-deps: the lock is the whole set, so pip resolves nothing and fetches nothing else.
+pip install --quiet --require-hashes --no-deps -r requirements/lock.txt
+pip install --quiet --no-deps --no-build-isolation -e .
+# Fail now, not in the middle of a test, if the venv is not the lock.
+"$py" -m pip check >/dev/null || { "$py" -m pip check; exit 1; }
+
+"$venv/bin/llmserve" pull --quiet
+# The int8 weight kernel (C++, AVX2): built once into TORCH_EXTENSIONS_DIR.
+"$py" -m llmserve.models.kernels >/dev/null || true
+
+install_browser() {
+  # The dashboard test drives headless Chromium: a system package, installed here.
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 || { echo "setup: no apt-get; install chromium by hand" >&2; return 0; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+    || echo "setup: could not install chromium; the dashboard browser test cannot run" >&2
+}
 
 case "$mode" in
   serve)
-    if llmserve serve --help >/dev/null 2>&1; then
-      exec llmserve serve "$@"
-    fi
-    exec llmserve engine --port 8000 "$@"
+    exec "$venv/bin/llmserve" serve "$@"
     ;;
   test)
-    # The dashboard test drives headless Chromium; install it once if it is missing.
-    if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
-        && command -v apt-get >/dev/null 2>&1; then
-      { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
-        || { apt-get update -qq >/dev/null 2>&1 \
-             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; }; } \
-        || echo "setup: could not install chromium; the dashboard browser test will be skipped" >&2
-    fi
+    install_browser
     set +e
-    python3 -m pytest -q -p no:cacheprovider "$@"
+    "$py" -m pytest -q -p no:cacheprovider "$@"
     rc=$?
     if [ "$rc" -eq 5 ]; then
       echo "pytest collected no tests: failing" >&2

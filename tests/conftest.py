@@ -10,10 +10,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_store() -> Path:
-    """The model store tests share: ``$LLMSERVE_TEST_MODEL_STORE`` or the user's default store."""
+    """The model store tests share: ``$LLMSERVE_TEST_MODEL_STORE``, else the CLI's
+    ``$LLMSERVE_MODEL_STORE`` (where the set-up pulled it), else the user's default store."""
     from llmserve.models.store import default_store_dir
 
-    env = os.environ.get("LLMSERVE_TEST_MODEL_STORE")
+    env = os.environ.get("LLMSERVE_TEST_MODEL_STORE") or os.environ.get("LLMSERVE_MODEL_STORE")
     return Path(env).expanduser() if env else default_store_dir()
 
 

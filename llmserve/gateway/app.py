@@ -129,6 +129,8 @@ class Gateway:
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
+        self.started = False
+        self._starting: asyncio.Lock | None = None
 
     def pool(self, model: str, version: str) -> Pool:
         return self.models[model].pools[version]
@@ -137,7 +139,23 @@ class Gateway:
         for rt in self.models.values():
             yield from rt.pools.values()
 
+    async def ensure_started(self) -> None:
+        """Start once, on whichever comes first: the ASGI lifespan or the first request.
+
+        A host that never sends lifespan events (a Starlette ``Mount``, a server run
+        with ``lifespan="off"``) still gets the health polls and canary ticks."""
+        if self.started:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if not self.started:
+                await self.start()
+
     async def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
         lim = self.config.limits
         self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
                                        read_timeout=lim.request_timeout_s,
@@ -155,6 +173,9 @@ class Gateway:
             await s.start()
 
     async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
         for s in reversed(self.services):
             try:
                 await s.stop()
@@ -248,10 +269,16 @@ class GatewayApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if not self.gateway.started:
+                await self.gateway.ensure_started()
             limits = self.gateway.config.limits
             response = limits_response(scope, limits.max_header_bytes, limits.max_body_bytes)
-            if response is None and scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
-                response = await self._proxy(Request(scope, receive, send), scope["path"])
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):  # mounted: Starlette keeps the full path
+                path = path[len(root):]
+            if response is None and scope["method"] == "POST" and path in PROXY_PATHS:
+                response = await self._proxy(Request(scope, receive, send), path)
             if response is not None:
                 await response(scope, receive, send)
                 return
@@ -293,7 +320,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await gw.start()
+        await gw.ensure_started()
         try:
             yield
         finally:

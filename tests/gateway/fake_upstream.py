@@ -176,7 +176,11 @@ class ServerThread:
         return self
 
     def stop(self, force: bool = False) -> None:
+        # Not uvicorn's force_exit: since uvicorn 0.3x it skips the lifespan shutdown, so
+        # the app's own stop (background tasks, upstream pool) would never run. ``force``
+        # only shortens the wait for open connections before they are cancelled.
+        if force:
+            self.server.config.timeout_graceful_shutdown = 0.2
         self.server.should_exit = True
-        self.server.force_exit = force
         self.thread.join(timeout=10)
         self.sock.close()
