@@ -277,8 +277,12 @@ class GatewayApp(FastAPI):
             root = scope.get("root_path", "")
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
                 path = path[len(root):]
-            if response is None and scope["method"] == "POST" and path in PROXY_PATHS:
-                response = await self._proxy(Request(scope, receive, send), path)
+            if response is None and path in PROXY_PATHS:
+                if scope["method"] == "POST":
+                    response = await self._proxy(Request(scope, receive, send), path)
+                else:
+                    response = error_response(405, f"{path} takes POST", code="method_not_allowed",
+                                              headers={"allow": "POST"})
             if response is not None:
                 await response(scope, receive, send)
                 return

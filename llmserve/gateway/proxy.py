@@ -29,6 +29,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from llmserve.api.parse import load_json, validate
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
 from llmserve.gateway.admission import Priority, priority_class
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
@@ -81,25 +83,23 @@ async def read_body(request: Request, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def parse_request(raw: bytes, headers) -> ParsedRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GatewayError(400, f"the request body is not valid JSON: {e}",
-                           code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
+_REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+def parse_request(raw: bytes, headers, path: str = "/v1/chat/completions") -> ParsedRequest:
+    """Validated with the instance's own models (llmserve.api), so a bad request is a
+    400 here and never reaches, retries on or trips the breakers of an instance."""
+    body = load_json(raw)
+    if not isinstance(body, dict) or not body.get("model"):  # routing needs it; instances do not
         raise GatewayError(400, "'model' is required", param="model", code="missing_model")
-    user = body.get("user") if isinstance(body.get("user"), str) else None
-    user = user or headers.get("x-user-id") or None
-    raw_priority = body["priority"] if "priority" in body else headers.get("x-priority")
+    request = validate(body, _REQUEST_MODELS[path])
+    user = request.user or headers.get("x-user-id") or None
+    raw_priority = request.priority if request.priority is not None else headers.get("x-priority")
     try:
         priority = priority_class(raw_priority)
     except ValueError as e:
         raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
-    return ParsedRequest(body, raw, model, bool(body.get("stream")), user, priority)
+    return ParsedRequest(body, raw, request.model, request.stream, user, priority)
 
 
 def prompt_text(body: dict, max_chars: int) -> str:
@@ -210,7 +210,7 @@ class Proxy:
         t0 = time.monotonic()
         gw = self.gw
         raw = await read_body(request, gw.config.limits.max_body_bytes)
-        parsed = parse_request(raw, request.headers)
+        parsed = parse_request(raw, request.headers, path)
         runtime = gw.models.get(parsed.model)
         if runtime is None:
             raise GatewayError(404, f"the model {parsed.model!r} does not exist",

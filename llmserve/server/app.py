@@ -32,8 +32,9 @@ from llmserve.engine.sampling_params import SamplingParams
 from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
 from llmserve.server.metrics import EngineMetrics
-from llmserve.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest, error_body)
+from llmserve.api.errors import APIError, error_body
+from llmserve.api.parse import parse_model
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from llmserve.server.serving import OpenAIServing
 
 log = logging.getLogger("llmserve.server")
@@ -236,21 +237,25 @@ def create_app(inst: Instance) -> FastAPI:
                                                 inst.engine.core.max_model_len if inst.engine else None}
                                            for n in names]}
 
+    # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
+    # nesting, huge integers, NaN and lone surrogates become 400s, never 500s.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = parse_model(await request.body(), CompletionRequest)
         return await inst.need_serving().completions(body, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
+    async def chat(request: Request):
+        body = parse_model(await request.body(), ChatCompletionRequest)
         return await inst.need_serving().chat(body, request)
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    async def tokenize(request: Request):
+        body = parse_model(await request.body(), TokenizeRequest)
         s = inst.need_serving()
         s.check_model(body.model)
         if body.messages is not None:
-            ids = s.tokenizer.encode_chat([m.model_dump(exclude_none=True) for m in body.messages],
-                                          add_generation_prompt=body.add_generation_prompt)
+            ids = s.encode_chat(body.messages, body.add_generation_prompt)
         elif body.prompt is not None:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
@@ -258,11 +263,12 @@ def create_app(inst: Instance) -> FastAPI:
         return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.core.max_model_len}
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    async def detokenize(request: Request):
+        body = parse_model(await request.body(), DetokenizeRequest)
         s = inst.need_serving()
         s.check_model(body.model)
         vocab = s.engine.core.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in body.tokens):
+        if any(t >= vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 

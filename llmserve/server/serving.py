@@ -23,7 +23,8 @@ from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.server.config import ServerConfig
-from llmserve.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from llmserve.api.errors import APIError
+from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 @dataclass
@@ -80,7 +81,7 @@ class OpenAIServing:
         try:
             return SamplingParams(
                 n=r.n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
-                top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0,
+                top_p=1.0 if r.top_p is None else r.top_p, top_k=max(0, r.top_k or 0),
                 min_p=r.min_p or 0.0, seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
                 ignore_eos=r.ignore_eos, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
@@ -109,6 +110,8 @@ class OpenAIServing:
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt) -> list[_Job]:
         prio = priority if priority is not None else raw.headers.get("x-priority")
         if isinstance(prio, str) and prio.lstrip("-").isdigit():
+            if len(prio) > 12:
+                raise APIError(400, "priority must be a small integer", param="priority", code="invalid_priority")
             prio = int(prio)
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
@@ -147,15 +150,15 @@ class OpenAIServing:
     async def chat(self, r: ChatCompletionRequest, raw: Request):
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=True)
-        msgs = [m.model_dump(exclude_none=True) for m in r.messages]
-        for m in msgs:
-            if isinstance(m.get("content"), list):  # text parts only
-                m["content"] = "".join(p.get("text", "") for p in m["content"] if p.get("type") == "text")
-        try:
-            ids = self.tokenizer.encode_chat(msgs, add_generation_prompt=r.add_generation_prompt)
-        except Exception as e:  # noqa: BLE001 - template errors are the caller's input
-            raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+        ids = self.encode_chat(r.messages, r.add_generation_prompt)
         return await self._serve([ids], sp, r, raw, chat=True)
+
+    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+        try:
+            return self.tokenizer.encode_chat([m.for_template() for m in messages],
+                                              add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
+            raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
 
     def _completion_prompts(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):

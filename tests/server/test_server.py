@@ -131,7 +131,7 @@ def test_context_length_message_and_malformed_json_and_body_limit(server):
     assert "maximum context length is 256" in r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 30000})
     assert r.status_code == 413 and "error" in r.json()
     # the engine keeps serving after all of that
