@@ -261,7 +261,8 @@ class PoolController:
             seen = self.pool.get(inst.id)
             if inst.state is S.READY and seen is not None and seen.report is not None:
                 loads.append(seen.report)
-        return self.collector.snapshot(now, loads, self.pool.signals().queue_depth, self.counts())
+        seen = self.pool.signals()
+        return self.collector.snapshot(now, loads, seen.queue_depth, self.counts(), seen.inflight)
 
     def tick(self, now: float) -> None:
         """Decide and reconcile (synchronous: starts and stops run as tasks)."""

@@ -159,11 +159,8 @@ def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleCo
     prior = args.capacity_prior or profile.saturation_tokens_per_s(mean_p, mean_o)
     predictive = replace(base.predictive, capacity_tokens_per_s=prior,
                          lead_time_s=profile.cold_start_s + (args.tick or base.tick_s) + 5.0)
-    kpa = base.kpa
-    if not args.autoscale_config:
-        # Knative's default: target 70% of the container's concurrency limit.
-        kpa = replace(kpa, target_concurrency=0.7 * profile.max_num_seqs)
-    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive, kpa=kpa)
+    # KPA's target is 70 % of the seats the instances report, live and here alike.
+    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -153,7 +153,8 @@ class Simulator:
         counts = {s: 0 for s in S}
         for i in self.instances.values():
             counts[i.state] += 1
-        ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts)
+        ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts,
+                                      sum(i.in_flight for i in self.gateway.routable))
         decision = self.policy.decide(ctx, state)
         before = ctx.provisioned
         if decision.desired != before:
