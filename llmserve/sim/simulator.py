@@ -31,6 +31,7 @@ import numpy as np
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority
 from llmserve.gateway.balancer import BalancerConfig
@@ -68,13 +69,13 @@ class Simulator:
     def __init__(self, trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
                  sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
                  concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
-                 label: str | None = None) -> None:
+                 label: str | None = None, policy: ScalingPolicy | None = None) -> None:
         self.trace = trace
         self.profile = profile
         self.autoscale = autoscale
         self.cfg = sim or SimConfig()
         self.label = label or autoscale.policy
-        self.policy = build_policy(autoscale)
+        self.policy = policy or build_policy(autoscale)  # a given one: e.g. the oracle's schedule
         self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
