@@ -85,25 +85,28 @@ async def read_body(request: Request, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_MAX_INT_DIGITS = 4000  # under int()'s own limit of 4300
+
+
 def _int_or_digits(text: str) -> int | str:
-    """An integer, or past Python's digit limit its digits as text (then a field's
-    own check refuses it, rather than the JSON decoder raising a bare ValueError)."""
-    return int(text) if len(text) <= 4000 else text
+    return int(text) if len(text) <= _MAX_INT_DIGITS else text
 
 
-def _loads(raw: bytes):
+def _loads(raw: bytes) -> tuple[object, bool]:
+    """The body, and whether it holds an integer too long for ``int()`` (kept as its
+    digits, so the field it is in can be named in the 400)."""
     try:
-        return json.loads(raw)
+        return json.loads(raw), False
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GatewayError(400, f"the request body is not valid JSON: {e}",
                            code="invalid_json") from None
-    except ValueError:  # an integer of more digits than int() takes; rare, so parse again
-        return json.loads(raw, parse_int=_int_or_digits)
+    except ValueError:  # int()'s digit limit; rare, so parse again only then
+        return json.loads(raw, parse_int=_int_or_digits), True
 
 
 def parse_request(raw: bytes, headers, client: Privileges) -> ParsedRequest:
     """The request as the gateway will serve it: its priority is the granted one."""
-    body = _loads(raw)
+    body, huge_int = _loads(raw)
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
     model = body.get("model")
@@ -116,6 +119,9 @@ def parse_request(raw: bytes, headers, client: Privileges) -> ParsedRequest:
         priority = grant_priority(parse_priority(claimed), client)
     except ValueError as e:
         raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
+    if huge_int:
+        raise GatewayError(400, f"the request body has an integer of over {_MAX_INT_DIGITS} digits",
+                           code="invalid_json")
     return ParsedRequest(body, raw, model, bool(body.get("stream")), user, priority,
                          PriorityClass.of(priority))
 
