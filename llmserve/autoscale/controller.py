@@ -70,7 +70,8 @@ class PoolController:
                  provider: InstanceProvider, spec_factory: SpecFactory,
                  config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, id_prefix: str | None = None) -> None:
+                 wall: Callable[[], float] = time.time, id_prefix: str | None = None,
+                 instance_api_key: str | None = None) -> None:
         self.pool = pool
         self.model = model
         self.version = version
@@ -92,6 +93,7 @@ class PoolController:
         self.last_signals: PoolSignals | None = None
         self.override: Override | None = None
         self._prober = prober
+        self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
         self._client: httpx.AsyncClient | None = None
         self._prefix = id_prefix if id_prefix is not None else f"{version}-"
         self._next_id = 1
@@ -112,7 +114,7 @@ class PoolController:
 
     async def start(self) -> None:
         if self._prober is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(headers=self._probe_headers)
             self._prober = HttpProber(self._client, self.config.probe_timeout_s)
         self._loop_task = asyncio.create_task(self._run(), name=f"controller {self.key}")
 

@@ -18,7 +18,7 @@ import torch
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from llmserve.engine.request import Request, RequestStatus, parse_priority
+from llmserve.engine.request import REALTIME, Request, RequestStatus
 from llmserve.engine.runner import ModelRunner
 from llmserve.engine.sampler import SampleRow, Sampler
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -26,6 +26,7 @@ from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class EngineCore:
             prio = parse_priority(priority)
         except ValueError as e:
             raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
+        prio = REALTIME if prio is None else prio
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
                       cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)

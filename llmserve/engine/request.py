@@ -6,9 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from llmserve.engine.sampling_params import SamplingParams
-
-REALTIME = 0
-BATCH = 1
+from llmserve.priority import BATCH, REALTIME  # noqa: F401 (re-exported: the levels by name)
 
 
 class RequestStatus(enum.Enum):
@@ -30,20 +28,6 @@ class RequestStatus(enum.Enum):
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
              RequestStatus.FINISHED_ABORTED}
-
-
-def parse_priority(value: int | str | None) -> int:
-    """``"realtime"`` → 0, ``"batch"`` → 1, integers as given (lower runs first)."""
-    if value is None:
-        return REALTIME
-    if isinstance(value, bool):
-        raise ValueError("priority must be 'realtime', 'batch' or an integer")
-    if isinstance(value, int):
-        return value
-    names = {"realtime": REALTIME, "batch": BATCH}
-    if isinstance(value, str) and value.lower() in names:
-        return names[value.lower()]
-    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
 
 
 @dataclass(eq=False)

@@ -189,7 +189,10 @@ def create_app(inst: Instance) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+        detail = str(e.detail)
+        if isinstance(e.__cause__, ValueError):  # e.g. an integer past int()'s 4300 digits
+            detail = f"{detail}: {e.__cause__}"
+        return JSONResponse(error_body(detail, kind), status_code=e.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception):

@@ -22,6 +22,7 @@ from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -107,12 +108,16 @@ class OpenAIServing:
         if cfg.fault_error_rate and self._rng.random() < cfg.fault_error_rate:
             raise APIError(500, "injected fault", "server_error")
 
+    def priority(self, body_priority: int | str | None, raw: Request) -> int | None:
+        """The request's priority (the body's, else ``x-priority``), within the configured range."""
+        claimed = body_priority if body_priority is not None else raw.headers.get("x-priority")
+        try:
+            return parse_priority(claimed, self.config.priority_range)
+        except ValueError as e:
+            raise APIError(400, str(e), param="priority", code="invalid_priority") from None
+
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt) -> list[_Job]:
-        prio = priority if priority is not None else raw.headers.get("x-priority")
-        if isinstance(prio, str) and prio.lstrip("-").isdigit():
-            if len(prio) > 12:
-                raise APIError(400, "priority must be a small integer", param="priority", code="invalid_priority")
-            prio = int(prio)
+        prio = self.priority(priority, raw)
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
         try:

@@ -33,8 +33,9 @@ from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
-from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority
+from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
+from llmserve.priority import PriorityClass
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
@@ -209,7 +210,7 @@ class Simulator:
 
     def _arrive(self, rid: int, now: float) -> None:
         self.collector.record_arrival(now, int(self.trace.prompt_tokens[rid]))
-        priority = Priority.BATCH if self.trace.priority[rid] else Priority.REALTIME
+        priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
         if not self.gateway.offer(rid, priority, now):
             self._finish(rid, REJECTED, now)
             return

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-REALTIME, BATCH = 0, 1
+from llmserve.priority import BATCH, REALTIME, PriorityClass, parse_priority  # noqa: F401 (BATCH: re-export)
+
 TRACE_NAMES = ("diurnal", "bursty", "ramp", "flash")
 
 
@@ -224,8 +225,8 @@ def from_csv(path: str | Path, rate_step_s: float = 60.0) -> Trace:
             raise ValueError(f"{path}: needs columns {sorted(need)}, got {reader.fieldnames}")
         for line, row in enumerate(reader, start=2):
             try:
-                pri = (row.get("priority") or "realtime").strip().lower()
-                cls = BATCH if pri == "batch" or (pri.lstrip("-").isdigit() and int(pri) > 0) else REALTIME
+                pri = parse_priority(row.get("priority") or None)
+                cls = REALTIME if pri is None else int(PriorityClass.of(pri))  # the class, as 0 / 1
                 rows.append((float(row["timestamp"]), int(row["prompt_tokens"]), int(row["output_tokens"]), cls))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{line}: {e}") from None
