@@ -188,7 +188,7 @@ class EngineCore:
         self._propose()
         plan = self.scheduler.schedule()
         t0 = time.monotonic()
-        outputs = [self._fail(self._tracks[r.request_id], r.error, t0) for r in plan.failed]
+        outputs = [self._fail(tr, r.error, t0) for r in plan.failed if (tr := self._tracks.get(r.request_id))]
         if plan.empty:
             return outputs
         self._note_scheduled(plan, t0)

@@ -216,7 +216,7 @@ class SpeculativeDecoder:
             rid = s.request.request_id
             start, n_rows = run.rows[rid]
             try:
-                if any(start <= j < start + n_rows for j in bad_rows):
+                if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
                     raise NonFiniteError("the model's logits are not finite")
                 out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], row_fn, required)
             except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
