@@ -143,3 +143,32 @@ async def test_a_dead_engine_answers_503_and_is_ejected(served, monkeypatch):
             assert state is InstanceState.FAILED and "injected forward failure" in reason
     finally:
         await upstream.aclose()
+
+
+@pytest.mark.parametrize("extra,status,param", [
+    ({"repetition_penalty": 1e-300}, 400, "repetition_penalty"),  # issue 17: 0 in fp32, inf logits
+    ({"temperature": 1e300}, 400, "temperature"),
+    ({"seed": 2**64}, 400, "seed"),
+    ({"seed": 2**64 - 1, "n": 2, "temperature": 1.0}, 200, None),  # the second child's seed wraps
+])
+async def test_degenerate_parameters_are_refused_before_the_engine(served, extra, status, param):
+    _, url = served
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        r = await c.post("/v1/completions", json={**_body(PROMPTS[0], False), **extra})
+        assert r.status_code == status, r.text
+        if param is not None:
+            assert r.json()["error"]["param"] == param
+        assert (await c.get("/ready")).status_code == 200
+
+
+async def test_a_lone_surrogate_salt_never_costs_the_server(served):
+    """Refused at the edge or served; either way no 5xx and the instance stays ready."""
+    inst, url = served
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        salted, clean = await asyncio.gather(
+            c.post("/v1/completions", headers={"content-type": "application/json"},  # (an escaped "\ud800")
+                   content=json.dumps(_body(PROMPTS[0], False, cache_salt="\ud800")).encode()),
+            c.post("/v1/completions", json=_body(PROMPTS[1], False)))
+        assert salted.status_code in (200, 400) and clean.status_code == 200
+        assert (await c.get("/ready")).status_code == 200
+    assert inst.engine.is_alive()
