@@ -16,6 +16,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request alone failed (its scheduling, sampling or text)
 
     @property
     def finished(self) -> bool:
@@ -27,7 +28,7 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-             RequestStatus.FINISHED_ABORTED}
+             RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
 
 
 @dataclass(eq=False)
@@ -55,6 +56,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     stop_reason: int | str | None = None
+    error: str | None = None  # why it failed, when its status is FINISHED_ERROR
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -4,6 +4,10 @@ Lifecycle: the HTTP port opens at once (so a controller can watch ``/health``);
 weights load in a thread, a warm-up generation runs, then ``/ready`` turns 200.
 The first SIGTERM drains (``/ready`` 503, new requests 503, in-flight ones
 finish up to ``drain_timeout_s``) and the process exits 0; a second exits at once.
+An engine that dies while serving (its loop crashed, or a forward pass failed for
+the whole batch) fails the instance: ``/ready`` and ``/health`` answer 503 and
+``/load`` says not ready, so the gateway stops routing to it and the controller
+replaces it. The process stays up to say why.
 """
 
 from __future__ import annotations
@@ -94,7 +98,16 @@ class Instance:
             log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
                         self.model_name)
 
+    def check_engine(self) -> State:
+        """The state, failed first if the engine died since the last look."""
+        eng = self.engine
+        if eng is not None and self.state in (State.WARMING, State.READY, State.DRAINING) and not eng.is_alive():
+            self.state, self.error = State.FAILED, eng.death or "the engine loop stopped"
+            log.error("instance %s failed: %s", self.instance_id, self.error)
+        return self.state
+
     def need_serving(self) -> OpenAIServing:
+        self.check_engine()
         if self.state is State.DRAINING:
             raise APIError(503, "the server is draining; retry on another instance", "service_unavailable",
                            headers={"Retry-After": "1"})
@@ -104,6 +117,7 @@ class Instance:
         return self.serving
 
     def load_report(self) -> dict[str, Any]:
+        self.check_engine()
         snap: dict[str, Any] = {}
         if self.engine is not None:
             snap = self.engine.core.load_snapshot()
@@ -210,14 +224,15 @@ def create_app(inst: Instance) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        alive = inst.state is not State.FAILED and (inst.engine is None or inst.engine.is_alive())
+        alive = inst.check_engine() is not State.FAILED
         body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/ready")
     async def ready():
-        ok = inst.state is State.READY
-        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s},
+        ok = inst.check_engine() is State.READY
+        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
+                             "error": inst.error},
                             status_code=200 if ok else 503)
 
     @app.get("/load")
@@ -298,8 +313,9 @@ class _DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         inst = self.inst
-        if inst.state is State.FAILED and inst.engine is None:
-            self.exit_code = 1
+        inst.check_engine()
+        if inst.state is State.FAILED and (inst.engine is None or inst.drain_started is not None):
+            self.exit_code = 1  # (a failed engine with no drain asked for stays up to say why)
             return True
         if inst.state is State.DRAINING and inst.serving is not None:
             waited = time.monotonic() - (inst.drain_started or 0)

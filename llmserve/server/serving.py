@@ -1,7 +1,9 @@
 """Completions and chat completions over the AsyncEngine: validation, fan-out, SSE.
 
 Everything a request needs is validated before the first byte is sent, so a bad
-request gets a 4xx JSON error rather than a broken stream.
+request gets a 4xx JSON error rather than a broken stream. A request that fails in
+the engine after that fails alone: a 500 JSON error, or an SSE error event for its
+choice while the other choices go on; a dead engine is a 503 (retry elsewhere).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmserve.engine.async_engine import AsyncEngine
+from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
@@ -137,6 +139,9 @@ class OpenAIServing:
         except ValueError as e:
             self._abort(jobs)
             raise APIError(400, str(e)) from None
+        except EngineDeadError as e:
+            self._abort(jobs)
+            raise _engine_error(e) from None
         return jobs
 
     def _abort(self, jobs: list[_Job]) -> None:
@@ -207,6 +212,8 @@ class OpenAIServing:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await _until_disconnect(raw, self._collect(jobs, tracker))
+        except (RequestFailedError, EngineDeadError) as e:
+            raise _engine_error(e) from None
         finally:
             self._abort(jobs)
             tracker.done()
@@ -295,8 +302,7 @@ class OpenAIServing:
                     ended += 1
                     continue
                 if isinstance(item, Exception):
-                    yield _sse({"error": {"message": str(item), "type": "server_error", "param": None,
-                                          "code": None}})
+                    yield _sse(_engine_error(item).body())
                     continue
                 tracker.first_token()
                 c = item.outputs[0]
@@ -364,6 +370,16 @@ class _Tracker:
         if self.open:
             self.open = False
             self.s.in_flight -= 1
+
+
+def _engine_error(e: Exception) -> APIError:
+    """What the client is told when the engine ends its request with an error."""
+    if isinstance(e, EngineDeadError):
+        return APIError(503, f"the engine failed: {e}; retry on another instance", "service_unavailable",
+                        code="engine_dead", headers={"Retry-After": "1"})
+    if isinstance(e, RequestFailedError):
+        return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
+    return APIError(500, str(e) or type(e).__name__, "server_error")
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:

@@ -174,6 +174,27 @@ async def test_a_failed_ready_instance_leaves_the_pool_and_is_replaced_at_once()
     assert len(provider.engines) == 3  # replaced once, nothing else started
 
 
+async def test_a_ready_instance_whose_engine_died_under_a_live_process_is_replaced():
+    ctl, provider, pool, clock = make_controller(policy="static", static=2, ready_probe_interval_s=2.0)
+    await ready_pool(ctl, provider, clock)
+    dead = provider.engines["v1-1"]
+    dead.state = "failed"  # its /ready says failed; the process runs on and the gateway still routes to it
+    waited = 0.0
+    while "v1-1" in ctl.instances and waited < 10:
+        assert dead.exit_code is None and pool.get("v1-1").ready
+        await step(ctl, clock, 0.5)
+        waited += 0.5
+    assert waited <= 2.0  # within one ready probe interval, no grace period
+    assert pool.get("v1-1") is None
+    failed = ctl.finished[-1]
+    assert failed.state is S.FAILED and "engine died while ready: boom" in failed.reason
+    assert "v1-1" in provider.stops  # the live process is stopped, not left behind
+    assert states(ctl) == {"v1-2": "ready", "v1-3": "starting"} and ctl.instances["v1-3"].replaces == "v1-1"
+    provider.engines["v1-3"].state = "ready"
+    await step(ctl, clock)
+    assert states(ctl) == {"v1-2": "ready", "v1-3": "ready"} and pool.get("v1-3").ready
+
+
 async def test_a_vanished_actor_and_an_unreachable_instance_are_failed_and_replaced():
     ctl, provider, pool, clock = make_controller(policy="static", static=2, unready_grace_s=5.0)
     await ready_pool(ctl, provider, clock)
