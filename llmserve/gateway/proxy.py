@@ -335,7 +335,9 @@ class Proxy:
                 raise
             plan.tried.append(inst.instance_id)
             if resp.status_code >= 500:
-                plan.last = await self._read_error(resp, lease, plan.pool)
+                plan.last, own_fault = await self._read_error(resp, lease, plan.pool)
+                if own_fault:  # the request itself failed in the engine: elsewhere too
+                    return None
                 continue
             return resp, lease
         return None
@@ -429,17 +431,21 @@ class Proxy:
                                code="client_disconnected")
         return wait.result()
 
-    async def _read_error(self, resp: UpstreamResponse, lease: Lease, pool: Pool) -> Response:
-        """A 5xx from upstream: kept to pass through if no retry succeeds."""
+    async def _read_error(self, resp: UpstreamResponse, lease: Lease, pool: Pool) -> tuple[Response, bool]:
+        """A 5xx from upstream, kept to pass through if no retry succeeds, and whether it
+        is the request's own failure (an instance's ``request_failed``: the engine failed
+        that request alone and served the others). That one is neither retried, since
+        it would fail on every instance, nor held against the instance's health."""
         try:
             body = await resp.aread()
         except httpx.HTTPError:
             body = b""
         finally:
             await resp.aclose()
-        pool.release(lease, Outcome.FAILURE)
+        own_fault = resp.status_code == 500 and b'"request_failed"' in body[:4096]
+        pool.release(lease, Outcome.NEUTRAL if own_fault else Outcome.FAILURE)
         headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
-        return Response(body, resp.status_code, headers=headers)
+        return Response(body, resp.status_code, headers=headers), own_fault
 
     def _headers(self, resp: UpstreamResponse, ctx: _Context) -> dict[str, str]:
         out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
