@@ -32,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -204,7 +206,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _send_timed_out(self) -> None:
         self._send_timer = None
         self.logger.info("%s stopped reading for %g s; dropped", self.client, self.limits.send_timeout_s)
-        self.transport.abort()  # close() would wait to flush the bytes it does not read
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: a plain close leaves the kernel holding the unsent bytes for minutes
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()  # close() would wait to flush bytes it never takes
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         """Answer ``status`` with an OpenAI-shaped error and close the connection."""
