@@ -6,23 +6,27 @@ ordinary requests (in one read or in pieces, kept alive) pass untouched."""
 from __future__ import annotations
 
 import asyncio
-import errno
-import socket
 import threading
 import time
 
 import pytest
 
 from llmserve.http_guard import HttpLimits, uvicorn_options
+from tests.bad_clients import (SLACK_S, connect, dribble_body, dribble_heads, exchange, post, read_all, status,
+                               was_reset, wait_for)
 from tests.gateway.fake_upstream import ServerThread
 
 LIMITS = HttpLimits(max_header_bytes=4096, max_url_bytes=1024, header_timeout_s=0.6, body_timeout_s=0.6,
                     send_timeout_s=0.6, keep_alive_timeout_s=5.0, max_connections=6)
-SLACK_S = 3.0  # on top of a timeout, for a loaded machine
+
+
+async def _disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class App:
-    """/echo answers the body's length; /flood streams until the client is gone."""
+    """/flood streams until the client is gone; anything else answers its body's length."""
 
     def __init__(self) -> None:
         self.disconnects = 0
@@ -58,11 +62,6 @@ class App:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 @pytest.fixture(scope="module")
 def server():
     app = App()
@@ -72,41 +71,12 @@ def server():
     srv.stop(force=True)
 
 
-def connect(server) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
-def read_all(s: socket.socket, timeout: float = 10.0) -> bytes:
-    """Everything until the server closes the connection."""
-    s.settimeout(timeout)
-    out = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except ConnectionResetError:
-            return out
-        if not chunk:
-            return out
-        out += chunk
-
-
-def status(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1])
-
-
-def request(path: str = "/echo", headers: bytes = b"", body: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nhost: t\r\n%scontent-length: %d\r\n\r\n"
-            % (path.encode(), headers, len(body))) + body
-
-
 def test_ordinary_requests_pass_in_one_read_in_pieces_and_kept_alive(server):
-    with connect(server) as s:
+    with connect(server.port) as s:
         for _ in range(3):  # one connection, kept alive
-            s.sendall(request(body=b"a" * 1000))
+            s.sendall(post("/echo", b"a" * 1000))
             assert s.recv(4096).split(b"\r\n\r\n")[1] == b"1000"
-        data = request(headers=b"x-pad: " + b"p" * 3000 + b"\r\n", body=b"b" * 200_000)
+        data = post("/echo", b"b" * 200_000, headers=b"x-pad: " + b"p" * 3000 + b"\r\n")
         for i in range(0, len(data), 7000):  # in pieces, each well inside the timeouts
             s.sendall(data[i:i + 7000])
             time.sleep(0.01)
@@ -117,58 +87,32 @@ def test_ordinary_requests_pass_in_one_read_in_pieces_and_kept_alive(server):
 
 
 def test_oversized_headers_get_431_whether_whole_or_dribbled(server):
-    with connect(server) as s:
-        s.sendall(request(headers=b"x-big: " + b"a" * 40_000 + b"\r\n"))
-        resp = read_all(s)
+    resp = exchange(server.port, post("/echo", b"{}", headers=b"x-big: " + b"a" * 40_000 + b"\r\n"))
     assert status(resp) == 431 and b"headers_too_large" in resp
-    with connect(server) as s:  # one endless header value: cut by bytes, before it ends
+    with connect(server.port) as s:  # one endless header value: cut by bytes, before it ends
         s.sendall(b"GET /echo HTTP/1.1\r\nhost: t\r\nx-endless: ")
         try:
             for _ in range(20):
                 s.sendall(b"a" * 1000)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        resp = read_all(s)
-    assert status(resp) == 431
+        assert status(read_all(s)) == 431
 
 
 def test_a_long_url_gets_414(server):
-    with connect(server) as s:
-        s.sendall(b"GET /echo?" + b"q" * 5000 + b" HTTP/1.1\r\nhost: t\r\n\r\n")
-        resp = read_all(s)
+    resp = exchange(server.port, b"GET /echo?" + b"q" * 5000 + b" HTTP/1.1\r\nhost: t\r\n\r\n")
     assert status(resp) == 414 and b"url_too_long" in resp
 
 
 def test_slowloris_connections_are_closed_within_the_header_timeout(server):
-    socks = [connect(server) for _ in range(4)]
-    for s in socks:
-        s.sendall(b"GET /echo HTTP/1.1\r\n")
-    closed_at: list[float] = []
-    t0 = time.monotonic()
-    while len(closed_at) < len(socks) and time.monotonic() - t0 < LIMITS.header_timeout_s + SLACK_S:
-        for s in socks:  # a byte each, every 0.1 s: each byte is on time, the head never is
-            if s.fileno() == -1:
-                continue
-            try:
-                s.sendall(b"x")
-                s.setblocking(False)
-                data = s.recv(4096)
-                s.setblocking(True)
-            except BlockingIOError:
-                s.setblocking(True)
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                data = b""
-            assert not data or status(data) == 408
-            closed_at.append(time.monotonic() - t0)
-            s.close()
-        time.sleep(0.1)
-    assert len(closed_at) == len(socks)
-    assert min(closed_at) >= LIMITS.header_timeout_s * 0.9
+    ended = dribble_heads(server.port, 4, give_up_s=LIMITS.header_timeout_s + SLACK_S)
+    assert len(ended) == 4
+    assert all(status(answer) == 408 for _, answer in ended)
+    assert min(t for t, _ in ended) >= LIMITS.header_timeout_s * 0.9
 
 
 def test_an_idle_connection_is_closed_quietly(server):
-    with connect(server) as s:
+    with connect(server.port) as s:
         t0 = time.monotonic()
         assert read_all(s, timeout=LIMITS.header_timeout_s + SLACK_S) == b""
         assert time.monotonic() - t0 < LIMITS.header_timeout_s + SLACK_S
@@ -176,67 +120,29 @@ def test_an_idle_connection_is_closed_quietly(server):
 
 def test_a_body_sent_too_slowly_is_cut_with_408(server):
     before = server.app.disconnects
-    with connect(server) as s:
-        s.sendall(b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 1000\r\n\r\n")
-        t0 = time.monotonic()
-        resp = b""
-        try:
-            while time.monotonic() - t0 < LIMITS.body_timeout_s + SLACK_S:
-                s.sendall(b"z" * 10)
-                s.setblocking(False)
-                try:
-                    resp = s.recv(4096)
-                    break
-                except BlockingIOError:
-                    pass
-                finally:
-                    s.setblocking(True)
-                time.sleep(0.1)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        resp += read_all(s)
+    resp = dribble_body(server.port, "/echo", give_up_s=LIMITS.body_timeout_s + SLACK_S)
     assert status(resp) == 408 and b"request_timeout" in resp
-    deadline = time.monotonic() + SLACK_S
-    while server.app.disconnects == before and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.app.disconnects == before + 1  # the app waiting on the body was told
+    wait_for(lambda: server.app.disconnects == before + 1, SLACK_S, "the app to see the disconnect")
 
 
 def test_a_client_that_reads_nothing_is_dropped_after_the_send_timeout(server):
-    s = connect(server)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.sendall(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
-    deadline = time.monotonic() + LIMITS.send_timeout_s + 2 * SLACK_S
-    err = 0
-    while time.monotonic() < deadline:  # never read: the reset shows as the socket's error
-        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if err:
-            break
-        time.sleep(0.05)
-    s.close()
-    assert err == errno.ECONNRESET
+    with connect(server.port, rcvbuf=4096) as s:
+        s.sendall(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert was_reset(s, within_s=LIMITS.send_timeout_s + 2 * SLACK_S)
 
 
 def test_requests_over_the_connection_cap_get_503_at_once(server):
-    idle = [connect(server) for _ in range(LIMITS.max_connections)]
+    idle = [connect(server.port) for _ in range(LIMITS.max_connections)]
     try:
-        with connect(server) as s:
-            t0 = time.monotonic()
-            s.sendall(request(body=b"{}"))
-            resp = read_all(s, timeout=LIMITS.header_timeout_s)
-            assert status(resp) == 503
-            assert time.monotonic() - t0 < LIMITS.header_timeout_s  # not just closed by a timeout
+        t0 = time.monotonic()
+        assert status(exchange(server.port, post("/echo", b"{}"))) == 503
+        assert time.monotonic() - t0 < LIMITS.header_timeout_s  # answered, not closed by a timeout
     finally:
         for s in idle:
             s.close()
-    deadline = time.monotonic() + SLACK_S
-    while True:  # the idle ones gone, requests are served again
-        with connect(server) as s:
-            s.sendall(request(body=b"{}"))
-            if status(s.recv(4096)) == 200:
-                break
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # the idle ones gone, requests are served again
+    wait_for(lambda: status(exchange(server.port, post("/echo", b"{}", headers=b"connection: close\r\n"))) == 200,
+             SLACK_S, "a 200 below the cap")
 
 
 def test_limits_are_validated():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 import uuid
@@ -24,6 +25,9 @@ from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.server.config import ServerConfig
 from llmserve.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -263,29 +267,13 @@ class OpenAIServing:
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
     async def _sse(self, jobs: list[_Job], meta: "_Meta", include_usage: bool, tracker: "_Tracker"):
-        q: asyncio.Queue = asyncio.Queue()
-        total = sum(len(j.streams) for j in jobs)
-
-        async def pump(idx: int, stream: AsyncIterator[RequestOutput]) -> None:
-            try:
-                async for out in stream:
-                    await q.put((idx, out))
-            except Exception as e:  # noqa: BLE001 - reported in-band
-                await q.put((idx, e))
-            finally:
-                await q.put((idx, None))
-
-        tasks = [asyncio.create_task(pump(j.prompt_index * meta.n + ci, s))
-                 for j in jobs for ci, s in enumerate(j.streams)]
+        streams = [(j.prompt_index * meta.n + ci, s) for j in jobs for ci, s in enumerate(j.streams)]
+        buf = StreamBuffer(streams, self.config.stream_buffer_outputs * len(streams), lambda: self._abort(jobs))
         completion_tokens = cached = 0
         sent_role: set[int] = set()
         try:
-            ended = 0
-            while ended < total:
-                idx, item = await q.get()
-                if item is None:
-                    ended += 1
-                    continue
+            while (got := await buf.get()) is not None:
+                idx, item = got
                 if isinstance(item, Exception):
                     yield _sse({"error": {"message": str(item), "type": "server_error", "param": None,
                                           "code": None}})
@@ -319,9 +307,12 @@ class OpenAIServing:
                             "created": meta.created, "model": meta.model, "choices": [],
                             "usage": _usage(prompt_tokens, completion_tokens, cached)})
             yield "data: [DONE]\n\n"
+        except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why
+            log.info("stream %s cut: %s", meta.id, e)
+            yield _sse({"error": {"message": f"the stream was cut: {e}", "type": "server_error", "param": None,
+                                  "code": "client_too_slow"}})
         finally:
-            for t in tasks:
-                t.cancel()
+            buf.close()
             self._abort(jobs)
             tracker.done()
 
