@@ -22,9 +22,10 @@ send timeout: a client that takes no bytes for that long, while the response wai
 on it, is dropped. The open-connection cap is uvicorn's ``limit_concurrency`` (a
 request beyond it gets 503).
 
-Per request it costs two additions and compares on the parser's callbacks; a
-timer is armed only while a head or body is incomplete at the end of a read, so a
-request that arrives in one read arms none.
+Per request it costs an addition and a compare on each parser callback; besides
+the one header timer a new connection gets, a timer is armed only while a head or
+body is still incomplete at the end of a read, so a request that arrives in one
+read arms none.
 """
 
 from __future__ import annotations

@@ -84,6 +84,11 @@ def test_ordinary_requests_pass_in_one_read_in_pieces_and_kept_alive(server):
         while not resp.endswith(b"200000"):
             resp += s.recv(4096)
         assert status(resp) == 200
+        s.sendall(post("/echo", b"1") + post("/echo", b"22") + post("/echo", b"333"))  # pipelined
+        resp = b""
+        while resp.count(b"HTTP/1.1 200") < 3 or not resp.endswith(b"3"):
+            resp += s.recv(4096)
+        assert [r.split(b"\r\n\r\n")[1] for r in resp.split(b"HTTP/1.1 ")[1:]] == [b"1", b"2", b"3"]
 
 
 def test_oversized_headers_get_431_whether_whole_or_dribbled(server):
