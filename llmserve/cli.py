@@ -1,7 +1,9 @@
 """``llmserve`` — one console script, one subcommand per job.
 
 Environment variables are read here and nowhere deeper: ``LLMSERVE_MODEL_STORE``
-sets the default model store.
+sets the default model store; ``LLMSERVE_API_KEY`` is one more key ``llmserve
+engine`` accepts (how ``serve`` hands its instances their key: an environment
+variable is not in ``ps`` output, a command-line flag is).
 """
 
 from __future__ import annotations
@@ -145,7 +147,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8001)
-    g.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    g.add_argument("--api-key", action="append", default=[],
+                   help="accepted API key (repeatable; LLMSERVE_API_KEY adds one)")
+    g.add_argument("--priority-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="integer priorities accepted, lower runs first (default 0 1: realtime, batch)")
     g.add_argument("--served-model-name", nargs="+", default=[])
     g.add_argument("--instance-id", default="")
     g.add_argument("--max-queued-requests", type=int, default=256)
@@ -170,11 +175,15 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
+    from llmserve.priority import NAMED_RANGE, PriorityRange
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
 
+    env_key = os.environ.get("LLMSERVE_API_KEY")
     scfg = ServerConfig(
-        host=args.host, port=args.port, api_keys=args.api_key, served_model_name=args.served_model_name,
+        host=args.host, port=args.port, api_keys=args.api_key + ([env_key] if env_key else []),
+        priority_range=PriorityRange(*args.priority_range) if args.priority_range else NAMED_RANGE,
+        served_model_name=args.served_model_name,
         instance_id=args.instance_id, max_queued_requests=args.max_queued_requests,
         max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,

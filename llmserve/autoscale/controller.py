@@ -1,7 +1,8 @@
 """The elastic controller: the one owner of a pool's instances and their lifecycle.
 
 Each probe interval it looks at every instance (the provider: is the process
-there? the engine: what does ``/ready`` say?) and moves it along
+there? the engine: what does ``/ready`` say? asked of ready instances every
+``ready_probe_interval_s``) and moves it along
 ``starting -> warming -> ready -> draining -> stopped`` (or ``failed``). Each
 tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
 request observers; queue depth from the gateway's pool; running, waiting, KV,
@@ -18,9 +19,9 @@ The rules that protect requests:
   gateway has nothing in flight to it and the engine reports nothing running or
   waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
   stops it (SIGTERM: the engine drains whatever is left and exits 0);
-- an instance that fails (process exited, actor died, unreachable for
-  ``unready_grace_s``) leaves the pool at once and is replaced, with a backoff
-  while replacements keep failing before they get ready.
+- an instance that fails (process exited, actor died, engine dead under a live
+  process, unreachable for ``unready_grace_s``) leaves the pool at once and is
+  replaced, with a backoff while replacements keep failing before they get ready.
 
 Every transition is an :class:`~llmserve.autoscale.history.Event` with a time and
 a reason; every tick's decision is kept with the policy's reason.
@@ -70,7 +71,8 @@ class PoolController:
                  provider: InstanceProvider, spec_factory: SpecFactory,
                  config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, id_prefix: str | None = None) -> None:
+                 wall: Callable[[], float] = time.time, id_prefix: str | None = None,
+                 instance_api_key: str | None = None) -> None:
         self.pool = pool
         self.model = model
         self.version = version
@@ -92,6 +94,7 @@ class PoolController:
         self.last_signals: PoolSignals | None = None
         self.override: Override | None = None
         self._prober = prober
+        self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
         self._client: httpx.AsyncClient | None = None
         self._prefix = id_prefix if id_prefix is not None else f"{version}-"
         self._next_id = 1
@@ -112,7 +115,7 @@ class PoolController:
 
     async def start(self) -> None:
         if self._prober is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(headers=self._probe_headers)
             self._prober = HttpProber(self._client, self.config.probe_timeout_s)
         self._loop_task = asyncio.create_task(self._run(), name=f"controller {self.key}")
 
@@ -189,11 +192,11 @@ class PoolController:
         self._bill(now)
         live = [i for i in self.instances.values() if i.handle is not None and not i.stopping]
         runs = await asyncio.gather(*(self.provider.status(i.handle) for i in live))
-        coming = [(i, run) for i, run in zip(live, runs) if i.state in (S.STARTING, S.WARMING)]
-        probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in coming))
+        due = [(i, run) for i, run in zip(live, runs) if self._probe_due(i, now)]
+        probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in due))
         now = self.clock()
-        for (inst, _), probe in zip(coming, probes):
-            inst.last_probe = probe
+        for (inst, _), probe in zip(due, probes):
+            inst.last_probe, inst.probed_at = probe, now
             self._judge(inst, probe, now)
         for inst, run in zip(live, runs):
             if inst.state in (S.READY, S.DRAINING) and not inst.stopping:
@@ -203,6 +206,12 @@ class PoolController:
                 self._fail(inst, f"the provider gave no address within {self.config.start_timeout_s:g}s")
         await self._advance_drains(now)
         self._start_replacements(now)
+
+    def _probe_due(self, inst: ManagedInstance, now: float) -> bool:
+        if inst.state in (S.STARTING, S.WARMING):
+            return True
+        return inst.state is S.READY and (
+            inst.probed_at is None or now - inst.probed_at >= self.config.ready_probe_interval_s)
 
     def _judge(self, inst: ManagedInstance, probe: Probe, now: float) -> None:
         if inst.stopping or inst.id not in self.instances:
@@ -261,7 +270,8 @@ class PoolController:
             seen = self.pool.get(inst.id)
             if inst.state is S.READY and seen is not None and seen.report is not None:
                 loads.append(seen.report)
-        return self.collector.snapshot(now, loads, self.pool.signals().queue_depth, self.counts())
+        seen = self.pool.signals()
+        return self.collector.snapshot(now, loads, seen.queue_depth, self.counts(), seen.inflight)
 
     def tick(self, now: float) -> None:
         """Decide and reconcile (synchronous: starts and stops run as tasks)."""

@@ -12,6 +12,7 @@ drains and stops every instance.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import secrets
 import shlex
@@ -105,12 +106,14 @@ def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prob
     from llmserve.gateway.admin import admin_guard
     from llmserve.gateway.app import create_app
 
-    app = create_app(cfg.gateway_config(admin_key))
+    key = cfg.instance_key()
+    app = create_app(cfg.gateway_config(admin_key, key))
     gw = app.state.gateway
     name = cfg.served_name
     controller = PoolController(gw.pool(name, cfg.version), name, cfg.version, cfg.autoscale_config(), provider,
-                                cfg.instance_spec, cfg.controller_config(),
-                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober)
+                                functools.partial(cfg.instance_spec, instance_key=key), cfg.controller_config(),
+                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober,
+                                instance_api_key=key)
     gw.services.append(controller)
     gw.observers.append(controller)
     app.include_router(autoscale_router([controller], admin_guard(gw)))

@@ -3,6 +3,11 @@
 Everything stateful about one request's *text* (detokenisation, stop strings,
 logprobs) lives here; token accounting lives in the scheduler, KV in the KV
 manager, tensors in the runner.
+
+One bad request never hurts another: a request whose scheduling, sampling or text
+raises is failed alone (its final output has ``finish_reason == "error"`` and
+``error`` set, its KV blocks are freed) and the step goes on without it. Only a
+fault of the whole batch, the forward pass itself, makes ``step()`` raise.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ import torch
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from llmserve.engine.request import Request, RequestStatus, parse_priority
+from llmserve.engine.request import REALTIME, Request, RequestStatus
 from llmserve.engine.runner import ModelRunner
-from llmserve.engine.sampler import SampleRow, Sampler
+from llmserve.engine.sampler import SampleRow, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,7 @@ class _Track:
     hold_back: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None
 
 
 class EngineCore:
@@ -123,6 +130,8 @@ class EngineCore:
             prompt_text = None
         if not prompt_ids:
             raise InvalidParameterError("prompt", "must not be empty")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidParameterError("cache_salt", "must be a string")
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
             raise InvalidParameterError("prompt", f"has token ids outside the vocabulary [0, {vocab})")
@@ -136,15 +145,18 @@ class EngineCore:
             prio = parse_priority(priority)
         except ValueError as e:
             raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
+        prio = REALTIME if prio is None else prio
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
                       cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
         return req, prompt_text
 
     def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
-        """Hand a prepared request to the scheduler (engine thread only)."""
+        """Hand a prepared request to the scheduler (engine thread only).
+
+        All or nothing: whatever raises here leaves no trace of the request.
+        """
         params = req.sampling_params
-        self.scheduler.add_request(req)
         gen = None
         if params.seed is not None:
             gen = torch.Generator()
@@ -152,10 +164,11 @@ class EngineCore:
         detok = None
         if self.tokenizer is not None:
             detok = self.tokenizer.detokenizer(req.prompt_token_ids, params.skip_special_tokens)
-        self._tracks[req.request_id] = _Track(
-            req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
-            logprobs=[] if params.logprobs is not None else None,
-            hold_back=max((len(s) for s in params.stop), default=1) - 1)
+        track = _Track(req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
+                       logprobs=[] if params.logprobs is not None else None,
+                       hold_back=max((len(s) for s in params.stop), default=1) - 1)
+        self.scheduler.add_request(req)
+        self._tracks[req.request_id] = track
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is; its KV blocks are freed at once."""
@@ -173,39 +186,63 @@ class EngineCore:
 
     # ---- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+        """Schedule, run, sample, update; raises only when the forward pass itself fails."""
+        self._propose()
         plan = self.scheduler.schedule()
-        if plan.empty:
-            return []
         t0 = time.monotonic()
+        outputs = [self._fail(tr, r.error, t0) for r in plan.failed if (tr := self._tracks.get(r.request_id))]
+        if plan.empty:
+            return outputs
+        self._note_scheduled(plan, t0)
+        run = self.runner.execute(plan)
+        samples = self._sample(plan, run)
+        for rid, why in samples.failed.items():
+            self.scheduler.fail_request(rid, f"sampling failed: {why}")
+        t1 = time.monotonic()
+        self.stats.on_step(t0, t1, plan)
+        finished = self.scheduler.update_from_output(plan, samples.tokens)
+        return outputs + self._postprocess(plan, samples, {r.request_id for r in finished}, t1)
+
+    def _note_scheduled(self, plan, now: float) -> None:
         for s in plan.scheduled:
             tr = self._tracks[s.request.request_id]
             if tr.metrics.first_scheduled_time is None:
-                tr.metrics.first_scheduled_time = t0
-                self.stats.on_first_scheduled(s.request, t0)
-        run = self.runner.execute(plan)
-        sampled, sampled_lp = self._sample(plan, run)
-        t1 = time.monotonic()
-        self.stats.on_step(t0, t1, plan)
-        finished = self.scheduler.update_from_output(plan, sampled)
-        finished_ids = {r.request_id for r in finished}
+                tr.metrics.first_scheduled_time = now
+                self.stats.on_first_scheduled(s.request, now)
+
+    def _postprocess(self, plan, samples: StepSamples, finished_ids: set[str], now: float) -> list[RequestOutput]:
+        """Text and outputs for every request the step touched; a failure ends only its own request."""
         outputs = []
         for s in plan.scheduled:
-            rid = s.request.request_id
-            if rid not in sampled:
-                continue
-            tr = self._tracks.get(rid)
+            req = s.request
+            tr = self._tracks.get(req.request_id)
             if tr is None:
                 continue
-            outputs.append(self._advance(tr, sampled_lp.get(rid, []), t1, rid in finished_ids))
+            if req.status is RequestStatus.FINISHED_ERROR:
+                outputs.append(self._fail(tr, req.error, now))
+            elif req.request_id in samples.tokens:
+                lps = samples.logprobs.get(req.request_id, [])
+                try:
+                    outputs.append(self._advance(tr, lps, now, req.request_id in finished_ids))
+                except Exception as e:  # noqa: BLE001 - its detokeniser or stop check: it fails alone
+                    outputs.append(self._fail(tr, f"detokenisation failed: {e}", now))
         return outputs
 
-    def _sample(self, plan, run) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
-        sampled: dict[str, list[int]] = {}
-        lps: dict[str, list[TokenLogprob]] = {}
+    def _propose(self) -> None:
+        """Draft tokens for the next step; a failing proposer only costs this step its drafts."""
+        if self.spec is None:
+            return
+        try:
+            self.spec.propose(self.scheduler.running)
+        except Exception:  # noqa: BLE001 - speculation is lossless to skip
+            log.exception("speculative proposal failed; this step runs without drafts")
+            for r in self.scheduler.running:
+                r.spec_token_ids = []
+
+    def _sample(self, plan, run) -> StepSamples:
         if self.spec is not None:
             return self.spec.verify(plan, run, self._row)
+        out = StepSamples()
         rows, order, idx = [], [], []
         for s in plan.scheduled:
             if s.sample:
@@ -213,15 +250,18 @@ class EngineCore:
                 order.append(s.request.request_id)
                 idx.append(run.rows[s.request.request_id][0])
         if not rows:
-            return sampled, lps
+            return out
         logits = run.logits
         if idx != list(range(logits.shape[0])):  # (advanced indexing costs ~50 us even for one row)
             logits = logits.index_select(0, torch.tensor(idx, dtype=torch.long))
         for rid, tok in zip(order, self.sampler.sample(logits, rows)):
-            sampled[rid] = [tok.token_id]
+            if tok.error is not None:
+                out.failed[rid] = tok.error
+                continue
+            out.tokens[rid] = [tok.token_id]
             if tok.logprob is not None:
-                lps[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
-        return sampled, lps
+                out.logprobs[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
+        return out
 
     def _row(self, req: Request, extra_output: list[int] | None = None) -> SampleRow:
         out = req.output_token_ids + (extra_output or [])
@@ -276,6 +316,18 @@ class EngineCore:
         tr.finish_reason, tr.stop_reason = "stop", s
         return s
 
+    def _fail(self, tr: _Track, error: str | None, now: float) -> RequestOutput:
+        """End one request with an error: its blocks are freed, its stream ends with ``error``."""
+        req = tr.request
+        tr.error = error or "the request failed"
+        log.warning("request %s failed: %s", req.request_id, tr.error)
+        self.scheduler.fail_request(req.request_id, tr.error)  # (a no-op if it already finished)
+        tr.finish_reason, tr.stop_reason = "error", None
+        tr.metrics.finished_time = now
+        self._tracks.pop(req.request_id, None)
+        self.stats.on_finished(req, "error", tr.metrics)
+        return self._output(tr, finished=True)
+
     def _output(self, tr: _Track, finished: bool) -> RequestOutput:
         req = tr.request
         ids = req.output_token_ids
@@ -293,7 +345,7 @@ class EngineCore:
         else:  # deltas only: a copy of the whole sequence per step is quadratic for a queued stream
             comp = CompletionOutput(0, "", [], None, None, None, delta, new_ids, lp_delta)
         return RequestOutput(req.request_id, req.prompt_token_ids, [comp], finished, tr.prompt,
-                             req.num_cached_tokens, tr.metrics)
+                             req.num_cached_tokens, tr.metrics, tr.error if finished else None)
 
     # ---- introspection ---------------------------------------------------------------
     def load_snapshot(self) -> dict[str, Any]:

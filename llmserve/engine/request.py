@@ -6,9 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from llmserve.engine.sampling_params import SamplingParams
-
-REALTIME = 0
-BATCH = 1
+from llmserve.priority import BATCH, REALTIME  # noqa: F401 (re-exported: the levels by name)
 
 
 class RequestStatus(enum.Enum):
@@ -18,6 +16,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request alone failed (its scheduling, sampling or text)
 
     @property
     def finished(self) -> bool:
@@ -29,21 +28,7 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-             RequestStatus.FINISHED_ABORTED}
-
-
-def parse_priority(value: int | str | None) -> int:
-    """``"realtime"`` → 0, ``"batch"`` → 1, integers as given (lower runs first)."""
-    if value is None:
-        return REALTIME
-    if isinstance(value, bool):
-        raise ValueError("priority must be 'realtime', 'batch' or an integer")
-    if isinstance(value, int):
-        return value
-    names = {"realtime": REALTIME, "batch": BATCH}
-    if isinstance(value, str) and value.lower() in names:
-        return names[value.lower()]
-    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
+             RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
 
 
 @dataclass(eq=False)
@@ -71,6 +56,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     stop_reason: int | str | None = None
+    error: str | None = None  # why it failed, when its status is FINISHED_ERROR
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -9,7 +9,6 @@ for the pool's run-time interface).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import random
 import time
@@ -26,6 +25,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from llmserve.gateway.admin import admin_router
+from llmserve.gateway.auth import Privileges
 from llmserve.gateway.canary import Action, CanaryAnalysis
 from llmserve.gateway.config import GatewayConfig, ModelConfig
 from llmserve.gateway.dashboard import dashboard_router
@@ -54,6 +54,9 @@ class ModelRuntime:
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
         self.upstream_models = {v.name: v.upstream_model for v in config.versions}
+        self.upstream_auth = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}"
+                              for v in config.versions}
+        self.count_forced = config.canary is not None and config.canary.count_forced
         for v in config.versions:
             pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
                         concurrency=config.concurrency, balancer=config.balancer,
@@ -263,7 +266,7 @@ class GatewayApp(FastAPI):
     """
 
     gateway: Gateway
-    check_client: Callable[[Request], None]
+    check_client: Callable[[Request], Privileges]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -274,8 +277,12 @@ class GatewayApp(FastAPI):
             root = scope.get("root_path", "")
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
                 path = path[len(root):]
-            if response is None and scope["method"] == "POST" and path in PROXY_PATHS:
-                response = await self._proxy(Request(scope, receive, send), path)
+            if response is None and path in PROXY_PATHS:
+                if scope["method"] == "POST":
+                    response = await self._proxy(Request(scope, receive, send), path)
+                else:
+                    response = error_response(405, f"{path} takes POST", code="method_not_allowed",
+                                              headers={"allow": "POST"})
             if response is not None:
                 await response(scope, receive, send)
                 return
@@ -283,8 +290,8 @@ class GatewayApp(FastAPI):
 
     async def _proxy(self, request: Request, path: str) -> Response:
         try:
-            self.check_client(request)
-            return await self.gateway.proxy.handle(request, path)
+            client = self.check_client(request)
+            return await self.gateway.proxy.handle(request, path, client)
         except GatewayError as e:
             return from_exception(e)
         except ClientDisconnect:
@@ -292,24 +299,6 @@ class GatewayApp(FastAPI):
         except Exception as e:  # noqa: BLE001 - an OpenAI-shaped 500, never a bare one
             log.exception("unhandled error on %s", path)
             return error_response(500, f"internal gateway error: {type(e).__name__}", code="internal_error")
-
-
-def _client_auth(gw: Gateway):
-    keys = [k.get_secret_value().encode() for k in gw.config.auth.api_keys]
-
-    def check(request: Request) -> None:
-        if not keys:
-            return
-        auth = request.headers.get("authorization", "")
-        given = (auth[7:] if auth.lower().startswith("bearer ") else "").strip().encode()
-        ok = False
-        for k in keys:  # no early exit: every key is compared
-            ok |= hmac.compare_digest(given, k)
-        if not ok:
-            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                               code="invalid_api_key")
-
-    return check
 
 
 def create_app(config: GatewayConfig) -> GatewayApp:
@@ -326,7 +315,12 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     app = GatewayApp(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                      openapi_url=None)
     app.state.gateway = app.gateway = gw
-    app.check_client = check_client = _client_auth(gw)
+    auth = config.auth.client_auth()
+
+    def check_client(request: Request) -> Privileges:
+        return auth.identify(request.headers.get("authorization"))
+
+    app.check_client = check_client
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:

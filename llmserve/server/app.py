@@ -4,6 +4,10 @@ Lifecycle: the HTTP port opens at once (so a controller can watch ``/health``);
 weights load in a thread, a warm-up generation runs, then ``/ready`` turns 200.
 The first SIGTERM drains (``/ready`` 503, new requests 503, in-flight ones
 finish up to ``drain_timeout_s``) and the process exits 0; a second exits at once.
+An engine that dies while serving (its loop crashed, or a forward pass failed for
+the whole batch) fails the instance: ``/ready`` and ``/health`` answer 503 and
+``/load`` says not ready, so the gateway stops routing to it and the controller
+replaces it. The process stays up to say why.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.metrics import EngineMetrics
-from llmserve.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest, error_body)
+from llmserve.api.errors import APIError, error_body
+from llmserve.api.parse import parse_model
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from llmserve.server.serving import OpenAIServing
 
 log = logging.getLogger("llmserve.server")
@@ -93,7 +98,16 @@ class Instance:
             log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
                         self.model_name)
 
+    def check_engine(self) -> State:
+        """The state, failed first if the engine died since the last look."""
+        eng = self.engine
+        if eng is not None and self.state in (State.WARMING, State.READY, State.DRAINING) and not eng.is_alive():
+            self.state, self.error = State.FAILED, eng.death or "the engine loop stopped"
+            log.error("instance %s failed: %s", self.instance_id, self.error)
+        return self.state
+
     def need_serving(self) -> OpenAIServing:
+        self.check_engine()
         if self.state is State.DRAINING:
             raise APIError(503, "the server is draining; retry on another instance", "service_unavailable",
                            headers={"Retry-After": "1"})
@@ -103,6 +117,7 @@ class Instance:
         return self.serving
 
     def load_report(self) -> dict[str, Any]:
+        self.check_engine()
         snap: dict[str, Any] = {}
         if self.engine is not None:
             snap = self.engine.core.load_snapshot()
@@ -140,7 +155,10 @@ def create_app(inst: Instance) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+        detail = str(e.detail)
+        if isinstance(e.__cause__, ValueError):  # e.g. an integer past int()'s 4300 digits
+            detail = f"{detail}: {e.__cause__}"
+        return JSONResponse(error_body(detail, kind), status_code=e.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception):
@@ -149,14 +167,15 @@ def create_app(inst: Instance) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        alive = inst.state is not State.FAILED and (inst.engine is None or inst.engine.is_alive())
+        alive = inst.check_engine() is not State.FAILED
         body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/ready")
     async def ready():
-        ok = inst.state is State.READY
-        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s},
+        ok = inst.check_engine() is State.READY
+        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
+                             "error": inst.error},
                             status_code=200 if ok else 503)
 
     @app.get("/load")
@@ -179,21 +198,25 @@ def create_app(inst: Instance) -> FastAPI:
                                                 inst.engine.core.max_model_len if inst.engine else None}
                                            for n in names]}
 
+    # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
+    # nesting, huge integers, NaN and lone surrogates become 400s, never 500s.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = parse_model(await request.body(), CompletionRequest)
         return await inst.need_serving().completions(body, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
+    async def chat(request: Request):
+        body = parse_model(await request.body(), ChatCompletionRequest)
         return await inst.need_serving().chat(body, request)
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    async def tokenize(request: Request):
+        body = parse_model(await request.body(), TokenizeRequest)
         s = inst.need_serving()
         s.check_model(body.model)
         if body.messages is not None:
-            ids = s.tokenizer.encode_chat([m.model_dump(exclude_none=True) for m in body.messages],
-                                          add_generation_prompt=body.add_generation_prompt)
+            ids = s.encode_chat(body.messages, body.add_generation_prompt)
         elif body.prompt is not None:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
@@ -201,11 +224,12 @@ def create_app(inst: Instance) -> FastAPI:
         return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.core.max_model_len}
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    async def detokenize(request: Request):
+        body = parse_model(await request.body(), DetokenizeRequest)
         s = inst.need_serving()
         s.check_model(body.model)
         vocab = s.engine.core.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in body.tokens):
+        if any(t >= vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
@@ -232,8 +256,9 @@ class _DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         inst = self.inst
-        if inst.state is State.FAILED and inst.engine is None:
-            self.exit_code = 1
+        inst.check_engine()
+        if inst.state is State.FAILED and (inst.engine is None or inst.drain_started is not None):
+            self.exit_code = 1  # (a failed engine with no drain asked for stays up to say why)
             return True
         if inst.state is State.DRAINING and inst.serving is not None:
             waited = time.monotonic() - (inst.drain_started or 0)

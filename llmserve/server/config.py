@@ -1,10 +1,18 @@
-"""The instance server's own settings (the engine's are in ``EngineConfig``)."""
+"""The instance server's own settings (the engine's are in ``EngineConfig``).
+
+``priority_range``: the integer priorities a request may carry (body ``priority``
+or ``x-priority``); outside it, 400. The instance trusts any priority inside it
+from any key: it sits behind the gateway, which decides each client's priority
+(``gateway/auth.py``) and sends only that. Widen it (``--priority-range -10 10``)
+to match what the gateway's keys may send as integers.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from llmserve.http_guard import HttpLimits
+from llmserve.priority import NAMED_RANGE, PriorityRange
 
 
 @dataclass(slots=True)
@@ -12,6 +20,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     api_keys: list[str] = field(default_factory=list)
+    priority_range: PriorityRange = NAMED_RANGE  # realtime (0) and batch (1) only
     served_model_name: list[str] = field(default_factory=list)
     instance_id: str = ""
     max_queued_requests: int = 256

@@ -14,7 +14,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmserve.server.protocol import APIError, error_body
+from llmserve.api.errors import APIError, error_body
 
 _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 

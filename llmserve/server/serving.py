@@ -1,7 +1,9 @@
 """Completions and chat completions over the AsyncEngine: validation, fan-out, SSE.
 
 Everything a request needs is validated before the first byte is sent, so a bad
-request gets a 4xx JSON error rather than a broken stream.
+request gets a 4xx JSON error rather than a broken stream. A request that fails in
+the engine after that fails alone: a 500 JSON error, or an SSE error event for its
+choice while the other choices go on; a dead engine is a 503 (retry elsewhere).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmserve.engine.async_engine import AsyncEngine
+from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
-from llmserve.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from llmserve.api.errors import APIError
+from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 
 log = logging.getLogger(__name__)
@@ -84,7 +88,7 @@ class OpenAIServing:
         try:
             return SamplingParams(
                 n=r.n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
-                top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0,
+                top_p=1.0 if r.top_p is None else r.top_p, top_k=max(0, r.top_k or 0),
                 min_p=r.min_p or 0.0, seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
                 ignore_eos=r.ignore_eos, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
@@ -110,10 +114,16 @@ class OpenAIServing:
         if cfg.fault_error_rate and self._rng.random() < cfg.fault_error_rate:
             raise APIError(500, "injected fault", "server_error")
 
+    def priority(self, body_priority: int | str | None, raw: Request) -> int | None:
+        """The request's priority (the body's, else ``x-priority``), within the configured range."""
+        claimed = body_priority if body_priority is not None else raw.headers.get("x-priority")
+        try:
+            return parse_priority(claimed, self.config.priority_range)
+        except ValueError as e:
+            raise APIError(400, str(e), param="priority", code="invalid_priority") from None
+
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt) -> list[_Job]:
-        prio = priority if priority is not None else raw.headers.get("x-priority")
-        if isinstance(prio, str) and prio.lstrip("-").isdigit():
-            prio = int(prio)
+        prio = self.priority(priority, raw)
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
         try:
@@ -133,6 +143,9 @@ class OpenAIServing:
         except ValueError as e:
             self._abort(jobs)
             raise APIError(400, str(e)) from None
+        except EngineDeadError as e:
+            self._abort(jobs)
+            raise _engine_error(e) from None
         return jobs
 
     def _abort(self, jobs: list[_Job]) -> None:
@@ -151,15 +164,15 @@ class OpenAIServing:
     async def chat(self, r: ChatCompletionRequest, raw: Request):
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=True)
-        msgs = [m.model_dump(exclude_none=True) for m in r.messages]
-        for m in msgs:
-            if isinstance(m.get("content"), list):  # text parts only
-                m["content"] = "".join(p.get("text", "") for p in m["content"] if p.get("type") == "text")
-        try:
-            ids = self.tokenizer.encode_chat(msgs, add_generation_prompt=r.add_generation_prompt)
-        except Exception as e:  # noqa: BLE001 - template errors are the caller's input
-            raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+        ids = self.encode_chat(r.messages, r.add_generation_prompt)
         return await self._serve([ids], sp, r, raw, chat=True)
+
+    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+        try:
+            return self.tokenizer.encode_chat([m.for_template() for m in messages],
+                                              add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
+            raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
 
     def _completion_prompts(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -203,6 +216,8 @@ class OpenAIServing:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await _until_disconnect(raw, self._collect(jobs, tracker))
+        except (RequestFailedError, EngineDeadError) as e:
+            raise _engine_error(e) from None
         finally:
             self._abort(jobs)
             tracker.done()
@@ -275,8 +290,7 @@ class OpenAIServing:
             while (got := await buf.get()) is not None:
                 idx, item = got
                 if isinstance(item, Exception):
-                    yield _sse({"error": {"message": str(item), "type": "server_error", "param": None,
-                                          "code": None}})
+                    yield _sse(_engine_error(item).body())
                     continue
                 tracker.first_token()
                 c = item.outputs[0]
@@ -347,6 +361,16 @@ class _Tracker:
         if self.open:
             self.open = False
             self.s.in_flight -= 1
+
+
+def _engine_error(e: Exception) -> APIError:
+    """What the client is told when the engine ends its request with an error."""
+    if isinstance(e, EngineDeadError):
+        return APIError(503, f"the engine failed: {e}; retry on another instance", "service_unavailable",
+                        code="engine_dead", headers={"Retry-After": "1"})
+    if isinstance(e, RequestFailedError):
+        return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
+    return APIError(500, str(e) or type(e).__name__, "server_error")
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:

@@ -15,6 +15,16 @@ from .fake_upstream import Behaviour, ServerThread, make_app
 
 FAST_POLLING = {"load_interval_s": 0.05, "ready_interval_s": 0.1, "timeout_s": 0.5}
 ADMIN_KEY = "admin-key-for-tests-0123456789"
+CLIENT_KEY = "client-key-for-tests"
+OPS_KEY = "ops-key-for-tests-0123"
+# A client key with default privileges and one that may force a version and send on
+# integer priorities in [-10, 10].
+PRIVILEGED_AUTH = {"api_keys": [CLIENT_KEY],
+                   "keys": [{"key": OPS_KEY, "version_override": True, "priority_range": [-10, 10]}]}
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
@@ -27,18 +37,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = 
 
 class Stack:
     def __init__(self, gateway: Gateway, server: ServerThread, fakes: dict[str, Behaviour],
-                 upstreams: dict[str, ServerThread]) -> None:
+                 upstreams: dict[str, ServerThread], client_key: str | None = None) -> None:
         self.gateway = gateway
         self.server = server
         self.fakes = fakes
         self.upstreams = upstreams
         self.url = server.url
-        self.client = httpx.Client(base_url=server.url, timeout=30)
+        self.client = httpx.Client(base_url=server.url, timeout=30, headers=bearer(client_key))
 
     def chat(self, content: str = "hello", *, model: str = "chat", headers=None,
-             **body) -> httpx.Response:
+             key: str | None = None, **body) -> httpx.Response:
+        """``key``: send as that client instead of the stack's default one."""
         payload = {"model": model, "messages": [{"role": "user", "content": content}], **body}
-        return self.client.post("/v1/chat/completions", json=payload, headers=headers)
+        return self.client.post("/v1/chat/completions", json=payload,
+                                headers={**(headers or {}), **bearer(key)})
 
     def admin(self, method: str, path: str, **kw) -> httpx.Response:
         headers = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -51,9 +63,11 @@ class Stack:
 @contextmanager
 def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
           weights: dict[str, float] | None = None, dead: dict[str, int] | None = None,
-          version_extra: dict[str, dict] | None = None, wait_ready: bool = True, **top):
+          version_extra: dict[str, dict] | None = None, wait_ready: bool = True,
+          client_key: str | None = None, **top):
     """Fake upstreams per version (plus ``dead`` ports with nothing listening), a
-    gateway configured over them; yields a :class:`Stack`."""
+    gateway configured over them; yields a :class:`Stack` whose client sends
+    ``client_key`` (None: no key)."""
     upstreams: dict[str, ServerThread] = {}
     fakes: dict[str, Behaviour] = {}
     try:
@@ -78,7 +92,7 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
         app = create_app(config)
         # Served as run_gateway serves it: the connection limits are the protocol's.
         server = ServerThread(app, **uvicorn_options(config.limits.http_limits())).start()
-        s = Stack(app.state.gateway, server, fakes, upstreams)
+        s = Stack(app.state.gateway, server, fakes, upstreams, client_key)
         try:
             if wait_ready:
                 live = {srv.url for srv in upstreams.values()}

@@ -1,0 +1,191 @@
+"""OpenAI request models: every field typed and bounded, unknown fields refused.
+
+The bounds are the edge's; ``SamplingParams`` checks again for callers of the
+Python API. Where OpenAI documents a range it is used (temperature [0, 2],
+penalties [-2, 2], top_p (0, 1]); the rest are caps that keep one request's cost
+bounded (see ``Limits``). A field OpenAI defines that llmserve does not implement
+is refused by name in ``UNSUPPORTED`` rather than ignored; a field OpenAI defines
+as having no effect here (``store: false``, ``metadata``, ``service_tier``) is
+accepted and listed in ``NO_OP``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Limits:
+    """Caps on one request's shape (the body itself is capped by the servers)."""
+
+    MESSAGES = 1024          # a long agent transcript is a few hundred
+    CONTENT_PARTS = 256      # per message
+    STOP = 16                # OpenAI allows 4; vLLM has no cap; each is searched every step
+    STOP_CHARS = 256
+    STOP_TOKEN_IDS = 256
+    PROMPTS = 1024           # prompts in one completions request (servers may cap lower)
+    TOKEN_ID = 2**31 - 1     # beyond any vocabulary; keeps ids in int32
+    MAX_TOKENS = 1 << 20     # the engine caps again at the model's context
+    N = 128
+    LOGPROBS = 20
+    NAME_CHARS = 256         # model, user, cache_salt, message name
+    METADATA = 16
+    SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+    PRIORITY_CHARS = 32
+    DEPTH = 32               # JSON nesting; real requests use under 8
+
+
+Name = Annotated[str, Field(max_length=Limits.NAME_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=Limits.TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+StopText = Annotated[str, Field(min_length=1, max_length=Limits.STOP_CHARS)]
+
+# Known OpenAI (or vLLM) fields llmserve refuses by name: 400, code unsupported_parameter.
+UNSUPPORTED: dict[str, str] = {
+    "logit_bias": "logit_bias is not supported",
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "parallel_tool_calls": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "response_format": "structured outputs (response_format) are not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "reasoning_effort is not supported by this model",
+    "web_search_options": "web search is not supported",
+    "guided_json": "guided decoding is not supported",
+    "guided_regex": "guided decoding is not supported",
+    "guided_choice": "guided decoding is not supported",
+    "guided_grammar": "guided decoding is not supported",
+    "structured_outputs": "structured outputs are not supported",
+}
+# Accepted, documented as having no effect here.
+NO_OP = ("store", "metadata", "service_tier")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    model: Name | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=Limits.MAX_TOKENS)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    n: Annotated[int, Field(ge=1, le=Limits.N)] = 1
+    best_of: Annotated[int, Field(ge=1, le=Limits.N)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=Limits.STOP)] | None = None
+    seed: Annotated[int, Field(ge=Limits.SEED_MIN, le=Limits.SEED_MAX)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: Name | None = None
+    # OpenAI's no-ops here (NO_OP)
+    store: Literal[False] | None = None  # nothing is stored, so store: true is refused
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                        Field(max_length=Limits.METADATA)] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    # vLLM's extensions
+    top_k: Annotated[int, Field(ge=-1, le=Limits.TOKEN_ID)] | None = None  # -1 or 0: off
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    # Far from 0 and inf in fp32: logits are divided or multiplied by it.
+    repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] | None = None
+    ignore_eos: bool = False
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=Limits.STOP_TOKEN_IDS)] | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | \
+        Annotated[str, Field(max_length=Limits.PRIORITY_CHARS)] | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=Limits.NAME_CHARS)] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v != n:
+            raise ValueError("best_of other than n is not supported (no server-side ranking)")
+        return v
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Annotated[str, Field(min_length=1)] \
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=Limits.PROMPTS)] \
+        | TokenIds \
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=Limits.PROMPTS)]
+    logprobs: Annotated[int, Field(ge=0, le=Limits.LOGPROBS)] | None = None
+    echo: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class RefusalPart(_Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+_PARTS = {"text": TextPart, "refusal": RefusalPart}
+
+
+def _check_part_types(parts: Any) -> Any:
+    """Name the unsupported part types (image_url, input_audio, file) plainly."""
+    if isinstance(parts, list):
+        for p in parts:
+            kind = p.get("type") if isinstance(p, dict) else None
+            if isinstance(kind, str) and kind not in _PARTS:
+                raise ValueError(f"content part type {kind!r} is not supported: this model reads text only")
+    return parts
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | Annotated[list[TextPart | RefusalPart], Field(max_length=Limits.CONTENT_PARTS)] | None = None
+    name: Annotated[str, Field(max_length=64)] | None = None
+    refusal: str | None = None  # an assistant turn as OpenAI returns it
+
+    _parts = field_validator("content", mode="before")(classmethod(lambda cls, v: _check_part_types(v)))
+
+    def text(self) -> str:
+        """The message's text: content parts joined (refusals are not prompt text)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template sees it; developer is the newer name of system."""
+        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        return msg
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=Limits.MESSAGES)]
+    max_completion_tokens: Annotated[int, Field(ge=1, le=Limits.MAX_TOKENS)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=Limits.LOGPROBS)] | None = None
+    add_generation_prompt: bool = True
+    modalities: list[Literal["text"]] | None = None
+
+
+class TokenizeRequest(_Strict):
+    model: Name | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=Limits.MESSAGES)] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    model: Name | None = None
+    tokens: Annotated[list[TokenId], Field(max_length=Limits.MAX_TOKENS)]

@@ -1,0 +1,74 @@
+"""Property tests of the shared request models: any body gives a typed request or an
+OpenAI 400, never another exception; what they accept the engine accepts."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmserve.api.errors import APIError
+from llmserve.api.parse import parse_model
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+
+MODELS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=30)
+
+
+def _fields(model) -> st.SearchStrategy[dict]:
+    names = st.sampled_from(sorted(model.model_fields) + ["bogus"])
+    return st.dictionaries(names, json_values, max_size=8)
+
+
+def _outcome(raw: bytes, model):
+    try:
+        return parse_model(raw, model)
+    except APIError as e:
+        assert e.status == 400 and e.message
+        return e
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), body=json_values)
+def test_any_json_is_a_request_or_a_400(model, body):
+    _outcome(json.dumps(body).encode(), model)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), body=st.data())
+def test_any_mix_of_known_fields_is_a_request_or_a_400(model, body):
+    fields = body.draw(_fields(model))
+    _outcome(json.dumps(fields).encode(), model)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.binary(max_size=64))
+def test_any_bytes_are_a_request_or_a_400(raw):
+    _outcome(raw, ChatCompletionRequest)
+
+
+@settings(max_examples=300, deadline=None)
+@given(temperature=st.floats(0, 2), top_p=st.floats(0, 1, exclude_min=True),
+       presence=st.floats(-2, 2), frequency=st.floats(-2, 2),
+       repetition=st.floats(0.01, 100), min_p=st.floats(0, 1),
+       seed=st.integers(-(2**63), 2**64 - 1) | st.none(), n=st.integers(1, 8),
+       top_k=st.integers(-1, 10**6))
+def test_what_the_edge_accepts_the_engine_accepts(temperature, top_p, presence, frequency, repetition,
+                                                  min_p, seed, n, top_k):
+    body = {"prompt": "hi", "temperature": temperature, "top_p": top_p, "presence_penalty": presence,
+            "frequency_penalty": frequency, "repetition_penalty": repetition, "min_p": min_p,
+            "seed": seed, "n": n, "top_k": top_k}
+    r = parse_model(json.dumps(body).encode(), CompletionRequest)
+    try:
+        SamplingParams(n=r.n, max_tokens=4, temperature=r.temperature, top_p=r.top_p,
+                       top_k=max(0, r.top_k), min_p=r.min_p, seed=r.seed,
+                       presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
+                       repetition_penalty=r.repetition_penalty)
+    except InvalidParameterError as e:  # pragma: no cover - the failure this test exists for
+        raise AssertionError(f"the edge accepted what the engine refuses: {e}") from None
