@@ -1,9 +1,9 @@
 """What every llmserve HTTP server refuses from its clients, at the connection level.
 
-Both servers (``llmserve engine`` and the gateway) run uvicorn with the protocol
-below, whichever way they are started (``run_server``, a template-forked
-instance, which runs the same ``run_server``, ``run_gateway``, ``llmserve
-serve``): ``uvicorn_options(limits)`` gives the keyword arguments.
+Both servers run uvicorn with the protocol below, whichever way they are started:
+``run_server`` (``llmserve engine``, which every instance provider runs, spawned,
+forked from the template or in a Ray actor), ``run_gateway`` and ``llmserve
+serve``. ``uvicorn_options(limits)`` gives the keyword arguments.
 
 Why one parser, forced: uvicorn's ``h11_max_incomplete_event_size`` only bounds a
 head that is still *incomplete*, so a 40 KB header that arrives in one read
