@@ -160,6 +160,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens-limit", type=int, default=None)
     g.add_argument("--max-body-bytes", type=int, default=4 << 20)
     g.add_argument("--max-header-bytes", type=int, default=16 << 10)
+    # Connection limits; unset: ServerConfig's defaults (documented there).
+    for flag, kind in (("--max-url-bytes", int), ("--header-timeout", float), ("--body-timeout", float),
+                       ("--send-timeout", float), ("--keep-alive-timeout", float), ("--max-connections", int),
+                       ("--stream-buffer-outputs", int)):
+        g.add_argument(flag, type=kind, default=None)
     g.add_argument("--drain-timeout", type=float, default=30.0)
     g.add_argument("--no-warmup", action="store_true")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
@@ -184,8 +189,17 @@ def cmd_engine(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
         fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
-        log_level=args.log_level)
+        log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
+                                           header_timeout_s="header_timeout", body_timeout_s="body_timeout",
+                                           send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",
+                                           max_connections="max_connections",
+                                           stream_buffer_outputs="stream_buffer_outputs"))
     return run_server(engine_config_from(args), scfg)
+
+
+def _given(args: argparse.Namespace, **fields: str) -> dict:
+    """``{field: value}`` for the flags that were given (``fields`` maps field to flag dest)."""
+    return {f: getattr(args, dest) for f, dest in fields.items() if getattr(args, dest) is not None}
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

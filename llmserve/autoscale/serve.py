@@ -138,10 +138,11 @@ def run_serve(args: argparse.Namespace) -> int:
           f"({provider.name} provider, {cfg.threads()} threads each)\n"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
+    from llmserve.http_guard import uvicorn_options
+
     gcfg = app.state.gateway.config
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
-                h11_max_incomplete_event_size=gcfg.limits.max_header_bytes + 4096, timeout_keep_alive=30,
-                timeout_graceful_shutdown=30)
+                **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
     return 0
 
 

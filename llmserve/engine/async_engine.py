@@ -71,7 +71,8 @@ class AsyncEngine:
         """Validate now (raising ``ValueError`` at once), then return the output stream.
 
         The stream yields incremental outputs (``delta_text`` / ``delta_token_ids``)
-        until finished. Closing or cancelling it (client gone) aborts the request and
+        until finished; only the final one also carries the whole text and token ids
+        (see ``CompletionOutput``). Closing or cancelling it (client gone) aborts the request and
         frees its KV blocks.
         """
         if not self.is_alive():

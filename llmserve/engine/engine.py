@@ -339,8 +339,11 @@ class EngineCore:
         if tr.logprobs is not None:
             lp_delta = tr.logprobs[tr.num_tokens_emitted:len(ids)]
         tr.num_tokens_emitted = len(ids)
-        comp = CompletionOutput(0, tr.text[:emit_upto], list(ids), tr.finish_reason if finished else None,
-                                tr.stop_reason if finished else None, tr.logprobs, delta, new_ids, lp_delta)
+        if finished:
+            comp = CompletionOutput(0, tr.text, list(ids), tr.finish_reason, tr.stop_reason, tr.logprobs,
+                                    delta, new_ids, lp_delta)
+        else:  # deltas only: a copy of the whole sequence per step is quadratic for a queued stream
+            comp = CompletionOutput(0, "", [], None, None, None, delta, new_ids, lp_delta)
         return RequestOutput(req.request_id, req.prompt_token_ids, [comp], finished, tr.prompt,
                              req.num_cached_tokens, tr.metrics, tr.error if finished else None)
 

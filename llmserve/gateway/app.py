@@ -39,6 +39,7 @@ from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.gateway.window_stats import WindowStats
+from llmserve.http_guard import uvicorn_options
 
 log = logging.getLogger(__name__)
 
@@ -240,13 +241,10 @@ class Gateway:
         return [depth, oldest, weight, inflight, ready, breaker]
 
 
-def limits_response(scope: Scope, max_header_bytes: int, max_body_bytes: int) -> Response | None:
-    """431 for oversized headers, 413 for a declared body over the limit, else None."""
-    headers = scope["headers"]
-    if sum(len(k) + len(v) + 4 for k, v in headers) > max_header_bytes:
-        return error_response(431, f"request headers are over the limit of {max_header_bytes} bytes",
-                              code="headers_too_large")
-    for k, v in headers:
+def body_limit_response(scope: Scope, max_body_bytes: int) -> Response | None:
+    """413 for a declared body over the limit, else None (header and URL sizes are
+    the HTTP protocol's to refuse: ``llmserve.http_guard``)."""
+    for k, v in scope["headers"]:
         if k == b"content-length" and v.isdigit() and int(v) > max_body_bytes:
             return error_response(413, f"the request body is over the limit of {max_body_bytes} bytes",
                                   code="body_too_large")
@@ -259,7 +257,7 @@ PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 class GatewayApp(FastAPI):
     """FastAPI, with the two proxied routes taken before its middleware and routing.
 
-    Every request is checked against the header and body limits first. A POST to
+    Every request's declared body size is checked first. A POST to
     ``/v1/completions`` or ``/v1/chat/completions`` then goes straight to the
     proxy: FastAPI's exception, telemetry and exit-stack middleware, route
     matching and dependency solving were about 40 % of the gateway's CPU per
@@ -274,8 +272,7 @@ class GatewayApp(FastAPI):
         if scope["type"] == "http":
             if not self.gateway.started:
                 await self.gateway.ensure_started()
-            limits = self.gateway.config.limits
-            response = limits_response(scope, limits.max_header_bytes, limits.max_body_bytes)
+            response = body_limit_response(scope, self.gateway.config.limits.max_body_bytes)
             path = scope["path"]
             root = scope.get("root_path", "")
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
@@ -376,7 +373,6 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
 
     config = GatewayConfig.load(config_path)
     uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=access_log,
-                h11_max_incomplete_event_size=config.limits.max_header_bytes + 4096,
+                **uvicorn_options(config.limits.http_limits()),
                 # The gateway never reads the client address, so no X-Forwarded-* rewriting.
-                proxy_headers=False,
-                timeout_keep_alive=30)
+                proxy_headers=False)

@@ -36,7 +36,7 @@ from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
-from llmserve.gateway.upstream import UpstreamResponse
+from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 from llmserve.priority import PriorityClass, parse_priority
 
@@ -180,7 +180,7 @@ def _is_sse(resp: UpstreamResponse) -> bool:
 class _Plan:
     """One request's attempts: where and what to send, and how the tries went."""
 
-    __slots__ = ("attempt", "content", "headers", "last", "path", "pool", "request", "route",
+    __slots__ = ("attempt", "content", "gone", "headers", "last", "path", "pool", "request", "route",
                  "tried")
 
     def __init__(self, request: Request, pool: Pool, path: str, content: bytes,
@@ -190,6 +190,9 @@ class _Plan:
         self.attempt = 0
         self.tried: list[str] = []
         self.last: GatewayError | Response | None = None
+        # Non-streaming: done when the client leaves (the body is read, so the next ASGI
+        # message is the disconnect); the queue wait and the upstream response give up then.
+        self.gone: asyncio.Future | None = None
 
 
 class _Current:
@@ -268,6 +271,20 @@ class Proxy:
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
         plan = _Plan(request, rt.pools[ctx.version], path, content, headers, route)
+        if not ctx.parsed.stream:
+            plan.gone = asyncio.ensure_future(request.receive())
+        try:
+            return await self._answer(plan, ctx)
+        except Abandoned:
+            raise GatewayError(499, "the client closed the request before its answer",
+                               code="client_disconnected") from None
+        finally:
+            if plan.gone is not None:
+                plan.gone.cancel()
+
+    async def _answer(self, plan: _Plan, ctx: _Context) -> Response:
+        """Attempts until one answers: a relayed stream, or a whole response."""
+        gw = self.gw
         while True:
             got = await self._try_next(plan, ctx)
             if got is None:
@@ -291,8 +308,11 @@ class Proxy:
                 plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} broke off: {e}",
                                          code="upstream_broken")
                 continue
+            except Abandoned:
+                plan.pool.release(lease, Outcome.NEUTRAL)
+                raise
             finally:
-                resp.close()
+                resp.close()  # before the answer is whole, this closes the connection: the engine stops
             plan.pool.release(lease, Outcome.SUCCESS)
             if gw.observers and resp.status_code == 200:
                 ctx.output_tokens = _completion_tokens(body)
@@ -313,7 +333,7 @@ class Proxy:
                     return None
                 gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
             try:
-                lease = await self._acquire(plan.pool, plan.route, ctx, plan.tried, plan.request)
+                lease = await self._acquire(plan, ctx)
             except GatewayError:
                 if plan.last is None:
                     raise
@@ -323,7 +343,8 @@ class Proxy:
             gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version,
                              inst.instance_id).inc()
             try:
-                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers)
+                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers,
+                                              abandon=plan.gone)
             except httpx.HTTPError as e:
                 plan.pool.release(lease, Outcome.FAILURE)
                 plan.last = GatewayError(502, f"upstream {inst.instance_id} failed: "
@@ -394,12 +415,10 @@ class Proxy:
                 yield out
             return
 
-    async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
-                       tried: list[str], request: Request) -> Lease:
+    async def _acquire(self, plan: _Plan, ctx: _Context) -> Lease:
         try:
-            waiting = pool.enqueue(route, ctx.parsed.priority_class, exclude=tried)
-            lease = waiting.result() if waiting.done else \
-                await self._wait_unless_gone(pool, waiting, request)
+            waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
+            lease = waiting.result() if waiting.done else await self._wait_unless_gone(plan, waiting)
         except QueueFull as e:
             raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s",
                                code="queue_full",
@@ -413,15 +432,16 @@ class Proxy:
         return lease
 
     @staticmethod
-    async def _wait_unless_gone(pool: Pool, waiting: Waiting, request: Request) -> Lease:
+    async def _wait_unless_gone(plan: _Plan, waiting: Waiting) -> Lease:
         """Wait in the queue, but leave it if the client disconnects meanwhile, so an
         abandoned request never takes an instance's slot."""
-        wait = asyncio.ensure_future(pool.wait(waiting))
-        gone = asyncio.ensure_future(_disconnected(request))
+        wait = asyncio.ensure_future(plan.pool.wait(waiting))
+        gone = plan.gone or asyncio.ensure_future(_disconnected(plan.request))
         try:
             await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            gone.cancel()
+            if gone is not plan.gone:
+                gone.cancel()
             if not wait.done():
                 wait.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -440,6 +460,9 @@ class Proxy:
             body = await resp.aread()
         except httpx.HTTPError:
             body = b""
+        except Abandoned:  # the client left; the instance answered 5xx all the same
+            pool.release(lease, Outcome.FAILURE)
+            raise
         finally:
             await resp.aclose()
         own_fault = resp.status_code == 500 and b'"request_failed"' in body[:4096]

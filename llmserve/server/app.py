@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import logging
 import os
 import sys
@@ -27,14 +26,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmserve.engine.async_engine import AsyncEngine
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
+from llmserve.http_guard import uvicorn_options
 from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
+from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.metrics import EngineMetrics
 from llmserve.api.errors import APIError, error_body
 from llmserve.api.parse import parse_model
@@ -134,54 +134,6 @@ class Instance:
             timestamp=time.time()).model_dump()
 
 
-def _check_key(config: ServerConfig, header: str | None) -> bool:
-    if not config.api_keys:
-        return True
-    token = (header or "").removeprefix("Bearer ").strip().encode()
-    ok = False
-    for key in config.api_keys:  # compare with every key: no early exit, constant time each
-        ok |= hmac.compare_digest(token, key.encode())
-    return ok
-
-
-class BodyLimit:
-    """Reject bodies over ``limit`` bytes with 413, by header and while streaming."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await _send_json(send, 413, error_body(
-                    f"request body of {int(v)} bytes is over the limit of {self.limit}", "invalid_request_error",
-                    None, "request_too_large"))
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise APIError(413, f"request body is over the limit of {self.limit} bytes",
-                                   code="request_too_large")
-            return msg
-
-        await self.app(scope, limited, send)
-
-
-async def _send_json(send: Send, status: int, body: dict) -> None:
-    import json
-
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
 def create_app(inst: Instance) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
@@ -212,15 +164,6 @@ def create_app(inst: Instance) -> FastAPI:
     async def _unexpected(_: Request, e: Exception):
         log.exception("unexpected error")
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        path = request.url.path
-        if path.startswith(("/v1/", "/tokenize", "/detokenize")) and not _check_key(
-                cfg, request.headers.get("authorization")):
-            return JSONResponse(error_body("invalid or missing API key", "authentication_error", None,
-                                           "invalid_api_key"), status_code=401)
-        return await call_next(request)
 
     @app.get("/health")
     async def health():
@@ -290,7 +233,7 @@ def create_app(inst: Instance) -> FastAPI:
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return BodyLimit(app, cfg.max_body_bytes)  # type: ignore[return-value]
+    return ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)  # type: ignore[return-value]
 
 
 class _DrainingServer(uvicorn.Server):
@@ -334,8 +277,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     app = create_app(inst)
 
     async def main() -> int:
-        ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port, http="h11",
-                              h11_max_incomplete_event_size=server_config.max_header_bytes,
+        ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port,
+                              **uvicorn_options(server_config.http_limits()),
                               log_level=server_config.log_level, access_log=False, lifespan="off",
                               timeout_graceful_shutdown=5)
         server = _DrainingServer(ucfg, inst)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 import uuid
@@ -28,6 +29,9 @@ from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -278,29 +282,13 @@ class OpenAIServing:
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
     async def _sse(self, jobs: list[_Job], meta: "_Meta", include_usage: bool, tracker: "_Tracker"):
-        q: asyncio.Queue = asyncio.Queue()
-        total = sum(len(j.streams) for j in jobs)
-
-        async def pump(idx: int, stream: AsyncIterator[RequestOutput]) -> None:
-            try:
-                async for out in stream:
-                    await q.put((idx, out))
-            except Exception as e:  # noqa: BLE001 - reported in-band
-                await q.put((idx, e))
-            finally:
-                await q.put((idx, None))
-
-        tasks = [asyncio.create_task(pump(j.prompt_index * meta.n + ci, s))
-                 for j in jobs for ci, s in enumerate(j.streams)]
+        streams = [(j.prompt_index * meta.n + ci, s) for j in jobs for ci, s in enumerate(j.streams)]
+        buf = StreamBuffer(streams, self.config.stream_buffer_outputs * len(streams), lambda: self._abort(jobs))
         completion_tokens = cached = 0
         sent_role: set[int] = set()
         try:
-            ended = 0
-            while ended < total:
-                idx, item = await q.get()
-                if item is None:
-                    ended += 1
-                    continue
+            while (got := await buf.get()) is not None:
+                idx, item = got
                 if isinstance(item, Exception):
                     yield _sse(_engine_error(item).body())
                     continue
@@ -333,9 +321,12 @@ class OpenAIServing:
                             "created": meta.created, "model": meta.model, "choices": [],
                             "usage": _usage(prompt_tokens, completion_tokens, cached)})
             yield "data: [DONE]\n\n"
+        except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why
+            log.info("stream %s cut: %s", meta.id, e)
+            yield _sse({"error": {"message": f"the stream was cut: {e}", "type": "server_error", "param": None,
+                                  "code": "client_too_slow"}})
         finally:
-            for t in tasks:
-                t.cancel()
+            buf.close()
             self._abort(jobs)
             tracker.done()
 
@@ -392,16 +383,24 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 async def _until_disconnect(raw: Request, coro):
-    """Run ``coro`` but cancel it if the client goes away (non-streaming requests)."""
+    """Run ``coro`` but cancel it as soon as the client goes away (non-streaming requests).
+
+    The body is read by now, so the next ASGI message can only be the disconnect:
+    one task waits for it (polling ``Request.is_disconnected`` instead costs a
+    wake-up per interval and adds up to that interval to every abort)."""
     task = asyncio.ensure_future(coro)
+    gone = asyncio.ensure_future(_disconnected(raw.receive))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.25)
-            if done:
-                return task.result()
-            if await raw.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client disconnected", "invalid_request_error")
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise APIError(499, "client disconnected", "invalid_request_error")
+        return task.result()
     finally:
+        gone.cancel()
         if not task.done():
             task.cancel()
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -10,6 +10,7 @@ import httpx
 
 from llmserve.gateway.app import Gateway, create_app
 from llmserve.gateway.config import GatewayConfig
+from llmserve.http_guard import uvicorn_options
 from .fake_upstream import Behaviour, ServerThread, make_app
 
 FAST_POLLING = {"load_interval_s": 0.05, "ready_interval_s": 0.1, "timeout_s": 0.5}
@@ -87,8 +88,10 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
                 "polling": FAST_POLLING, "auth": {"admin_key": ADMIN_KEY}}
         for k, v in top.items():
             data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
-        app = create_app(GatewayConfig.model_validate(data))
-        server = ServerThread(app).start()
+        config = GatewayConfig.model_validate(data)
+        app = create_app(config)
+        # Served as run_gateway serves it: the connection limits are the protocol's.
+        server = ServerThread(app, **uvicorn_options(config.limits.http_limits())).start()
         s = Stack(app.state.gateway, server, fakes, upstreams, client_key)
         try:
             if wait_ready:

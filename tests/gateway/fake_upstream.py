@@ -152,13 +152,13 @@ def free_port() -> int:
 class ServerThread:
     """Serves an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app, port: int = 0) -> None:
+    def __init__(self, app, port: int = 0, **uvicorn_options) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, **uvicorn_options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
