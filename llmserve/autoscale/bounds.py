@@ -7,7 +7,9 @@ simulator hold one object and cannot apply the limits differently.
 
 Rules, in order:
 
-1. the inner desired count is clamped to [min_instances, max_instances];
+1. the inner desired count is clamped to [min_instances, max_instances]; a pool
+   with nothing provisioned and a request queued at the gateway wants at least
+   one, whatever the policy said (scale from zero: the queued request is demand);
 2. it is compared with the provisioned count (ready + starting + warming):
    instances on their way are capacity already decided, not a reason to add more;
 3. scale-up: at most ``max_step_up`` at once, and not within
@@ -68,16 +70,19 @@ class BoundedPolicy:
         cfg = self.config
         now = ctx.now
         inner = self.inner.decide(ctx, state.inner)
-        wanted = min(max(inner.desired, cfg.min_instances), cfg.max_instances)
         current = ctx.provisioned
+        floor = max(cfg.min_instances, 1 if current == 0 and ctx.queued > 0 else 0)
+        wanted = min(max(inner.desired, floor), cfg.max_instances)
+        reason = inner.reason if floor <= cfg.min_instances else f"scale from zero: {ctx.queued} queued; {inner.reason}"
         history = _record(state.history or ((now, current),), now, wanted, cfg.scale_down_window_s)
         last_up = state.last_scale_up
-        reason = inner.reason
 
         if wanted > current:
             if current < cfg.min_instances:
                 desired = wanted  # below the floor (start-up, failures): no cooldown, no cap
                 reason = f"below min_instances ({cfg.min_instances}); {inner.reason}"
+            elif current < floor:
+                desired = wanted  # from zero: a request waits, so no cooldown
             elif last_up is not None and now - last_up < cfg.scale_up_cooldown_s:
                 desired = current
                 reason = f"{inner.reason}; held by scale-up cooldown"

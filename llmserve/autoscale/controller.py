@@ -74,8 +74,10 @@ class PoolController(InstanceActions, ControllerViews):
                  config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, id_prefix: str | None = None,
-                 instance_api_key: str | None = None) -> None:
+                 instance_api_key: str | None = None, close_provider: bool = True) -> None:
         self.pool = pool
+        pool.can_grow = True  # queued requests wait for this controller's starts
+        self._close_provider = close_provider  # False where pools share it and another closes it
         self.model = model
         self.version = version
         self.autoscale = autoscale
@@ -139,7 +141,8 @@ class PoolController(InstanceActions, ControllerViews):
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self.provider.close()
+        if self._close_provider:
+            await self.provider.close()
         if self._client is not None:
             await self._client.aclose()
 

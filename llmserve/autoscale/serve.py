@@ -99,26 +99,48 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
 
 
 def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
-    """The gateway app with one controlled pool; returns ``(app, controller)``.
-    ``prober`` replaces the HTTP prober (tests with a fake provider)."""
+    """The gateway app with its first controlled pool; returns ``(app, controller)``
+    (every pool's controller is in ``app.state.controllers``)."""
+    app, controllers = build_deployment(cfg, provider, admin_key, prober)
+    return app, controllers[0]
+
+
+def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
+    """The gateway app with one controller per pool (every version of every model),
+    all sharing ``provider``; returns ``(app, controllers)``. ``prober`` replaces the
+    HTTP prober (tests with a fake provider)."""
     from llmserve.autoscale.admin import autoscale_router
     from llmserve.autoscale.metrics import AutoscaleMetrics
     from llmserve.gateway.admin import admin_guard
     from llmserve.gateway.app import create_app
 
-    key = cfg.instance_key()
-    app = create_app(cfg.gateway_config(admin_key, key))
+    pools = cfg.pools()
+    keys = {p.key: cfg.instance_key() for p in pools}  # one key per pool
+    app = create_app(cfg.gateway_config(admin_key, keys))
     gw = app.state.gateway
-    name = cfg.served_name
-    controller = PoolController(gw.pool(name, cfg.version), name, cfg.version, cfg.autoscale_config(), provider,
-                                functools.partial(cfg.instance_spec, instance_key=key), cfg.controller_config(),
-                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober,
-                                instance_api_key=key)
-    gw.services.append(controller)
-    gw.observers.append(controller)
-    app.include_router(autoscale_router([controller], admin_guard(gw)))
-    app.state.controller = controller
-    return app, controller
+    metrics = AutoscaleMetrics(gw.metrics.registry)
+    single = len(pools) == 1
+    controllers = []
+    for i, p in enumerate(pools):
+        key = keys[p.key]
+        # Instance ids name their pool: the version alone while there is one model.
+        prefix = f"{p.version}-" if len({q.model for q in pools}) == 1 else f"{safe_id(p.model)}-{p.version}-"
+        controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, cfg.autoscale_config(p),
+                                    provider, functools.partial(cfg.instance_spec, instance_key=key, pool=p),
+                                    cfg.controller_config(), metrics=metrics, prober=prober,
+                                    instance_api_key=key, id_prefix=None if single else prefix,
+                                    close_provider=i == 0)  # the gateway stops the first pool last
+        gw.services.append(controller)
+        gw.observers.append(controller)
+        controllers.append(controller)
+    app.include_router(autoscale_router(controllers, admin_guard(gw)))
+    app.state.controller = controllers[0]
+    app.state.controllers = controllers
+    return app, controllers
+
+
+def safe_id(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -129,13 +151,17 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     provider = build_provider(cfg)
-    app, controller = build_app(cfg, provider, admin_key)
-    auto = controller.autoscale
+    app, controllers = build_deployment(cfg, provider, admin_key)
     base = f"http://{cfg.host}:{cfg.port}"
     shown_key = f"#key={admin_key}" if cfg.admin_key is None else ""
-    print(f"llmserve serve: model {cfg.served_name} ({cfg.model}) on {base}/v1\n"
-          f"  policy {auto.policy}, {auto.bounds.min_instances}-{auto.bounds.max_instances} instances "
-          f"({provider.name} provider, {cfg.threads()} threads each)\n"
+    lines = []
+    for c, p in zip(controllers, cfg.pools()):
+        auto = c.autoscale
+        lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, "
+                     f"{auto.bounds.min_instances}-{auto.bounds.max_instances} instances, "
+                     f"{cfg.threads(p)} threads each\n")
+    print(f"llmserve serve: {', '.join(sorted({p.model for p in cfg.pools()}))} on {base}/v1 "
+          f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
     from llmserve.http_guard import uvicorn_options

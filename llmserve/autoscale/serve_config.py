@@ -6,6 +6,11 @@ instances get, the provider, the scaling policy (``autoscale``, the very
 instance lifecycle timing (``lifecycle``) and the gateway's own settings
 (``gateway``: auth, limits, polling, retries...; ``pool``: admission,
 concurrency, balancer). See ``docs/serve.example.yaml``.
+
+``models:`` (see :mod:`llmserve.autoscale.deployment` and ``docs/deployments.md``)
+serves several models and versions, each version its own elastic pool; without it
+the single-model keys are a one-version deployment. Both become the same list of
+:class:`~llmserve.autoscale.deployment.PoolDeployment` (:meth:`ServeConfig.pools`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Single-model keys that ``models:`` replaces (a version says its own).
+SINGLE_MODEL_KEYS = ("model", "served_model_name", "version")
+
 from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, pools_of,
+                                           served_name_of)
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.gateway.config import GatewayConfig
@@ -80,27 +90,38 @@ class ServeConfig(_Strict):
     lifecycle: dict[str, Any] = Field(default_factory=dict)
     gateway: dict[str, Any] = Field(default_factory=dict)
     pool: dict[str, Any] = Field(default_factory=dict)
+    # Several models and versions, one pool each; engine_args, autoscale,
+    # threads_per_instance and cold_start_delay_s above are then every pool's defaults.
+    models: list[ModelDeployment] | None = Field(None, min_length=1)
 
     @field_validator("engine_args")
     @classmethod
     def _engine_args(cls, args: list[str]) -> list[str]:
-        for a in args:
-            if a.split("=")[0] in ("--host", "--port", "--instance-id", "--model", "--served-model-name",
-                                   "--threads", "--startup-delay", "--model-store", "--api-key"):
-                raise ValueError(f"engine_args: set {a} through serve's own settings, not engine_args")
-        return args
+        return check_engine_args(args)
 
     @field_validator("gateway")
     @classmethod
     def _gateway(cls, d: dict[str, Any]) -> dict[str, Any]:
         if "models" in d:
-            raise ValueError("gateway: models are set by serve (model, version, pool)")
+            raise ValueError("gateway: models are set by serve (models, or model, version and pool)")
         return d
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:
+        if self.models is not None:
+            given = [k for k in SINGLE_MODEL_KEYS if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: with models, each version names its own model "
+                                 "(models[].versions[].model)")
+            served = [m.name for m in self.models]
+            if len(set(served)) != len(served):
+                raise ValueError(f"models: names must be unique, got {served}")
         # Build the nested configs once now, so every mistake shows at start.
-        self.autoscale_config()
+        for p in self.pools():
+            try:
+                self.autoscale_config(p)
+            except ValueError as e:
+                raise ValueError(f"models[{p.model}].versions[{p.version}].autoscale: {e}") from None
         self.controller_config()
         self.gateway_config("x" * 16)
         return self
@@ -108,13 +129,21 @@ class ServeConfig(_Strict):
     # ---- the typed pieces -------------------------------------------------------------------
     @property
     def served_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        p = Path(self.model)
-        return p.stem if p.suffix == ".gguf" else p.name
+        return self.served_model_name or served_name_of(self.model)
 
-    def autoscale_config(self) -> AutoscaleConfig:
-        return AutoscaleConfig.from_dict(deep_merge(SERVE_AUTOSCALE_DEFAULTS, self.autoscale))
+    def pools(self) -> list[PoolDeployment]:
+        """Every elastic pool this file asks for, in file order."""
+        auto = deep_merge(SERVE_AUTOSCALE_DEFAULTS, self.autoscale)
+        if self.models is None:
+            return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args), auto,
+                                   self.threads_per_instance, self.cold_start_delay_s)]
+        pools = pools_of(self.models, auto, self.threads_per_instance, self.cold_start_delay_s, deep_merge)
+        # The top-level flags first: a version's own flags come later and win.
+        return [PoolDeployment(p.model, p.version, p.source, p.weight, tuple(self.engine_args) + p.engine_args,
+                               p.autoscale, p.threads_per_instance, p.cold_start_delay_s) for p in pools]
+
+    def autoscale_config(self, pool: PoolDeployment | None = None) -> AutoscaleConfig:
+        return AutoscaleConfig.from_dict((pool or self.pools()[0]).autoscale)
 
     def controller_config(self) -> ControllerConfig:
         known = {f.name for f in fields(ControllerConfig)}
@@ -131,27 +160,46 @@ class ServeConfig(_Strict):
             return self.instance_api_key
         return generate() if self.provider.kind == "ray" else None
 
-    def gateway_config(self, admin_key: str, instance_key: str | None = None) -> GatewayConfig:
+    def gateway_config(self, admin_key: str, instance_key: str | None | dict[str, str | None] = None
+                       ) -> GatewayConfig:
+        """``instance_key``: one key for every pool, or a dict by pool key (``model/version``)."""
         g = dict(self.gateway)
         auth = {**g.pop("auth", {}), "admin_key": admin_key}
-        version = {"name": self.version, "weight": 1.0, "upstreams": [], "api_key": instance_key}
-        model = {"name": self.served_name, "versions": [version], **self.pool}
-        return GatewayConfig.model_validate({"models": [model], "auth": auth, **g})
+        keys = instance_key if isinstance(instance_key, dict) else {}
 
-    def threads(self) -> int:
-        if self.threads_per_instance is not None:
-            return self.threads_per_instance
-        return max(1, (os.cpu_count() or 1) // self.autoscale_config().bounds.max_instances)
+        def version(p: PoolDeployment) -> dict[str, Any]:
+            key = keys.get(p.key) if isinstance(instance_key, dict) else instance_key
+            return {"name": p.version, "weight": p.weight, "upstreams": [], "api_key": key}
 
-    def instance_spec(self, instance_id: str, instance_key: str | None = None) -> InstanceSpec:
-        args = ["--model", self.model, "--served-model-name", self.served_name, "--threads", str(self.threads())]
+        pools = self.pools()
+        if self.models is None:
+            models = [{"name": self.served_name, "versions": [version(pools[0])], **self.pool}]
+        else:
+            models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name],
+                       "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
+                       **deep_merge(self.pool, m.pool)} for m in self.models]
+        return GatewayConfig.model_validate({"models": models, "auth": auth, **g})
+
+    def threads(self, pool: PoolDeployment | None = None) -> int:
+        """Torch threads per instance: the pool's own setting, else the machine's cores
+        shared out over the most instances every pool may run at once."""
+        own = (pool or self.pools()[0]).threads_per_instance
+        if own is not None:
+            return own
+        most = sum(self.autoscale_config(p).bounds.max_instances for p in self.pools())
+        return max(1, (os.cpu_count() or 1) // max(1, most))
+
+    def instance_spec(self, instance_id: str, instance_key: str | None = None,
+                      pool: PoolDeployment | None = None) -> InstanceSpec:
+        pool = pool or self.pools()[0]
+        args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool))]
         if self.model_store:
             args += ["--model-store", self.model_store]
-        if self.cold_start_delay_s:
-            args += ["--startup-delay", str(self.cold_start_delay_s)]
+        if pool.cold_start_delay_s:
+            args += ["--startup-delay", str(pool.cold_start_delay_s)]
         # The key in the environment, not argv (which any local user can read in ps);
         # set even when empty, so a key in serve's own environment is not inherited.
-        return InstanceSpec(instance_id, tuple(args + list(self.engine_args)),
+        return InstanceSpec(instance_id, tuple(args + list(pool.engine_args)),
                             env=(("LLMSERVE_API_KEY", instance_key or ""),))
 
     @classmethod

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmserve.gateway.admin import admin_router
 from llmserve.gateway.auth import Privileges
-from llmserve.gateway.canary import Action, CanaryAnalysis
+from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
 from llmserve.gateway.config import GatewayConfig, ModelConfig
 from llmserve.gateway.dashboard import dashboard_router
 from llmserve.gateway.errors import GatewayError, error_response, from_exception
@@ -67,6 +67,7 @@ class ModelRuntime:
                 pool.add_instance(url)
             self.pools[v.name] = pool
         self.canary: CanaryAnalysis | None = None
+        self._not_judged: str | None = None
         window = 60.0
         if config.canary is not None:
             self.canary = CanaryAnalysis(config.canary.version, config.canary.stable,
@@ -74,7 +75,8 @@ class ModelRuntime:
             window = config.canary.interval_s
         self.stats = WindowStats(window)
         self.router = VersionRouter(self._weights(), salt=config.name,
-                                    rng=random.Random(rng.random()))
+                                    rng=random.Random(rng.random()),
+                                    stickiness_window_s=config.stickiness_window_s)
 
     def _weights(self) -> dict[str, float]:
         base = self.config.base_weights
@@ -85,11 +87,31 @@ class ModelRuntime:
     def apply_weights(self) -> None:
         self.router.set_weights(self._weights())
 
+    def capacity_issue(self) -> str | None:
+        """Why the canary's elastic pool cannot be judged right now, if it cannot."""
+        pool = self.pools[self.canary.canary]
+        if not pool.can_grow:
+            return None  # a fixed pool's shortfalls are the canary's own
+        sig = pool.signals()
+        if sig.routable == 0:
+            return "not judged: the canary pool has no ready instance (starting, warming or scaled to zero)"
+        queued = sum(sig.queue_depth.values())
+        if queued:
+            return f"not judged: the canary pool queued for capacity ({queued} waiting)"
+        return None
+
     def tick(self, now: float) -> None:
         if self.canary is None:
             return
+        if self.canary.state is CanaryState.PROGRESSING:
+            # Remembered until the next check: one cold moment spoils the interval.
+            self._not_judged = self.capacity_issue() or self._not_judged
         d = self.canary.tick(now, self.stats.snapshot(self.canary.canary, now),
-                             self.stats.snapshot(self.canary.stable, now))
+                             self.stats.snapshot(self.canary.stable, now), self._not_judged)
+        if d.action is not Action.NONE:
+            self._not_judged = None
+        if d.action is Action.SKIP and d.reason.startswith("not judged"):
+            log.info("canary %s/%s: %s", self.config.name, self.canary.canary, d.reason)
         if d.action not in (Action.NONE, Action.SKIP):
             log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
                      d.action.value, 100 * d.weight, d.reason)

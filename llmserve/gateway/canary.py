@@ -84,7 +84,7 @@ class InvalidTransition(RuntimeError):
 
 class Action(enum.Enum):
     NONE = "none"  # not time for a check, or not progressing
-    SKIP = "skip"  # check skipped: too little traffic
+    SKIP = "skip"  # check skipped: too little traffic, or the canary pool short of capacity
     ADVANCE = "advance"
     HOLD = "hold"  # check failed, weight unchanged
     PROMOTE = "promote"
@@ -164,13 +164,21 @@ class CanaryAnalysis:
 
     # ---- automatic ------------------------------------------------------------------
     def tick(self, now: float, canary_stats: VersionStats,
-             stable_stats: VersionStats) -> CanaryDecision:
-        """Run a check if one is due; return what changed."""
+             stable_stats: VersionStats, not_judged: str | None = None) -> CanaryDecision:
+        """Run a check if one is due; return what changed.
+
+        ``not_judged``: why this interval says nothing about the canary (its pool had
+        no ready instance or queued for capacity: a cold start is not the canary's
+        fault); a due check is then a SKIP with that reason, and the next interval
+        starts afresh."""
         if self.state is not CanaryState.PROGRESSING:
             return CanaryDecision(Action.NONE, self.weight)
         if self.last_check is not None and now - self.last_check < self.config.interval_s:
             return CanaryDecision(Action.NONE, self.weight)
         self.last_check = now
+        if not_judged is not None:
+            self.last_result = CheckResult(False, True, (not_judged,))
+            return self._record(now, Action.SKIP, not_judged)
         result = evaluate(self.config, canary_stats, stable_stats)
         self.last_result = result
         reason = "; ".join(result.reasons)

@@ -86,6 +86,9 @@ class ModelConfig(_Strict):
     name: str  # the served model name clients put in "model"
     versions: list[VersionConfig] = Field(min_length=1)
     canary: CanarySettings | None = None
+    # Seconds a user stays on the version they were routed to while weights move
+    # (the rule: gateway/version_router.py); 0: pure weighted hashing, no memory.
+    stickiness_window_s: float = Field(0.0, ge=0.0)
     admission: AdmissionConfig = AdmissionConfig()
     concurrency: ConcurrencyConfig = ConcurrencyConfig()
     balancer: BalancerConfig = BalancerConfig()

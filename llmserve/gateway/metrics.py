@@ -37,6 +37,10 @@ class GatewayMetrics:
         self.queue_time = Histogram(f"{P}queue_time_seconds",
                                     "Time waiting in the gateway's admission queue", labels,
                                     buckets=_QUEUE_BUCKETS, registry=self.registry)
+        self.cold_wait = Histogram(f"{P}cold_start_wait_seconds",
+                                   "Queue wait of requests that found no ready instance in their pool "
+                                   "(scale from zero, a revival or a start)", ["model", "version"],
+                                   buckets=_QUEUE_BUCKETS, registry=self.registry)
         self.upstream = Counter(f"{P}upstream_requests", "Attempts sent to each instance",
                                 ["model", "version", "instance"], registry=self.registry)
         self.retries = Counter(f"{P}retries", "Attempts retried on another instance",

@@ -156,6 +156,10 @@ class Pool:
         self._clock = clock
         self._instances: dict[str, Instance] = {}
         self._ids = itertools.count(1)
+        # Set by the pool's elastic controller: it can start instances, so a pool with
+        # nothing routable but draining instances queues (it revives or starts one)
+        # instead of failing fast, and an empty one queues as it always does.
+        self.can_grow = False
 
     # ---- the run-time interface (autoscaler, admin API) -----------------------------
     def add_instance(self, url: str, instance_id: str | None = None, *,
@@ -204,6 +208,11 @@ class Pool:
             admitted_total=sum(s.admitted for s in stats.values()),
             rejected_total=sum(s.rejected for s in stats.values()),
             dispatched_total=sum(s.dispatched for s in stats.values()))
+
+    def cold(self) -> bool:
+        """No instance could take a request now (none, or none ready): a request
+        queued now waits for a start (scale from zero) or a revival."""
+        return not any(i.ready and not i.draining for i in self._instances.values())
 
     def queue_stats(self) -> dict[PriorityClass, ClassStats]:
         return self.admission.stats(self._clock())
@@ -321,6 +330,8 @@ class Pool:
 
     def _broken(self, views: list[InstanceView]) -> bool:
         if not views or any(v.routable for v in views):
+            return False
+        if self.can_grow and all(v.draining for v in views):
             return False
         return all(self._instances[v.instance_id].ever_ready for v in views)
 

@@ -416,6 +416,7 @@ class Proxy:
             return
 
     async def _acquire(self, plan: _Plan, ctx: _Context) -> Lease:
+        cold = plan.pool.can_grow and plan.pool.cold()
         try:
             waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
             lease = waiting.result() if waiting.done else await self._wait_unless_gone(plan, waiting)
@@ -429,6 +430,9 @@ class Proxy:
         except NoHealthyInstance as e:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.queued_s += lease.queued_s
+        if cold:
+            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.runtime.config.name, ctx.version).observe(
+                lease.queued_s)
         return lease
 
     @staticmethod

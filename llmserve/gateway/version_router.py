@@ -10,6 +10,21 @@ P-MinHash construction, which no stateless weighted hash can beat on movement
 across arbitrary weight changes; contiguous ranges would move the users of every
 range between the two changed ones.
 
+Hashing alone still moves that changed share of users *mid-conversation*. So with
+a stickiness window (``stickiness_window_s`` > 0) the router also remembers where
+it sent each user, and the rule is:
+
+- a user seen within the window goes where they went last, whatever the weights
+  did since, as long as that version's weight is still above 0 (each request
+  restarts the window, so a conversation stays put for as long as it goes on);
+- a version at weight 0 (rolled back, or the old one after a promote) keeps
+  nobody: its users are hashed again at once;
+- a new user, or one idle longer than the window, is hashed with today's weights.
+
+So a canary's share grows by new and returning users, never by moving someone in
+the middle of a conversation; the memory is bounded (``max_pinned`` users, the
+least recently seen forgotten first).
+
 A header forces a version; anonymous requests are split at random (injectable RNG).
 """
 
@@ -19,7 +34,9 @@ import enum
 import hashlib
 import math
 import random
-from collections.abc import Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 VERSION_HEADER = "x-llmserve-version"
@@ -28,6 +45,7 @@ VERSION_HEADER = "x-llmserve-version"
 class RouteReason(enum.Enum):
     HEADER = "header"  # forced by the x-llmserve-version header
     STICKY = "sticky"  # hashed from the user id
+    PINNED = "pinned"  # where the user went last, within the stickiness window
     RANDOM = "random"  # anonymous request, weighted random
 
 
@@ -81,10 +99,15 @@ class VersionRouter:
     """Weighted, sticky version choice for one served model."""
 
     def __init__(self, weights: Mapping[str, float], *, salt: str = "",
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, stickiness_window_s: float = 0.0,
+                 max_pinned: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
         self._salt = salt
         self._rng = rng or random.Random()
         self._versions = tuple(weights)
+        self._window = stickiness_window_s
+        self._max_pinned = max_pinned
+        self._clock = clock
+        self._pins: OrderedDict[str, tuple[str, float]] = OrderedDict()  # user -> (version, last seen)
         self.set_weights(weights)
 
     @property
@@ -115,8 +138,8 @@ class VersionRouter:
                     f"version {forced!r} does not exist; choose one of {list(self._versions)}")
             return RouteDecision(forced, RouteReason.HEADER)
         if user:
-            return RouteDecision(rendezvous_pick(user, self._weights, self._salt),
-                                 RouteReason.STICKY)
+            return self._route_user(user) if self._window > 0 else RouteDecision(
+                rendezvous_pick(user, self._weights, self._salt), RouteReason.STICKY)
         x, acc = self._rng.random(), 0.0
         last = None
         for version, w in self._weights.items():
@@ -127,3 +150,19 @@ class VersionRouter:
             if x < acc:
                 return RouteDecision(version, RouteReason.RANDOM)
         return RouteDecision(last, RouteReason.RANDOM)  # x within rounding of 1.0
+
+    def _route_user(self, user: str) -> RouteDecision:
+        now = self._clock()
+        pin = self._pins.pop(user, None)
+        if pin is not None and now - pin[1] <= self._window and self._weights.get(pin[0], 0.0) > 0:
+            decision = RouteDecision(pin[0], RouteReason.PINNED)
+        else:
+            decision = RouteDecision(rendezvous_pick(user, self._weights, self._salt), RouteReason.STICKY)
+        self._pins[user] = (decision.version, now)  # to the end: most recently seen
+        while len(self._pins) > self._max_pinned:
+            self._pins.popitem(last=False)
+        return decision
+
+    def pinned(self) -> int:
+        """Users remembered (some may be past the window: forgotten lazily)."""
+        return len(self._pins)

@@ -1,0 +1,109 @@
+"""A multi-version deployment: what ``models:`` in ``llmserve serve``'s file says.
+
+Each served model lists its versions; each version is one elastic pool, with its
+own weights or engine, its own engine flags and its own ``autoscale`` (deep-merged
+over the file's top-level ``autoscale``, so the top level holds the defaults of
+every pool). A model may name a canary (the gateway's
+:class:`~llmserve.gateway.config.CanarySettings`) that moves traffic from
+``stable`` to ``version``; each pool's controller sees only its own version's
+arrivals, so capacity follows the weight the analysis sets.
+
+The file's single-model keys (``model``, ``version``, ``served_model_name``,
+``engine_args``...) are the one-version deployment: :func:`pools_of` turns both
+shapes into the same list of :class:`PoolDeployment`, which is all the rest of
+``llmserve serve`` reads. See ``docs/deployments.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Flags that serve sets itself on every instance.
+RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
+                         "--startup-delay", "--model-store", "--api-key")
+
+
+def check_engine_args(args: list[str]) -> list[str]:
+    for a in args:
+        if a.split("=")[0] in RESERVED_ENGINE_FLAGS:
+            raise ValueError(f"engine_args: set {a} through serve's own settings, not engine_args")
+    return args
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VersionDeployment(_Strict):
+    name: str
+    model: str  # store name, .gguf file or HF folder
+    # Relative traffic weight. None: 1, or 0 for the canary version (its analysis owns it).
+    weight: float | None = Field(None, ge=0.0)
+    engine_args: list[str] = Field(default_factory=list)
+    autoscale: dict[str, Any] = Field(default_factory=dict)  # over the top-level autoscale
+    threads_per_instance: int | None = Field(None, ge=1)
+    cold_start_delay_s: float | None = Field(None, ge=0.0)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, args: list[str]) -> list[str]:
+        return check_engine_args(args)
+
+
+class ModelDeployment(_Strict):
+    name: str  # the served model name clients put in "model"
+    versions: list[VersionDeployment] = Field(min_length=1)
+    canary: dict[str, Any] | None = None  # the gateway's CanarySettings, checked by its config
+    # Seconds a user stays on the version they were routed to while weights move
+    # (see gateway/version_router.py); 0: pure weighted hashing.
+    stickiness_window_s: float = Field(600.0, ge=0.0)
+    pool: dict[str, Any] = Field(default_factory=dict)  # admission, concurrency, balancer
+
+    @model_validator(mode="after")
+    def _names(self) -> ModelDeployment:
+        names = [v.name for v in self.versions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models[{self.name}].versions: names must be unique, got {names}")
+        return self
+
+    def weight(self, v: VersionDeployment) -> float:
+        if v.weight is not None:
+            return v.weight
+        return 0.0 if self.canary is not None and self.canary.get("version") == v.name else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDeployment:
+    """One elastic pool: one version of one served model, fully resolved."""
+
+    model: str  # served name
+    version: str
+    source: str  # what --model gets
+    weight: float
+    engine_args: tuple[str, ...]
+    autoscale: dict[str, Any]  # the merged dict; AutoscaleConfig.from_dict reads it
+    threads_per_instance: int | None
+    cold_start_delay_s: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.version}"
+
+
+def served_name_of(model: str) -> str:
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else p.name
+
+
+def pools_of(models: list[ModelDeployment], autoscale: dict[str, Any], threads: int | None,
+             cold_start_delay_s: float, merge) -> list[PoolDeployment]:
+    """Every pool of a ``models:`` list, with the top-level defaults applied."""
+    return [PoolDeployment(m.name, v.name, v.model, m.weight(v), tuple(v.engine_args),
+                           merge(autoscale, v.autoscale),
+                           v.threads_per_instance if v.threads_per_instance is not None else threads,
+                           v.cold_start_delay_s if v.cold_start_delay_s is not None else cold_start_delay_s)
+            for m in models for v in m.versions]
