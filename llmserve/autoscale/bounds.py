@@ -8,8 +8,9 @@ simulator hold one object and cannot apply the limits differently.
 Rules, in order:
 
 1. the inner desired count is clamped to [min_instances, max_instances]; a pool
-   with nothing provisioned and a request queued at the gateway wants at least
-   one, whatever the policy said (scale from zero: the queued request is demand);
+   with nothing ready and a request queued at the gateway wants at least
+   one, whatever the policy said, until one is ready (scale from zero: the
+   queued request is demand, and the start on its way must not be cancelled);
 2. it is compared with the provisioned count (ready + starting + warming):
    instances on their way are capacity already decided, not a reason to add more;
 3. scale-up: at most ``max_step_up`` at once, and not within
@@ -71,7 +72,7 @@ class BoundedPolicy:
         now = ctx.now
         inner = self.inner.decide(ctx, state.inner)
         current = ctx.provisioned
-        floor = max(cfg.min_instances, 1 if current == 0 and ctx.queued > 0 else 0)
+        floor = max(cfg.min_instances, 1 if ctx.ready == 0 and ctx.queued > 0 else 0)
         wanted = min(max(inner.desired, floor), cfg.max_instances)
         reason = inner.reason if floor <= cfg.min_instances else f"scale from zero: {ctx.queued} queued; {inner.reason}"
         history = _record(state.history or ((now, current),), now, wanted, cfg.scale_down_window_s)

@@ -93,3 +93,15 @@ def test_below_min_ignores_cooldown():
     d = policy.decide(PoolSignals(now=10, ready=0), d.state)
     assert d.desired >= 2
     assert d.reason.startswith("below min_instances (2)")
+
+
+def test_a_request_queued_at_an_empty_pool_starts_one_whatever_the_policy_says():
+    bounds = BoundsConfig(min_instances=0, max_instances=3, scale_up_cooldown_s=1000, scale_down_window_s=0)
+    policy = BoundedPolicy(Scripted({}), bounds)  # the inner policy wants 0
+    state = policy.initial_state()
+    d = policy.decide(PoolSignals(now=0.0), state)
+    assert d.desired == 0
+    d = policy.decide(PoolSignals(now=1.0, queue_depth={"realtime": 1}), d.state)
+    assert d.desired == 1 and "scale from zero" in d.reason
+    d = policy.decide(PoolSignals(now=2.0, starting=1, queue_depth={"realtime": 1}), d.state)
+    assert d.desired == 1  # one on its way is enough

@@ -168,3 +168,12 @@ def test_driven_by_window_stats_a_healthy_canary_is_promoted():
         a.tick(t, stats.snapshot("canary", t), stats.snapshot("v1", t))
     assert a.state is CanaryState.PROMOTED and a.weight == 1.0
     assert t == 60.0 * len(CFG.steps())
+
+
+def test_an_interval_the_canary_pool_could_not_serve_is_skipped_not_judged():
+    a = _started()
+    d = a.tick(60.0, BAD_ERRORS, GOOD, not_judged="not judged: the canary pool has no ready instance")
+    assert d.action is Action.SKIP and a.failed_checks == 0 and a.weight == 0.05
+    assert a.last_result.skipped and "no ready instance" in a.events()[-1]["reason"]
+    assert a.tick(61.0, GOOD, GOOD).action is Action.NONE  # a fresh interval first
+    assert a.tick(120.0, GOOD, GOOD).action is Action.ADVANCE

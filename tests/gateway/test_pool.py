@@ -150,3 +150,24 @@ async def test_signals_count_admissions_rejections_and_dispatches():
     p.release(lease, Outcome.SUCCESS)
     p.release(await waiting, Outcome.SUCCESS)
     assert p.signals().dispatched_total == 2
+
+
+async def test_a_pool_that_can_grow_queues_while_its_only_instance_drains():
+    p = _pool()
+    p.can_grow = True  # as an elastic controller sets it: it revives or starts one
+    inst = p.add_instance("http://127.0.0.1:9003", "old", ready=True)
+    p.set_draining("old")
+    assert p.cold()
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    p.set_draining("old", False)  # revived
+    assert (await asyncio.wait_for(waiting, 1)).instance is inst and not p.cold()
+
+
+async def test_a_fixed_pool_with_only_draining_instances_fails_fast():
+    p = _pool()
+    p.add_instance("http://127.0.0.1:9004", "old", ready=True)
+    p.set_draining("old")
+    with pytest.raises(NoHealthyInstance):
+        await p.acquire(REQ, PriorityClass.REALTIME)

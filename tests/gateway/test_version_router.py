@@ -127,3 +127,44 @@ def test_with_weight_keeps_other_proportions():
     w = with_weight({"v1": 60, "v2": 20, "c": 0}, "c", 0.2)
     assert w == pytest.approx({"v1": 0.6, "v2": 0.2, "c": 0.2})
     assert with_weight({"v1": 1, "c": 0}, "c", 1.0) == {"v1": 0.0, "c": 1.0}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_pinned_users_stay_put_while_the_canary_weight_grows():
+    clock = FakeClock()
+    r = VersionRouter({"v1": 0.95, "v2": 0.05}, salt="m", stickiness_window_s=60, clock=clock)
+    users = [f"u{i}" for i in range(2000)]
+    first = {u: r.route(u).version for u in users}
+    r.set_weights({"v1": 0.5, "v2": 0.5})
+    clock.t = 30.0
+    again = {u: r.route(u) for u in users}
+    assert {u: d.version for u, d in again.items()} == first  # mid-conversation: nobody moved
+    assert all(d.reason is RouteReason.PINNED for d in again.values())
+    new = Counter(r.route(f"new{i}").version for i in range(2000))
+    assert 850 < new["v2"] < 1150  # new users get today's weights
+    clock.t = 30.0 + 61.0  # idle past the window: hashed again, with the new weights
+    moved = sum(r.route(u).version != first[u] for u in users)
+    assert moved > 500
+
+
+def test_a_version_at_weight_zero_keeps_nobody():
+    clock = FakeClock()
+    r = VersionRouter({"v1": 0.5, "v2": 0.5}, salt="m", stickiness_window_s=600, clock=clock)
+    on_v2 = [u for u in (f"u{i}" for i in range(200)) if r.route(u).version == "v2"]
+    r.set_weights({"v1": 1.0, "v2": 0.0})  # rolled back
+    assert on_v2 and {r.route(u).version for u in on_v2} == {"v1"}
+
+
+def test_pins_are_bounded_least_recently_seen_first():
+    r = VersionRouter({"v1": 1.0}, stickiness_window_s=600, max_pinned=3)
+    for u in ("a", "b", "c", "a", "d"):
+        r.route(u)
+    assert r.pinned() == 3 and r.route("a").reason is RouteReason.PINNED
+    assert r.route("b").reason is RouteReason.STICKY  # forgotten
