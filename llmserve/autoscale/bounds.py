@@ -7,10 +7,11 @@ simulator hold one object and cannot apply the limits differently.
 
 Rules, in order:
 
-1. the inner desired count is clamped to [min_instances, max_instances]; a pool
-   with nothing ready and a request queued at the gateway wants at least
-   one, whatever the policy said, until one is ready (scale from zero: the
-   queued request is demand, and the start on its way must not be cancelled);
+1. the inner desired count is clamped to [min_instances, max_instances]; and a
+   pool goes to zero only once idle: while anything is queued or in flight, or a
+   request arrived within the signal window, it keeps (or gets) at least one,
+   whatever the policy said. So a queued request is demand that starts one from
+   zero, and a pool on a small traffic share does not flap between 0 and 1;
 2. it is compared with the provisioned count (ready + starting + warming):
    instances on their way are capacity already decided, not a reason to add more;
 3. scale-up: at most ``max_step_up`` at once, and not within
@@ -72,9 +73,13 @@ class BoundedPolicy:
         now = ctx.now
         inner = self.inner.decide(ctx, state.inner)
         current = ctx.provisioned
-        floor = max(cfg.min_instances, 1 if ctx.ready == 0 and ctx.queued > 0 else 0)
+        active = ctx.in_flight > 0 or ctx.arrival_rate > 0
+        floor = max(cfg.min_instances, 1 if active else 0)
         wanted = min(max(inner.desired, floor), cfg.max_instances)
-        reason = inner.reason if floor <= cfg.min_instances else f"scale from zero: {ctx.queued} queued; {inner.reason}"
+        reason = inner.reason
+        if inner.desired < floor > cfg.min_instances:
+            reason = (f"scale from zero: {ctx.queued} queued; {inner.reason}" if current == 0
+                      else f"kept 1 until idle; {inner.reason}")
         history = _record(state.history or ((now, current),), now, wanted, cfg.scale_down_window_s)
         last_up = state.last_scale_up
 

@@ -48,8 +48,16 @@ class ServeProcess:
         return self.client.request(method, f"/admin{path}",
                                    headers={"authorization": f"Bearer {self.admin_key}"}, **kw)
 
-    def pool(self) -> dict:
-        return self.admin("GET", "/autoscale/pools").json()["pools"][0]
+    def pool(self, key: str | None = None) -> dict:
+        """The first controlled pool, or the one named ``model/version``."""
+        pools = self.admin("GET", "/autoscale/pools").json()["pools"]
+        return pools[0] if key is None else next(p for p in pools if p["pool"] == key)
+
+    def pools(self) -> dict[str, dict]:
+        return {p["pool"]: p for p in self.admin("GET", "/autoscale/pools").json()["pools"]}
+
+    def canary(self, model: str) -> dict:
+        return self.admin("GET", f"/models/{model}/canary").json()
 
     def instances(self, finished: bool = True) -> list[dict]:
         return self.admin("GET", f"/autoscale/instances?finished={str(finished).lower()}").json()["instances"]
@@ -78,25 +86,27 @@ class ServeProcess:
                          for p in sorted(folder.glob("*.log"))) if folder.exists() else ""
 
     # ---- waiting ------------------------------------------------------------------------------
-    def wait_until(self, predicate: Callable[[dict], bool], timeout: float, what: str) -> dict:
-        """Poll the pool until ``predicate(pool)``; raise with the logs if serve exits or time runs out."""
+    def wait_until(self, predicate: Callable[[dict], bool], timeout: float, what: str,
+                   pool: str | None = None) -> dict:
+        """Poll the pool (the first, or ``pool``: ``model/version``) until ``predicate(pool)``;
+        raise with the logs if serve exits or time runs out."""
         deadline = time.monotonic() + timeout
-        pool: dict = {}
+        seen: dict = {}
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llmserve serve exited with {self.proc.returncode}:\n{self.log()[-5000:]}")
             try:
-                pool = self.pool()
-                if predicate(pool):
-                    return pool
-            except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                seen = self.pool(pool)
+                if predicate(seen):
+                    return seen
+            except (httpx.HTTPError, KeyError, IndexError, ValueError, StopIteration):
                 pass  # not listening yet
             time.sleep(0.2)
-        raise TimeoutError(f"timed out waiting for {what}; pool: {pool}\n{self.log()[-5000:]}\n"
+        raise TimeoutError(f"timed out waiting for {what}; pool: {seen}\n{self.log()[-5000:]}\n"
                            f"{self.instance_logs()}")
 
-    def wait_ready(self, n: int = 1, timeout: float = 120.0) -> dict:
-        return self.wait_until(lambda p: p["counts"]["ready"] >= n, timeout, f"{n} ready instance(s)")
+    def wait_ready(self, n: int = 1, timeout: float = 120.0, pool: str | None = None) -> dict:
+        return self.wait_until(lambda p: p["counts"]["ready"] >= n, timeout, f"{n} ready instance(s)", pool)
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (serve drains and stops its instances), then SIGKILL after ``timeout``."""

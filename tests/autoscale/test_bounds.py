@@ -105,3 +105,14 @@ def test_a_request_queued_at_an_empty_pool_starts_one_whatever_the_policy_says()
     assert d.desired == 1 and "scale from zero" in d.reason
     d = policy.decide(PoolSignals(now=2.0, starting=1, queue_depth={"realtime": 1}), d.state)
     assert d.desired == 1  # one on its way is enough
+
+
+def test_a_pool_goes_to_zero_only_once_idle():
+    bounds = BoundsConfig(min_instances=0, max_instances=3, scale_up_cooldown_s=0, scale_down_window_s=0)
+    policy = BoundedPolicy(Scripted({}), bounds)  # the inner policy wants 0 throughout
+    d = policy.decide(PoolSignals(now=0.0, ready=1, arrival_rate=0.2), policy.initial_state())
+    assert d.desired == 1 and "until idle" in d.reason  # a small share still arrives: no flapping
+    d = policy.decide(PoolSignals(now=1.0, ready=1, dispatched=1), d.state)
+    assert d.desired == 1
+    d = policy.decide(PoolSignals(now=2.0, ready=1), d.state)
+    assert d.desired == 0
