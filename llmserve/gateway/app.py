@@ -87,32 +87,18 @@ class ModelRuntime:
     def apply_weights(self) -> None:
         self.router.set_weights(self._weights())
 
-    def capacity_issue(self) -> str | None:
-        """Why the canary's elastic pool cannot be judged right now, if it cannot."""
-        pool = self.pools[self.canary.canary]
-        if not pool.can_grow:
-            return None  # a fixed pool's shortfalls are the canary's own
-        sig = pool.signals()
-        if sig.routable == 0:
-            return "not judged: the canary pool has no ready instance (starting, warming or scaled to zero)"
-        queued = sum(sig.queue_depth.values())
-        if queued:
-            return f"not judged: the canary pool queued for capacity ({queued} waiting)"
-        return None
-
     def tick(self, now: float) -> None:
         if self.canary is None:
             return
         if self.canary.state is CanaryState.PROGRESSING:
             # Remembered until the next check: one cold moment spoils the interval.
-            self._not_judged = self.capacity_issue() or self._not_judged
+            short = self.pools[self.canary.canary].capacity_shortfall()
+            self._not_judged = f"not judged: the canary pool {short}" if short else self._not_judged
         d = self.canary.tick(now, self.stats.snapshot(self.canary.canary, now),
                              self.stats.snapshot(self.canary.stable, now), self._not_judged)
         if d.action is not Action.NONE:
             self._not_judged = None
-        if d.action is Action.SKIP and d.reason.startswith("not judged"):
-            log.info("canary %s/%s: %s", self.config.name, self.canary.canary, d.reason)
-        if d.action not in (Action.NONE, Action.SKIP):
+        if d.action not in (Action.NONE, Action.SKIP) or d.reason.startswith("not judged"):
             log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
                      d.action.value, 100 * d.weight, d.reason)
             self.apply_weights()

@@ -214,6 +214,20 @@ class Pool:
         queued now waits for a start (scale from zero) or a revival."""
         return not any(i.ready and not i.draining for i in self._instances.values())
 
+    def capacity_shortfall(self) -> str | None:
+        """Why an elastic pool cannot be judged on its requests now, if it cannot: no
+        ready instance, or a queue behind healthy instances (waiting for a start).
+        A queue behind tripped breakers or ejected instances is its own failing."""
+        if not self.can_grow:
+            return None  # a fixed pool's shortfalls are its own
+        if self.cold():
+            return "has no ready instance (starting, warming or scaled to zero)"
+        queued = len(self.admission)
+        now = self._clock()
+        if queued and all(v.routable for v in self.views(now) if v.ready and not v.draining):
+            return f"queued for capacity ({queued} waiting)"
+        return None
+
     def queue_stats(self) -> dict[PriorityClass, ClassStats]:
         return self.admission.stats(self._clock())
 

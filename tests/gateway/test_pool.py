@@ -171,3 +171,20 @@ async def test_a_fixed_pool_with_only_draining_instances_fails_fast():
     p.set_draining("old")
     with pytest.raises(NoHealthyInstance):
         await p.acquire(REQ, PriorityClass.REALTIME)
+
+
+async def test_capacity_shortfall_is_cold_or_a_queue_behind_healthy_instances_only():
+    p = _pool(target=1)
+    p.add_instance("http://127.0.0.1:9005", "a", ready=True)
+    assert p.capacity_shortfall() is None  # a fixed pool: its shortfalls are its own
+    p.can_grow = True
+    assert p.capacity_shortfall() is None
+    lease = await p.acquire(REQ, PriorityClass.REALTIME)
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
+    await asyncio.sleep(0.01)
+    assert "queued for capacity (1 waiting)" in p.capacity_shortfall()
+    p.release(lease, Outcome.FAILURE)  # threshold 1: the breaker opens: a failing pool, not a short one
+    assert p.capacity_shortfall() is None
+    waiting.cancel()
+    p.get("a").ready = False
+    assert "no ready instance" in p.capacity_shortfall()
