@@ -121,7 +121,8 @@ class ServeConfig(_Strict):
             try:
                 self.autoscale_config(p)
             except ValueError as e:
-                raise ValueError(f"models[{p.model}].versions[{p.version}].autoscale: {e}") from None
+                where = "autoscale" if self.models is None else f"models[{p.model}].versions[{p.version}].autoscale"
+                raise ValueError(f"{where}: {e}") from None
         self.controller_config()
         self.gateway_config("x" * 16)
         return self
