@@ -47,7 +47,7 @@ from llmserve.autoscale.history import History
 from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance, Override
 from llmserve.autoscale.metrics import AutoscaleMetrics
-from llmserve.autoscale.probe import HttpProber, Probe, Prober, judge, path
+from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Probe, Prober, judge, path
 from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, RunStatus
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 from llmserve.autoscale.signals import PoolSignals
@@ -74,7 +74,8 @@ class PoolController(InstanceActions, ControllerViews):
                  config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, id_prefix: str | None = None,
-                 instance_api_key: str | None = None, close_provider: bool = True) -> None:
+                 instance_api_key: str | None = None, close_provider: bool = True,
+                 endpoints: EngineEndpoints | None = None) -> None:
         self.pool = pool
         pool.can_grow = True  # queued requests wait for this controller's starts
         self._close_provider = close_provider  # False where pools share it and another closes it
@@ -98,6 +99,7 @@ class PoolController(InstanceActions, ControllerViews):
         self.last_signals: PoolSignals | None = None
         self.override: Override | None = None
         self._prober = prober
+        self._endpoints = endpoints  # None: llmserve engine's /ready and /load
         self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
         self._client: httpx.AsyncClient | None = None
         self._prefix = id_prefix if id_prefix is not None else f"{version}-"
@@ -120,7 +122,7 @@ class PoolController(InstanceActions, ControllerViews):
     async def start(self) -> None:
         if self._prober is None:
             self._client = httpx.AsyncClient(headers=self._probe_headers)
-            self._prober = HttpProber(self._client, self.config.probe_timeout_s)
+            self._prober = HttpProber(self._client, self.config.probe_timeout_s, self._endpoints)
         self._loop_task = asyncio.create_task(self._run(), name=f"controller {self.key}")
 
     async def stop(self) -> None:

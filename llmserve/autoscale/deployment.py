@@ -11,14 +11,17 @@ arrivals, so capacity follows the weight the analysis sets.
 The file's single-model keys (``model``, ``version``, ``served_model_name``,
 ``engine_args``...) are the one-version deployment: :func:`pools_of` turns both
 shapes into the same list of :class:`PoolDeployment`, which is all the rest of
-``llmserve serve`` reads. See ``docs/deployments.md``.
+``llmserve serve`` reads. A version may name a ``command`` instead of a model: any
+OpenAI-compatible server, started and scaled through the same providers, probed
+on its ``ready_path`` and read through its ``/metrics``. See ``docs/deployments.md``.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -40,7 +43,12 @@ class _Strict(BaseModel):
 
 class VersionDeployment(_Strict):
     name: str
-    model: str  # store name, .gguf file or HF folder
+    model: str | None = None  # store name, .gguf file or HF folder; with command: what {model} becomes
+    # A foreign OpenAI-compatible server instead of llmserve engine, one shell-quoted
+    # string with {host}, {port} (required) and {model}: "vllm serve {model} --port {port}".
+    command: str | None = None
+    ready_path: str | None = None  # default: /ready (llmserve), /health (command)
+    load_source: Literal["load", "metrics"] | None = None  # default: load (llmserve), metrics (command)
     # Relative traffic weight. None: 1, or 0 for the canary version (its analysis owns it).
     weight: float | None = Field(None, ge=0.0)
     engine_args: list[str] = Field(default_factory=list)
@@ -52,6 +60,22 @@ class VersionDeployment(_Strict):
     @classmethod
     def _engine_args(cls, args: list[str]) -> list[str]:
         return check_engine_args(args)
+
+    @model_validator(mode="after")
+    def _source(self) -> VersionDeployment:
+        where = f"versions[{self.name}]"
+        if self.command is None:
+            if self.model is None:
+                raise ValueError(f"{where}: give a model (or a command for a foreign server)")
+            return self
+        if "{port}" not in self.command:
+            raise ValueError(f"{where}.command: it must take the port the provider picks: {{port}}")
+        for key in ("engine_args", "threads_per_instance", "cold_start_delay_s"):
+            if key in self.model_fields_set:
+                raise ValueError(f"{where}.{key}: llmserve engine settings; a command says its own flags")
+        if self.ready_path is not None and not self.ready_path.startswith("/"):
+            raise ValueError(f"{where}.ready_path: a path starting with /")
+        return self
 
 
 class ModelDeployment(_Strict):
@@ -88,6 +112,10 @@ class PoolDeployment:
     autoscale: dict[str, Any]  # the merged dict; AutoscaleConfig.from_dict reads it
     threads_per_instance: int | None
     cold_start_delay_s: float
+    command: tuple[str, ...] = ()  # a foreign server's argv ({host}, {port} left for the provider)
+    ready_path: str = "/ready"
+    load_source: str = "load"
+    upstream_model: str | None = None  # the name a foreign server knows the model by
 
     @property
     def key(self) -> str:
@@ -99,11 +127,23 @@ def served_name_of(model: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name
 
 
-def pools_of(models: list[ModelDeployment], autoscale: dict[str, Any], threads: int | None,
-             cold_start_delay_s: float, merge) -> list[PoolDeployment]:
-    """Every pool of a ``models:`` list, with the top-level defaults applied."""
-    return [PoolDeployment(m.name, v.name, v.model, m.weight(v), tuple(v.engine_args),
-                           merge(autoscale, v.autoscale),
-                           v.threads_per_instance if v.threads_per_instance is not None else threads,
-                           v.cold_start_delay_s if v.cold_start_delay_s is not None else cold_start_delay_s)
-            for m in models for v in m.versions]
+def pools_of(models: list[ModelDeployment], autoscale: dict[str, Any], engine_args: tuple[str, ...],
+             threads: int | None, cold_start_delay_s: float, merge) -> list[PoolDeployment]:
+    """Every pool of a ``models:`` list, with the top-level defaults applied (the
+    top-level engine flags first: a version's own come later and win)."""
+    out = []
+    for m in models:
+        for v in m.versions:
+            auto = merge(autoscale, v.autoscale)
+            if v.command is not None:
+                argv = tuple(a.replace("{model}", v.model or m.name) for a in shlex.split(v.command))
+                out.append(PoolDeployment(m.name, v.name, v.model or v.command, m.weight(v), (), auto, 1, 0.0,
+                                          argv, v.ready_path or "/health", v.load_source or "metrics",
+                                          v.model))
+                continue
+            out.append(PoolDeployment(
+                m.name, v.name, v.model, m.weight(v), engine_args + tuple(v.engine_args), auto,
+                v.threads_per_instance if v.threads_per_instance is not None else threads,
+                v.cold_start_delay_s if v.cold_start_delay_s is not None else cold_start_delay_s,
+                (), v.ready_path or "/ready", v.load_source or "load"))
+    return out

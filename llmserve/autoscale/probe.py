@@ -12,14 +12,15 @@ failed (then replaced) at once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import httpx
 
 from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
 from llmserve.autoscale.providers.base import InstanceHandle, RunStatus
-from llmserve.load_report import LoadReport
+from llmserve.load_report import LoadReport, MetricsLoadParser
 
 S = InstanceState
 
@@ -72,13 +73,24 @@ def path(old: InstanceState, new: InstanceState) -> list[InstanceState]:
     raise ValueError(f"no path from {old.value} to {new.value}")
 
 
+@dataclass(frozen=True, slots=True)
+class EngineEndpoints:
+    """Where an instance says it is ready and how loaded it is: ``llmserve engine``'s
+    ``/ready`` and ``/load``, or a foreign server's (e.g. vLLM: ``/health`` and its
+    Prometheus ``/metrics``, read with the gateway's own parser)."""
+
+    ready_path: str = "/ready"
+    load_source: Literal["load", "metrics"] = "load"
+
+
 async def probe_ready(client: httpx.AsyncClient, url: str, run: RunStatus,
-                      timeout_s: float) -> Probe:
-    """``GET /ready``: 200 when ready; 503 with the engine's state while loading or warming."""
+                      timeout_s: float, ready_path: str = "/ready") -> Probe:
+    """``GET /ready``: 200 when ready; 503 with the engine's state while loading or warming.
+    A foreign server's ``ready_path`` counts only its status (refused while it starts)."""
     if run.gone:
         return Probe(run)
     try:
-        r = await client.get(f"{url}/ready", timeout=timeout_s)
+        r = await client.get(f"{url}{ready_path}", timeout=timeout_s)
     except httpx.HTTPError as e:
         return Probe(run, error=type(e).__name__)
     state, error = None, ""
@@ -115,12 +127,23 @@ class Prober(Protocol):
 
 
 class HttpProber:
-    def __init__(self, client: httpx.AsyncClient, timeout_s: float) -> None:
+    def __init__(self, client: httpx.AsyncClient, timeout_s: float,
+                 endpoints: EngineEndpoints | None = None) -> None:
         self.client = client
         self.timeout_s = timeout_s
+        self.endpoints = endpoints or EngineEndpoints()
+        self._parsers: dict[str, MetricsLoadParser] = {}  # per instance: rates need the last scrape
 
     async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
-        return await probe_ready(self.client, handle.url, run, self.timeout_s)
+        return await probe_ready(self.client, handle.url, run, self.timeout_s, self.endpoints.ready_path)
 
     async def load(self, handle: InstanceHandle) -> LoadReport | None:
-        return await probe_load(self.client, handle.url, self.timeout_s)
+        if self.endpoints.load_source == "load":
+            return await probe_load(self.client, handle.url, self.timeout_s)
+        parser = self._parsers.setdefault(handle.instance_id, MetricsLoadParser(handle.instance_id))
+        try:
+            r = await self.client.get(f"{handle.url}/metrics", timeout=self.timeout_s)
+            r.raise_for_status()
+            return parser.parse(r.text, time.time())
+        except (httpx.HTTPError, ValueError):
+            return None

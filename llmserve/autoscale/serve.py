@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from llmserve.autoscale.controller import PoolController, Prober
+from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
 from llmserve.autoscale.serve_config import ServeConfig
 
@@ -129,7 +130,8 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
                                     provider, functools.partial(cfg.instance_spec, instance_key=key, pool=p),
                                     cfg.controller_config(), metrics=metrics, prober=prober,
                                     instance_api_key=key, id_prefix=None if single else prefix,
-                                    close_provider=i == 0)  # the gateway stops the first pool last
+                                    close_provider=i == 0,  # the gateway stops the first pool last
+                                    endpoints=EngineEndpoints(p.ready_path, p.load_source))
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)

@@ -138,10 +138,8 @@ class ServeConfig(_Strict):
         if self.models is None:
             return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args), auto,
                                    self.threads_per_instance, self.cold_start_delay_s)]
-        pools = pools_of(self.models, auto, self.threads_per_instance, self.cold_start_delay_s, deep_merge)
-        # The top-level flags first: a version's own flags come later and win.
-        return [PoolDeployment(p.model, p.version, p.source, p.weight, tuple(self.engine_args) + p.engine_args,
-                               p.autoscale, p.threads_per_instance, p.cold_start_delay_s) for p in pools]
+        return pools_of(self.models, auto, tuple(self.engine_args), self.threads_per_instance,
+                        self.cold_start_delay_s, deep_merge)
 
     def autoscale_config(self, pool: PoolDeployment | None = None) -> AutoscaleConfig:
         return AutoscaleConfig.from_dict((pool or self.pools()[0]).autoscale)
@@ -170,7 +168,8 @@ class ServeConfig(_Strict):
 
         def version(p: PoolDeployment) -> dict[str, Any]:
             key = keys.get(p.key) if isinstance(instance_key, dict) else instance_key
-            return {"name": p.version, "weight": p.weight, "upstreams": [], "api_key": key}
+            return {"name": p.version, "weight": p.weight, "upstreams": [], "api_key": key,
+                    "upstream_model": p.upstream_model}
 
         pools = self.pools()
         if self.models is None:
@@ -193,6 +192,9 @@ class ServeConfig(_Strict):
     def instance_spec(self, instance_id: str, instance_key: str | None = None,
                       pool: PoolDeployment | None = None) -> InstanceSpec:
         pool = pool or self.pools()[0]
+        env = (("LLMSERVE_API_KEY", instance_key or ""),)
+        if pool.command:
+            return InstanceSpec(instance_id, command=pool.command, env=env)
         args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool))]
         if self.model_store:
             args += ["--model-store", self.model_store]
@@ -200,8 +202,7 @@ class ServeConfig(_Strict):
             args += ["--startup-delay", str(pool.cold_start_delay_s)]
         # The key in the environment, not argv (which any local user can read in ps);
         # set even when empty, so a key in serve's own environment is not inherited.
-        return InstanceSpec(instance_id, tuple(args + list(pool.engine_args)),
-                            env=(("LLMSERVE_API_KEY", instance_key or ""),))
+        return InstanceSpec(instance_id, tuple(args + list(pool.engine_args)), env=env)
 
     @classmethod
     def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:

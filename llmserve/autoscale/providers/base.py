@@ -28,10 +28,15 @@ class InstanceSpec:
     instance_id: str
     engine_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # A foreign OpenAI-compatible server instead of ``llmserve engine``: its argv, with
+    # ``{host}``, ``{port}`` and ``{instance_id}`` for the provider to fill in.
+    command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.instance_id:
             raise ValueError("instance spec: instance_id must not be empty")
+        if self.command and self.engine_args:
+            raise ValueError("instance spec: a command takes no engine_args")
         for a in self.engine_args:
             if a in ("--host", "--port", "--instance-id"):
                 raise ValueError(f"instance spec: {a} is chosen by the provider, not the spec")

@@ -5,6 +5,9 @@ Each instance gets its share of the machine's CPU threads through the spec's
 weights in the background, so ``start`` returns in milliseconds and the
 controller watches ``/ready``.
 
+A spec with a ``command`` (a foreign OpenAI-compatible server) is spawned from
+that command, its ``{host}`` / ``{port}`` / ``{instance_id}`` filled in.
+
 By default instances are forked from a template process that has already
 imported torch and the server (``providers/template.py``): that is ~2.5 s of
 each start-up paid once. ``fork_from_template=False`` spawns a fresh
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
-from llmserve.autoscale.providers.process import engine_argv, engine_command, free_port, spawn, tail
+from llmserve.autoscale.providers.process import (engine_argv, engine_command, foreign_command, free_port, spawn,
+                                                  tail)
 from llmserve.autoscale.providers.template import ForkedProcess, Template, TemplateError, needs_fresh_process
 
 log = logging.getLogger(__name__)
@@ -54,8 +58,11 @@ class LocalProvider:
         port = free_port(host, self._ports)
         self._ports.add(port)
         log_path = self.log_dir / f"{spec.instance_id}.log"
-        argv = engine_argv(spec.engine_args, host, port, spec.instance_id)
-        proc = await self._fork(argv, log_path, dict(spec.env))
+        if spec.command:  # a foreign server: its own process, never forked from the template
+            proc = spawn(foreign_command(spec.command, host, port, spec.instance_id), log_path, dict(spec.env))
+        else:
+            proc = await self._fork(engine_argv(spec.engine_args, host, port, spec.instance_id), log_path,
+                                    dict(spec.env))
         if proc is None:
             # Popen runs on the loop's thread on purpose: PR_SET_PDEATHSIG fires when the
             # *thread* that forked ends, and a worker thread of to_thread() ends early.

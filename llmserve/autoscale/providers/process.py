@@ -57,6 +57,18 @@ def engine_command(engine_args: list[str] | tuple[str, ...], host: str, port: in
     return [sys.executable, "-m", "llmserve.cli", *engine_argv(engine_args, host, port, instance_id)]
 
 
+def foreign_command(template: tuple[str, ...], host: str, port: int, instance_id: str) -> list[str]:
+    """A foreign server's argv with its placeholders filled in (plain replacement, so
+    other braces in the arguments, e.g. JSON, stay as they are)."""
+    fills = {"{host}": host, "{port}": str(port), "{instance_id}": instance_id}
+    out = []
+    for a in template:
+        for k, v in fills.items():
+            a = a.replace(k, v)
+        out.append(a)
+    return out
+
+
 def spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``cmd`` in its own session (a Ctrl-C in the terminal reaches only the
     controller, which drains instances in order), logging to ``log_path``."""

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
-from llmserve.autoscale.providers.process import engine_command, free_port, spawn, tail, terminate
+from llmserve.autoscale.providers.process import engine_command, foreign_command, free_port, spawn, tail, terminate
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +82,16 @@ class EngineActor:
     """Runs on a Ray worker: owns one engine subprocess. Wrapped by ``ray.remote`` at use."""
 
     def __init__(self, engine_args: list[str], instance_id: str, bind_host: str | None,
-                 log_dir: str | None, env: dict[str, str]) -> None:
+                 log_dir: str | None, env: dict[str, str], command: list[str] | None = None) -> None:
         import ray
 
         host = bind_host or ray.util.get_node_ip_address()
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.log_path = Path(log_dir or tempfile.gettempdir()) / f"llmserve-{instance_id}.log"
-        self.proc: subprocess.Popen = spawn(engine_command(engine_args, host, self.port, instance_id),
-                                            self.log_path, env)
+        argv = (foreign_command(tuple(command), host, self.port, instance_id) if command
+                else engine_command(engine_args, host, self.port, instance_id))
+        self.proc: subprocess.Popen = spawn(argv, self.log_path, env)
         self.node_id = ray.get_runtime_context().get_node_id()
 
     def address(self) -> dict[str, Any]:
@@ -158,7 +159,7 @@ class RayProvider:
             num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None,
             max_restarts=0, name=f"llmserve-{spec.instance_id}", **options)
         actor = actor_cls.remote(list(spec.engine_args), spec.instance_id, host, cfg.log_dir,
-                                 dict(spec.env))
+                                 dict(spec.env), list(spec.command) or None)
         self._actors[spec.instance_id] = actor
         try:
             # No timeout here: a pending actor waits for Ray to find (or add) a node; the
