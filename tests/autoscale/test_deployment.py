@@ -126,3 +126,34 @@ class ClosingLast(FakeProvider):
     async def close(self) -> None:
         self.__dict__.setdefault("stops_when_closed", []).append(list(self.stops))
         await super().close()
+
+
+FOREIGN = {"name": "ext", "model": "Qwen/Qwen2-0.5B", "command": "vllm serve {model} --host {host} --port {port}"}
+
+
+def test_a_command_version_is_a_pool_of_foreign_servers():
+    data = deployment()
+    data["models"][0]["versions"].append(FOREIGN)
+    cfg = ServeConfig.model_validate(data)
+    ext = cfg.pools()[2]
+    assert ext.command == ("vllm", "serve", "Qwen/Qwen2-0.5B", "--host", "{host}", "--port", "{port}")
+    assert (ext.ready_path, ext.load_source, ext.upstream_model) == ("/health", "metrics", "Qwen/Qwen2-0.5B")
+    spec = cfg.instance_spec("ext-1", pool=ext)
+    assert spec.command == ext.command and spec.engine_args == ()
+    assert cfg.gateway_config("x" * 16).models[0].versions[2].upstream_model == "Qwen/Qwen2-0.5B"
+    from llmserve.autoscale.providers.process import foreign_command
+
+    assert foreign_command(spec.command, "127.0.0.1", 8123, "ext-1")[-3:] == ["127.0.0.1", "--port", "8123"]
+
+
+@pytest.mark.parametrize("version, key", [
+    ({"name": "x", "command": "server --port 1"}, "versions[x].command"),
+    ({**FOREIGN, "engine_args": ["--max-num-seqs", "2"]}, "versions[ext].engine_args"),
+    ({**FOREIGN, "ready_path": "health"}, "versions[ext].ready_path"),
+    ({**FOREIGN, "load_source": "prometheus"}, "load_source"),
+    ({"name": "y"}, "versions[y]: give a model"),
+])
+def test_command_errors_name_the_key(version, key):
+    data = deployment()
+    data["models"][0]["versions"].append(version)
+    assert key in error_of(data)
