@@ -64,6 +64,8 @@ class FidelitySettings:
 def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettings:
     serve = ServeConfig.load(args.serve_config, {"model": args.model} if args.model else None)
     data = serve.model_dump(mode="json", exclude_unset=True)  # what the user's YAML (and --model) set
+    if serve.models is not None:
+        raise ValueError("fidelity: the check replays one pool; give a single-model serve config, not models:")
     if not len(trace):
         raise ValueError("fidelity: the trace has no requests")
     return FidelitySettings(data, serve, trace, args.seed, args.fidelity_profile,
