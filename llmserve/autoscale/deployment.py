@@ -137,7 +137,7 @@ def pools_of(models: list[ModelDeployment], autoscale: dict[str, Any], engine_ar
             auto = merge(autoscale, v.autoscale)
             if v.command is not None:
                 argv = tuple(a.replace("{model}", v.model or m.name) for a in shlex.split(v.command))
-                out.append(PoolDeployment(m.name, v.name, v.model or v.command, m.weight(v), (), auto, 1, 0.0,
+                out.append(PoolDeployment(m.name, v.name, v.model or v.command, m.weight(v), (), auto, None, 0.0,
                                           argv, v.ready_path or "/health", v.load_source or "metrics",
                                           v.model))
                 continue

@@ -25,9 +25,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Single-model keys that ``models:`` replaces (a version says its own).
-SINGLE_MODEL_KEYS = ("model", "served_model_name", "version")
-
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, pools_of,
                                            served_name_of)
@@ -36,6 +33,8 @@ from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.gateway.config import GatewayConfig
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+# Single-model keys that ``models:`` replaces (a version says its own).
+SINGLE_MODEL_KEYS = ("model", "served_model_name", "version")
 
 # Defaults for instances on one CPU machine; anything in the file or flags wins.
 # Cold start of the default model on CPU is seconds, so look ahead 30 s, not minutes.
@@ -164,10 +163,9 @@ class ServeConfig(_Strict):
         """``instance_key``: one key for every pool, or a dict by pool key (``model/version``)."""
         g = dict(self.gateway)
         auth = {**g.pop("auth", {}), "admin_key": admin_key}
-        keys = instance_key if isinstance(instance_key, dict) else {}
 
         def version(p: PoolDeployment) -> dict[str, Any]:
-            key = keys.get(p.key) if isinstance(instance_key, dict) else instance_key
+            key = instance_key.get(p.key) if isinstance(instance_key, dict) else instance_key
             return {"name": p.version, "weight": p.weight, "upstreams": [], "api_key": key,
                     "upstream_model": p.upstream_model}
 

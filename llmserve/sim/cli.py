@@ -106,6 +106,13 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                    help="fidelity: use this profile's step model and limits instead of measuring the engine "
                    "(its cold start is still replaced by the live one)")
 
+    g = parser.add_argument_group("deployment (instead of a policy comparison)")
+    g.add_argument("--deployment", default=None, metavar="YAML",
+                   help="replay a `llmserve serve` file with models: (docs/deployments.md): the trace split over "
+                   "the versions by their starting weights, each pool with its own autoscale config")
+    g.add_argument("--deployment-model", default=None, help="deployment: the served model the trace is for "
+                   "(default: the file's first)")
+
     g = parser.add_argument_group("calibration (instead of a simulation)")
     g.add_argument("--calibrate", default=None, metavar="CSV",
                    help="fit --profile's step model to measured steps "
@@ -188,6 +195,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         from llmserve.sim.fidelity_check import run_fidelity
 
         return run_fidelity(args, trace_from_args(args))
+    if args.deployment:
+        return run_deployment(args)
     console = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in (*POLICY_NAMES, "oracle")]
@@ -229,6 +238,30 @@ def run_simulate(args: argparse.Namespace) -> int:
         if not args.no_plots:
             for p in write_plots(trace, results, out):
                 console.print(f"wrote {p}")
+    return 0
+
+
+def run_deployment(args: argparse.Namespace) -> int:
+    from llmserve.autoscale.serve_config import ServeConfig
+    from llmserve.sim.deployment import simulate_deployment, starting_weights
+
+    serve = ServeConfig.load(args.deployment)
+    profile = load_profile(args.profile)
+    if args.cold_start is not None:
+        profile = profile.with_cold_start(args.cold_start)
+    trace = trace_from_args(args)
+    model = args.deployment_model or serve.pools()[0].model
+    results = simulate_deployment(serve, trace, profile, model, seed=args.seed)
+    weights = ", ".join(f"{v} {w:.0%}" for v, w in starting_weights(serve, model).items())
+    table_console = Console() if sys.stdout.isatty() else Console(width=200)
+    print_comparison([r.summary for r in results.values()], console=table_console,
+                     title=f"{trace.name} over {model} ({weights}), {profile.name}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        summaries = [r.summary for r in results.values()]
+        write_summaries(summaries, out / "summary.json", {"argv": sys.argv[1:], "deployment": args.deployment})
+        (out / "table.md").write_text(markdown_table(summaries))
     return 0
 
 

@@ -1,0 +1,75 @@
+"""Replay a multi-version deployment (``llmserve serve``'s ``models:`` file) in the simulator.
+
+Each request of the trace (one served model's traffic) is given a version by the
+gateway's own :class:`~llmserve.gateway.version_router.VersionRouter`, with the
+weights the gateway starts with: a canary that starts with the gateway sits at
+its ``start_weight``. Each pool then runs the ordinary one-pool simulator on its
+share, with its own ``autoscale`` (the file's, merged per version) and the
+controller and gateway settings of the same file. So the capacity each weight
+split needs, and its cost, come out per pool.
+
+Not simulated: the canary analysis moving the weights (its verdicts need the
+versions' own errors and latencies, which the instance profile does not model)
+and foreign ``command`` versions (no profile of them).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.sim.profile import InstanceProfile
+from llmserve.sim.results import SimResult
+from llmserve.sim.simulator import SimConfig, Simulator
+from llmserve.sim.traces import Trace
+
+_ADMIN_PLACEHOLDER = "simulated-admin-key-0000"
+
+
+def starting_weights(serve: ServeConfig, model: str) -> dict[str, float]:
+    """The version weights the gateway starts ``model`` with."""
+    m = next(m for m in serve.gateway_config(_ADMIN_PLACEHOLDER).models if m.name == model)
+    c = m.canary
+    if c is None or not c.auto_start:
+        return m.base_weights
+    return with_weight(m.base_weights, c.version, c.start_weight)
+
+
+def split_trace(trace: Trace, weights: dict[str, float], seed: int) -> dict[str, Trace]:
+    """Each request to a version, as the gateway splits anonymous requests."""
+    router = VersionRouter(weights, rng=random.Random(seed))
+    picks = np.array([router.route().version for _ in range(len(trace))], dtype=object)
+    out = {}
+    for version in weights:
+        keep = picks == version
+        out[version] = Trace(f"{trace.name}/{version}", trace.arrival_s[keep], trace.prompt_tokens[keep],
+                             trace.output_tokens[keep], trace.priority[keep], trace.duration_s)
+    return out
+
+
+def simulate_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile,
+                        model: str | None = None, seed: int = 0) -> dict[str, SimResult]:
+    """Every pool of ``model`` (default: the file's first) over its share of ``trace``,
+    by pool key (``model/version``)."""
+    pools = serve.pools()
+    model = model or pools[0].model
+    gateway = serve.gateway_config(_ADMIN_PLACEHOLDER)
+    cfg = next(m for m in gateway.models if m.name == model)
+    ctrl = serve.controller_config()
+    shares = split_trace(trace, starting_weights(serve, model), seed)
+    out = {}
+    for p in pools:
+        if p.model != model:
+            continue
+        if p.command:
+            raise ValueError(f"{p.key}: a foreign command version has no instance profile to simulate")
+        auto = serve.autoscale_config(p)
+        sim = SimConfig(initial_instances=auto.bounds.min_instances, poll_interval_s=gateway.polling.load_interval_s,
+                        signal_window_s=ctrl.signal_window_s, latency_window_s=ctrl.latency_window_s,
+                        output_tokens_prior=ctrl.output_tokens_prior, seed=seed)
+        out[p.key] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency, cfg.balancer,
+                               label=p.key).run()
+    return out
