@@ -75,3 +75,22 @@ def test_manual_pause_promote_rollback_through_admin():
         reasons = [e["reason"] for e in
                    s.admin("GET", "/models/chat/canary/history").json()["events"]]
         assert reasons[0] == "ship it"
+
+
+def test_an_elastic_canary_pool_with_no_ready_instance_is_not_judged():
+    """A bad canary whose pool is cold (its controller could start one) is not
+    rolled back for that: the interval is a skip, and nothing is counted."""
+    with stack({"v1": [Behaviour("stable", tokens=1)],
+                "canary": [Behaviour("bad", tokens=1, error_rate=0.6, seed=1)]},
+               weights={"v1": 1, "canary": 0}, model={"canary": CANARY}) as s:
+        rt = s.gateway.models["chat"]
+        pool = rt.pools["canary"]
+        pool.can_grow = True
+        for inst in pool.instances():
+            pool.set_draining(inst.instance_id)  # on its way out: nothing ready
+        deadline = time.monotonic() + 10
+        while not any(e["action"] == "skip" for e in rt.canary.events()) and time.monotonic() < deadline:
+            rt.tick(time.time() + 1.0)  # an interval is due at each call
+        assert rt.canary.failed_checks == 0 and rt.canary.state.value == "progressing"
+        skip = next(e for e in rt.canary.events() if e["action"] == "skip")
+        assert skip["reason"].startswith("not judged: the canary pool has no ready instance")
