@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -44,67 +45,33 @@ Sample = tuple[str, dict[str, str], float]
 
 
 def parse_prometheus_text(text: str) -> list[Sample]:
-    """Samples ``(name, labels, value)`` of a Prometheus text exposition.
+    """Samples ``(name, labels, value)`` of a Prometheus text exposition, read with
+    prometheus_client's own parser.
 
-    Comments and malformed lines are skipped; a scrape is only advisory, so one bad
-    line must not cost the whole report.
+    A scrape is only advisory, so one bad line must not cost the whole report: the
+    library stops at the first malformed line, and then the text is read again line
+    by line, skipping the lines it refuses.
     """
+    try:
+        return _samples(text)
+    except ValueError:
+        pass
     samples: list[Sample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            samples.append(_parse_line(line))
-        except ValueError:
-            continue
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                samples += _samples(line)
+            except ValueError:
+                continue
     return samples
 
 
-def _parse_line(line: str) -> Sample:
-    brace = line.find("{")
-    space = line.find(" ")
-    labels: dict[str, str] = {}
-    if brace != -1 and (space == -1 or brace < space):
-        name = line[:brace]
-        end, labels = _parse_labels(line, brace + 1)
-        rest = line[end:]
-    else:
-        if space == -1:
-            raise ValueError("no value")
-        name, rest = line[:space], line[space:]
-    parts = rest.split()
-    if not name or not parts:
-        raise ValueError("no value")
-    return name, labels, float(parts[0])  # float() reads NaN, +Inf, -Inf
-
-
-def _parse_labels(line: str, i: int) -> tuple[int, dict[str, str]]:
-    """Labels from just after ``{``; returns the index after ``}``."""
-    labels: dict[str, str] = {}
-    n = len(line)
-    while i < n:
-        while i < n and line[i] in " ,":
-            i += 1
-        if i < n and line[i] == "}":
-            return i + 1, labels
-        eq = line.find("=", i)
-        if eq == -1 or eq + 1 >= n or line[eq + 1] != '"':
-            raise ValueError("bad label")
-        key = line[i:eq].strip()
-        j, value = eq + 2, []
-        while j < n and line[j] != '"':
-            if line[j] == "\\" and j + 1 < n:
-                j += 1
-                value.append({"n": "\n"}.get(line[j], line[j]))
-            else:
-                value.append(line[j])
-            j += 1
-        if j >= n:
-            raise ValueError("unterminated label value")
-        labels[key] = "".join(value)
-        i = j + 1
-    raise ValueError("unterminated labels")
+def _samples(text: str) -> list[Sample]:
+    try:
+        return [(s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except (TypeError, IndexError, KeyError) as e:  # what else the parser raises on odd input
+        raise ValueError(str(e)) from None
 
 
 # ---- /metrics → LoadReport ---------------------------------------------------------

@@ -16,12 +16,12 @@ decode), which the mean describes better.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Iterable, Mapping, Protocol
 
 from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.signals import PoolSignals
+from llmserve.percentiles import nearest_rank as percentile
 
 
 class InstanceLoad(Protocol):
@@ -33,14 +33,6 @@ class InstanceLoad(Protocol):
     busy_fraction: float
     tokens_per_s: float
     max_num_seqs: int
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list; None when empty."""
-    if not sorted_values:
-        return None
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values) - 1e-9) - 1))
-    return sorted_values[k]
 
 
 class SignalCollector:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
+
+from llmserve.percentiles import nearest_rank as percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +22,6 @@ class VersionStats:
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in [0, 100]) of an ascending list."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 class WindowStats:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from llmserve.autoscale.collector import percentile as collector_percentile
+from llmserve.percentiles import nearest_rank as collector_percentile
 from llmserve.autoscale.serve_process import ServeProcess
 
 __all__ = ["ADMIN", "FAST_GATEWAY", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile", "serve_config"]

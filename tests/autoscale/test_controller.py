@@ -341,3 +341,22 @@ def test_history_returns_the_newest_entries_after_a_sequence_number():
     assert [e["seq"] for e in h.events(since=6)] == [7, 8]
     assert [e["seq"] for e in h.events(limit=2)] == [7, 8]
     assert [e["seq"] for e in h.events(since=8)] == []
+
+
+async def test_the_pools_in_flight_count_is_the_gateways_own_when_reports_lag():
+    """KPA and the backlog floor read in_flight: it must hold every request the gateway
+    has sent out or queued, whatever the (poll-old) load reports say."""
+    ctl, provider, pool, clock = make_controller()
+    await ready_pool(ctl, provider, clock)
+    leases = [await asyncio.wait_for(pool.acquire(REQ, PriorityClass.REALTIME), 1) for _ in range(4)]
+    queued = [asyncio.create_task(pool.acquire(REQ, PriorityClass.REALTIME)) for _ in range(3)]
+    await asyncio.sleep(0)
+    ctx = ctl.signals(clock.t)
+    seen = pool.signals()
+    assert (seen.inflight, sum(seen.queue_depth.values())) == (4, 3)
+    assert ctx.running + ctx.waiting < 4  # the fake engines report nothing running
+    assert ctx.in_flight == 7
+    for t in queued:
+        t.cancel()
+    for lease in leases:
+        pool.release(lease, Outcome.SUCCESS)
