@@ -8,6 +8,7 @@ manager, tensors in the runner.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from llmserve.engine.config import EngineConfig
+from llmserve.engine.guided import GuidedDecoding
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from llmserve.engine.request import Request, RequestStatus, parse_priority
@@ -91,6 +93,8 @@ class EngineCore:
         if tokenizer is not None:
             self.eos_token_ids |= frozenset(getattr(tokenizer, "eos_token_ids", []) or [])
         self._tracks: dict[str, _Track] = {}
+        self._guided: GuidedDecoding | None = None  # built with the first structured-output request
+        self._guided_lock = threading.Lock()
         self.spec = None
         if config.speculative_config is not None:
             from llmserve.engine.spec_decode import SpeculativeDecoder
@@ -136,15 +140,41 @@ class EngineCore:
             prio = parse_priority(priority)
         except ValueError as e:
             raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
+        grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
+                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar)
         return req, prompt_text
+
+    @property
+    def guided(self) -> GuidedDecoding | None:
+        """Grammar matchers of structured-output requests; None until the first one."""
+        return self._guided
+
+    def compile_grammar(self, params: SamplingParams):
+        """The compiled grammar of ``params.structured_outputs`` (None without one); safe from any
+        thread and cached, so a server compiles in a worker thread before ``add_request``."""
+        if params.structured_outputs is None:
+            return None
+        if self._guided is None:
+            if self.tokenizer is None:
+                raise InvalidParameterError("structured_outputs", "needs an engine with a tokenizer")
+            with self._guided_lock:  # one tokenizer info per engine (~0.4 s for 49k tokens)
+                if self._guided is None:
+                    from llmserve.engine.grammar import GrammarBackend
+
+                    self._guided = GuidedDecoding(GrammarBackend(
+                        self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids)))
+        return self._guided.backend.compile(params.structured_outputs)
 
     def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
         """Hand a prepared request to the scheduler (engine thread only)."""
         params = req.sampling_params
         self.scheduler.add_request(req)
+        if req.grammar is not None:
+            self._guided.add(req.request_id, req.grammar, req.output_token_ids)
         gen = None
         if params.seed is not None:
             gen = torch.Generator()
@@ -161,6 +191,8 @@ class EngineCore:
         """Drop a request wherever it is; its KV blocks are freed at once."""
         req = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
         tr = self._tracks.pop(request_id, None)
+        if self._guided is not None:
+            self._guided.remove(request_id)
         if req is None or tr is None:
             return None
         tr.finish_reason = "abort"
@@ -184,12 +216,18 @@ class EngineCore:
             if tr.metrics.first_scheduled_time is None:
                 tr.metrics.first_scheduled_time = t0
                 self.stats.on_first_scheduled(s.request, t0)
+        guided = self._guided
+        pending = guided.start(plan) if guided else None  # masks fill while the model runs
         run = self.runner.execute(plan)
-        sampled, sampled_lp = self._sample(plan, run)
+        sampled, sampled_lp = self._sample(plan, run, GuidedDecoding.masks(pending))
         t1 = time.monotonic()
         self.stats.on_step(t0, t1, plan)
+        complete = guided.commit(sampled) if guided else []
         finished = self.scheduler.update_from_output(plan, sampled)
         finished_ids = {r.request_id for r in finished}
+        for rid in complete:  # the grammar ended (matters with ignore_eos; otherwise the stop token did)
+            if rid not in finished_ids and self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED):
+                finished_ids.add(rid)
         outputs = []
         for s in plan.scheduled:
             rid = s.request.request_id
@@ -201,15 +239,17 @@ class EngineCore:
             outputs.append(self._advance(tr, sampled_lp.get(rid, []), t1, rid in finished_ids))
         return outputs
 
-    def _sample(self, plan, run) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+    def _sample(self, plan, run, masks: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
         sampled: dict[str, list[int]] = {}
         lps: dict[str, list[TokenLogprob]] = {}
         if self.spec is not None:
-            return self.spec.verify(plan, run, self._row)
+            return self.spec.verify(plan, run, self._row, masks)
         rows, order, idx = [], [], []
         for s in plan.scheduled:
             if s.sample:
-                rows.append(self._row(s.request))
+                mask = masks.get(s.request.request_id)
+                rows.append(self._row(s.request, allowed=None if mask is None else mask[0]))
                 order.append(s.request.request_id)
                 idx.append(run.rows[s.request.request_id][0])
         if not rows:
@@ -223,9 +263,11 @@ class EngineCore:
                 lps[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
         return sampled, lps
 
-    def _row(self, req: Request, extra_output: list[int] | None = None) -> SampleRow:
+    def _row(self, req: Request, extra_output: list[int] | None = None,
+             allowed: torch.Tensor | None = None) -> SampleRow:
         out = req.output_token_ids + (extra_output or [])
-        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._tracks[req.request_id].generator)
+        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._tracks[req.request_id].generator,
+                         allowed)
 
     def _advance(self, tr: _Track, lps: list[TokenLogprob], now: float, finished: bool) -> RequestOutput:
         req = tr.request
@@ -256,6 +298,8 @@ class EngineCore:
                 tr.stop_reason = req.stop_reason
             tr.metrics.finished_time = now
             self._tracks.pop(req.request_id, None)
+            if self._guided is not None:
+                self._guided.remove(req.request_id)
             self.stats.on_finished(req, tr.finish_reason, tr.metrics)
         return self._output(tr, finished)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmserve.engine.sampling_params import SamplingParams
 
@@ -71,6 +72,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     stop_reason: int | str | None = None
+    grammar: Any = None  # the compiled grammar of a structured output (engine/guided.py); the scheduler never reads it
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

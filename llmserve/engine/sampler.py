@@ -1,8 +1,11 @@
-"""Turn logits into tokens: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+"""Turn logits into tokens: grammar masks, logit bias, penalties, temperature,
+top-k / top-p / min-p, seeds, logprobs.
 
-``process`` produces the distribution a row actually samples from; speculative
-decoding's rejection sampler reuses it so that speculation changes nothing about
-what is sampled.
+``constrain`` applies what is batched (a grammar's allowed tokens, ``logit_bias``)
+to all rows at once; ``process`` then produces the distribution a row actually
+samples from. Speculative decoding's rejection sampler reuses both, so that
+speculation changes nothing about what is sampled. Logprobs are the model's own
+(before any of this), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: list[int]  # tokens generated so far (before this row's position)
     generator: torch.Generator | None
+    # The grammar's allowed next tokens, a packed int32 bitmask row (engine/grammar.py); None: any.
+    allowed: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -30,6 +35,31 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+
+
+def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """``logits`` with each row's grammar mask and logit bias applied (a copy; the same tensor if none)."""
+    masked = [i for i, r in enumerate(rows) if r.allowed is not None]
+    biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if not masked and not biased:
+        return logits
+    logits = logits.float().clone()
+    if biased:
+        ri, ti, vi = [], [], []
+        for i in biased:
+            bias = rows[i].params.logit_bias
+            ri += [i] * len(bias)
+            ti += bias.keys()
+            vi += bias.values()
+        logits.index_put_((torch.tensor(ri), torch.tensor(ti)), torch.tensor(vi, dtype=logits.dtype),
+                          accumulate=True)
+    if masked:
+        from llmserve.engine.grammar import apply_bitmask
+
+        bitmask = torch.full((logits.shape[0], rows[masked[0]].allowed.shape[-1]), -1, dtype=torch.int32)
+        bitmask[masked] = torch.stack([rows[i].allowed for i in masked])
+        apply_bitmask(logits, bitmask, masked)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
@@ -91,6 +121,7 @@ class Sampler:
         out: list[SampledToken] = []
         need_lp = any(r.params.logprobs is not None for r in rows)
         logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
+        logits = constrain(logits, rows)
         greedy_fast = all(r.params.greedy and not r.params.needs_penalties for r in rows)
         if greedy_fast:
             tokens = self.ops.argmax(logits).tolist()

@@ -18,7 +18,7 @@ import torch
 from llmserve.engine.config import SpeculativeConfig
 from llmserve.engine.outputs import TokenLogprob
 from llmserve.engine.request import Request
-from llmserve.engine.sampler import SampleRow, Sampler, draw, process
+from llmserve.engine.sampler import SampleRow, Sampler, constrain, draw, process
 
 if TYPE_CHECKING:
     from llmserve.engine.engine import EngineCore
@@ -197,14 +197,21 @@ class SpeculativeDecoder:
         if not want:
             return
         props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.engine._row)
+        guided = self.engine.guided
         for r, room in want:
             prop = props.get(r.request_id)
             if prop and prop.tokens:
-                r.spec_token_ids = prop.tokens[:room]
-                self._q[r.request_id] = None if prop.q is None else prop.q[:room]
+                tokens = prop.tokens[:room]
+                if guided is not None:  # cut where the grammar refuses (guided.py says why this is exact)
+                    tokens = guided.check_drafts(r.request_id, tokens, keep_refused=prop.q is not None)
+                r.spec_token_ids = tokens
+                self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
-    def verify(self, plan: "SchedulerOutput", run: "RunOutput",
-               row_fn: Callable[..., SampleRow]) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+    def verify(self, plan: "SchedulerOutput", run: "RunOutput", row_fn: Callable[..., SampleRow],
+               masks: dict[str, torch.Tensor] | None = None
+               ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+        """Accept drafts and sample; ``masks[request_id][j]`` is the grammar's mask of row j."""
+        masks = masks or {}
         sampled: dict[str, list[int]] = {}
         lps: dict[str, list[TokenLogprob]] = {}
         c = self.counters
@@ -215,15 +222,20 @@ class SpeculativeDecoder:
                 continue
             req = s.request
             start, n_rows = run.rows[req.request_id]
-            logits = run.logits[start:start + n_rows]
+            raw_logits = logits = run.logits[start:start + n_rows]
             drafts = s.spec_token_ids
             params = req.sampling_params
-            base = row_fn(req)
+            mask = masks.get(req.request_id)
+            base = row_fn(req, allowed=None if mask is None else mask[0])
             gen = base.generator or self.engine.sampler.generator
+            rows: list[SampleRow] | None = None
+            if mask is not None or params.logit_bias or not (params.greedy and not params.needs_penalties):
+                rows = [base] + [row_fn(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, n_rows)]
+                logits = constrain(logits, rows)
             if params.greedy and not params.needs_penalties:
-                p_rows = list(logits)  # argmax of the raw logits: no per-row copy needed
+                p_rows = list(logits)  # argmax of the (constrained) logits: no per-row copy needed
             else:
-                p_rows = [process(logits[j], row_fn(req, drafts[:j]) if j else base) for j in range(n_rows)]
+                p_rows = [process(logits[j], rows[j]) for j in range(n_rows)]
             q = self._q.get(req.request_id)
             tokens, accepted = rejection_sample(p_rows, drafts, q, req.sampling_params.greedy, gen)
             sampled[req.request_id] = tokens
@@ -241,7 +253,7 @@ class SpeculativeDecoder:
                     acc.paused_until = req.num_output_tokens + 32
                     acc.rate = required + 0.1
             if req.sampling_params.logprobs is not None:
-                raw = torch.log_softmax(logits.float(), dim=-1)
+                raw = torch.log_softmax(raw_logits.float(), dim=-1)
                 lps[req.request_id] = [
                     TokenLogprob(t, d.logprob, d.top_logprobs or [])
                     for j, t in enumerate(tokens)
