@@ -84,18 +84,19 @@ class GrammarBackend:
     def compile(self, spec: StructuredOutputsParams) -> Any:
         """The compiled grammar for ``spec`` (cached); ``GrammarError`` if it does not compile."""
         key = spec.key()
-        with self._lock:
+        with self._lock:  # guards the cache only: a long compile never holds up a cache hit
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            try:
-                compiled = self._compile(*key, spec)
-            except (RuntimeError, ValueError, TypeError) as e:
-                raise GrammarError(f"structured_outputs.{key[0]}", f"does not compile: {_reason(e)}") from None
+        try:
+            compiled = self._compile(*key, spec)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise GrammarError(f"structured_outputs.{key[0]}", f"does not compile: {_reason(e)}") from None
+        with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > self.CACHE:
                 self._cache.popitem(last=False)
-            return compiled
+        return compiled
 
     def _compile(self, kind: str, text: str, spec: StructuredOutputsParams) -> Any:
         c = self._compiler
