@@ -236,3 +236,18 @@ def test_masks_are_filled_off_the_engine_thread_while_the_model_runs(tiny, tok, 
     monkeypatch.setattr(eng.runner, "execute", spy_forward)
     _run(eng, [("r", "Hello", SamplingParams(max_tokens=30, temperature=1.0, structured_outputs=_so(json=SCHEMA)))])
     assert seen["fill"].startswith("llmserve-grammar") and seen["forward"] == threading.current_thread().name
+
+
+def test_no_raw_control_character_in_a_length_bounded_json_string(tiny, tok):
+    """xgrammar's minLength / maxLength string rule lets U+0000-U+001F through; grammar.py
+    narrows it to JSON's own rule (json.loads refuses raw control characters)."""
+    eng = _engine(tiny, tok)
+    sp = SamplingParams(structured_outputs=_so(json={"type": "string", "maxLength": 8}))
+    compiled = eng.compile_grammar(sp)
+    backend = eng.guided.backend
+    controls = [i for i, b in enumerate(backend.info.decoded_vocab) if len(b) == 1 and b[0] < 0x20]
+    assert controls
+    for t in controls:
+        m = backend.matcher(compiled)
+        assert m.accept_token(tok.encode('"')[0])
+        assert not m.accept_token(t), backend.info.decoded_vocab[t]
