@@ -56,9 +56,7 @@ def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     if masked:
         from llmserve.engine.grammar import apply_bitmask
 
-        bitmask = torch.full((logits.shape[0], rows[masked[0]].allowed.shape[-1]), -1, dtype=torch.int32)
-        bitmask[masked] = torch.stack([rows[i].allowed for i in masked])
-        apply_bitmask(logits, bitmask, masked)
+        apply_bitmask(logits, torch.stack([rows[i].allowed for i in masked]), masked)
     return logits
 
 
