@@ -72,3 +72,19 @@ def test_what_the_edge_accepts_the_engine_accepts(temperature, top_p, presence, 
                        repetition_penalty=r.repetition_penalty)
     except InvalidParameterError as e:  # pragma: no cover - the failure this test exists for
         raise AssertionError(f"the edge accepted what the engine refuses: {e}") from None
+
+
+def test_the_api_doc_lists_every_field():
+    """docs/openai-api.md is the allowlist: every accepted field, every no-op and every
+    field refused by name appears in it (a new field without a line there fails)."""
+    import re
+    from pathlib import Path
+
+    from llmserve.api.protocol import NO_OP, UNSUPPORTED, ChatMessage
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "openai-api.md").read_text()
+    named = set(re.findall(r"`([a-z_\[\].]+)`", doc))
+    fields = {f.alias or n for m in (ChatCompletionRequest, CompletionRequest) for n, f in m.model_fields.items()}
+    fields |= {f"messages[].{n}" for n in ChatMessage.model_fields if n not in ("role", "content")}
+    missing = sorted((fields | set(UNSUPPORTED) | set(NO_OP)) - named)
+    assert not missing, f"not in docs/openai-api.md: {missing}"
