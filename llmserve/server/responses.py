@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
-from llmserve.server.tool_calls import CallArguments, CallStart, Content, Event, ToolCallParser
+from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser
 
 
 @dataclass

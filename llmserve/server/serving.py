@@ -7,7 +7,6 @@ request gets a 4xx JSON error rather than a broken stream.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
