@@ -48,7 +48,7 @@ def check_json_schema(schema: Any) -> dict[str, Any]:
     return schema
 
 
-Schema = Annotated[dict[str, Any], Field()]
+Schema = dict[str, Any]  # a JSON Schema, checked by check_json_schema
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 
 
@@ -133,13 +133,13 @@ class Tool(_Strict):
     function: FunctionDefinition
 
 
-class FunctionName_(_Strict):
+class NamedFunction(_Strict):
     name: FunctionName
 
 
 class NamedToolChoice(_Strict):
     type: Literal["function"]
-    function: FunctionName_
+    function: NamedFunction
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice

@@ -41,7 +41,7 @@ class ChoiceWriter:
     # ---- whole ------------------------------------------------------------------------
     def final(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
-        lp = self.logprobs(c.logprobs) if self.meta.logprobs else None
+        lp = self.logprobs(_visible(c.logprobs, out)) if self.meta.logprobs else None
         if not self.meta.chat:
             return {"index": self.index, "text": (self.echo or "") + c.text, "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
@@ -62,7 +62,8 @@ class ChoiceWriter:
     def chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
         """The stream choices this output adds (none when it adds nothing a client sees)."""
         c = out.outputs[0]
-        lp = self.logprobs(c.delta_logprobs) if self.meta.logprobs and c.delta_logprobs else None
+        lps = _visible(c.delta_logprobs, out)
+        lp = self.logprobs(lps) if self.meta.logprobs and lps else None
         if not self.meta.chat:
             text = c.delta_text
             if not self.started:
@@ -127,6 +128,16 @@ class ChoiceWriter:
             offsets.append(self.text_offset)
             self.text_offset += len(s)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _visible(lps: list[TokenLogprob] | None, out: RequestOutput) -> list[TokenLogprob] | None:
+    """Logprobs of the tokens that are text: a final stop token (EOS, or one of
+    ``stop_token_ids``) is not, and OpenAI does not list it."""
+    c = out.outputs[0]
+    if lps and out.finished and c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and \
+            lps[-1].token_id == c.token_ids[-1]:
+        return lps[:-1]
+    return lps
 
 
 def _delta(e: Event) -> dict[str, Any]:

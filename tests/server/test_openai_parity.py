@@ -157,6 +157,10 @@ def test_logit_bias_and_logprobs_as_openai_shapes_them(client, server):
     r = client.chat.completions.create(**kw, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
     assert bytes(b for e in content for b in e.bytes).decode() == r.choices[0].message.content
+    ended = client.chat.completions.create(**{**kw, "max_tokens": 64}, logprobs=True,
+                                           extra_body={"guided_choice": ["Hello!"]})
+    assert ended.choices[0].finish_reason == "stop"  # by the stop token, which has no text and no logprob
+    assert "".join(e.token for e in ended.choices[0].logprobs.content) == "Hello!"
     assert all(len(e.top_logprobs) == 3 and e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in content)
     first = httpx.post(server.url + "/tokenize", json={"prompt": content[0].token, "add_special_tokens": False},
                        timeout=30).json()["tokens"][0]
