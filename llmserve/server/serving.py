@@ -182,8 +182,9 @@ class OpenAIServing:
         """Prompt ids; tools go through the template when it renders them, else tool_calls.py's format."""
         msgs = [m.for_template() for m in messages]
         try:
-            if tools and self.tokenizer.template_reads("tools"):
-                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, tools=tools)
+            if self.tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
+                extra = {"tools": tools} if tools else {}
+                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **extra)
             if tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs):
                 msgs = render_messages(msgs, tools)
             return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt)
