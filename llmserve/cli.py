@@ -1,7 +1,9 @@
 """``llmserve`` — one console script, one subcommand per job.
 
 Environment variables are read here and nowhere deeper: ``LLMSERVE_MODEL_STORE``
-sets the default model store.
+sets the default model store; ``LLMSERVE_API_KEY`` is one more key ``llmserve
+engine`` accepts (how ``serve`` hands its instances their key: an environment
+variable is not in ``ps`` output, a command-line flag is).
 """
 
 from __future__ import annotations
@@ -145,7 +147,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8001)
-    g.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    g.add_argument("--api-key", action="append", default=[],
+                   help="accepted API key (repeatable; LLMSERVE_API_KEY adds one)")
+    g.add_argument("--priority-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="integer priorities accepted, lower runs first (default 0 1: realtime, batch)")
     g.add_argument("--served-model-name", nargs="+", default=[])
     g.add_argument("--instance-id", default="")
     g.add_argument("--max-queued-requests", type=int, default=256)
@@ -155,6 +160,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens-limit", type=int, default=None)
     g.add_argument("--max-body-bytes", type=int, default=4 << 20)
     g.add_argument("--max-header-bytes", type=int, default=16 << 10)
+    # Connection limits; unset: ServerConfig's defaults (documented there).
+    for flag, kind in (("--max-url-bytes", int), ("--header-timeout", float), ("--body-timeout", float),
+                       ("--send-timeout", float), ("--keep-alive-timeout", float), ("--max-connections", int),
+                       ("--stream-buffer-outputs", int)):
+        g.add_argument(flag, type=kind, default=None)
     g.add_argument("--drain-timeout", type=float, default=30.0)
     g.add_argument("--no-warmup", action="store_true")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
@@ -165,18 +175,31 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
+    from llmserve.priority import NAMED_RANGE, PriorityRange
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
 
+    env_key = os.environ.get("LLMSERVE_API_KEY")
     scfg = ServerConfig(
-        host=args.host, port=args.port, api_keys=args.api_key, served_model_name=args.served_model_name,
+        host=args.host, port=args.port, api_keys=args.api_key + ([env_key] if env_key else []),
+        priority_range=PriorityRange(*args.priority_range) if args.priority_range else NAMED_RANGE,
+        served_model_name=args.served_model_name,
         instance_id=args.instance_id, max_queued_requests=args.max_queued_requests,
         max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
         fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
-        log_level=args.log_level)
+        log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
+                                           header_timeout_s="header_timeout", body_timeout_s="body_timeout",
+                                           send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",
+                                           max_connections="max_connections",
+                                           stream_buffer_outputs="stream_buffer_outputs"))
     return run_server(engine_config_from(args), scfg)
+
+
+def _given(args: argparse.Namespace, **fields: str) -> dict:
+    """``{field: value}`` for the flags that were given (``fields`` maps field to flag dest)."""
+    return {f: getattr(args, dest) for f, dest in fields.items() if getattr(args, dest) is not None}
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -142,6 +142,11 @@ def serve_fake(port: int, chunks: int, gap_s: float = 0.0) -> None:
     sse = [(b"content-type", b"text/event-stream; charset=utf-8")]
     js = [(b"content-type", b"application/json")]
     ok = json.dumps({"status": "ok"}).encode()
+    whole = json.dumps({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": FAKE,
+                        "choices": [{"index": 0, "text": "".join(f" tok{i}" for i in range(chunks)),
+                                     "logprobs": None, "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 8, "completion_tokens": chunks,
+                                  "total_tokens": 8 + chunks}}).encode()
 
     def load_report() -> bytes:
         return json.dumps({
@@ -162,9 +167,16 @@ def serve_fake(port: int, chunks: int, gap_s: float = 0.0) -> None:
                     return
         path = scope["path"]
         if path in ("/v1/completions", "/v1/chat/completions"):
-            more = True
+            body, more = b"", True
             while more:
-                more = (await receive()).get("more_body", False)
+                msg = await receive()
+                body += msg.get("body", b"")
+                more = msg.get("more_body", False)
+            if b'"stream": true' not in body:  # the JSON answer, as an engine's non-streaming one
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": js + [(b"content-length", str(len(whole)).encode())]})
+                await send({"type": "http.response.body", "body": whole})
+                return
             await send({"type": "http.response.start", "status": 200, "headers": sse})
             for ev in events:
                 await send({"type": "http.response.body", "body": ev, "more_body": True})
@@ -183,9 +195,9 @@ def serve_fake(port: int, chunks: int, gap_s: float = 0.0) -> None:
 
 
 # ---- the lean load driver (its own process) ---------------------------------------------
-async def _drive(port: int, model: str, concurrency: int, total: int, warmup: int) -> dict:
-    """``total`` streamed completions over ``concurrency`` keep-alive connections."""
-    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+async def _drive(port: int, model: str, concurrency: int, total: int, warmup: int, stream: bool = True) -> dict:
+    """``total`` completions (streamed, or whole JSON) over ``concurrency`` keep-alive connections."""
+    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4, "stream": stream}).encode()
     req = (f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
     latencies: list[float] = []
@@ -219,7 +231,8 @@ async def _drive(port: int, model: str, concurrency: int, total: int, warmup: in
             first = time.perf_counter()
         if b"connection: close" in low:
             raise ConnectionResetError("server closed the connection")
-        ok = status == 200 and data.endswith(b"data: [DONE]\n\n") and b'"error"' not in data
+        whole = data.endswith(b"data: [DONE]\n\n") if stream else data.startswith(b'{"id"')
+        ok = status == 200 and whole and b'"error"' not in data
         if not ok:
             errors[f"status {status}" if status != 200 else "bad stream"] += 1
         return ok, first - t0, time.perf_counter() - t0
@@ -262,7 +275,8 @@ async def _drive(port: int, model: str, concurrency: int, total: int, warmup: in
 def drive_main(args: argparse.Namespace) -> None:
     import uvloop
 
-    out = uvloop.run(_drive(args.port, args.model_name, args.conns, args.requests, args.warmup))
+    out = uvloop.run(_drive(args.port, args.model_name, args.conns, args.requests, args.warmup,
+                            stream=not args.json))
     # A file, not stdout: the event loop may leave stdout non-blocking, cutting a long write.
     Path(args.out).write_text(json.dumps(out))
 
@@ -398,7 +412,7 @@ def paired_ttft(args: argparse.Namespace, urls: dict[str, str], tokenizer: str |
 def drive(port: int, model: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "_drive", "--port", str(port), "--model-name", model,
            "--conns", str(args.ceiling_concurrency), "--requests", str(args.ceiling_requests),
-           "--warmup", str(2 * args.ceiling_concurrency)]
+           "--warmup", str(2 * args.ceiling_concurrency)] + (["--json"] if args.ceiling_json else [])
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(cmd + ["--out", f.name], check=True, cwd=ROOT, timeout=600)
         return json.loads(Path(f.name).read_text())
@@ -528,8 +542,10 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
         md += [md_table(["target", "TTFT p50 ms", "minus direct, median", "minus direct, IQR"], rows), ""]
     if ceil is not None:
         md += ["## Ceiling: a trivial upstream behind the gateway", "",
-               f"{args.ceiling_requests} streamed completions per run ({args.ceiling_chunks} token events + "
-               f"usage + [DONE]) over {args.ceiling_concurrency} keep-alive connections from a separate "
+               (f"{args.ceiling_requests} non-streaming completions per run (one JSON answer) "
+                if args.ceiling_json else
+                f"{args.ceiling_requests} streamed completions per run ({args.ceiling_chunks} token events + "
+                "usage + [DONE])") + f" over {args.ceiling_concurrency} keep-alive connections from a separate "
                "driver process; CPU ms per request of each process over the run.", ""]
         rows = [[r["round"], r["target"], r["requests_per_s"], r["latency_p50_ms"], r["latency_p99_ms"],
                  "-" if r["own_gateway_cpu_ms"] is None else r["own_gateway_cpu_ms"],
@@ -643,6 +659,7 @@ def main() -> None:
     d.add_argument("--requests", type=int, default=4000)
     d.add_argument("--warmup", type=int, default=128)
     d.add_argument("--out", required=True, help="where the JSON summary goes")
+    d.add_argument("--json", action="store_true", help="non-streaming requests")
     p.add_argument("--model", default="tiny",
                    help="'tiny' (a tiny random Llama, the default) or a model store name / path")
     p.add_argument("--tokenizer", default=None, help="for exact prompt lengths (tiny: its own)")
@@ -658,6 +675,8 @@ def main() -> None:
     p.add_argument("--ceiling-concurrency", type=int, default=64)
     p.add_argument("--ceiling-requests", type=int, default=4000)
     p.add_argument("--ceiling-chunks", type=int, default=4, help="token events per fake stream")
+    p.add_argument("--ceiling-json", action="store_true",
+                   help="the ceiling with non-streaming requests (whole JSON answers)")
     p.add_argument("--profile", action="store_true", help="py-spy over the gateway in one more ceiling run")
     p.add_argument("--label", default=None, help="suffix for the results files (e.g. before)")
     p.add_argument("--baseline-root", default=None, metavar="DIR",

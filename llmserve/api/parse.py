@@ -24,6 +24,18 @@ M = TypeVar("M", bound=BaseModel)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+class _HugeInt(str):
+    """An integer literal past Python's 4,300-digit parse limit, kept as its digits."""
+
+
+def _int_or_huge(text: str) -> int | str:
+    return int(text) if len(text) <= 4000 else _HugeInt(text)
+
+
+# A field whose own error code clients may match on (the gateway's privilege rules use it).
+_FIELD_CODES = {"priority": "invalid_priority"}
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -37,11 +49,28 @@ def load_json(raw: bytes, max_depth: int = Limits.DEPTH) -> Any:
         raise APIError(400, f"the request body is nested deeper than {max_depth} levels",
                        code="invalid_json") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit, NaN
+        if "integer string conversion" in str(e):
+            _name_huge_int(json.loads(raw.decode("utf-8"), parse_int=_int_or_huge, parse_constant=_no_constant))
         raise APIError(400, f"the request body is not valid JSON: {_short(e)}", code="invalid_json") from None
     # Cheap byte scans decide whether the walk is needed at all.
     if raw.count(b"[") + raw.count(b"{") > max_depth or _SURROGATE_ESCAPE.search(raw):
         _walk(obj, max_depth)
     return obj
+
+
+def _name_huge_int(obj: Any) -> None:
+    """Raise the 400 for the first over-long integer, naming the field it is in."""
+    stack: list[tuple[Any, list]] = [(obj, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, _HugeInt):
+            param = _path(path) or None
+            raise APIError(400, f"{param or 'body'}: an integer of {len(node)} digits is out of range",
+                           param=param, code=_FIELD_CODES.get(str(param), "invalid_value"))
+        if isinstance(node, dict):
+            stack.extend((v, [*path, k]) for k, v in node.items())
+        elif isinstance(node, list) and len(path) < Limits.DEPTH:
+            stack.extend((v, [*path, i]) for i, v in enumerate(node))
 
 
 def _walk(obj: Any, max_depth: int) -> None:
@@ -109,7 +138,8 @@ def from_validation_error(e: ValidationError) -> APIError:
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    return APIError(400, f"{param or 'body'}: {msg}", param=param, code="invalid_value")
+    return APIError(400, f"{param or 'body'}: {msg}", param=param,
+                    code=_FIELD_CODES.get(str(param), "invalid_value"))
 
 
 def _is_type_tag(s: str) -> bool:

@@ -35,7 +35,7 @@ class Limits:
     LOGPROBS = 20
     NAME_CHARS = 256         # model, user, cache_salt, message name
     METADATA = 16
-    SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what torch.Generator.manual_seed takes
+    SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
     PRIORITY_CHARS = 32
     DEPTH = 32               # JSON nesting; real requests use under 8
     LOGIT_BIAS = 1024        # entries; OpenAI sets no cap, each is applied every step

@@ -96,8 +96,9 @@ class SignalCollector:
             values.popleft()
 
     def snapshot(self, now: float, loads: Iterable[InstanceLoad], queue_depth: Mapping[str, int],
-                 counts: Mapping[InstanceState, int]) -> PoolSignals:
-        """The signals at ``now``; ``loads`` are the ready instances' latest reports."""
+                 counts: Mapping[InstanceState, int], dispatched: int = 0) -> PoolSignals:
+        """The signals at ``now``; ``loads`` are the ready instances' latest reports,
+        ``dispatched`` the requests the gateway has in flight to instances."""
         arrivals, since = self._arrivals, now - self.window_s
         while arrivals and arrivals[0] <= since:
             arrivals.popleft()
@@ -132,6 +133,7 @@ class SignalCollector:
             queue_depth=dict(queue_depth),
             waiting=waiting,
             running=running,
+            dispatched=dispatched,
             ttft_p50=percentile(ttft, 50),
             ttft_p99=percentile(ttft, 99),
             e2e_p50=percentile(e2e, 50),

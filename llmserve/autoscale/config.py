@@ -86,9 +86,15 @@ class ThresholdConfig:
 
 @dataclass(slots=True)
 class KPAConfig:
-    """Knative Pod Autoscaler defaults: 60 s stable window, 6 s panic window, panic at 2x."""
+    """Knative Pod Autoscaler defaults: 60 s stable window, 6 s panic window, panic at 2x.
 
-    target_concurrency: float = 16.0
+    ``target_concurrency`` per instance, when unset, is ``target_utilisation`` (Knative's
+    container-concurrency-target-percentage, 70 %) of the seats the instances report
+    (their ``max_num_seqs``), so KPA scales a pool of any instance size."""
+
+    target_concurrency: float | None = None
+    target_utilisation: float = 0.7
+    default_seats: float = 16.0  # until a first load report says how many seats an instance has
     stable_window_s: float = 60.0
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0
@@ -96,7 +102,10 @@ class KPAConfig:
     max_scale_down_rate: float = 2.0
 
     def __post_init__(self) -> None:
-        _check(self.target_concurrency > 0, "kpa.target_concurrency", "must be positive")
+        _check(self.target_concurrency is None or self.target_concurrency > 0, "kpa.target_concurrency",
+               "must be positive")
+        _check(0 < self.target_utilisation <= 1, "kpa.target_utilisation", "must be in (0, 1]")
+        _check(self.default_seats > 0, "kpa.default_seats", "must be positive")
         _check(0 < self.panic_window_s <= self.stable_window_s, "kpa.panic_window_s",
                "must be positive and no longer than the stable window")
         _check(self.panic_threshold > 1.0, "kpa.panic_threshold", "must be > 1")
@@ -132,6 +141,11 @@ class PredictiveConfig:
     capacity_measure_fill: float = 0.95
     target_utilisation: float = 1.0
     margin_z: float = 0.65
+    # Letting go: a fast average of arrivals (let_go_tau_s) that falls under let_go_ratio
+    # of the smoothed level replaces it, so a forecast stops reporting load that has
+    # stopped arriving within a few ticks; pacing the scale-down is the bounds' job.
+    let_go_tau_s: float = 10.0
+    let_go_ratio: float = 0.5
     max_queue_per_instance: float = 0.5
     fallback_fill: float = 0.8
     fallback_step_fraction: float = 0.25
@@ -144,6 +158,8 @@ class PredictiveConfig:
         _check(self.season_tau_periods > 0, "predictive.season_tau_periods", "must be positive")
         _check(self.capacity_tokens_per_s > 0, "predictive.capacity_tokens_per_s", "must be positive")
         _check(self.capacity_tau_s > 0, "predictive.capacity_tau_s", "must be positive")
+        _check(self.let_go_tau_s > 0, "predictive.let_go_tau_s", "must be positive")
+        _check(0 <= self.let_go_ratio < 1, "predictive.let_go_ratio", "must be in [0, 1) (0: never let go)")
         _check(0 < self.capacity_measure_fill <= 1, "predictive.capacity_measure_fill", "must be in (0, 1]")
         _check(0 <= self.fallback_fill <= 1, "predictive.fallback_fill", "must be in [0, 1]")
         _check(0 < self.target_utilisation <= 1, "predictive.target_utilisation", "must be in (0, 1]")

@@ -1,7 +1,8 @@
 """The elastic controller: the one owner of a pool's instances and their lifecycle.
 
 Each probe interval it looks at every instance (the provider: is the process
-there? the engine: what does ``/ready`` say?) and moves it along
+there? the engine: what does ``/ready`` say? asked of ready instances every
+``ready_probe_interval_s``) and moves it along
 ``starting -> warming -> ready -> draining -> stopped`` (or ``failed``). Each
 tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
 request observers; queue depth from the gateway's pool; running, waiting, KV,
@@ -18,9 +19,9 @@ The rules that protect requests:
   gateway has nothing in flight to it and the engine reports nothing running or
   waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
   stops it (SIGTERM: the engine drains whatever is left and exits 0);
-- an instance that fails (process exited, actor died, unreachable for
-  ``unready_grace_s``) leaves the pool at once and is replaced, with a backoff
-  while replacements keep failing before they get ready.
+- an instance that fails (process exited, actor died, engine dead under a live
+  process, unreachable for ``unready_grace_s``) leaves the pool at once and is
+  replaced, with a backoff while replacements keep failing before they get ready.
 
 Every transition is an :class:`~llmserve.autoscale.history.Event` with a time and
 a reason; every tick's decision is kept with the policy's reason.
@@ -40,8 +41,10 @@ import httpx
 from llmserve.autoscale.build import build_policy
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.autoscale.controller_views import ControllerViews
+from llmserve.autoscale.instance_actions import InstanceActions
 from llmserve.autoscale.history import History
-from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance, Override
 from llmserve.autoscale.metrics import AutoscaleMetrics
 from llmserve.autoscale.probe import HttpProber, Probe, Prober, judge, path
@@ -57,7 +60,7 @@ S = InstanceState
 SpecFactory = Callable[[str], InstanceSpec]
 
 
-class PoolController:
+class PoolController(InstanceActions, ControllerViews):
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
@@ -70,7 +73,8 @@ class PoolController:
                  provider: InstanceProvider, spec_factory: SpecFactory,
                  config: ControllerConfig | None = None, *, metrics: AutoscaleMetrics | None = None,
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, id_prefix: str | None = None) -> None:
+                 wall: Callable[[], float] = time.time, id_prefix: str | None = None,
+                 instance_api_key: str | None = None) -> None:
         self.pool = pool
         self.model = model
         self.version = version
@@ -92,6 +96,7 @@ class PoolController:
         self.last_signals: PoolSignals | None = None
         self.override: Override | None = None
         self._prober = prober
+        self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
         self._client: httpx.AsyncClient | None = None
         self._prefix = id_prefix if id_prefix is not None else f"{version}-"
         self._next_id = 1
@@ -112,7 +117,7 @@ class PoolController:
 
     async def start(self) -> None:
         if self._prober is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(headers=self._probe_headers)
             self._prober = HttpProber(self._client, self.config.probe_timeout_s)
         self._loop_task = asyncio.create_task(self._run(), name=f"controller {self.key}")
 
@@ -189,11 +194,11 @@ class PoolController:
         self._bill(now)
         live = [i for i in self.instances.values() if i.handle is not None and not i.stopping]
         runs = await asyncio.gather(*(self.provider.status(i.handle) for i in live))
-        coming = [(i, run) for i, run in zip(live, runs) if i.state in (S.STARTING, S.WARMING)]
-        probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in coming))
+        due = [(i, run) for i, run in zip(live, runs) if self._probe_due(i, now)]
+        probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in due))
         now = self.clock()
-        for (inst, _), probe in zip(coming, probes):
-            inst.last_probe = probe
+        for (inst, _), probe in zip(due, probes):
+            inst.last_probe, inst.probed_at = probe, now
             self._judge(inst, probe, now)
         for inst, run in zip(live, runs):
             if inst.state in (S.READY, S.DRAINING) and not inst.stopping:
@@ -203,6 +208,12 @@ class PoolController:
                 self._fail(inst, f"the provider gave no address within {self.config.start_timeout_s:g}s")
         await self._advance_drains(now)
         self._start_replacements(now)
+
+    def _probe_due(self, inst: ManagedInstance, now: float) -> bool:
+        if inst.state in (S.STARTING, S.WARMING):
+            return True
+        return inst.state is S.READY and (
+            inst.probed_at is None or now - inst.probed_at >= self.config.ready_probe_interval_s)
 
     def _judge(self, inst: ManagedInstance, probe: Probe, now: float) -> None:
         if inst.stopping or inst.id not in self.instances:
@@ -261,7 +272,8 @@ class PoolController:
             seen = self.pool.get(inst.id)
             if inst.state is S.READY and seen is not None and seen.report is not None:
                 loads.append(seen.report)
-        return self.collector.snapshot(now, loads, self.pool.signals().queue_depth, self.counts())
+        seen = self.pool.signals()
+        return self.collector.snapshot(now, loads, seen.queue_depth, self.counts(), seen.inflight)
 
     def tick(self, now: float) -> None:
         """Decide and reconcile (synchronous: starts and stops run as tasks)."""
@@ -344,197 +356,3 @@ class PoolController:
             self.metrics.manual.labels(self.model, self.version, action).inc()
         self._next_tick = None  # act on it at the next step, not a tick later
         return self.override
-
-    # ---- actions --------------------------------------------------------------------------------
-    def _launch(self, reason: str, now: float, replaces: str | None = None) -> ManagedInstance:
-        iid = f"{self._prefix}{self._next_id}"
-        self._next_id += 1
-        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces)
-        self.instances[iid] = inst
-        self.history.event(inst.created_wall, iid, "transition", None, S.STARTING.value, reason,
-                           replaces=replaces)
-        self._tasks[iid] = asyncio.create_task(self._do_start(inst), name=f"start {iid}")
-        return inst
-
-    async def _do_start(self, inst: ManagedInstance) -> None:
-        try:
-            handle = await self.provider.start(self.spec_factory(inst.id))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any start failure fails the instance
-            self._tasks.pop(inst.id, None)
-            if not inst.stopping and inst.state is S.STARTING:
-                self._fail(inst, f"start failed: {type(e).__name__}: {e}")
-            return
-        self._tasks.pop(inst.id, None)
-        inst.handle = handle
-        self.history.event(self.wall(), inst.id, "started", inst.state.value, inst.state.value,
-                           f"{self.provider.name} provider: {handle.url}", **handle.ref)
-        if inst.stopping:  # cancelled while the provider was starting it
-            self._begin_stop(inst, inst.reason)
-
-    def _begin_stop(self, inst: ManagedInstance, reason: str, **details: Any) -> None:
-        """Out of the pool, then stop the process; the state moves when it has exited."""
-        if inst.stopping and inst.id in self._tasks:
-            return
-        inst.stopping = True
-        inst.reason = reason
-        pending = self._tasks.get(inst.id)
-        if pending is not None and inst.handle is None:
-            pending.cancel()  # a start still waiting for its address
-            self._tasks.pop(inst.id, None)
-        self._leave_pool(inst, reason)
-        self.history.event(self.wall(), inst.id, "stop", inst.state.value, inst.state.value, reason,
-                           served=self._served(inst), **details)
-        self._tasks[inst.id] = asyncio.create_task(self._do_stop(inst, reason), name=f"stop {inst.id}")
-
-    async def _do_stop(self, inst: ManagedInstance, reason: str) -> None:
-        code = None
-        if inst.handle is not None:
-            try:
-                code = await self.provider.stop(inst.handle, self.config.stop_grace_s)
-            except Exception as e:  # noqa: BLE001
-                log.warning("%s: stopping %s failed: %s", self.key, inst.id, e)
-        inst.exit_code = code
-        self._tasks.pop(inst.id, None)
-        if inst.state is S.FAILED:
-            self.history.event(self.wall(), inst.id, "cleaned_up", S.FAILED.value, S.FAILED.value,
-                               "process released", exit_code=code)
-            return
-        if inst.state is S.DRAINING and inst.drain_started is not None and self.metrics is not None:
-            self.metrics.drain.labels(self.model, self.version).observe(self.clock() - inst.drain_started)
-        self._transition(inst, S.STOPPED, reason, exit_code=code)
-
-    def _fail(self, inst: ManagedInstance, reason: str) -> None:
-        provisioned = inst.state.provisioned and not inst.stopping
-        never_ready = inst.ready_at is None
-        self._leave_pool(inst, reason)
-        self._transition(inst, S.FAILED, reason)
-        log.warning("%s: instance %s failed: %s", self.key, inst.id, reason)
-        if inst.handle is not None or inst.id in self._tasks:
-            pending = self._tasks.pop(inst.id, None)
-            if pending is not None and inst.handle is None:
-                pending.cancel()
-            else:
-                self._tasks[inst.id] = asyncio.create_task(self._do_stop(inst, reason), name=f"cleanup {inst.id}")
-        if never_ready:
-            self._failures_before_ready += 1
-            n = self._failures_before_ready
-            backoff = min(self.config.max_restart_backoff_s, self.config.restart_backoff_s * 2 ** (n - 1))
-            self._start_not_before = self.clock() + backoff
-        if provisioned:
-            self._replacements.append(inst.id)
-
-    def _start_replacements(self, now: float) -> None:
-        while self._replacements and now >= self._start_not_before:
-            failed = self._replacements.popleft()
-            if self.metrics is not None:
-                self.metrics.replacements.labels(self.model, self.version).inc()
-            self._launch(f"replaces {failed}, which failed", now, replaces=failed)
-
-    def _join_pool(self, inst: ManagedInstance, now: float) -> None:
-        assert inst.handle is not None and inst.state is S.READY
-        try:
-            self.pool.add_instance(inst.handle.url, inst.id, ready=True)
-        except ValueError as e:  # its URL or id is already taken in the pool
-            self._fail(inst, f"could not join the pool: {e}")
-            return
-        inst.in_pool = True
-        inst.ready_at = now
-        self._failures_before_ready = 0
-        self._start_not_before = 0.0
-        self.history.event(self.wall(), inst.id, "pool_add", S.READY.value, S.READY.value,
-                           "takes traffic from now on", url=inst.handle.url, cold_start_s=now - inst.created)
-        if self.metrics is not None:
-            self.metrics.cold_start.labels(self.model, self.version).observe(now - inst.created)
-
-    def _leave_pool(self, inst: ManagedInstance, reason: str) -> None:
-        if not inst.in_pool:
-            return
-        seen = self.pool.get(inst.id)
-        in_flight = seen.inflight if seen is not None else 0
-        if seen is not None:
-            self.pool.remove_instance(inst.id)
-        inst.in_pool = False
-        self.history.event(self.wall(), inst.id, "pool_remove", inst.state.value, inst.state.value, reason,
-                           in_flight=in_flight, served=seen.served if seen is not None else 0)
-
-    def _transition(self, inst: ManagedInstance, new: InstanceState, reason: str, **details: Any) -> None:
-        old = inst.state
-        check_transition(old, new)
-        inst.state, inst.since, inst.reason = new, self.clock(), reason
-        self.history.event(self.wall(), inst.id, "transition", old.value, new.value, reason, **details)
-        log.info("%s: %s %s -> %s (%s)", self.key, inst.id, old.value, new.value, reason)
-        if self.metrics is not None:
-            self.metrics.transitions.labels(self.model, self.version, old.value, new.value).inc()
-        if not new.billed:
-            self.instances.pop(inst.id, None)
-            self.finished.append(inst)
-
-    def _served(self, inst: ManagedInstance) -> int:
-        seen = self.pool.get(inst.id)
-        return seen.served if seen is not None else 0
-
-    def _bill(self, now: float) -> None:
-        if self._last_billing is not None and self.metrics is not None:
-            billed = sum(1 for i in self.instances.values() if i.state.billed)
-            self.metrics.instance_seconds.labels(self.model, self.version).inc(billed * (now - self._last_billing))
-        self._last_billing = now
-
-    # ---- views ----------------------------------------------------------------------------------
-    def _sample(self, wall: float, ctx: PoolSignals, desired: int) -> dict[str, Any]:
-        return {"time": wall, "ready": ctx.ready, "warming": ctx.warming, "starting": ctx.starting,
-                "draining": ctx.draining, "desired": desired, "arrival_rate": ctx.arrival_rate,
-                "arrival_tokens_per_s": ctx.arrival_tokens_per_s, "queue_depth": dict(ctx.queue_depth),
-                "queued": ctx.queued, "running": ctx.running, "waiting": ctx.waiting,
-                "ttft_p50": ctx.ttft_p50, "ttft_p99": ctx.ttft_p99, "e2e_p50": ctx.e2e_p50,
-                "e2e_p99": ctx.e2e_p99, "busy_fraction": ctx.busy_fraction, "kv_usage": ctx.kv_usage,
-                "batch_fill": ctx.batch_fill}
-
-    def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
-        seen = self.pool.get(inst.id)
-        report = seen.report if seen is not None and seen.report is not None else inst.last_load
-        return {
-            "instance_id": inst.id, "state": inst.state.value, "stopping": inst.stopping,
-            "url": inst.handle.url if inst.handle else None, "in_pool": inst.in_pool,
-            "age_s": now - inst.created, "in_state_s": now - inst.since, "reason": inst.reason,
-            "created": inst.created_wall, "replaces": inst.replaces, "exit_code": inst.exit_code,
-            "cold_start_s": (inst.ready_at - inst.created) if inst.ready_at is not None else None,
-            "inflight": seen.inflight if seen is not None else 0,
-            "served": seen.served if seen is not None else 0,
-            "gateway_ready": seen.ready if seen is not None else None,
-            "load": None if report is None else {
-                "running": report.num_running, "waiting": report.num_waiting,
-                "kv_cache_usage": report.kv_cache_usage, "busy_fraction": report.busy_fraction,
-                "tokens_per_s": report.tokens_per_s, "max_num_seqs": report.max_num_seqs},
-        }
-
-    def describe(self) -> dict[str, Any]:
-        now = self.clock()
-        o = self._active_override(now)
-        b = self.autoscale.bounds
-        return {
-            "pool": self.key, "model": self.model, "version": self.version, "policy": self.autoscale.policy,
-            "provider": self.provider.name, "tick_s": self.autoscale.tick_s,
-            "min_instances": b.min_instances, "max_instances": b.max_instances,
-            "desired": self.desired, "provisioned": self.provisioned(),
-            "counts": {s.value: n for s, n in self.counts().items() if s.billed},
-            "override": None if o is None else {
-                "instances": o.instances, "reason": o.reason, "set_at": o.set_wall,
-                "remaining_s": None if o.until is None else max(0.0, o.until - now)},
-            "last_decision": (self.history.decisions(limit=1) or [None])[0],
-        }
-
-    def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
-        now = self.clock()
-        out = [self.describe_instance(i, now) for i in self.instances.values()]
-        if include_finished:
-            out += [self.describe_instance(i, now) for i in reversed(self.finished)]
-        return out
-
-    def dashboard(self) -> dict[str, Any]:
-        """Everything the dashboard shows of this pool, in one JSON-able dict."""
-        return {**self.describe(), "instances": self.instance_views(),
-                "timeline": self.history.samples(limit=600),
-                "events": self.history.events(limit=60),
-                "decisions": self.history.decisions(limit=30, changes_only=True)}

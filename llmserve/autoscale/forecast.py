@@ -49,6 +49,16 @@ def holt_update(state: HoltState | None, t: float, y: float, level_tau_s: float,
     return HoltState(level, trend, float(t), state.updates + 1)
 
 
+def ewma_update(state: tuple[float, float] | None, t: float, y: float, tau_s: float) -> tuple[float, float]:
+    """A plain exponential average ``(value, t)``: no trend, so it never overshoots below 0."""
+    if state is None:
+        return float(y), float(t)
+    value, t0 = state
+    if t <= t0:
+        return state
+    return value + (y - value) * _weight(t - t0, tau_s), float(t)
+
+
 def holt_forecast(state: HoltState, horizon_s: float) -> float:
     """The value expected ``horizon_s`` seconds after the state's time (not clamped)."""
     return state.level + state.trend * horizon_s

@@ -47,9 +47,18 @@ class KPAPolicy:
     def initial_state(self) -> KPAState:
         return KPAState()
 
+    def target(self, ctx: PoolSignals) -> float:
+        """Concurrency one instance should carry: configured, or a share of its seats."""
+        cfg = self.config
+        if cfg.target_concurrency is not None:
+            return cfg.target_concurrency
+        seats = ctx.seats_per_instance or cfg.default_seats
+        return max(cfg.target_utilisation * seats, 1e-3)
+
     def decide(self, ctx: PoolSignals, state: KPAState) -> Decision:
         cfg = self.config
         now = ctx.now
+        target = self.target(ctx)
         samples = tuple((t, c) for t, c in state.samples if t > now - cfg.stable_window_s)
         samples += ((now, float(ctx.in_flight)),)
         stable = _window_mean(samples, now, cfg.stable_window_s)
@@ -58,8 +67,8 @@ class KPAPolicy:
         ready = max(ctx.ready, 1)
         up_limit = math.ceil(cfg.max_scale_up_rate * ready)
         down_limit = math.floor(ready / cfg.max_scale_down_rate)
-        want_stable = min(max(math.ceil(stable / cfg.target_concurrency - 1e-9), down_limit), up_limit)
-        want_panic = min(max(math.ceil(panic / cfg.target_concurrency - 1e-9), down_limit), up_limit)
+        want_stable = min(max(math.ceil(stable / target - 1e-9), down_limit), up_limit)
+        want_panic = min(max(math.ceil(panic / target - 1e-9), down_limit), up_limit)
         over = want_panic / ready >= cfg.panic_threshold
 
         panic_since, max_panic = state.panic_since, state.max_panic_desired
@@ -69,7 +78,7 @@ class KPAPolicy:
             panic_since, max_panic = None, 0
 
         desired = want_stable
-        reason = f"stable concurrency {stable:.1f} / target {cfg.target_concurrency:g}"
+        reason = f"stable concurrency {stable:.1f} / target {target:g}"
         if panic_since is not None:
             desired = max(desired, want_panic, max_panic)
             max_panic = desired

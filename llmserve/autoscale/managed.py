@@ -19,6 +19,8 @@ class ControllerConfig:
     """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
 
     probe_interval_s: float = 0.5
+    # Ready instances are asked too (less often): a process can outlive its engine.
+    ready_probe_interval_s: float = 2.0
     probe_timeout_s: float = 2.0
     start_timeout_s: float = 600.0
     drain_timeout_s: float = 120.0
@@ -32,7 +34,7 @@ class ControllerConfig:
     output_tokens_prior: float = 128.0
 
     def __post_init__(self) -> None:
-        for name in ("probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
+        for name in ("probe_interval_s", "ready_probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
                      "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"controller config: {name} must be positive, got {getattr(self, name)}")
@@ -60,6 +62,7 @@ class ManagedInstance:
     exit_code: int | None = None
     replaces: str | None = None
     last_probe: Probe | None = None
+    probed_at: float | None = None
     last_load: LoadReport | None = None
 
 

@@ -28,6 +28,7 @@ from llmserve.autoscale.config import PredictiveConfig, SLOConfig
 from llmserve.autoscale.forecast import (
     HoltState,
     SeasonalProfile,
+    ewma_update,
     holt_forecast,
     holt_update,
     seasonal_delta,
@@ -44,6 +45,7 @@ class PredictiveState:
     holt: HoltState | None
     season: SeasonalProfile | None
     capacity: CapacityEstimate
+    recent: tuple[float, float] | None = None  # (arrivals, t): the fast average that decides when to let go
 
 
 def instances_for(load_tokens_per_s: float, capacity_tokens_per_s: float, target_utilisation: float,
@@ -90,11 +92,17 @@ class PredictivePolicy:
         cfg = self.config
         y = ctx.arrival_tokens_per_s
         holt = holt_update(state.holt, ctx.now, y, cfg.level_tau_s, cfg.trend_tau_s)
+        recent = ewma_update(state.recent, ctx.now, y, cfg.let_go_tau_s)
+        let_go = recent[0] < cfg.let_go_ratio * holt.level
+        if let_go:
+            # Arrivals fell well under the level: the old level and its trend describe
+            # load that is gone. Rises never take this path.
+            holt = HoltState(recent[0], 0.0, holt.t, holt.updates)
         season = state.season
         if season is not None:
             season = seasonal_update(season, ctx.now, y, cfg.season_tau_periods)
         capacity = update_capacity(state.capacity, ctx, cfg)
-        new_state = PredictiveState(holt, season, capacity)
+        new_state = PredictiveState(holt, season, capacity, recent)
 
         demand, how = self.forecast(new_state, ctx.now)
         cap = capacity.tokens_per_s
@@ -102,7 +110,7 @@ class PredictivePolicy:
         if ctx.in_flight > 0:
             desired = max(desired, 1)
         reason = (f"{how} forecast {demand:.0f} tok/s in {cfg.lead_time_s:g}s / "
-                  f"{cap:.0f} tok/s per instance -> {desired}")
+                  f"{cap:.0f} tok/s per instance -> {desired}{' (let go: arrivals fell)' if let_go else ''}")
 
         if ctx.ready > 0:
             desired, reason = self._fallback(ctx, desired, reason)

@@ -5,7 +5,9 @@ is its process still there (the provider), and what does ``GET /ready`` say (the
 engine: ``loading``, ``warming``, ``ready``, ``failed``)? :func:`judge` turns that
 into the next lifecycle state. Only ``/ready`` answering 200 makes an instance
 ready, and the engine answers 200 only after its weights loaded and a warm-up
-generation ran: a cold instance never gets traffic.
+generation ran: a cold instance never gets traffic. Ready instances are looked at
+too, less often: an engine that died under a live process says ``failed``, and is
+failed (then replaced) at once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def judge(state: InstanceState, probe: Probe, age_s: float,
     if probe.run.gone:
         what = probe.run.detail or probe.run.state.value
         return S.FAILED, f"{what} while {state.value}"
+    if state is S.READY and probe.engine_state == "failed":
+        return S.FAILED, f"engine died while ready: {probe.error or 'see its log'}"
     if state not in (S.STARTING, S.WARMING):
         return None
     if probe.engine_state == "failed":

@@ -12,6 +12,7 @@ drains and stops every instance.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import secrets
 import shlex
@@ -105,12 +106,14 @@ def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prob
     from llmserve.gateway.admin import admin_guard
     from llmserve.gateway.app import create_app
 
-    app = create_app(cfg.gateway_config(admin_key))
+    key = cfg.instance_key()
+    app = create_app(cfg.gateway_config(admin_key, key))
     gw = app.state.gateway
     name = cfg.served_name
     controller = PoolController(gw.pool(name, cfg.version), name, cfg.version, cfg.autoscale_config(), provider,
-                                cfg.instance_spec, cfg.controller_config(),
-                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober)
+                                functools.partial(cfg.instance_spec, instance_key=key), cfg.controller_config(),
+                                metrics=AutoscaleMetrics(gw.metrics.registry), prober=prober,
+                                instance_api_key=key)
     gw.services.append(controller)
     gw.observers.append(controller)
     app.include_router(autoscale_router([controller], admin_guard(gw)))
@@ -135,10 +138,11 @@ def run_serve(args: argparse.Namespace) -> int:
           f"({provider.name} provider, {cfg.threads()} threads each)\n"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
+    from llmserve.http_guard import uvicorn_options
+
     gcfg = app.state.gateway.config
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
-                h11_max_incomplete_event_size=gcfg.limits.max_header_bytes + 4096, timeout_keep_alive=30,
-                timeout_graceful_shutdown=30)
+                **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
     return 0
 
 

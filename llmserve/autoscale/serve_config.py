@@ -11,6 +11,8 @@ concurrency, balancer). See ``docs/serve.example.yaml``.
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +56,7 @@ class ProviderSettings(_Strict):
     ray_address: str | None = None  # None: start a local Ray runtime
     ray_num_cpus: float = Field(1.0, ge=0.0)  # per instance
     ray_num_gpus: float = Field(0.0, ge=0.0)  # per instance, on GPU clusters
-    ray_bind_host: str | None = None  # None: each node's own address
+    ray_bind_host: str | None = None  # None: loopback on a local runtime, else each node's address
     ray_local_num_cpus: int | None = Field(None, ge=1)
 
 
@@ -69,6 +71,9 @@ class ServeConfig(_Strict):
     threads_per_instance: int | None = Field(None, ge=1)
     cold_start_delay_s: float = Field(0.0, ge=0.0)  # testing: --startup-delay for each instance
     admin_key: str | None = None  # None: a random key, printed at start
+    # The key instances require (the gateway and the controller's probes send it).
+    # None: a random one per pool with the ray provider, none for local subprocesses.
+    instance_api_key: str | None = Field(None, min_length=8)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     provider: ProviderSettings = ProviderSettings()
     autoscale: dict[str, Any] = Field(default_factory=dict)
@@ -81,7 +86,7 @@ class ServeConfig(_Strict):
     def _engine_args(cls, args: list[str]) -> list[str]:
         for a in args:
             if a.split("=")[0] in ("--host", "--port", "--instance-id", "--model", "--served-model-name",
-                                   "--threads", "--startup-delay", "--model-store"):
+                                   "--threads", "--startup-delay", "--model-store", "--api-key"):
                 raise ValueError(f"engine_args: set {a} through serve's own settings, not engine_args")
         return args
 
@@ -118,11 +123,19 @@ class ServeConfig(_Strict):
             raise ValueError(f"lifecycle: unknown keys {sorted(unknown)}; known: {sorted(known)}")
         return ControllerConfig(**self.lifecycle)
 
-    def gateway_config(self, admin_key: str) -> GatewayConfig:
+    def instance_key(self, generate: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> str | None:
+        """The API key of this pool's instances: the configured one; else a fresh one
+        for Ray, whose engines may listen on a node's network address; else none
+        (local subprocesses listen on loopback). Call once per pool."""
+        if self.instance_api_key is not None:
+            return self.instance_api_key
+        return generate() if self.provider.kind == "ray" else None
+
+    def gateway_config(self, admin_key: str, instance_key: str | None = None) -> GatewayConfig:
         g = dict(self.gateway)
         auth = {**g.pop("auth", {}), "admin_key": admin_key}
-        model = {"name": self.served_name,
-                 "versions": [{"name": self.version, "weight": 1.0, "upstreams": []}], **self.pool}
+        version = {"name": self.version, "weight": 1.0, "upstreams": [], "api_key": instance_key}
+        model = {"name": self.served_name, "versions": [version], **self.pool}
         return GatewayConfig.model_validate({"models": [model], "auth": auth, **g})
 
     def threads(self) -> int:
@@ -130,13 +143,16 @@ class ServeConfig(_Strict):
             return self.threads_per_instance
         return max(1, (os.cpu_count() or 1) // self.autoscale_config().bounds.max_instances)
 
-    def instance_spec(self, instance_id: str) -> InstanceSpec:
+    def instance_spec(self, instance_id: str, instance_key: str | None = None) -> InstanceSpec:
         args = ["--model", self.model, "--served-model-name", self.served_name, "--threads", str(self.threads())]
         if self.model_store:
             args += ["--model-store", self.model_store]
         if self.cold_start_delay_s:
             args += ["--startup-delay", str(self.cold_start_delay_s)]
-        return InstanceSpec(instance_id, tuple(args + list(self.engine_args)))
+        # The key in the environment, not argv (which any local user can read in ps);
+        # set even when empty, so a key in serve's own environment is not inherited.
+        return InstanceSpec(instance_id, tuple(args + list(self.engine_args)),
+                            env=(("LLMSERVE_API_KEY", instance_key or ""),))
 
     @classmethod
     def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:

@@ -24,6 +24,9 @@ class PoolSignals:
     # Summed over ready instances' load reports.
     waiting: int = 0
     running: int = 0
+    # Requests the gateway has sent to instances and not seen finish: exact and
+    # current, where the reports' waiting + running lag a report interval behind.
+    dispatched: int = 0
     # Latency observed at the gateway over the window (seconds).
     ttft_p50: float | None = None
     ttft_p99: float | None = None
@@ -45,7 +48,7 @@ class PoolSignals:
         for name in ("window_s", "arrival_rate", "arrival_tokens_per_s", "throughput_per_instance"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("waiting", "running", "ready", "warming", "starting", "draining"):
+        for name in ("waiting", "running", "dispatched", "ready", "warming", "starting", "draining"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
 
@@ -66,8 +69,9 @@ class PoolSignals:
 
     @property
     def in_flight(self) -> int:
-        """Requests in the pool: queued at the gateway, waiting or running in engines."""
-        return self.queued + self.waiting + self.running
+        """Requests in the pool: queued at the gateway, waiting or running in engines
+        (the gateway's own count where it is higher: reports are a poll old)."""
+        return self.queued + max(self.waiting + self.running, self.dispatched)
 
     def utilisation(self, metric: str) -> float:
         """The mean utilisation signal named by ``metric`` (``busy``, ``kv`` or ``batch``)."""

@@ -5,6 +5,13 @@ event loop talks to it through a command queue (add / abort) and receives
 outputs via ``call_soon_threadsafe``. Tokenising and validation happen on the
 caller's side (``prepare_request`` reads no mutable state), so bad input fails
 fast without waiting for a step.
+
+Two ways a stream ends in error. A request that failed alone (the core's output
+has ``error`` set) raises :class:`RequestFailedError` in its own stream; the others
+go on. A fault of the whole batch (the forward pass raised) or of the engine loop
+itself kills the engine: every stream raises :class:`EngineDeadError`, new requests
+are refused, and ``is_alive()`` is False with the reason in ``death``, so the
+server's ``/ready`` says so and the instance gets replaced.
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    pass
+    """The engine loop is not running: the batch's forward pass failed or the loop crashed."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request alone failed; ``output`` is its last output (what it generated so far)."""
+
+    def __init__(self, output: RequestOutput) -> None:
+        super().__init__(output.error or "the request failed")
+        self.output = output
 
 
 class AsyncEngine:
@@ -37,8 +52,8 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._stop = False
+        self.death: str | None = None  # why the engine died; None while it runs
         self.last_heartbeat = time.monotonic()
-        self.errors = 0
         self._thread = threading.Thread(target=self._run, name="llmserve-engine", daemon=True)
         self._thread.start()
 
@@ -48,7 +63,7 @@ class AsyncEngine:
         return self.core.tokenizer
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and not self._stop
+        return self._thread.is_alive() and not self._stop and self.death is None
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
@@ -56,11 +71,12 @@ class AsyncEngine:
         """Validate now (raising ``ValueError`` at once), then return the output stream.
 
         The stream yields incremental outputs (``delta_text`` / ``delta_token_ids``)
-        until finished. Closing or cancelling it (client gone) aborts the request and
+        until finished; only the final one also carries the whole text and token ids
+        (see ``CompletionOutput``). Closing or cancelling it (client gone) aborts the request and
         frees its KV blocks.
         """
         if not self.is_alive():
-            raise EngineDeadError("the engine loop is not running")
+            raise EngineDeadError(f"the engine is not running: {self.death or 'shut down'}")
         rid = request_id or f"req-{next(self._ids)}"
         req, text = self.core.prepare_request(rid, prompt, params, priority=priority,
                                               cache_salt=cache_salt, arrival_time=arrival_time)
@@ -68,6 +84,8 @@ class AsyncEngine:
         self._streams[rid] = (asyncio.get_running_loop(), q)
         self._cmds.put(("add", req, text))
         self._wake.set()
+        if self.death is not None:  # died after the check above: its sweep may have missed this stream
+            q.put_nowait(EngineDeadError(f"the engine died: {self.death}"))
         return self._stream(rid, q)
 
     async def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
@@ -78,6 +96,9 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                if item.error is not None:
+                    finished = True
+                    raise RequestFailedError(item)
                 yield item
                 if item.finished:
                     finished = True
@@ -101,6 +122,9 @@ class AsyncEngine:
         """Run ``fn(core, *args)`` on the engine thread (for snapshots that must be consistent)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if not self.is_alive():
+            fut.set_exception(EngineDeadError(f"the engine is not running: {self.death or 'shut down'}"))
+            return fut
         self._cmds.put(("call", (fn, args, loop, fut), None))
         self._wake.set()
         return fut
@@ -130,7 +154,7 @@ class AsyncEngine:
             if kind == "add":
                 try:
                     self.core.enqueue(a, b)
-                except ValueError as e:
+                except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
                     self._deliver(a.request_id, e)
             elif kind == "abort":
                 out = self.core.abort_request(a)
@@ -145,6 +169,13 @@ class AsyncEngine:
                     loop.call_soon_threadsafe(lambda e=e: fut.done() or fut.set_exception(e))
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a crashed loop must still say why and end every stream
+            log.exception("engine loop crashed")
+            self._die(f"the engine loop crashed: {type(e).__name__}: {e}")
+
+    def _loop(self) -> None:
         while not self._stop:
             self.last_heartbeat = time.monotonic()
             self._drain_commands()
@@ -154,18 +185,32 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.core.step()
-            except Exception as e:  # noqa: BLE001 - keep serving: fail the batch, not the engine
-                log.exception("engine step failed; aborting in-flight requests")
-                self.errors += 1
-                self._fail_all(e)
-                continue
+            except Exception as e:  # noqa: BLE001 - the batch itself failed: this engine is done
+                log.exception("engine step failed for the whole batch; the engine is dead")
+                self._die(f"engine step failed: {type(e).__name__}: {e}")
+                return
             for out in outputs:
                 self._deliver(out.request_id, out)
 
-    def _fail_all(self, err: Exception) -> None:
+    def _die(self, reason: str) -> None:
+        """Mark the engine dead, then end every request and every open stream with the reason."""
+        self.death = reason
+        err = EngineDeadError(reason)
         for rid in list(self.core.scheduler.requests):
-            self.core.abort_request(rid)
-            self._deliver(rid, RuntimeError(f"engine step failed: {err}"))
+            try:
+                self.core.abort_request(rid)  # frees its blocks
+            except Exception:  # noqa: BLE001 - the state may be what killed us; the streams still end
+                log.exception("could not abort %s", rid)
+        for rid in list(self._streams):
+            self._deliver(rid, err)
+        while True:  # calls queued before the end would wait forever
+            try:
+                kind, a, _ = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call":
+                _, _, loop, fut = a
+                loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_exception(err))
 
 
 def merge_choices(outs: list[RequestOutput], request_id: str) -> RequestOutput:
@@ -176,4 +221,5 @@ def merge_choices(outs: list[RequestOutput], request_id: str) -> RequestOutput:
         comps.append(CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs))
     first = outs[0]
     return RequestOutput(request_id, first.prompt_token_ids, comps, all(o.finished for o in outs),
-                         first.prompt, first.num_cached_tokens, first.metrics)
+                         first.prompt, first.num_cached_tokens, first.metrics,
+                         next((o.error for o in outs if o.error is not None), None))

@@ -86,17 +86,21 @@ class DraftModelProposer:
             if not plan.scheduled:
                 break
             run = self.runner.execute(plan)
-            for r, sh in active:
+            for r, sh in list(active):
                 start, _ = run.rows[r.request_id]
                 row = rows(r, tokens[r.request_id])
-                dist = process(run.logits[start], row)
-                if r.sampling_params.greedy:
-                    t = int(dist.argmax())
-                    q = torch.zeros_like(dist)
-                    q[t] = 1.0
-                else:
-                    t = draw(dist, row.generator)
-                    q = dist
+                try:
+                    dist = process(run.logits[start], row)
+                    if r.sampling_params.greedy:
+                        t = int(dist.argmax())
+                        q = torch.zeros_like(dist)
+                        q[t] = 1.0
+                    else:
+                        t = draw(dist, row.generator)
+                        q = dist
+                except Exception:  # noqa: BLE001 - a row the draft cannot sample just stops guessing
+                    active.remove((r, sh))
+                    continue
                 tokens[r.request_id].append(t)
                 qs[r.request_id].append(q)
                 shr = sh.request

@@ -3,6 +3,11 @@
 Everything stateful about one request's *text* (detokenisation, stop strings,
 logprobs) lives here; token accounting lives in the scheduler, KV in the KV
 manager, tensors in the runner.
+
+One bad request never hurts another: a request whose scheduling, sampling or text
+raises is failed alone (its final output has ``finish_reason == "error"`` and
+``error`` set, its KV blocks are freed) and the step goes on without it. Only a
+fault of the whole batch, the forward pass itself, makes ``step()`` raise.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from llmserve.engine.request import Request, RequestStatus, parse_priority
+from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
 from llmserve.engine.runner import ModelRunner
-from llmserve.engine.sampler import SampleRow, Sampler
+from llmserve.engine.sampler import SampleRow, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
-from llmserve.engine.stats import EngineStats
+from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,7 @@ class _Track:
     hold_back: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None
 
 
 class EngineCore:
@@ -127,6 +134,8 @@ class EngineCore:
             prompt_text = None
         if not prompt_ids:
             raise InvalidParameterError("prompt", "must not be empty")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidParameterError("cache_salt", "must be a string")
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
             raise InvalidParameterError("prompt", f"has token ids outside the vocabulary [0, {vocab})")
@@ -140,6 +149,7 @@ class EngineCore:
             prio = parse_priority(priority)
         except ValueError as e:
             raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
+        prio = REALTIME if prio is None else prio
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
         grammar = self.compile_grammar(params)
@@ -158,23 +168,18 @@ class EngineCore:
         thread and cached, so a server compiles in a worker thread before ``add_request``."""
         if params.structured_outputs is None:
             return None
-        if self._guided is None:
-            if self.tokenizer is None:
-                raise InvalidParameterError("structured_outputs", "needs an engine with a tokenizer")
-            with self._guided_lock:  # one tokenizer info per engine (~0.4 s for 49k tokens)
-                if self._guided is None:
-                    from llmserve.engine.grammar import GrammarBackend
-
-                    self._guided = GuidedDecoding(GrammarBackend(
-                        self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids)))
+        with self._guided_lock:  # one tokenizer info per engine (~0.4 s for 49k tokens)
+            if self._guided is None:
+                self._guided = GuidedDecoding.for_tokenizer(self.tokenizer, self.model_config.vocab_size,
+                                                            self.eos_token_ids)
         return self._guided.backend.compile(params.structured_outputs)
 
     def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
-        """Hand a prepared request to the scheduler (engine thread only)."""
+        """Hand a prepared request to the scheduler (engine thread only).
+
+        All or nothing: whatever raises here leaves no trace of the request.
+        """
         params = req.sampling_params
-        self.scheduler.add_request(req)
-        if req.grammar is not None:
-            self._guided.add(req.request_id, req.grammar, req.output_token_ids)
         gen = None
         if params.seed is not None:
             gen = torch.Generator()
@@ -182,17 +187,19 @@ class EngineCore:
         detok = None
         if self.tokenizer is not None:
             detok = self.tokenizer.detokenizer(req.prompt_token_ids, params.skip_special_tokens)
-        self._tracks[req.request_id] = _Track(
-            req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
-            logprobs=[] if params.logprobs is not None else None,
-            hold_back=max((len(s) for s in params.stop), default=1) - 1)
+        track = _Track(req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
+                       logprobs=[] if params.logprobs is not None else None,
+                       hold_back=max((len(s) for s in params.stop), default=1) - 1)
+        matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+        self.scheduler.add_request(req)
+        self._tracks[req.request_id] = track
+        if matcher is not None:
+            self._guided.add(req.request_id, matcher)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is; its KV blocks are freed at once."""
         req = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-        tr = self._tracks.pop(request_id, None)
-        if self._guided is not None:
-            self._guided.remove(request_id)
+        tr = self._forget(request_id)
         if req is None or tr is None:
             return None
         tr.finish_reason = "abort"
@@ -205,46 +212,70 @@ class EngineCore:
 
     # ---- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+        """Schedule, run, sample, update; raises only when the forward pass itself fails."""
+        self._propose()
         plan = self.scheduler.schedule()
-        if plan.empty:
-            return []
         t0 = time.monotonic()
-        for s in plan.scheduled:
-            tr = self._tracks[s.request.request_id]
-            if tr.metrics.first_scheduled_time is None:
-                tr.metrics.first_scheduled_time = t0
-                self.stats.on_first_scheduled(s.request, t0)
+        outputs = [self._fail(tr, r.error, t0) for r in plan.failed if (tr := self._tracks.get(r.request_id))]
+        if plan.empty:
+            return outputs
+        self._note_scheduled(plan, t0)
         guided = self._guided
         pending = guided.start(plan) if guided else None  # masks fill while the model runs
         run = self.runner.execute(plan)
-        sampled, sampled_lp = self._sample(plan, run, GuidedDecoding.masks(pending))
+        samples = self._sample(plan, run, GuidedDecoding.masks(pending))
+        complete = guided.commit(samples) if guided else []  # (skips, or adds to, samples.failed)
+        for rid, why in samples.failed.items():
+            self.scheduler.fail_request(rid, f"sampling failed: {why}")
         t1 = time.monotonic()
         self.stats.on_step(t0, t1, plan)
-        complete = guided.commit(sampled) if guided else []
-        finished = self.scheduler.update_from_output(plan, sampled)
+        finished = self.scheduler.update_from_output(plan, samples.tokens)
         finished_ids = {r.request_id for r in finished}
         for rid in complete:  # the grammar ended (matters with ignore_eos; otherwise the stop token did)
             if rid not in finished_ids and self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED):
                 finished_ids.add(rid)
+        return outputs + self._postprocess(plan, samples, finished_ids, t1)
+
+    def _note_scheduled(self, plan, now: float) -> None:
+        for s in plan.scheduled:
+            tr = self._tracks[s.request.request_id]
+            if tr.metrics.first_scheduled_time is None:
+                tr.metrics.first_scheduled_time = now
+                self.stats.on_first_scheduled(s.request, now)
+
+    def _postprocess(self, plan, samples: StepSamples, finished_ids: set[str], now: float) -> list[RequestOutput]:
+        """Text and outputs for every request the step touched; a failure ends only its own request."""
         outputs = []
         for s in plan.scheduled:
-            rid = s.request.request_id
-            if rid not in sampled:
-                continue
-            tr = self._tracks.get(rid)
+            req = s.request
+            tr = self._tracks.get(req.request_id)
             if tr is None:
                 continue
-            outputs.append(self._advance(tr, sampled_lp.get(rid, []), t1, rid in finished_ids))
+            if req.status is RequestStatus.FINISHED_ERROR:
+                outputs.append(self._fail(tr, req.error, now))
+            elif req.request_id in samples.tokens:
+                lps = samples.logprobs.get(req.request_id, [])
+                try:
+                    outputs.append(self._advance(tr, lps, now, req.request_id in finished_ids))
+                except Exception as e:  # noqa: BLE001 - its detokeniser or stop check: it fails alone
+                    outputs.append(self._fail(tr, f"detokenisation failed: {e}", now))
         return outputs
 
-    def _sample(self, plan, run, masks: dict[str, torch.Tensor]
-                ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
-        sampled: dict[str, list[int]] = {}
-        lps: dict[str, list[TokenLogprob]] = {}
+    def _propose(self) -> None:
+        """Draft tokens for the next step; a failing proposer only costs this step its drafts."""
+        if self.spec is None:
+            return
+        try:
+            self.spec.propose(self.scheduler.running)
+        except Exception:  # noqa: BLE001 - speculation is lossless to skip
+            log.exception("speculative proposal failed; this step runs without drafts")
+            for r in self.scheduler.running:
+                r.spec_token_ids = []
+
+    def _sample(self, plan, run, masks: dict[str, torch.Tensor]) -> StepSamples:
         if self.spec is not None:
             return self.spec.verify(plan, run, self._row, masks)
+        out = StepSamples()
         rows, order, idx = [], [], []
         for s in plan.scheduled:
             if s.sample:
@@ -253,15 +284,18 @@ class EngineCore:
                 order.append(s.request.request_id)
                 idx.append(run.rows[s.request.request_id][0])
         if not rows:
-            return sampled, lps
+            return out
         logits = run.logits
         if idx != list(range(logits.shape[0])):  # (advanced indexing costs ~50 us even for one row)
             logits = logits.index_select(0, torch.tensor(idx, dtype=torch.long))
         for rid, tok in zip(order, self.sampler.sample(logits, rows)):
-            sampled[rid] = [tok.token_id]
+            if tok.error is not None:
+                out.failed[rid] = tok.error
+                continue
+            out.tokens[rid] = [tok.token_id]
             if tok.logprob is not None:
-                lps[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
-        return sampled, lps
+                out.logprobs[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
+        return out
 
     def _row(self, req: Request, extra_output: list[int] | None = None,
              allowed: torch.Tensor | None = None) -> SampleRow:
@@ -297,9 +331,7 @@ class EngineCore:
             if tr.stop_reason is None:
                 tr.stop_reason = req.stop_reason
             tr.metrics.finished_time = now
-            self._tracks.pop(req.request_id, None)
-            if self._guided is not None:
-                self._guided.remove(req.request_id)
+            self._forget(req.request_id)
             self.stats.on_finished(req, tr.finish_reason, tr.metrics)
         return self._output(tr, finished)
 
@@ -320,6 +352,24 @@ class EngineCore:
         tr.finish_reason, tr.stop_reason = "stop", s
         return s
 
+    def _fail(self, tr: _Track, error: str | None, now: float) -> RequestOutput:
+        """End one request with an error: its blocks are freed, its stream ends with ``error``."""
+        req = tr.request
+        tr.error = error or "the request failed"
+        log.warning("request %s failed: %s", req.request_id, tr.error)
+        self.scheduler.fail_request(req.request_id, tr.error)  # (a no-op if it already finished)
+        tr.finish_reason, tr.stop_reason = "error", None
+        tr.metrics.finished_time = now
+        self._forget(req.request_id)
+        self.stats.on_finished(req, "error", tr.metrics)
+        return self._output(tr, finished=True)
+
+    def _forget(self, request_id: str) -> _Track | None:
+        """Drop a finished request's text state and grammar matcher."""
+        if self._guided is not None:
+            self._guided.remove(request_id)
+        return self._tracks.pop(request_id, None)
+
     def _output(self, tr: _Track, finished: bool) -> RequestOutput:
         req = tr.request
         ids = req.output_token_ids
@@ -331,41 +381,14 @@ class EngineCore:
         if tr.logprobs is not None:
             lp_delta = tr.logprobs[tr.num_tokens_emitted:len(ids)]
         tr.num_tokens_emitted = len(ids)
-        comp = CompletionOutput(0, tr.text[:emit_upto], list(ids), tr.finish_reason if finished else None,
-                                tr.stop_reason if finished else None, tr.logprobs, delta, new_ids, lp_delta)
+        if finished:
+            comp = CompletionOutput(0, tr.text, list(ids), tr.finish_reason, tr.stop_reason, tr.logprobs,
+                                    delta, new_ids, lp_delta)
+        else:  # deltas only: a copy of the whole sequence per step is quadratic for a queued stream
+            comp = CompletionOutput(0, "", [], None, None, None, delta, new_ids, lp_delta)
         return RequestOutput(req.request_id, req.prompt_token_ids, [comp], finished, tr.prompt,
-                             req.num_cached_tokens, tr.metrics)
+                             req.num_cached_tokens, tr.metrics, tr.error if finished else None)
 
     # ---- introspection ---------------------------------------------------------------
     def load_snapshot(self) -> dict[str, Any]:
-        sch = self.scheduler
-        by_prio: dict[str, int] = {}
-        for r in sch.waiting:
-            by_prio[str(r.priority)] = by_prio.get(str(r.priority), 0) + 1
-        return {
-            "num_running": len(sch.running),
-            "num_waiting": len(sch.waiting),
-            "num_waiting_by_priority": by_prio,
-            "kv_cache_usage": self.kv.usage,
-            "max_num_seqs": self.config.max_num_seqs,
-            "prefix_cache_queries": self.kv.prefix_queries,
-            "prefix_cache_hits": self.kv.prefix_hits,
-            "num_preemptions": sch.num_preemptions,
-            **self.stats.window(),
-        }
-
-
-class ContextLengthError(ValueError):
-    """The prompt (plus max_tokens) does not fit the model's context."""
-
-    def __init__(self, prompt_tokens: int, limit: int, max_tokens: int | None = None) -> None:
-        if max_tokens is None:
-            msg = (f"This model's maximum context length is {limit} tokens, but the prompt has "
-                   f"{prompt_tokens} tokens (at least one token must be generated).")
-        else:
-            msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
-                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
-                   f"for the completion). Please reduce the prompt or max_tokens.")
-        super().__init__(msg)
-        self.prompt_tokens = prompt_tokens
-        self.limit = limit
+        return load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats)

@@ -6,7 +6,9 @@ where the grammar refuses it), ``start`` (after scheduling: a worker thread fill
 the masks of every sampling row, draft positions included, while the engine
 thread runs the model; xgrammar releases the GIL), ``masks`` (joins it),
 sampling with the masks applied, then ``commit`` (the accepted tokens advance
-each matcher). Requests without a grammar cost nothing here.
+each matcher). Requests without a grammar cost nothing here. A matcher that
+raises fails its own request only: its mask allows nothing, which the sampler
+refuses to sample, or ``commit`` marks it failed.
 
 Speculation stays exact. The mask of draft position ``j`` is the grammar's mask
 after drafts ``0..j-1``, so each verified position samples from the constrained
@@ -20,15 +22,20 @@ which is what exactness needs), and right before it for a deterministic proposer
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from llmserve.engine.grammar import GrammarBackend, Matcher
+from llmserve.engine.sampler import StepSamples
+from llmserve.engine.sampling_params import InvalidParameterError
 
 if TYPE_CHECKING:
     from llmserve.engine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 
 class GuidedDecoding:
@@ -45,12 +52,22 @@ class GuidedDecoding:
     def __len__(self) -> int:
         return len(self._matchers)
 
-    def add(self, request_id: str, compiled: Any, output_ids: list[int] = ()) -> None:
-        """Start a matcher for ``request_id`` (after any ``output_ids`` it already has)."""
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> "GuidedDecoding":
+        if tokenizer is None:
+            raise InvalidParameterError("structured_outputs", "needs an engine with a tokenizer")
+        return cls(GrammarBackend(tokenizer, vocab_size, sorted(eos_token_ids)))
+
+    def matcher(self, compiled: Any, output_ids: list[int] = ()) -> Matcher:
+        """A matcher of ``compiled`` after ``output_ids``; kept only once ``add`` is called
+        (so that a request the scheduler refuses leaves nothing here)."""
         m = self.backend.matcher(compiled)
         for t in output_ids:
             m.accept_token(t)
-        self._matchers[request_id] = m
+        return m
+
+    def add(self, request_id: str, matcher: Matcher) -> None:
+        self._matchers[request_id] = matcher
 
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
@@ -81,38 +98,48 @@ class GuidedDecoding:
     def _fill(self, work: list[tuple[str, list[int]]]) -> dict[str, torch.Tensor]:
         out = {}
         for rid, drafts in work:
-            m = self._matchers[rid]
             mask = self.backend.allocate(1 + len(drafts))
-            m.fill_next_token_bitmask(mask, 0)
-            n = 0
-            for j, t in enumerate(drafts):  # position j + 1 follows drafts[0..j]
-                if not m.accept_token(t):
-                    break  # refused: never accepted, so later positions are never sampled
-                n += 1
-                m.fill_next_token_bitmask(mask, j + 1)
-            if n:
-                m.rollback(n)
+            try:
+                self._fill_one(self._matchers[rid], drafts, mask)
+            except Exception:  # noqa: BLE001 - a mask that allows nothing fails this request alone, in sampling
+                log.exception("grammar mask of request %s failed", rid)
+                mask.zero_()
             out[rid] = mask
         return out
+
+    @staticmethod
+    def _fill_one(m: Matcher, drafts: list[int], mask: torch.Tensor) -> None:
+        m.fill_next_token_bitmask(mask, 0)
+        n = 0
+        for j, t in enumerate(drafts):  # position j + 1 follows drafts[0..j]
+            if not m.accept_token(t):
+                break  # refused: never accepted, so later positions are never sampled
+            n += 1
+            m.fill_next_token_bitmask(mask, j + 1)
+        if n:
+            m.rollback(n)
 
     @staticmethod
     def masks(pending: Future | None) -> dict[str, torch.Tensor]:
         return pending.result() if pending is not None else {}
 
-    def commit(self, sampled: dict[str, list[int]]) -> list[str]:
+    def commit(self, samples: StepSamples) -> list[str]:
         """Advance the matchers by the tokens each request produced; returns the requests
-        whose grammar is now complete (a stop token ended it)."""
+        whose grammar is now complete (a stop token ended it). Requests that failed are
+        skipped; one whose matcher raises joins ``samples.failed``."""
         done = []
-        for rid, tokens in sampled.items():
+        for rid, tokens in list(samples.tokens.items()):
             m = self._matchers.get(rid)
-            if m is None:
+            if m is None or rid in samples.failed:
                 continue
-            for t in tokens:
-                if not m.accept_token(t) or m.is_terminated():
+            try:
+                if not all(m.accept_token(t) and not m.is_terminated() for t in tokens):
                     # Masked sampling only draws allowed tokens; a refusal here means
                     # the grammar has ended (a stop token came after completion).
                     done.append(rid)
-                    break
+            except Exception as e:  # noqa: BLE001 - this request's grammar only
+                samples.failed[rid] = f"grammar: {e}"
+                del samples.tokens[rid]
         return done
 
     def shutdown(self) -> None:

@@ -77,7 +77,9 @@ class KVCacheManager:
 
     # ---- prefix reuse ---------------------------------------------------------
     def _extra(self, request: Request) -> bytes:
-        salt = request.cache_salt.encode() if request.cache_salt else b""
+        # surrogatepass: a lone surrogate (JSON allows "\ud800") must not make hashing raise;
+        # it is still one-to-one, so distinct salts keep distinct caches.
+        salt = request.cache_salt.encode("utf-8", "surrogatepass") if request.cache_salt else b""
         return self._model_key + b"\x00" + salt
 
     def _full_block_hashes(self, request: Request, upto_tokens: int, known: list[bytes]) -> list[bytes]:

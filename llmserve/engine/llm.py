@@ -9,7 +9,7 @@ from llmserve.engine.async_engine import merge_choices
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.outputs import RequestOutput
-from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.sampling_params import SamplingParams, child_seed
 
 Prompt = str | list[int]
 
@@ -84,9 +84,9 @@ class LLM:
 
 
 def fan_out(sp: SamplingParams) -> list[SamplingParams]:
-    """``n`` independent sequences; seeded requests get seeds ``seed, seed+1, ...``."""
+    """``n`` independent sequences; seeded requests get seeds ``seed, seed+1, ...`` (mod 2**64)."""
     if sp.n == 1:
         return [sp]
     from dataclasses import replace
 
-    return [replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i) for i in range(sp.n)]
+    return [replace(sp, n=1, seed=None if sp.seed is None else child_seed(sp.seed, i)) for i in range(sp.n)]

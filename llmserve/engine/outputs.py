@@ -14,6 +14,11 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class CompletionOutput:
+    """One sequence's progress. Every output carries the ``delta_*`` fields (since the
+    previous output); the whole-sequence fields (``text``, ``token_ids``,
+    ``logprobs``) are filled on the final output only and are empty before it, so an
+    output queued for a slow reader holds one step's tokens, not a copy of all."""
+
     index: int
     text: str
     token_ids: list[int]

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmserve.engine.sampling_params import SamplingParams
-
-REALTIME = 0
-BATCH = 1
+from llmserve.priority import BATCH, REALTIME  # noqa: F401 (re-exported: the levels by name)
 
 
 class RequestStatus(enum.Enum):
@@ -19,6 +17,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request alone failed (its scheduling, sampling or text)
 
     @property
     def finished(self) -> bool:
@@ -30,21 +29,7 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-             RequestStatus.FINISHED_ABORTED}
-
-
-def parse_priority(value: int | str | None) -> int:
-    """``"realtime"`` → 0, ``"batch"`` → 1, integers as given (lower runs first)."""
-    if value is None:
-        return REALTIME
-    if isinstance(value, bool):
-        raise ValueError("priority must be 'realtime', 'batch' or an integer")
-    if isinstance(value, int):
-        return value
-    names = {"realtime": REALTIME, "batch": BATCH}
-    if isinstance(value, str) and value.lower() in names:
-        return names[value.lower()]
-    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
+             RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
 
 
 @dataclass(eq=False)
@@ -73,6 +58,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     stop_reason: int | str | None = None
     grammar: Any = None  # the compiled grammar of a structured output (engine/guided.py); the scheduler never reads it
+    error: str | None = None  # why it failed, when its status is FINISHED_ERROR
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -101,3 +87,19 @@ class Request:
     @property
     def is_batch_class(self) -> bool:
         return self.priority > REALTIME
+
+
+class ContextLengthError(ValueError):
+    """The prompt (plus max_tokens) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, limit: int, max_tokens: int | None = None) -> None:
+        if max_tokens is None:
+            msg = (f"This model's maximum context length is {limit} tokens, but the prompt has "
+                   f"{prompt_tokens} tokens (at least one token must be generated).")
+        else:
+            msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
+                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+                   f"for the completion). Please reduce the prompt or max_tokens.")
+        super().__init__(msg)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit

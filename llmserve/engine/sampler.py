@@ -6,14 +6,21 @@ to all rows at once; ``process`` then produces the distribution a row actually
 samples from. Speculative decoding's rejection sampler reuses both, so that
 speculation changes nothing about what is sampled. Logprobs are the model's own
 (before any of this), as vLLM reports them by default.
+
+A row whose logits or distribution are not finite (NaN, inf, no mass left, or a
+grammar that allowed nothing) is not sampled: its token carries an ``error`` and
+only its request fails. The check costs one reduction over the whole batch when
+every row is fine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
+from llmserve.engine.outputs import TokenLogprob
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.ops import layer_ops
 
@@ -35,6 +42,32 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    error: str | None = None  # set: this row could not be sampled (``token_id`` is meaningless)
+
+
+@dataclass(slots=True)
+class StepSamples:
+    """What one step sampled, by request id: the accepted drafts plus one new token each,
+    their logprobs when asked for, and why a request could not be sampled."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class NonFiniteError(ValueError):
+    """A row's logits or sampling distribution hold NaN or inf, or no probability mass."""
+
+
+def non_finite_rows(logits: torch.Tensor) -> list[int]:
+    """Rows of ``logits`` that cannot be sampled: holding NaN or +inf, or nothing above
+    -inf. A row's max (which propagates NaN) is finite exactly when the row is fine, so
+    this is one reduction; a -inf alone is a banned token (a grammar mask), not a fault.
+    """
+    top = logits.amax(dim=-1)
+    if bool(torch.isfinite(top).all()):
+        return []
+    return (~torch.isfinite(top)).nonzero().flatten().tolist()
 
 
 def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -83,6 +116,8 @@ def process(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
     if p.needs_penalties:
         apply_penalties(logits, row)
     if p.greedy:
+        if not math.isfinite(float(logits.max())):  # max propagates NaN
+            raise NonFiniteError("the logits are not finite after penalties")
         return logits
     logits = logits / p.temperature
     if p.top_k and p.top_k < logits.shape[-1]:
@@ -97,7 +132,10 @@ def process(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
         probs = probs.scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+    total = probs.sum()
+    if not 0.0 < float(total) < math.inf:  # (False for NaN too)
+        raise NonFiniteError("the sampling distribution is not finite after penalties and temperature")
+    return probs / total
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -116,24 +154,36 @@ class Sampler:
             self.generator.seed()
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
-        out: list[SampledToken] = []
+        """One token per row; a row that cannot be sampled gets a token with ``error`` set."""
         need_lp = any(r.params.logprobs is not None for r in rows)
         logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
-        logits = constrain(logits, rows)
-        greedy_fast = all(r.params.greedy and not r.params.needs_penalties for r in rows)
-        if greedy_fast:
+        raw, logits = logits, constrain(logits, rows)
+        if all(r.params.greedy and not r.params.needs_penalties for r in rows):
             tokens = self.ops.argmax(logits).tolist()
+            errors = {i: "the logits are not finite" for i in non_finite_rows(logits)}
         else:
-            tokens = []
-            for i, row in enumerate(rows):
-                dist = process(logits[i], row)
-                if row.params.greedy:
-                    tokens.append(int(dist.argmax().item()))
-                else:
-                    tokens.append(draw(dist, row.generator or self.generator))
+            tokens, errors = self._per_row(logits, rows)
+        if logits is not raw:  # a NaN the mask hid still spoils the row (and its logprobs)
+            errors |= {i: "the model's logits are not finite" for i in non_finite_rows(raw) if i not in errors}
+        out: list[SampledToken] = []
         for i, (tok, row) in enumerate(zip(tokens, rows)):
-            out.append(self.describe(tok, row, logprobs[i] if logprobs is not None else None))
+            if i in errors:
+                out.append(SampledToken(-1, error=errors[i]))
+            else:
+                out.append(self.describe(tok, row, logprobs[i] if logprobs is not None else None))
         return out
+
+    def _per_row(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], dict[int, str]]:
+        tokens: list[int] = []
+        errors: dict[int, str] = {}
+        for i, row in enumerate(rows):
+            try:
+                dist = process(logits[i], row)
+                tok = int(dist.argmax().item()) if row.params.greedy else draw(dist, row.generator or self.generator)
+            except Exception as e:  # noqa: BLE001 - this row's own fault: its request fails, not the batch
+                tok, errors[i] = -1, str(e) or type(e).__name__
+            tokens.append(tok)
+        return tokens, errors
 
     @staticmethod
     def describe(tok: int, row: SampleRow, logprobs: torch.Tensor | None) -> SampledToken:

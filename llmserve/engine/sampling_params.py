@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0
+# vLLM asks only for > 0, but 1e-300 is 0 in fp32 and turns logits into inf: these
+# bounds stay far from fp32's limits (a penalty of 100 already all but bans a token).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+# Above this every realistic logit range samples as good as uniformly.
+MAX_TEMPERATURE = 100.0
+# What ``torch.Generator.manual_seed`` takes (it reads a seed modulo 2**64).
+MIN_SEED, MAX_SEED = -2**63, 2**64 - 1
 
 
 @dataclass(slots=True)
@@ -56,7 +64,9 @@ class SamplingParams:
     """How one request turns logits into tokens and when it stops.
 
     ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k.
-    ``max_tokens=None`` means "up to the model's context".
+    ``max_tokens=None`` means "up to the model's context". Every float must be finite
+    and stay finite and non-zero in fp32 (a request that overflows the sampler must
+    not reach it).
     """
 
     n: int = 1
@@ -89,19 +99,23 @@ class SamplingParams:
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
                f"must be at least 1, got {self.max_tokens}")
-        _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(_finite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+               f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= 0, "top_k", f"must be -1 (disabled) or positive, got {self.top_k}")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+        _check(_finite(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(_finite(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
                f"must be in [-2, 2], got {self.presence_penalty}")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+        _check(_finite(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
                f"must be in [-2, 2], got {self.frequency_penalty}")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               f"must be positive, got {self.repetition_penalty}")
+        _check(_finite(self.repetition_penalty)
+               and MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               "repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], "
+               f"got {self.repetition_penalty}")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
+        _check(self.seed is None or (isinstance(self.seed, int) and MIN_SEED <= self.seed <= MAX_SEED), "seed",
+               f"must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
         if self.logit_bias:
             _check(all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias",
                    "keys must be non-negative token ids")
@@ -126,6 +140,15 @@ class InvalidParameterError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param} {message}")
         self.param = param
+
+
+def child_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th of ``n`` sequences: wraps as torch does, so it is always valid."""
+    return (seed + index) % 2**64
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _check(ok: bool, param: str, message: str) -> None:

@@ -5,6 +5,10 @@ decode phase: a request needs ``num_tokens - num_computed_tokens`` tokens (plus 
 draft tokens), and gets as many as the budget allows, so a long prompt is split
 into chunks that share a forward pass with decoding requests. No torch, no I/O:
 ``schedule()`` plans, ``update_from_output()`` applies what the model produced.
+
+A request whose own planning or update raises (a salt that cannot be hashed, say)
+is failed alone: its blocks are freed, its status is ``FINISHED_ERROR`` with the
+reason in ``Request.error``, and the step goes on with the others.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # failed alone while planning
     total_tokens: int = 0
 
     @property
@@ -133,6 +138,13 @@ class Scheduler:
         self.kv.free(req)
         return req
 
+    def fail_request(self, request_id: str, error: str) -> Request | None:
+        """End one request with an error (``FINISHED_ERROR``); None if it already finished."""
+        req = self.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+        if req is not None:
+            req.error = error
+        return req
+
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
@@ -184,10 +196,16 @@ class Scheduler:
                 # A step that prefills a realtime prompt carries no batch prompt chunk:
                 # it lasts as long as on an idle engine (batch decodes are cheap; stay).
                 continue
-            if req.status is RequestStatus.RUNNING:
-                self._schedule_running(req, avail(req), scheduled, out)
-            elif admitting and not out.preempted:  # (a request preempted here is not re-admitted)
-                admitting = self._admit(req, avail(req), scheduled, out)
+            try:
+                if req.status is RequestStatus.RUNNING:
+                    self._schedule_running(req, avail(req), scheduled, out)
+                elif admitting and not out.preempted:  # (a request preempted here is not re-admitted)
+                    admitting = self._admit(req, avail(req), scheduled, out)
+            except Exception as e:  # noqa: BLE001 - its own fault: it fails, the plan goes on
+                scheduled.pop(req.request_id)
+                self.fail_request(req.request_id, f"scheduling failed: {e}")
+                out.failed.append(req)
+                continue
             # Only a realtime prompt that got tokens this step holds batch chunks back.
             rt_prefill |= prefill and not req.is_batch_class and req.request_id in scheduled
 
@@ -281,32 +299,43 @@ class Scheduler:
 
         ``sampled[request_id]`` holds the tokens produced for a request that sampled
         this step: the accepted draft tokens followed by one new token. Returns the
-        requests that finished.
+        requests that finished, those that failed (``FINISHED_ERROR``) included.
         """
         finished = []
         for s in out.scheduled:
             req = s.request
             if req.is_finished or req.status is not RequestStatus.RUNNING:
                 continue
-            req.num_computed_tokens += s.num_tokens
-            req.spec_token_ids = []
-            if s.sample:
-                new = sampled.get(req.request_id, [])
-                # Accepted drafts already have KV: count them as computed.
-                req.num_computed_tokens += max(0, len(new) - 1)
-                status = self._append(req, new)
-                # A stop inside the accepted drafts cuts the tokens short: never count
-                # KV for tokens that are not in the sequence.
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-                if status is not None:
-                    self.kv.cache_computed_blocks(req)  # reusable by the next turn of a chat
-                    self.finish_request(req.request_id, status)
-                    finished.append(req)
-                    continue
-                # Drop blocks reserved for drafts that were rejected.
-                self.kv.trim(req, req.num_tokens)
-            self.kv.cache_computed_blocks(req)
+            try:
+                status = self._apply(req, s, sampled)
+            except Exception as e:  # noqa: BLE001 - its own fault: it fails, the others are applied
+                self.fail_request(req.request_id, f"applying the step failed: {e}")
+                finished.append(req)
+                continue
+            if status is not None:
+                self.finish_request(req.request_id, status)
+                finished.append(req)
         return finished
+
+    def _apply(self, req: Request, s: ScheduledRequest, sampled: dict[str, list[int]]) -> RequestStatus | None:
+        """Advance one request by what this step computed and sampled; the status it ends with, if any."""
+        req.num_computed_tokens += s.num_tokens
+        req.spec_token_ids = []
+        if s.sample:
+            new = sampled.get(req.request_id, [])
+            # Accepted drafts already have KV: count them as computed.
+            req.num_computed_tokens += max(0, len(new) - 1)
+            status = self._append(req, new)
+            # A stop inside the accepted drafts cuts the tokens short: never count
+            # KV for tokens that are not in the sequence.
+            req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+            if status is not None:
+                self.kv.cache_computed_blocks(req)  # reusable by the next turn of a chat
+                return status
+            # Drop blocks reserved for drafts that were rejected.
+            self.kv.trim(req, req.num_tokens)
+        self.kv.cache_computed_blocks(req)
+        return None
 
     def _append(self, req: Request, new: list[int]) -> RequestStatus | None:
         sp = req.sampling_params

@@ -18,12 +18,13 @@ import torch
 from llmserve.engine.config import SpeculativeConfig
 from llmserve.engine.outputs import TokenLogprob
 from llmserve.engine.request import Request
-from llmserve.engine.sampler import SampleRow, Sampler, constrain, draw, process
+from llmserve.engine.sampler import (NonFiniteError, SampleRow, Sampler, StepSamples, constrain, draw,
+                                     non_finite_rows, process)
 
 if TYPE_CHECKING:
     from llmserve.engine.engine import EngineCore
     from llmserve.engine.runner import RunOutput
-    from llmserve.engine.scheduler import SchedulerOutput
+    from llmserve.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
 @dataclass(slots=True)
@@ -208,54 +209,69 @@ class SpeculativeDecoder:
                 self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
     def verify(self, plan: "SchedulerOutput", run: "RunOutput", row_fn: Callable[..., SampleRow],
-               masks: dict[str, torch.Tensor] | None = None
-               ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
-        """Accept drafts and sample; ``masks[request_id][j]`` is the grammar's mask of row j."""
+               masks: dict[str, torch.Tensor] | None = None) -> StepSamples:
+        """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone.
+        ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
         masks = masks or {}
-        sampled: dict[str, list[int]] = {}
-        lps: dict[str, list[TokenLogprob]] = {}
-        c = self.counters
+        out = StepSamples()
         decoding = sum(1 for s in plan.scheduled if s.sample)
         required = self.config.min_acceptance + self.config.acceptance_slope * max(0, decoding - 1)
+        bad_rows = non_finite_rows(run.logits)  # one reduction when every row is fine
         for s in plan.scheduled:
             if not s.sample:
                 continue
-            req = s.request
-            start, n_rows = run.rows[req.request_id]
-            raw_logits = logits = run.logits[start:start + n_rows]
-            drafts = s.spec_token_ids
-            params = req.sampling_params
-            mask = masks.get(req.request_id)
-            base = row_fn(req, allowed=None if mask is None else mask[0])
-            gen = base.generator or self.engine.sampler.generator
-            rows: list[SampleRow] | None = None
-            if mask is not None or params.logit_bias or not (params.greedy and not params.needs_penalties):
-                rows = [base] + [row_fn(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, n_rows)]
-                logits = constrain(logits, rows)
-            if params.greedy and not params.needs_penalties:
-                p_rows = list(logits)  # argmax of the (constrained) logits: no per-row copy needed
-            else:
-                p_rows = [process(logits[j], rows[j]) for j in range(n_rows)]
-            q = self._q.get(req.request_id)
-            tokens, accepted = rejection_sample(p_rows, drafts, q, req.sampling_params.greedy, gen)
-            sampled[req.request_id] = tokens
-            if drafts:
-                c.num_drafts += 1
-                c.num_draft_tokens += len(drafts)
-                c.num_accepted_tokens += accepted
-                for i in range(accepted):
-                    c.accepted_per_pos[i] += 1
-                acc = self._accept.setdefault(req.request_id, _Acceptance(self.k))
-                acc.rate = 0.7 * acc.rate + 0.3 * (accepted / len(drafts))
-                acc.adapt(len(drafts), accepted, self.k_max)
-                if acc.rate < required:
-                    # Not paying for itself: pause, then probe again later.
-                    acc.paused_until = req.num_output_tokens + 32
-                    acc.rate = required + 0.1
-            if req.sampling_params.logprobs is not None:
-                raw = torch.log_softmax(raw_logits.float(), dim=-1)
-                lps[req.request_id] = [
-                    TokenLogprob(t, d.logprob, d.top_logprobs or [])
-                    for j, t in enumerate(tokens)
-                    for d in [Sampler.describe(t, base, raw[j])]]
-        return sampled, lps
+            rid = s.request.request_id
+            start, n_rows = run.rows[rid]
+            try:
+                if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
+                    raise NonFiniteError("the model's logits are not finite")
+                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], row_fn, required,
+                                                        masks.get(rid))
+            except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
+                out.failed[rid] = str(e) or type(e).__name__
+                continue
+            if lps is not None:
+                out.logprobs[rid] = lps
+        return out
+
+    def _verify_one(self, s: "ScheduledRequest", logits: torch.Tensor, row_fn: Callable[..., SampleRow],
+                    required: float, mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
+        req = s.request
+        drafts = s.spec_token_ids
+        params = req.sampling_params
+        raw_logits = logits
+        base = row_fn(req, allowed=None if mask is None else mask[0])
+        gen = base.generator or self.engine.sampler.generator
+        fast = params.greedy and not params.needs_penalties
+        if mask is not None or params.logit_bias or not fast:
+            rows = [base] + [row_fn(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, len(logits))]
+            logits = constrain(logits, rows)
+        if fast:
+            if logits is not raw_logits and non_finite_rows(logits):
+                raise NonFiniteError("the constrained logits are not finite (the grammar allowed no token)")
+            p_rows = list(logits)  # argmax of the (constrained) logits: no per-row copy needed
+        else:
+            p_rows = [process(logits[j], rows[j]) for j in range(len(logits))]
+        tokens, accepted = rejection_sample(p_rows, drafts, self._q.get(req.request_id), params.greedy, gen)
+        if drafts:
+            self._count(req, len(drafts), accepted, required)
+        if params.logprobs is None:
+            return tokens, None
+        raw = torch.log_softmax(raw_logits.float(), dim=-1)
+        return tokens, [TokenLogprob(t, d.logprob, d.top_logprobs or [])
+                        for j, t in enumerate(tokens) for d in [Sampler.describe(t, base, raw[j])]]
+
+    def _count(self, req: Request, proposed: int, accepted: int, required: float) -> None:
+        c = self.counters
+        c.num_drafts += 1
+        c.num_draft_tokens += proposed
+        c.num_accepted_tokens += accepted
+        for i in range(accepted):
+            c.accepted_per_pos[i] += 1
+        acc = self._accept.setdefault(req.request_id, _Acceptance(self.k))
+        acc.rate = 0.7 * acc.rate + 0.3 * (accepted / proposed)
+        acc.adapt(proposed, accepted, self.k_max)
+        if acc.rate < required:
+            # Not paying for itself: pause, then probe again later.
+            acc.paused_until = req.num_output_tokens + 32
+            acc.rate = required + 0.1

@@ -13,7 +13,6 @@ Callers pass ``now`` from a monotonic clock; FIFO order within a class relies on
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections import OrderedDict, deque
@@ -24,33 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmserve.gateway.instance import InstanceView
 from llmserve.load_report import LoadReport
+from llmserve.priority import PriorityClass
 
 T = TypeVar("T")
-
-
-class Priority(enum.IntEnum):
-    REALTIME = 0
-    BATCH = 1
-
-
-def priority_class(value: int | str | None) -> Priority:
-    """``None`` / ``"realtime"`` / integers <= 0 → realtime; ``"batch"`` / integers > 0 → batch."""
-    if value is None:
-        return Priority.REALTIME
-    if isinstance(value, bool):
-        raise ValueError("priority must be 'realtime', 'batch' or an integer")
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("realtime", "batch"):
-            return Priority.REALTIME if v == "realtime" else Priority.BATCH
-        try:
-            value = int(v)
-        except ValueError:
-            raise ValueError(
-                f"priority must be 'realtime', 'batch' or an integer, got {value!r}") from None
-    if isinstance(value, int):
-        return Priority.REALTIME if value <= 0 else Priority.BATCH
-    raise ValueError(f"priority must be 'realtime', 'batch' or an integer, got {value!r}")
 
 
 class ClassLimits(BaseModel):
@@ -67,14 +42,14 @@ class AdmissionConfig(BaseModel):
     batch: ClassLimits = ClassLimits(max_queue=4096, deadline_s=600.0)
     batch_min_share: float = Field(0.2, ge=0.0, le=1.0)
 
-    def limits(self, priority: Priority) -> ClassLimits:
-        return self.realtime if priority is Priority.REALTIME else self.batch
+    def limits(self, priority: PriorityClass) -> ClassLimits:
+        return self.realtime if priority is PriorityClass.REALTIME else self.batch
 
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
     ticket: int
-    priority: Priority
+    priority: PriorityClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +65,7 @@ class Ticket(Generic[T]):
 
     ticket: int
     item: T
-    priority: Priority
+    priority: PriorityClass
     enqueued_at: float
     deadline: float
 
@@ -136,7 +111,7 @@ class AdmissionQueue(Generic[T]):
 
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config or AdmissionConfig()
-        self._queues = {p: _ClassQueue[T]() for p in Priority}
+        self._queues = {p: _ClassQueue[T]() for p in PriorityClass}
         self._ids = itertools.count(1)
         self._batch_credit = 0.0
         self._expired: list[Expired[T]] = []
@@ -144,10 +119,10 @@ class AdmissionQueue(Generic[T]):
     def __len__(self) -> int:
         return sum(len(q.items) for q in self._queues.values())
 
-    def depth(self, priority: Priority) -> int:
+    def depth(self, priority: PriorityClass) -> int:
         return len(self._queues[priority].items)
 
-    def offer(self, item: T, priority: Priority, now: float) -> Admitted | Rejected:
+    def offer(self, item: T, priority: PriorityClass, now: float) -> Admitted | Rejected:
         q, limits = self._queues[priority], self.config.limits(priority)
         if len(q.items) >= limits.max_queue:
             q.rejected += 1
@@ -172,7 +147,7 @@ class AdmissionQueue(Generic[T]):
         self._set_aside_expired(now)
         if not has_capacity:
             return None
-        rt, batch = self._queues[Priority.REALTIME], self._queues[Priority.BATCH]
+        rt, batch = self._queues[PriorityClass.REALTIME], self._queues[PriorityClass.BATCH]
         if rt.items and batch.items:
             self._batch_credit += self.config.batch_min_share
             if self._batch_credit >= 1.0 - 1e-9:
@@ -203,7 +178,7 @@ class AdmissionQueue(Generic[T]):
         heads = [next(iter(q.items.values())).deadline for q in self._queues.values() if q.items]
         return min(heads) if heads else None
 
-    def stats(self, now: float) -> dict[Priority, ClassStats]:
+    def stats(self, now: float) -> dict[PriorityClass, ClassStats]:
         out = {}
         for p, q in self._queues.items():
             oldest = next(iter(q.items.values())).enqueued_at if q.items else now
@@ -224,7 +199,7 @@ class AdmissionQueue(Generic[T]):
                     f"request waited {waited:.1f} s in the {p.name.lower()} queue, past its "
                     f"deadline of {self.config.limits(p).deadline_s:g} s; no instance had room")))
 
-    def _retry_after(self, priority: Priority, now: float) -> int:
+    def _retry_after(self, priority: PriorityClass, now: float) -> int:
         """Seconds until the queue has likely drained enough: depth / recent rate."""
         q, deadline = self._queues[priority], self.config.limits(priority).deadline_s
         while q.recent_dispatches and q.recent_dispatches[0] < now - _RATE_WINDOW_S:

@@ -9,7 +9,6 @@ for the pool's run-time interface).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import random
 import time
@@ -26,6 +25,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from llmserve.gateway.admin import admin_router
+from llmserve.gateway.auth import Privileges
 from llmserve.gateway.canary import Action, CanaryAnalysis
 from llmserve.gateway.config import GatewayConfig, ModelConfig
 from llmserve.gateway.dashboard import dashboard_router
@@ -39,6 +39,7 @@ from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.gateway.window_stats import WindowStats
+from llmserve.http_guard import uvicorn_options
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class ModelRuntime:
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
         self.upstream_models = {v.name: v.upstream_model for v in config.versions}
+        self.upstream_auth = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}"
+                              for v in config.versions}
+        self.count_forced = config.canary is not None and config.canary.count_forced
         for v in config.versions:
             pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
                         concurrency=config.concurrency, balancer=config.balancer,
@@ -237,13 +241,10 @@ class Gateway:
         return [depth, oldest, weight, inflight, ready, breaker]
 
 
-def limits_response(scope: Scope, max_header_bytes: int, max_body_bytes: int) -> Response | None:
-    """431 for oversized headers, 413 for a declared body over the limit, else None."""
-    headers = scope["headers"]
-    if sum(len(k) + len(v) + 4 for k, v in headers) > max_header_bytes:
-        return error_response(431, f"request headers are over the limit of {max_header_bytes} bytes",
-                              code="headers_too_large")
-    for k, v in headers:
+def body_limit_response(scope: Scope, max_body_bytes: int) -> Response | None:
+    """413 for a declared body over the limit, else None (header and URL sizes are
+    the HTTP protocol's to refuse: ``llmserve.http_guard``)."""
+    for k, v in scope["headers"]:
         if k == b"content-length" and v.isdigit() and int(v) > max_body_bytes:
             return error_response(413, f"the request body is over the limit of {max_body_bytes} bytes",
                                   code="body_too_large")
@@ -256,7 +257,7 @@ PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 class GatewayApp(FastAPI):
     """FastAPI, with the two proxied routes taken before its middleware and routing.
 
-    Every request is checked against the header and body limits first. A POST to
+    Every request's declared body size is checked first. A POST to
     ``/v1/completions`` or ``/v1/chat/completions`` then goes straight to the
     proxy: FastAPI's exception, telemetry and exit-stack middleware, route
     matching and dependency solving were about 40 % of the gateway's CPU per
@@ -265,14 +266,13 @@ class GatewayApp(FastAPI):
     """
 
     gateway: Gateway
-    check_client: Callable[[Request], None]
+    check_client: Callable[[Request], Privileges]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if not self.gateway.started:
                 await self.gateway.ensure_started()
-            limits = self.gateway.config.limits
-            response = limits_response(scope, limits.max_header_bytes, limits.max_body_bytes)
+            response = body_limit_response(scope, self.gateway.config.limits.max_body_bytes)
             path = scope["path"]
             root = scope.get("root_path", "")
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
@@ -290,8 +290,8 @@ class GatewayApp(FastAPI):
 
     async def _proxy(self, request: Request, path: str) -> Response:
         try:
-            self.check_client(request)
-            return await self.gateway.proxy.handle(request, path)
+            client = self.check_client(request)
+            return await self.gateway.proxy.handle(request, path, client)
         except GatewayError as e:
             return from_exception(e)
         except ClientDisconnect:
@@ -299,24 +299,6 @@ class GatewayApp(FastAPI):
         except Exception as e:  # noqa: BLE001 - an OpenAI-shaped 500, never a bare one
             log.exception("unhandled error on %s", path)
             return error_response(500, f"internal gateway error: {type(e).__name__}", code="internal_error")
-
-
-def _client_auth(gw: Gateway):
-    keys = [k.get_secret_value().encode() for k in gw.config.auth.api_keys]
-
-    def check(request: Request) -> None:
-        if not keys:
-            return
-        auth = request.headers.get("authorization", "")
-        given = (auth[7:] if auth.lower().startswith("bearer ") else "").strip().encode()
-        ok = False
-        for k in keys:  # no early exit: every key is compared
-            ok |= hmac.compare_digest(given, k)
-        if not ok:
-            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                               code="invalid_api_key")
-
-    return check
 
 
 def create_app(config: GatewayConfig) -> GatewayApp:
@@ -333,7 +315,12 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     app = GatewayApp(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                      openapi_url=None)
     app.state.gateway = app.gateway = gw
-    app.check_client = check_client = _client_auth(gw)
+    auth = config.auth.client_auth()
+
+    def check_client(request: Request) -> Privileges:
+        return auth.identify(request.headers.get("authorization"))
+
+    app.check_client = check_client
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:
@@ -386,7 +373,6 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
 
     config = GatewayConfig.load(config_path)
     uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=access_log,
-                h11_max_incomplete_event_size=config.limits.max_header_bytes + 4096,
+                **uvicorn_options(config.limits.http_limits()),
                 # The gateway never reads the client address, so no X-Forwarded-* rewriting.
-                proxy_headers=False,
-                timeout_keep_alive=30)
+                proxy_headers=False)

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, SecretStr, field_validator,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator,
                       model_validator)
 
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
+from llmserve.gateway.auth import ClientAuth, Privileges
 from llmserve.gateway.balancer.picker import BalancerConfig
 from llmserve.gateway.canary import CanaryConfig
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.health import OutlierConfig, RetryBudgetConfig
+from llmserve.http_guard import HttpLimits
+from llmserve.priority import PriorityClass
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 
@@ -48,6 +52,7 @@ class VersionConfig(_Strict):
     weight: float = Field(ge=0.0)  # relative; normalised over the model's versions
     upstreams: list[str] = Field(default_factory=list)  # base URLs; may start empty
     upstream_model: str | None = None  # rewrite the request's "model" to this upstream
+    api_key: SecretStr | None = None  # sent to these upstreams as Authorization: Bearer
 
     @field_validator("name")
     @classmethod
@@ -72,6 +77,9 @@ class CanarySettings(CanaryConfig):
     version: str
     stable: str
     auto_start: bool = True  # start the rollout when the gateway starts
+    # Requests that forced their version (x-llmserve-version) in the analysis's stats:
+    # off, so a tester's forced traffic cannot promote or roll back a canary.
+    count_forced: bool = False
 
 
 class ModelConfig(_Strict):
@@ -120,16 +128,63 @@ class ModelConfig(_Strict):
         return {v.name: v.weight for v in self.versions}
 
 
+def _class_name(v: object) -> object:
+    """YAML says ``realtime`` / ``batch``; the enum's values are 0 / 1."""
+    if isinstance(v, str):
+        try:
+            return PriorityClass[v.strip().upper()]
+        except KeyError:
+            raise ValueError(f"a priority class is 'realtime' or 'batch', got {v!r}") from None
+    return v
+
+
+ClassName = Annotated[PriorityClass, BeforeValidator(_class_name)]
+
+
+class PrivilegeConfig(_Strict):
+    """What a client may ask for; the rule is in ``gateway/auth.py``."""
+
+    priorities: list[ClassName] | None = None  # None: its default and every less urgent class
+    default_priority: ClassName | None = None  # None: auth.default_priority
+    priority_range: tuple[int, int] | None = None  # integers sent on as they are; None: as their class
+    version_override: bool = False  # may force a version with x-llmserve-version
+
+    def privileges(self, default: PriorityClass) -> Privileges:
+        return Privileges.build(self.default_priority if self.default_priority is not None else default,
+                                self.priorities, self.priority_range, self.version_override)
+
+
+class ClientKey(PrivilegeConfig):
+    key: SecretStr
+
+
 class AuthConfig(_Strict):
-    api_keys: list[SecretStr] = Field(default_factory=list)  # empty: no client auth
+    """Client keys, with their privileges; no key at all: an open gateway."""
+
+    api_keys: list[SecretStr] = Field(default_factory=list)  # keys with default privileges
+    keys: list[ClientKey] = Field(default_factory=list)  # keys with their own
+    default_priority: ClassName = PriorityClass.REALTIME  # a request that claims none
+    open_privileges: PrivilegeConfig = PrivilegeConfig()  # every client's when no key is set
     admin_key: SecretStr | None = None  # unset: the admin API is disabled
 
-    @field_validator("api_keys")
-    @classmethod
-    def _keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
-        if any(len(k.get_secret_value()) < 8 for k in keys):
+    @model_validator(mode="after")
+    def _keys(self) -> AuthConfig:
+        given = [k.get_secret_value() for k in self.api_keys] + \
+                [k.key.get_secret_value() for k in self.keys]
+        if any(len(k) < 8 for k in given):
             raise ValueError("API keys must be at least 8 characters")
-        return keys
+        if len(set(given)) != len(given):
+            raise ValueError("an API key is listed twice (api_keys and keys together)")
+        for i, k in enumerate(self.keys):
+            try:
+                k.privileges(self.default_priority)
+            except ValueError as e:
+                raise ValueError(f"auth.keys[{i}]: {e}") from None
+        try:
+            self.open_privileges.privileges(self.default_priority)
+        except ValueError as e:
+            raise ValueError(f"auth.open_privileges: {e}") from None
+        return self
 
     @field_validator("admin_key")
     @classmethod
@@ -138,12 +193,40 @@ class AuthConfig(_Strict):
             raise ValueError("the admin key must be at least 16 characters")
         return key
 
+    def client_auth(self) -> ClientAuth:
+        default = PrivilegeConfig().privileges(self.default_priority)
+        keys = {k.get_secret_value(): default for k in self.api_keys}
+        keys.update({k.key.get_secret_value(): k.privileges(self.default_priority) for k in self.keys})
+        return ClientAuth(keys, self.open_privileges.privileges(self.default_priority))
+
 
 class LimitsConfig(_Strict):
+    """What one client may send and hold; the connection-level ones are enforced by
+    ``llmserve.http_guard`` on every way the gateway is served."""
+
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    max_header_bytes: int = Field(32 * 1024, ge=1024)  # all request headers together
+    # All request headers together: twice the instance's 16 KiB, for clients' own
+    # tracing and auth headers, which the gateway does not forward.
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    max_url_bytes: int = Field(8 * 1024, ge=256)  # the API's paths are short; nginx's default line cap
+    # A whole head within 10 s, a whole body within 30 s of it (a 4 MiB body needs
+    # only ~140 KB/s): slower is a slowloris, not a client.
+    header_timeout_s: float = Field(10.0, gt=0.0)
+    body_timeout_s: float = Field(30.0, gt=0.0)
+    # A client that reads nothing of its response for this long is dropped (nginx: 60 s).
+    send_timeout_s: float = Field(30.0, gt=0.0)
+    keep_alive_timeout_s: float = Field(30.0, gt=0.0)  # idle client connections
+    # Open client connections served; a request beyond gets 503. Each stream holds one
+    # for its whole length, so this is far above the instances' batch sizes.
+    max_connections: int = Field(4096, ge=1)
     connect_timeout_s: float = Field(5.0, gt=0.0)
     request_timeout_s: float = Field(600.0, gt=0.0)  # upstream, whole response
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(max_header_bytes=self.max_header_bytes, max_url_bytes=self.max_url_bytes,
+                          header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
+                          send_timeout_s=self.send_timeout_s, keep_alive_timeout_s=self.keep_alive_timeout_s,
+                          max_connections=self.max_connections)
 
 
 class PollingConfig(_Strict):

@@ -26,13 +26,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, ClassStats,
-                                        ConcurrencyConfig, Priority, Rejected)
+                                        ConcurrencyConfig, Rejected)
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
 from llmserve.gateway.circuit import BreakerConfig, BreakerState, CircuitBreaker
 from llmserve.gateway.config import normalize_url
 from llmserve.gateway.health import OutlierConfig, OutlierDetector
 from llmserve.gateway.instance import InstanceView
 from llmserve.load_report import LoadReport, MetricsLoadParser
+from llmserve.priority import PriorityClass
 
 
 class QueueFull(Exception):
@@ -204,7 +205,7 @@ class Pool:
             rejected_total=sum(s.rejected for s in stats.values()),
             dispatched_total=sum(s.dispatched for s in stats.values()))
 
-    def queue_stats(self) -> dict[Priority, ClassStats]:
+    def queue_stats(self) -> dict[PriorityClass, ClassStats]:
         return self.admission.stats(self._clock())
 
     def snapshot(self) -> list[dict]:
@@ -225,13 +226,13 @@ class Pool:
             inflight_at_report=i.inflight_at_report if fresh else 0,
             report=i.report if fresh else None)
 
-    async def acquire(self, request: RouteRequest, priority: Priority,
+    async def acquire(self, request: RouteRequest, priority: PriorityClass,
                       exclude: Iterable[str] = ()) -> Lease:
         """Wait for a slot on an instance. Raises QueueFull (429), QueueTimeout (503) or
         NoHealthyInstance (503)."""
         return await self.wait(self.enqueue(request, priority, exclude))
 
-    def enqueue(self, request: RouteRequest, priority: Priority,
+    def enqueue(self, request: RouteRequest, priority: PriorityClass,
                 exclude: Iterable[str] = ()) -> Waiting:
         """Queue a request and dispatch what can go now; ``waiting.done`` is True when it
         already has a slot (the common case), so the caller can skip the wait."""

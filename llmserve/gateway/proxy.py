@@ -31,13 +31,14 @@ from starlette.requests import ClientDisconnect
 
 from llmserve.api.parse import load_json, validate
 from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
-from llmserve.gateway.admission import Priority, priority_class
+from llmserve.gateway.auth import Privileges, grant_priority
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
-from llmserve.gateway.upstream import UpstreamResponse
-from llmserve.gateway.version_router import VERSION_HEADER, UnknownVersion
+from llmserve.gateway.upstream import Abandoned, UpstreamResponse
+from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
+from llmserve.priority import PriorityClass, parse_priority
 
 if TYPE_CHECKING:
     from llmserve.gateway.app import Gateway, ModelRuntime
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPSTREAM_HEADER = "x-llmserve-upstream"
-_FORWARD_HEADERS = ("accept", "x-request-id", "x-priority", "traceparent", "tracestate")
+PRIORITY_HEADER = "x-llmserve-priority"  # on the response: the priority the request ran at
+# Not x-priority: the gateway sends its own decision (see gateway/auth.py).
+_FORWARD_HEADERS = ("accept", "x-request-id", "traceparent", "tracestate")
 _RETURN_HEADERS = ("content-type", "x-request-id")
 
 
@@ -56,7 +59,8 @@ class ParsedRequest:
     model: str
     stream: bool
     user: str | None
-    priority: Priority
+    priority: int  # the one granted, not the one claimed
+    priority_class: PriorityClass
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -86,20 +90,22 @@ async def read_body(request: Request, limit: int) -> bytes:
 _REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 
 
-def parse_request(raw: bytes, headers, path: str = "/v1/chat/completions") -> ParsedRequest:
-    """Validated with the instance's own models (llmserve.api), so a bad request is a
-    400 here and never reaches, retries on or trips the breakers of an instance."""
+def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat/completions") -> ParsedRequest:
+    """The request as the gateway will serve it, validated with the instance's own models
+    (llmserve.api), so a bad request is a 400 here and never reaches, retries on or trips
+    the breakers of an instance; its priority is the granted one."""
     body = load_json(raw)
     if not isinstance(body, dict) or not body.get("model"):  # routing needs it; instances do not
         raise GatewayError(400, "'model' is required", param="model", code="missing_model")
     request = validate(body, _REQUEST_MODELS[path])
     user = request.user or headers.get("x-user-id") or None
-    raw_priority = request.priority if request.priority is not None else headers.get("x-priority")
+    claimed = request.priority if request.priority is not None else headers.get("x-priority")
     try:
-        priority = priority_class(raw_priority)
+        priority = grant_priority(parse_priority(claimed), client)
     except ValueError as e:
         raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
-    return ParsedRequest(body, raw, request.model, request.stream, user, priority)
+    return ParsedRequest(body, raw, request.model, request.stream, user, priority,
+                         PriorityClass.of(priority))
 
 
 def prompt_text(body: dict, max_chars: int) -> str:
@@ -180,7 +186,7 @@ def _is_sse(resp: UpstreamResponse) -> bool:
 class _Plan:
     """One request's attempts: where and what to send, and how the tries went."""
 
-    __slots__ = ("attempt", "content", "headers", "last", "path", "pool", "request", "route",
+    __slots__ = ("attempt", "content", "gone", "headers", "last", "path", "pool", "request", "route",
                  "tried")
 
     def __init__(self, request: Request, pool: Pool, path: str, content: bytes,
@@ -190,6 +196,9 @@ class _Plan:
         self.attempt = 0
         self.tried: list[str] = []
         self.last: GatewayError | Response | None = None
+        # Non-streaming: done when the client leaves (the body is read, so the next ASGI
+        # message is the disconnect); the queue wait and the upstream response give up then.
+        self.gone: asyncio.Future | None = None
 
 
 class _Current:
@@ -212,22 +221,24 @@ class Proxy:
     def _request_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids):016x}"
 
-    async def handle(self, request: Request, path: str) -> Response:
+    async def handle(self, request: Request, path: str, client: Privileges) -> Response:
         t0 = time.monotonic()
         gw = self.gw
         raw = await read_body(request, gw.config.limits.max_body_bytes)
-        parsed = parse_request(raw, request.headers, path)
+        parsed = parse_request(raw, request.headers, client, path)
         runtime = gw.models.get(parsed.model)
         if runtime is None:
             raise GatewayError(404, f"the model {parsed.model!r} does not exist",
                                param="model", code="model_not_found")
+        forced = request.headers.get(VERSION_HEADER) if client.version_override else None
         try:
-            decision = runtime.router.route(parsed.user, request.headers.get(VERSION_HEADER))
+            decision = runtime.router.route(parsed.user, forced)
         except UnknownVersion as e:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
-        ctx = _Context(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id())
+        ctx = _Context(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
+                       in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
         if gw.observers:
             chars = prompt_chars(parsed.body)
             for o in gw.observers:
@@ -243,19 +254,43 @@ class Proxy:
     async def _attempts(self, request: Request, path: str, ctx: _Context) -> Response:
         gw, rt = self.gw, ctx.runtime
         upstream_model = rt.upstream_models[ctx.version]
+        body, priority = ctx.parsed.body, ctx.parsed.priority
         content = ctx.parsed.raw
+        rewrite = {}
         if upstream_model:
-            content = json.dumps({**ctx.parsed.body, "model": upstream_model}).encode()
+            rewrite["model"] = upstream_model
+        if "priority" in body and body["priority"] != priority:
+            rewrite["priority"] = priority
+        if rewrite:
+            content = json.dumps({**body, **rewrite}).encode()
         headers = {"content-type": "application/json", "accept-encoding": "identity",
-                   "x-request-id": ctx.request_id, VERSION_HEADER: ctx.version}
+                   "x-request-id": ctx.request_id, VERSION_HEADER: ctx.version,
+                   "x-priority": str(priority)}
         headers.update({h: request.headers[h] for h in _FORWARD_HEADERS
                         if h in request.headers and h != "x-request-id"})
+        upstream_auth = rt.upstream_auth[ctx.version]
+        if upstream_auth:
+            headers["authorization"] = upstream_auth
         prefix_cfg = rt.config.balancer.prefix
         route = RouteRequest(prompt_text(ctx.parsed.body,
                                          prefix_cfg.block_chars * prefix_cfg.max_blocks),
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
         plan = _Plan(request, rt.pools[ctx.version], path, content, headers, route)
+        if not ctx.parsed.stream:
+            plan.gone = asyncio.ensure_future(request.receive())
+        try:
+            return await self._answer(plan, ctx)
+        except Abandoned:
+            raise GatewayError(499, "the client closed the request before its answer",
+                               code="client_disconnected") from None
+        finally:
+            if plan.gone is not None:
+                plan.gone.cancel()
+
+    async def _answer(self, plan: _Plan, ctx: _Context) -> Response:
+        """Attempts until one answers: a relayed stream, or a whole response."""
+        gw = self.gw
         while True:
             got = await self._try_next(plan, ctx)
             if got is None:
@@ -279,8 +314,11 @@ class Proxy:
                 plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} broke off: {e}",
                                          code="upstream_broken")
                 continue
+            except Abandoned:
+                plan.pool.release(lease, Outcome.NEUTRAL)
+                raise
             finally:
-                resp.close()
+                resp.close()  # before the answer is whole, this closes the connection: the engine stops
             plan.pool.release(lease, Outcome.SUCCESS)
             if gw.observers and resp.status_code == 200:
                 ctx.output_tokens = _completion_tokens(body)
@@ -301,7 +339,7 @@ class Proxy:
                     return None
                 gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
             try:
-                lease = await self._acquire(plan.pool, plan.route, ctx, plan.tried, plan.request)
+                lease = await self._acquire(plan, ctx)
             except GatewayError:
                 if plan.last is None:
                     raise
@@ -311,7 +349,8 @@ class Proxy:
             gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version,
                              inst.instance_id).inc()
             try:
-                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers)
+                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers,
+                                              abandon=plan.gone)
             except httpx.HTTPError as e:
                 plan.pool.release(lease, Outcome.FAILURE)
                 plan.last = GatewayError(502, f"upstream {inst.instance_id} failed: "
@@ -323,7 +362,9 @@ class Proxy:
                 raise
             plan.tried.append(inst.instance_id)
             if resp.status_code >= 500:
-                plan.last = await self._read_error(resp, lease, plan.pool)
+                plan.last, own_fault = await self._read_error(resp, lease, plan.pool)
+                if own_fault:  # the request itself failed in the engine: elsewhere too
+                    return None
                 continue
             return resp, lease
         return None
@@ -380,12 +421,10 @@ class Proxy:
                 yield out
             return
 
-    async def _acquire(self, pool: Pool, route: RouteRequest, ctx: _Context,
-                       tried: list[str], request: Request) -> Lease:
+    async def _acquire(self, plan: _Plan, ctx: _Context) -> Lease:
         try:
-            waiting = pool.enqueue(route, ctx.parsed.priority, exclude=tried)
-            lease = waiting.result() if waiting.done else \
-                await self._wait_unless_gone(pool, waiting, request)
+            waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
+            lease = waiting.result() if waiting.done else await self._wait_unless_gone(plan, waiting)
         except QueueFull as e:
             raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s",
                                code="queue_full",
@@ -399,15 +438,16 @@ class Proxy:
         return lease
 
     @staticmethod
-    async def _wait_unless_gone(pool: Pool, waiting: Waiting, request: Request) -> Lease:
+    async def _wait_unless_gone(plan: _Plan, waiting: Waiting) -> Lease:
         """Wait in the queue, but leave it if the client disconnects meanwhile, so an
         abandoned request never takes an instance's slot."""
-        wait = asyncio.ensure_future(pool.wait(waiting))
-        gone = asyncio.ensure_future(_disconnected(request))
+        wait = asyncio.ensure_future(plan.pool.wait(waiting))
+        gone = plan.gone or asyncio.ensure_future(_disconnected(plan.request))
         try:
             await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            gone.cancel()
+            if gone is not plan.gone:
+                gone.cancel()
             if not wait.done():
                 wait.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -417,23 +457,31 @@ class Proxy:
                                code="client_disconnected")
         return wait.result()
 
-    async def _read_error(self, resp: UpstreamResponse, lease: Lease, pool: Pool) -> Response:
-        """A 5xx from upstream: kept to pass through if no retry succeeds."""
+    async def _read_error(self, resp: UpstreamResponse, lease: Lease, pool: Pool) -> tuple[Response, bool]:
+        """A 5xx from upstream, kept to pass through if no retry succeeds, and whether it
+        is the request's own failure (an instance's ``request_failed``: the engine failed
+        that request alone and served the others). That one is neither retried, since
+        it would fail on every instance, nor held against the instance's health."""
         try:
             body = await resp.aread()
         except httpx.HTTPError:
             body = b""
+        except Abandoned:  # the client left; the instance answered 5xx all the same
+            pool.release(lease, Outcome.FAILURE)
+            raise
         finally:
             await resp.aclose()
-        pool.release(lease, Outcome.FAILURE)
+        own_fault = resp.status_code == 500 and b'"request_failed"' in body[:4096]
+        pool.release(lease, Outcome.NEUTRAL if own_fault else Outcome.FAILURE)
         headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
-        return Response(body, resp.status_code, headers=headers)
+        return Response(body, resp.status_code, headers=headers), own_fault
 
     def _headers(self, resp: UpstreamResponse, ctx: _Context) -> dict[str, str]:
         out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         out.setdefault("x-request-id", ctx.request_id)
         out[VERSION_HEADER] = ctx.version
         out[UPSTREAM_HEADER] = ctx.instance or ""
+        out[PRIORITY_HEADER] = str(ctx.parsed.priority)
         return out
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: UpstreamResponse,
@@ -526,13 +574,14 @@ class _RelayResponse(StreamingResponse):
 class _Context:
     """Per-request bookkeeping for metrics and canary stats."""
 
-    __slots__ = ("done", "instance", "output_tokens", "parsed", "queued_s", "request_id",
-                 "runtime", "t0", "ttft_s", "version")
+    __slots__ = ("done", "in_stats", "instance", "output_tokens", "parsed", "queued_s",
+                 "request_id", "runtime", "t0", "ttft_s", "version")
 
     def __init__(self, runtime: ModelRuntime, version: str, parsed: ParsedRequest, t0: float,
-                 request_id: str) -> None:
+                 request_id: str, *, in_stats: bool = True) -> None:
         self.runtime, self.version, self.parsed, self.t0 = runtime, version, parsed, t0
         self.request_id = request_id
+        self.in_stats = in_stats  # counts in the canary analysis's window stats
         self.instance: str | None = None
         self.ttft_s: float | None = None
         self.queued_s = 0.0
@@ -545,7 +594,7 @@ class _Context:
             return
         self.done = True
         rt, m = self.runtime, self.runtime.gateway.metrics
-        labels = (rt.config.name, self.version, self.parsed.priority.name.lower())
+        labels = (rt.config.name, self.version, self.parsed.priority_class.name.lower())
         e2e = time.monotonic() - self.t0
         m.child(m.requests, *labels, str(status)).inc()
         if error_kind is not None or status >= 400:
@@ -556,7 +605,7 @@ class _Context:
             m.child(m.ttft, *labels).observe(self.ttft_s)
         if ok and status < 400:
             m.child(m.e2e, *labels).observe(e2e)
-        if (self.instance is not None or not ok) and status != 499:
+        if self.in_stats and (self.instance is not None or not ok) and status != 499:
             rt.stats.record(self.version, time.time(), ok, self.ttft_s,
                             e2e if ok and status < 400 else None)
         for o in rt.gateway.observers:

@@ -39,6 +39,10 @@ _HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read
 _MAX_HEAD = 64 * 1024  # status line and headers together
 
 
+class Abandoned(Exception):
+    """The caller gave up on the response (its own client left); not an upstream fault."""
+
+
 class _Conn(asyncio.Protocol):
     """One connection; feeds the response being read, if any, from its bytes."""
 
@@ -106,8 +110,12 @@ class UpstreamResponse:
 
     It is also the parser's callback object (``on_header`` and friends)."""
 
-    def __init__(self, client: UpstreamClient, conn: _Conn, read_timeout: float) -> None:
+    def __init__(self, client: UpstreamClient, conn: _Conn, read_timeout: float,
+                 abandon: asyncio.Future | None = None) -> None:
         self._client, self._conn, self._read_timeout = client, conn, read_timeout
+        self._abandon = abandon
+        if abandon is not None:
+            abandon.add_done_callback(self._abandoned)
         self.status_code = 0
         self.headers: dict[str, str] = {}
         self.head_done = self.complete = self.until_close = False
@@ -162,6 +170,10 @@ class UpstreamResponse:
         self._wake()
 
     # ---- the reader side ----------------------------------------------------------------
+    def _abandoned(self, fut: asyncio.Future) -> None:
+        if not fut.cancelled():  # cancelled: the caller is done with its watch, not gone
+            self.fail(Abandoned("the response was abandoned"))
+
     def fail(self, exc: BaseException) -> None:
         if self._exc is None:
             self._exc = exc
@@ -219,6 +231,8 @@ class UpstreamResponse:
         if self._closed:
             return
         self._closed = True
+        if self._abandon is not None:
+            self._abandon.remove_done_callback(self._abandoned)
         conn = self._conn
         conn.response = conn.parser = None
         if self.complete and self._keep_alive and self._exc is None and not conn.closed:
@@ -245,8 +259,10 @@ class UpstreamClient:
         self._ssl: ssl.SSLContext | None = None
 
     async def post(self, url: str, content: bytes, headers: dict[str, str], *,
-                   timeout: float | None = None) -> UpstreamResponse:
-        return await self._send(b"POST", url, content, headers, timeout)
+                   timeout: float | None = None, abandon: asyncio.Future | None = None) -> UpstreamResponse:
+        """``abandon``: once it is done, waits on this response raise ``Abandoned`` (and
+        closing it closes the connection, which tells the upstream to stop)."""
+        return await self._send(b"POST", url, content, headers, timeout, abandon)
 
     async def get(self, url: str, *, timeout: float | None = None) -> tuple[int, bytes]:
         """Status and whole body of a GET."""
@@ -257,7 +273,8 @@ class UpstreamClient:
             resp.close()
 
     async def _send(self, method: bytes, url: str, content: bytes | None,
-                    headers: dict[str, str], timeout: float | None) -> UpstreamResponse:
+                    headers: dict[str, str], timeout: float | None,
+                    abandon: asyncio.Future | None = None) -> UpstreamResponse:
         key, head = self._target(url)
         parts = [method, b" ", head]
         if content is not None:
@@ -273,7 +290,7 @@ class UpstreamClient:
         if content:
             parts.append(content)
         conn = self._take(key) or await self._connect(key, timeout or self.connect_timeout)
-        resp = UpstreamResponse(self, conn, timeout or self.read_timeout)
+        resp = UpstreamResponse(self, conn, timeout or self.read_timeout, abandon)
         conn.response = resp
         conn.parser = httptools.HttpResponseParser(resp)
         try:

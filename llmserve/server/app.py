@@ -4,13 +4,16 @@ Lifecycle: the HTTP port opens at once (so a controller can watch ``/health``);
 weights load in a thread, a warm-up generation runs, then ``/ready`` turns 200.
 The first SIGTERM drains (``/ready`` 503, new requests 503, in-flight ones
 finish up to ``drain_timeout_s``) and the process exits 0; a second exits at once.
+An engine that dies while serving (its loop crashed, or a forward pass failed for
+the whole batch) fails the instance: ``/ready`` and ``/health`` answer 503 and
+``/load`` says not ready, so the gateway stops routing to it and the controller
+replaces it. The process stays up to say why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import logging
 import os
 import sys
@@ -23,14 +26,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmserve.engine.async_engine import AsyncEngine
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
+from llmserve.http_guard import uvicorn_options
 from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
+from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.metrics import EngineMetrics
 from llmserve.api.errors import APIError, error_body
 from llmserve.api.parse import parse_model
@@ -94,7 +98,16 @@ class Instance:
             log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
                         self.model_name)
 
+    def check_engine(self) -> State:
+        """The state, failed first if the engine died since the last look."""
+        eng = self.engine
+        if eng is not None and self.state in (State.WARMING, State.READY, State.DRAINING) and not eng.is_alive():
+            self.state, self.error = State.FAILED, eng.death or "the engine loop stopped"
+            log.error("instance %s failed: %s", self.instance_id, self.error)
+        return self.state
+
     def need_serving(self) -> OpenAIServing:
+        self.check_engine()
         if self.state is State.DRAINING:
             raise APIError(503, "the server is draining; retry on another instance", "service_unavailable",
                            headers={"Retry-After": "1"})
@@ -104,6 +117,7 @@ class Instance:
         return self.serving
 
     def load_report(self) -> dict[str, Any]:
+        self.check_engine()
         snap: dict[str, Any] = {}
         if self.engine is not None:
             snap = self.engine.core.load_snapshot()
@@ -118,54 +132,6 @@ class Instance:
             generation_tokens_per_s=snap.get("generation_tokens_per_s", 0.0),
             max_num_seqs=snap.get("max_num_seqs", 0), prefix_cache_hit_rate=(h / q) if q else 0.0,
             timestamp=time.time()).model_dump()
-
-
-def _check_key(config: ServerConfig, header: str | None) -> bool:
-    if not config.api_keys:
-        return True
-    token = (header or "").removeprefix("Bearer ").strip().encode()
-    ok = False
-    for key in config.api_keys:  # compare with every key: no early exit, constant time each
-        ok |= hmac.compare_digest(token, key.encode())
-    return ok
-
-
-class BodyLimit:
-    """Reject bodies over ``limit`` bytes with 413, by header and while streaming."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await _send_json(send, 413, error_body(
-                    f"request body of {int(v)} bytes is over the limit of {self.limit}", "invalid_request_error",
-                    None, "request_too_large"))
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise APIError(413, f"request body is over the limit of {self.limit} bytes",
-                                   code="request_too_large")
-            return msg
-
-        await self.app(scope, limited, send)
-
-
-async def _send_json(send: Send, status: int, body: dict) -> None:
-    import json
-
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
 
 
 def create_app(inst: Instance) -> FastAPI:
@@ -189,32 +155,27 @@ def create_app(inst: Instance) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+        detail = str(e.detail)
+        if isinstance(e.__cause__, ValueError):  # e.g. an integer past int()'s 4300 digits
+            detail = f"{detail}: {e.__cause__}"
+        return JSONResponse(error_body(detail, kind), status_code=e.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception):
         log.exception("unexpected error")
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        path = request.url.path
-        if path.startswith(("/v1/", "/tokenize", "/detokenize")) and not _check_key(
-                cfg, request.headers.get("authorization")):
-            return JSONResponse(error_body("invalid or missing API key", "authentication_error", None,
-                                           "invalid_api_key"), status_code=401)
-        return await call_next(request)
-
     @app.get("/health")
     async def health():
-        alive = inst.state is not State.FAILED and (inst.engine is None or inst.engine.is_alive())
+        alive = inst.check_engine() is not State.FAILED
         body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/ready")
     async def ready():
-        ok = inst.state is State.READY
-        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s},
+        ok = inst.check_engine() is State.READY
+        return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
+                             "error": inst.error},
                             status_code=200 if ok else 503)
 
     @app.get("/load")
@@ -272,7 +233,7 @@ def create_app(inst: Instance) -> FastAPI:
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return BodyLimit(app, cfg.max_body_bytes)  # type: ignore[return-value]
+    return ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)  # type: ignore[return-value]
 
 
 class _DrainingServer(uvicorn.Server):
@@ -295,8 +256,9 @@ class _DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         inst = self.inst
-        if inst.state is State.FAILED and inst.engine is None:
-            self.exit_code = 1
+        inst.check_engine()
+        if inst.state is State.FAILED and (inst.engine is None or inst.drain_started is not None):
+            self.exit_code = 1  # (a failed engine with no drain asked for stays up to say why)
             return True
         if inst.state is State.DRAINING and inst.serving is not None:
             waited = time.monotonic() - (inst.drain_started or 0)
@@ -315,8 +277,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     app = create_app(inst)
 
     async def main() -> int:
-        ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port, http="h11",
-                              h11_max_incomplete_event_size=server_config.max_header_bytes,
+        ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port,
+                              **uvicorn_options(server_config.http_limits()),
                               log_level=server_config.log_level, access_log=False, lifespan="off",
                               timeout_graceful_shutdown=5)
         server = _DrainingServer(ucfg, inst)

@@ -54,7 +54,7 @@ class EngineMetrics:
             self.itl.observe(gap / n)
 
     def on_finished(self, reason: str, e2e: float, prompt_tokens: int, output_tokens: int) -> None:
-        if reason != "abort":
+        if reason in ("stop", "length"):  # an abort or an error is no request latency
             self.e2e.observe(e2e)
 
 
@@ -88,7 +88,7 @@ class _EngineCollector:
         yield counter("vllm:generation_tokens", "Generation tokens produced.", st.generation_tokens)
         ok = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                  labels=["model_name", "finished_reason"])
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", "error"):
             ok.add_metric([name, reason], st.finished.get(reason, 0))
         yield ok
         spec = core.spec

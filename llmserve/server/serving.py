@@ -1,12 +1,15 @@
 """Completions and chat completions over the AsyncEngine: validation, fan-out, SSE.
 
 Everything a request needs is validated before the first byte is sent, so a bad
-request gets a 4xx JSON error rather than a broken stream.
+request gets a 4xx JSON error rather than a broken stream. A request that fails in
+the engine after that fails alone: a 500 JSON error, or an SSE error event for its
+choice while the other choices go on; a dead engine is a 503 (retry elsewhere).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import uuid
@@ -18,15 +21,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from llmserve.engine.async_engine import AsyncEngine
+from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.constraints import structured_outputs
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, sse, usage
+from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.server.tool_calls import render_messages
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,12 +135,16 @@ class OpenAIServing:
         if cfg.fault_error_rate and self._rng.random() < cfg.fault_error_rate:
             raise APIError(500, "injected fault", "server_error")
 
+    def priority(self, body_priority: int | str | None, raw: Request) -> int | None:
+        """The request's priority (the body's, else ``x-priority``), within the configured range."""
+        claimed = body_priority if body_priority is not None else raw.headers.get("x-priority")
+        try:
+            return parse_priority(claimed, self.config.priority_range)
+        except ValueError as e:
+            raise APIError(400, str(e), param="priority", code="invalid_priority") from None
+
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt) -> list[_Job]:
-        prio = priority if priority is not None else raw.headers.get("x-priority")
-        if isinstance(prio, str) and prio.lstrip("-").isdigit():
-            if len(prio) > 12:
-                raise APIError(400, "priority must be a small integer", param="priority", code="invalid_priority")
-            prio = int(prio)
+        prio = self.priority(priority, raw)
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
         try:
@@ -153,6 +164,9 @@ class OpenAIServing:
         except ValueError as e:
             self._abort(jobs)
             raise APIError(400, str(e)) from None
+        except EngineDeadError as e:
+            self._abort(jobs)
+            raise _engine_error(e) from None
         return jobs
 
     def _abort(self, jobs: list[_Job]) -> None:
@@ -237,6 +251,8 @@ class OpenAIServing:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await _until_disconnect(raw, self._collect(jobs, tracker))
+        except (RequestFailedError, EngineDeadError) as e:
+            raise _engine_error(e) from None
         finally:
             self._abort(jobs)
             tracker.done()
@@ -273,35 +289,20 @@ class OpenAIServing:
         return body
 
     async def _sse(self, jobs: list[_Job], meta: ResponseMeta, include_usage: bool, tracker: "_Tracker"):
-        q: asyncio.Queue = asyncio.Queue()
-        total = sum(len(j.streams) for j in jobs)
-
-        async def pump(idx: int, stream: AsyncIterator[RequestOutput]) -> None:
-            try:
-                async for out in stream:
-                    await q.put((idx, out))
-            except Exception as e:  # noqa: BLE001 - reported in-band
-                await q.put((idx, e))
-            finally:
-                await q.put((idx, None))
-
         writers: dict[int, ChoiceWriter] = {}
-        tasks = []
+        streams = []
         for j in jobs:
             for ci, s in enumerate(j.streams):
                 idx = j.prompt_index * meta.n + ci
                 writers[idx] = ChoiceWriter(idx, meta, self.tokenizer, j.echo)
-                tasks.append(asyncio.create_task(pump(idx, s)))
+                streams.append((idx, s))
+        buf = StreamBuffer(streams, self.config.stream_buffer_outputs * len(streams), lambda: self._abort(jobs))
         completion_tokens = cached = 0
         try:
-            ended = 0
-            while ended < total:
-                idx, item = await q.get()
-                if item is None:
-                    ended += 1
-                    continue
+            while (got := await buf.get()) is not None:
+                idx, item = got
                 if isinstance(item, Exception):
-                    yield sse({"error": {"message": str(item), "type": "server_error", "param": None, "code": None}})
+                    yield sse(_engine_error(item).body())
                     continue
                 tracker.first_token()
                 if item.finished:
@@ -314,9 +315,12 @@ class OpenAIServing:
                 prompt_tokens = sum(len(j.prompt_ids) for j in jobs)
                 yield sse(meta.envelope([], usage=usage(prompt_tokens, completion_tokens, cached)))
             yield "data: [DONE]\n\n"
+        except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why
+            log.info("stream %s cut: %s", meta.id, e)
+            yield sse({"error": {"message": f"the stream was cut: {e}", "type": "server_error", "param": None,
+                                 "code": "client_too_slow"}})
         finally:
-            for t in tasks:
-                t.cancel()
+            buf.close()
             self._abort(jobs)
             tracker.done()
 
@@ -343,17 +347,35 @@ class _Tracker:
             self.s.in_flight -= 1
 
 
+def _engine_error(e: Exception) -> APIError:
+    """What the client is told when the engine ends its request with an error."""
+    if isinstance(e, EngineDeadError):
+        return APIError(503, f"the engine failed: {e}; retry on another instance", "service_unavailable",
+                        code="engine_dead", headers={"Retry-After": "1"})
+    if isinstance(e, RequestFailedError):
+        return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
+    return APIError(500, str(e) or type(e).__name__, "server_error")
+
+
 async def _until_disconnect(raw: Request, coro):
-    """Run ``coro`` but cancel it if the client goes away (non-streaming requests)."""
+    """Run ``coro`` but cancel it as soon as the client goes away (non-streaming requests).
+
+    The body is read by now, so the next ASGI message can only be the disconnect:
+    one task waits for it (polling ``Request.is_disconnected`` instead costs a
+    wake-up per interval and adds up to that interval to every abort)."""
     task = asyncio.ensure_future(coro)
+    gone = asyncio.ensure_future(_disconnected(raw.receive))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.25)
-            if done:
-                return task.result()
-            if await raw.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client disconnected", "invalid_request_error")
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise APIError(499, "client disconnected", "invalid_request_error")
+        return task.result()
     finally:
+        gone.cancel()
         if not task.done():
             task.cancel()
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -61,7 +61,13 @@ def fit_step_model(measurements: Iterable[Sequence[float]]) -> tuple[StepModel, 
         negative = [k for k in cols if coef[k] < 0]
         if not negative:
             break
-        active[min(negative, key=lambda k: coef[k])] = False
+        # The fixed cost per step stays: every step takes time, and on a noisy machine
+        # a fit that explains it away leaves no step model at all. Drop a slope instead.
+        slopes = [k for k in cols if k != 0]
+        drop = [k for k in negative if k != 0] or [min(slopes, key=lambda k: coef[k])] if slopes else []
+        if not drop:
+            break
+        active[min(drop, key=lambda k: coef[k])] = False
     coef = np.maximum(coef, 0.0)
     pred = x @ coef
     resid = y - pred

@@ -70,7 +70,10 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("pool")
     g.add_argument("--policy", default="threshold,kpa,predictive,static",
-                   help=f"comma-separated, from {', '.join(POLICY_NAMES)}")
+                   help=f"comma-separated, from {', '.join(POLICY_NAMES)}, and oracle (the cheapest "
+                        "schedule meeting --oracle-target with perfect knowledge of the trace)")
+    g.add_argument("--oracle-target", type=float, default=0.999,
+                   help="TTFT attainment the oracle's schedule must meet (default 0.999)")
     g.add_argument("--profile", default=DEFAULT_PROFILE, help=f"{', '.join(BUILTIN_PROFILES)} or a JSON file")
     g.add_argument("--cold-start", type=float, default=None, help="seconds from start to ready (default: profile's)")
     g.add_argument("--static-instances", default="auto",
@@ -135,7 +138,7 @@ def _trace_from_args(args: argparse.Namespace):
             kw["peak_rps"] = args.peak_rps
         if args.hours:
             kw["duration_s"] = args.hours * 3600.0
-    elif args.trace == "bursty":
+    elif args.trace in ("bursty", "flash"):
         if args.base_rps:
             kw["base_rps"] = args.base_rps
         if args.hours:
@@ -159,11 +162,8 @@ def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleCo
     prior = args.capacity_prior or profile.saturation_tokens_per_s(mean_p, mean_o)
     predictive = replace(base.predictive, capacity_tokens_per_s=prior,
                          lead_time_s=profile.cold_start_s + (args.tick or base.tick_s) + 5.0)
-    kpa = base.kpa
-    if not args.autoscale_config:
-        # Knative's default: target 70% of the container's concurrency limit.
-        kpa = replace(kpa, target_concurrency=0.7 * profile.max_num_seqs)
-    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive, kpa=kpa)
+    # KPA's target is 70 % of the seats the instances report, live and here alike.
+    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -179,6 +179,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from llmserve.sim.oracle import oracle
+
     """Run every requested policy over the trace; print and optionally write the comparison."""
     if args.calibrate:
         return run_calibrate(args)
@@ -188,9 +190,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         return run_fidelity(args, trace_from_args(args))
     console = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICY_NAMES]
+    unknown = [p for p in policies if p not in (*POLICY_NAMES, "oracle")]
     if unknown or not policies:
-        console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)}[/red]")
+        console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)} or oracle[/red]")
         return 2
     profile = load_profile(args.profile)
     if args.cold_start is not None:
@@ -207,7 +209,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         static_n = int(args.static_instances)
     start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
-    results = run_policies(trace, profile, autoscale, policies, static_n, sim, start, log=log)
+    live = [p for p in policies if p != "oracle"]
+    results = run_policies(trace, profile, autoscale, live, static_n, sim, start, log=log)
+    if "oracle" in policies:  # the schedule with perfect knowledge of the trace, for scale
+        results.append(oracle(trace, profile, autoscale, sim, target=args.oracle_target, log=log))
     summaries = [r.summary for r in results]
     table_console = Console() if sys.stdout.isatty() else Console(width=200)
     print_comparison(summaries, title=f"{trace.name}, {profile.name}, cold start {profile.cold_start_s:g}s, "

@@ -17,16 +17,17 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, Admitted, ConcurrencyConfig, Priority
+from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, Admitted, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
 from llmserve.gateway.instance import InstanceView
 from llmserve.load_report import LoadReport
+from llmserve.priority import PriorityClass
 from llmserve.sim.instance import SimInstance
 
 # Simulated requests carry no prompt text, so every request looks the same to the
 # balancer (the prefix scorer finds nothing); one RouteRequest serves them all.
 _ROUTE = RouteRequest()
-PRIORITIES = (Priority.REALTIME, Priority.BATCH)
+PRIORITIES = (PriorityClass.REALTIME, PriorityClass.BATCH)
 
 
 class _Routed:
@@ -71,7 +72,7 @@ class SimGateway:
         return [r.inst for r in self._routed.values()]
 
     # ---- requests -----------------------------------------------------------------------------
-    def offer(self, rid: int, priority: Priority, now: float) -> bool:
+    def offer(self, rid: int, priority: PriorityClass, now: float) -> bool:
         """Queue a request; False when the admission queue rejects it (the live gateway's 429)."""
         if isinstance(self.admission.offer(rid, priority, now), Admitted):
             self.queued += 1

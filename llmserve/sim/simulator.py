@@ -31,9 +31,11 @@ import numpy as np
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
-from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig, Priority
+from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
+from llmserve.priority import PriorityClass
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
@@ -68,13 +70,13 @@ class Simulator:
     def __init__(self, trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
                  sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
                  concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
-                 label: str | None = None) -> None:
+                 label: str | None = None, policy: ScalingPolicy | None = None) -> None:
         self.trace = trace
         self.profile = profile
         self.autoscale = autoscale
         self.cfg = sim or SimConfig()
         self.label = label or autoscale.policy
-        self.policy = build_policy(autoscale)
+        self.policy = policy or build_policy(autoscale)  # a given one: e.g. the oracle's schedule
         self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
@@ -153,7 +155,8 @@ class Simulator:
         counts = {s: 0 for s in S}
         for i in self.instances.values():
             counts[i.state] += 1
-        ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts)
+        ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts,
+                                      sum(i.in_flight for i in self.gateway.routable))
         decision = self.policy.decide(ctx, state)
         before = ctx.provisioned
         if decision.desired != before:
@@ -207,7 +210,7 @@ class Simulator:
 
     def _arrive(self, rid: int, now: float) -> None:
         self.collector.record_arrival(now, int(self.trace.prompt_tokens[rid]))
-        priority = Priority.BATCH if self.trace.priority[rid] else Priority.REALTIME
+        priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
         if not self.gateway.offer(rid, priority, now):
             self._finish(rid, REJECTED, now)
             return

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-REALTIME, BATCH = 0, 1
-TRACE_NAMES = ("diurnal", "bursty", "ramp")
+from llmserve.priority import BATCH, REALTIME, PriorityClass, parse_priority  # noqa: F401 (BATCH: re-export)
+
+TRACE_NAMES = ("diurnal", "bursty", "ramp", "flash")
 
 
 @dataclass(slots=True)
@@ -178,6 +179,24 @@ def bursty(base_rps: float = 0.5, burst_factor: float = 4.0, bursts_per_hour: fl
                            output or default_output_lengths(), batch_fraction)
 
 
+def flash(base_rps: float = 0.5, factor: float = 5.0, rise_s: float = 60.0, hold_s: float = 1200.0,
+          crowds_at: tuple[float, ...] = (1800.0, 6600.0), duration_s: float = 3 * 3600.0, seed: int = 0,
+          step_s: float = 5.0, noise: float = 0.05, prompt: LengthDist | None = None,
+          output: LengthDist | None = None, batch_fraction: float = 0.0) -> Trace:
+    """Flash crowds: the rate goes to ``factor`` times its base within ``rise_s``, holds
+    for ``hold_s`` and falls back as fast, at each of ``crowds_at``."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0.0, duration_s, step_s)
+    level = np.zeros_like(t)
+    for s in crowds_at:
+        up = np.clip((t - s) / rise_s, 0, 1)
+        down = np.clip((s + rise_s + hold_s + rise_s - t) / rise_s, 0, 1)
+        level = np.maximum(level, np.minimum(up, down))
+    rate = base_rps * (1 + (factor - 1) * level) * _noise(rng, len(t), step_s, noise, 120.0)
+    return from_rate_curve("flash", t, rate, duration_s, rng, prompt or default_prompt_lengths(),
+                           output or default_output_lengths(), batch_fraction)
+
+
 def ramp(low_rps: float = 0.2, high_rps: float = 2.0, hold_s: float = 600.0, ramp_s: float = 1800.0,
          seed: int = 0, step_s: float = 10.0, prompt: LengthDist | None = None,
          output: LengthDist | None = None, batch_fraction: float = 0.0) -> Trace:
@@ -206,8 +225,8 @@ def from_csv(path: str | Path, rate_step_s: float = 60.0) -> Trace:
             raise ValueError(f"{path}: needs columns {sorted(need)}, got {reader.fieldnames}")
         for line, row in enumerate(reader, start=2):
             try:
-                pri = (row.get("priority") or "realtime").strip().lower()
-                cls = BATCH if pri == "batch" or (pri.lstrip("-").isdigit() and int(pri) > 0) else REALTIME
+                pri = parse_priority(row.get("priority") or None)
+                cls = REALTIME if pri is None else int(PriorityClass.of(pri))  # the class, as 0 / 1
                 rows.append((float(row["timestamp"]), int(row["prompt_tokens"]), int(row["output_tokens"]), cls))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{line}: {e}") from None
@@ -227,7 +246,7 @@ def build_trace(name: str, seed: int = 0, **kwargs) -> Trace:
     """A built-in trace by name, or a CSV file when ``name`` ends in ``.csv``."""
     if name.endswith(".csv"):
         return from_csv(name)
-    makers = {"diurnal": diurnal, "bursty": bursty, "ramp": ramp}
+    makers = {"diurnal": diurnal, "bursty": bursty, "ramp": ramp, "flash": flash}
     if name not in makers:
         raise ValueError(f"unknown trace {name!r}: use one of {TRACE_NAMES} or a .csv file")
     return makers[name](seed=seed, **kwargs)

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from llmserve.autoscale.lifecycle import InstanceState as S
-from llmserve.gateway.admission import Priority
+from llmserve.priority import PriorityClass
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.pool import Outcome
 
@@ -90,9 +90,9 @@ async def test_requests_wait_for_a_ready_instance_and_never_go_to_a_warming_one(
     provider.engines["v1-2"].state = "warming"
     await step(ctl, clock)
     assert states(ctl) == {"v1-1": "ready", "v1-2": "warming"}
-    leases = [await asyncio.wait_for(pool.acquire(REQ, Priority.REALTIME), 1) for _ in range(4)]
+    leases = [await asyncio.wait_for(pool.acquire(REQ, PriorityClass.REALTIME), 1) for _ in range(4)]
     assert {lease.instance.instance_id for lease in leases} == {"v1-1"}
-    waiting = asyncio.create_task(pool.acquire(REQ, Priority.REALTIME))  # v1-1 is full (4 slots)
+    waiting = asyncio.create_task(pool.acquire(REQ, PriorityClass.REALTIME))  # v1-1 is full (4 slots)
     await asyncio.sleep(0.01)
     assert not waiting.done()
     provider.engines["v1-2"].state = "ready"
@@ -107,8 +107,8 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     ctl, provider, pool, clock = make_controller(policy="static", static=2)
     await ready_pool(ctl, provider, clock)
     assert states(ctl) == {"v1-1": "ready", "v1-2": "ready"}
-    a = await pool.acquire(REQ, Priority.REALTIME)
-    b = await pool.acquire(REQ, Priority.REALTIME)
+    a = await pool.acquire(REQ, PriorityClass.REALTIME)
+    b = await pool.acquire(REQ, PriorityClass.REALTIME)
     busy = {a.instance.instance_id: a, b.instance.instance_id: b}
     assert set(busy) == {"v1-1", "v1-2"}  # least-loaded picking spreads them
     for iid in busy:
@@ -120,7 +120,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     victim = draining[0]
     assert pool.get(victim).draining
     # New requests avoid the draining instance.
-    c = await pool.acquire(REQ, Priority.REALTIME)
+    c = await pool.acquire(REQ, PriorityClass.REALTIME)
     assert c.instance.instance_id != victim
     pool.release(c, Outcome.SUCCESS)
     for _ in range(3):
@@ -145,7 +145,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
 async def test_a_drain_that_never_ends_is_cut_at_the_drain_timeout():
     ctl, provider, pool, clock = make_controller(policy="static", static=2, drain_timeout_s=10.0)
     await ready_pool(ctl, provider, clock)
-    leases = [await pool.acquire(REQ, Priority.REALTIME) for _ in range(2)]
+    leases = [await pool.acquire(REQ, PriorityClass.REALTIME) for _ in range(2)]
     ctl.set_override(1, None, "test")
     await step(ctl, clock)
     victim = next(iid for iid, s in states(ctl).items() if s == "draining")
@@ -172,6 +172,27 @@ async def test_a_failed_ready_instance_leaves_the_pool_and_is_replaced_at_once()
     await step(ctl, clock)
     assert states(ctl) == {"v1-2": "ready", "v1-3": "ready"}
     assert len(provider.engines) == 3  # replaced once, nothing else started
+
+
+async def test_a_ready_instance_whose_engine_died_under_a_live_process_is_replaced():
+    ctl, provider, pool, clock = make_controller(policy="static", static=2, ready_probe_interval_s=2.0)
+    await ready_pool(ctl, provider, clock)
+    dead = provider.engines["v1-1"]
+    dead.state = "failed"  # its /ready says failed; the process runs on and the gateway still routes to it
+    waited = 0.0
+    while "v1-1" in ctl.instances and waited < 10:
+        assert dead.exit_code is None and pool.get("v1-1").ready
+        await step(ctl, clock, 0.5)
+        waited += 0.5
+    assert waited <= 2.0  # within one ready probe interval, no grace period
+    assert pool.get("v1-1") is None
+    failed = ctl.finished[-1]
+    assert failed.state is S.FAILED and "engine died while ready: boom" in failed.reason
+    assert "v1-1" in provider.stops  # the live process is stopped, not left behind
+    assert states(ctl) == {"v1-2": "ready", "v1-3": "starting"} and ctl.instances["v1-3"].replaces == "v1-1"
+    provider.engines["v1-3"].state = "ready"
+    await step(ctl, clock)
+    assert states(ctl) == {"v1-2": "ready", "v1-3": "ready"} and pool.get("v1-3").ready
 
 
 async def test_a_vanished_actor_and_an_unreachable_instance_are_failed_and_replaced():
@@ -247,7 +268,7 @@ async def test_scale_down_cancels_starting_instances_which_never_join_the_pool()
 async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
     ctl, provider, pool, clock = make_controller(policy="static", static=2)
     await ready_pool(ctl, provider, clock)
-    lease = await pool.acquire(REQ, Priority.REALTIME)
+    lease = await pool.acquire(REQ, PriorityClass.REALTIME)
     busy = lease.instance.instance_id
     provider.engines[busy].running = 1
     ctl.set_override(0, None, "maintenance")

@@ -1,8 +1,10 @@
 """Instances as Ray actors: ``llmserve serve`` with the Ray provider on a local Ray runtime.
 
 Scales the pool to two Ray-hosted instances (each an actor running an engine on
-its node, here the one local node on loopback), routes real requests through
-both, scales back to one and checks that the drained instance's engine exited 0.
+its node, here the one local node on loopback, the default for a runtime serve
+starts), routes real requests through both (the gateway sends the pool's
+generated key; a request without it is refused), scales back to one and checks
+that the drained instance's engine exited 0.
 Skipped only where ``ray`` cannot be imported.
 """
 
@@ -25,8 +27,7 @@ pytestmark = pytest.mark.slow
 def test_ray_provider_scales_to_two_actors_and_back(tmp_path):
     pytest.importorskip("ray")
     model = make_tiny_llama(tmp_path)
-    cfg = serve_config(model, provider={"kind": "ray", "ray_bind_host": "127.0.0.1", "ray_num_cpus": 1.0,
-                                        "ray_local_num_cpus": 2},
+    cfg = serve_config(model, provider={"kind": "ray", "ray_num_cpus": 1.0, "ray_local_num_cpus": 2},
                        autoscale={"policy": "static", "static": {"instances": 1},
                                   "bounds": {"min_instances": 1, "max_instances": 2}})
     serve = ServeProcess(cfg, tmp_path, env={"RAY_USAGE_STATS_ENABLED": "0"})
@@ -38,6 +39,8 @@ def test_ray_provider_scales_to_two_actors_and_back(tmp_path):
         live = serve.instances(finished=False)
         assert [i["state"] for i in live] == ["ready", "ready"]
         assert all(i["url"].startswith("http://127.0.0.1:") for i in live)
+        keyless = httpx.post(f"{live[0]['url']}/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=30)
+        assert keyless.status_code == 401, keyless.text
         started = {e["instance_id"]: e["details"] for e in serve.events() if e["kind"] == "started"}
         assert all(d.get("node_id") and d.get("host_pid") != serve.proc.pid for d in started.values()), started
 

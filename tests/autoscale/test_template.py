@@ -59,8 +59,11 @@ async def test_a_forked_instance_serves_drains_and_exits_0(tmp_path):
             name = (await c.get(handle.url + "/v1/models")).json()["data"][0]["id"]
             r = await c.post(handle.url + "/v1/completions",
                              json={"model": name, "prompt": "hello", "max_tokens": 5, "ignore_eos": True})
+            # the instance's HTTP limits hold when forked too (issue 17: a 40 KB header got 200)
+            big = await c.get(handle.url + "/health", headers={"x-big": "a" * 40_000})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 5
+        assert big.status_code == 431, big.text
         assert (await provider.status(handle)).state is RunState.RUNNING
         assert await provider.stop(handle, grace_s=30) == 0  # SIGTERM drained it
     finally:

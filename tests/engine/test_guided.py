@@ -251,3 +251,57 @@ def test_no_raw_control_character_in_a_length_bounded_json_string(tiny, tok):
         m = backend.matcher(compiled)
         assert m.accept_token(tok.encode('"')[0])
         assert not m.accept_token(t), backend.info.decoded_vocab[t]
+
+
+# ---- failure isolation with grammars ----------------------------------------------------------
+
+GUIDED = [(f"g{i}", "Hello", SamplingParams(max_tokens=60, temperature=0, structured_outputs=_so(json=SCHEMA)))
+          for i in range(2)]
+PLAIN = ("p", "prompt here", SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+BAD = ("bad", "Hello there", SamplingParams(max_tokens=60, temperature=0, structured_outputs=_so(json=SCHEMA)))
+
+
+def _assert_alone(eng: EngineCore, done: dict, baseline: dict) -> None:
+    assert done["bad"].finish_reason == "error" and done["bad"].error
+    assert {k: v.token_ids for k, v in done.items() if k != "bad"} == {k: v.token_ids for k, v in baseline.items()}
+    assert all(v.error is None for k, v in done.items() if k != "bad")
+    for rid, _, _ in GUIDED:
+        _valid(done[rid].text)
+    assert len(eng.guided) == 0 and eng.kv.usage == 0.0  # its matcher and blocks are gone
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_a_request_whose_logits_turn_nan_fails_alone_beside_grammar_requests(tiny, tok, monkeypatch, spec):
+    from tests.engine.faults import poison_logits
+
+    opts = {} if spec is None else {"speculative_config": {"method": spec, "num_speculative_tokens": 3}}
+    baseline = _run(_engine(tiny, tok, **opts), GUIDED + [PLAIN])
+    eng = _engine(tiny, tok, **opts)
+    poison_logits(eng, monkeypatch, lambda r: r.request_id == "bad", after_tokens=2)
+    done = _run(eng, GUIDED + [PLAIN, BAD])
+    assert "not finite" in done["bad"].error
+    _assert_alone(eng, done, baseline)
+
+
+class _BrokenMatcher:
+    """A matcher whose ``method`` raises, as a grammar engine bug would."""
+
+    def __init__(self, m, method: str) -> None:
+        self.m, self.method = m, method
+
+    def __getattr__(self, name: str):
+        if name == self.method:
+            def boom(*a):
+                raise RuntimeError("injected grammar failure")
+            return boom
+        return getattr(self.m, name)
+
+
+@pytest.mark.parametrize("method", ["fill_next_token_bitmask", "accept_token"])
+def test_a_grammar_that_raises_fails_its_own_request_alone(tiny, tok, method):
+    baseline = _run(_engine(tiny, tok), GUIDED + [PLAIN])
+    eng = _engine(tiny, tok)
+    eng.add_request(*BAD)
+    eng.guided._matchers["bad"] = _BrokenMatcher(eng.guided._matchers["bad"], method)
+    done = _run(eng, GUIDED + [PLAIN])
+    _assert_alone(eng, done, baseline)

@@ -64,3 +64,32 @@ def test_greedy_chat_equals_transformers(llm, hf_model):
     # int8 holds this file's Q4_1 / Q8_0 weights exactly; only summation order differs.
     assert out.token_ids == ref[:n]
     assert "Paris" in out.text
+
+
+def test_a_poisoned_request_fails_alone(llm, monkeypatch):
+    """Issue 17 on the real model: three greedy chats and one whose logits turn NaN mid-stream."""
+    from tests.engine.faults import poison_logits
+
+    tok, eng = llm.get_tokenizer(), llm.engine
+    questions = ["What is the capital of France?", "Name a primary colour.", "Count from one to five."]
+    prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q in questions]
+    poison = tok.encode_chat([{"role": "user", "content": "Tell me a short story."}])
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    def run(tag: str, with_poison: bool) -> dict:
+        for i, p in enumerate(prompts):
+            eng.add_request(f"{tag}{i}", p, sp, cache_salt=tag)  # (own salt: no prefix hits across runs)
+        if with_poison:
+            eng.add_request(f"{tag}-poison", poison, sp, cache_salt=tag)
+        finals = {}
+        while eng.has_unfinished():
+            finals.update({o.request_id: o for o in eng.step() if o.finished})
+        return finals
+
+    baseline = run("base", False)
+    shared = poison_logits(eng, monkeypatch, lambda r: r.prompt_token_ids == poison, after_tokens=4)
+    finals = run("poisoned", True)
+    assert finals["poisoned-poison"].finish_reason == "error" and "not finite" in finals["poisoned-poison"].error
+    assert shared and all(len(b) == 4 for b in shared)
+    assert [finals[f"poisoned{i}"].token_ids for i in range(3)] == [baseline[f"base{i}"].token_ids for i in range(3)]
+    assert eng.kv.usage == 0.0

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from llmserve.engine.sampler import SampleRow, Sampler, process
+from llmserve.engine.llm import fan_out
+from llmserve.engine.sampler import NonFiniteError, SampleRow, Sampler, non_finite_rows, process
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from tests.engine.conftest import run_to_completion
 
@@ -77,8 +78,18 @@ def test_logprobs_are_raw_model_logprobs():
     assert [t for t, _ in tok.top_logprobs] == [0, 1]
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
-                                 dict(top_k=-2), dict(min_p=2), dict(logprobs=50), dict(n=0)])
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("bad", [
+    dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2),
+    dict(logprobs=50), dict(n=0),
+    # non-finite, or finite but 0 or inf once in fp32 (1e-300 made logits inf: issue 17)
+    dict(repetition_penalty=1e-300), dict(repetition_penalty=INF), dict(repetition_penalty=NAN),
+    dict(repetition_penalty=0.001), dict(repetition_penalty=1000.0), dict(temperature=INF),
+    dict(temperature=NAN), dict(temperature=1e6), dict(top_p=NAN), dict(min_p=NAN),
+    dict(presence_penalty=NAN), dict(frequency_penalty=-INF),
+    dict(seed=2**64), dict(seed=-2**63 - 1), dict(seed=1.5)])
 def test_bad_parameters_name_the_parameter(bad):
     with pytest.raises(InvalidParameterError) as e:
         SamplingParams(**bad)
@@ -137,3 +148,72 @@ def test_a_mask_leaves_only_allowed_tokens_and_rows_without_one_alone():
     masked[[2, 4]] = p[[2, 4]] / p[[2, 4]].sum()
     assert _chi2_ok(torch.bincount(torch.tensor(toks[:3000]), minlength=6).float(), masked)
     assert _chi2_ok(torch.bincount(torch.tensor(toks[3000:]), minlength=6).float(), p)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, 2**63 - 1, -2**63, -1])
+def test_seeds_at_the_ends_of_torchs_range_are_valid_for_every_child(seed):
+    children = fan_out(SamplingParams(n=3, seed=seed, temperature=1.0))
+    draws = []
+    for child in children:
+        g = torch.Generator()
+        g.manual_seed(child.seed)  # raises for a seed torch cannot take
+        draws.append(float(torch.rand(1, generator=g)))
+    parent = torch.Generator()
+    parent.manual_seed(seed)
+    assert draws[0] == float(torch.rand(1, generator=parent))  # child 0 keeps the parent's stream
+    assert len(set(draws)) == 3
+
+
+def test_non_finite_rows():
+    x = LOGITS.repeat(4, 1)
+    assert non_finite_rows(x) == []
+    x[1, 2], x[3, 0] = NAN, INF
+    assert non_finite_rows(x) == [1, 3]
+    assert non_finite_rows(torch.full((2, 6), 3e38)) == []  # the sum overflows, the rows are fine
+
+
+def _seeded_rows(params: dict, n: int) -> list[SampleRow]:
+    rows = []
+    for i in range(n):
+        g = torch.Generator()
+        g.manual_seed(100 + i)
+        rows.append(SampleRow(SamplingParams(**params), [0, 1], [2], g))
+    return rows
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(temperature=0, repetition_penalty=1.5),
+                                    dict(temperature=0.8, top_k=4, seed=1), dict(temperature=1.0, min_p=0.1)])
+@pytest.mark.parametrize("poison", [NAN, INF])
+def test_a_non_finite_row_is_failed_and_the_others_sample_as_without_it(params, poison):
+    good = torch.stack([LOGITS, LOGITS.flip(0), LOGITS * 0.5])
+    alone = Sampler(0).sample(good, _seeded_rows(params, 3))
+    bad_row = LOGITS.clone()
+    bad_row[3] = poison
+    logits = torch.cat([good[:1], bad_row[None], good[1:]])
+    rows = _seeded_rows(params, 3)
+    rows.insert(1, _seeded_rows(params, 1)[0])
+    out = Sampler(0).sample(logits, rows)
+    assert out[1].error is not None and "not finite" in out[1].error
+    assert [t.token_id for t in out[:1] + out[2:]] == [t.token_id for t in alone]
+    assert all(t.error is None for t in alone)
+
+
+def test_process_refuses_a_distribution_it_cannot_sample():
+    row = SampleRow(SamplingParams(temperature=0, repetition_penalty=2.0), [0], [], None)
+    with pytest.raises(NonFiniteError):
+        process(torch.tensor([INF, 1.0, 0.0]), row)  # inf stays inf after the penalty
+    row = SampleRow(SamplingParams(temperature=1.0), [0], [], None)
+    with pytest.raises(NonFiniteError):
+        process(torch.tensor([NAN, 1.0, 0.0]), row)
+    assert process(torch.tensor([-INF, 1.0, 0.0]), row)[0] == 0.0  # a banned token is fine
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_a_masked_row_samples_and_a_mask_that_allows_nothing_fails_alone(temperature):
+    """A grammar's -inf is a banned token, not a fault; a row with nothing left is one."""
+    only_4, nothing = torch.tensor([1 << 4], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+    rows = [SampleRow(SamplingParams(temperature=temperature), [0], [], None, only_4), _row(temperature=temperature),
+            SampleRow(SamplingParams(temperature=temperature), [0], [], None, nothing)]
+    out = Sampler(0).sample(LOGITS.repeat(3, 1), rows)
+    assert out[0].token_id == 4 and out[0].error is None and out[1].error is None
+    assert out[2].error is not None and "not finite" in out[2].error

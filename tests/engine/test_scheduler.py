@@ -157,3 +157,37 @@ def test_long_prefill_token_threshold_caps_prompt_chunks_not_decodes():
     s.add_request(req("a", 25, max_tokens=3))
     sizes = [fake_step(s)[0].scheduled[0].num_tokens for _ in range(5)]
     assert sizes == [10, 10, 5, 1, 1]
+
+
+class _Unhashable(str):
+    """A salt whose encoding raises on the ``fail_on``-th call (1: at admission, 2: at the first update)."""
+
+    def __new__(cls, value: str, fail_on: int):
+        s = super().__new__(cls, value)
+        s.calls, s.fail_on = 0, fail_on
+        return s
+
+    def encode(self, *args, **kw):
+        self.calls += 1
+        if self.calls >= self.fail_on:
+            raise UnicodeEncodeError("utf-8", str(self), 0, 1, "injected")
+        return super().encode(*args, **kw)
+
+
+@pytest.mark.parametrize("fail_on,where", [(1, "scheduling failed"), (2, "applying the step failed")])
+def test_a_request_whose_salt_cannot_be_hashed_fails_alone_and_frees_its_blocks(fail_on, where):
+    s = make(num_blocks=16, block_size=4)
+    bad = req("bad", 6, t=0)
+    bad.cache_salt = _Unhashable("salt", fail_on)
+    s.add_request(bad)
+    s.add_request(req("a", 6, t=1, first=10))
+    s.add_request(req("b", 3, t=2, first=20))
+    out, finished = fake_step(s)
+    assert bad.status is RequestStatus.FINISHED_ERROR and where in bad.error
+    assert ([r.request_id for r in out.failed] == ["bad"]) == (fail_on == 1)
+    assert bad in finished or fail_on == 1  # failed during the update: reported with the finished
+    assert set(s.requests) == {"a", "b"} and s.kv.block_ids("bad") == []
+    assert [r.num_output_tokens for r in (s.requests["a"], s.requests["b"])] == [1, 1]
+    while s.requests:
+        fake_step(s)
+    assert s.kv.num_free_blocks == 16

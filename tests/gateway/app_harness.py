@@ -10,10 +10,21 @@ import httpx
 
 from llmserve.gateway.app import Gateway, create_app
 from llmserve.gateway.config import GatewayConfig
+from llmserve.http_guard import uvicorn_options
 from .fake_upstream import Behaviour, ServerThread, make_app
 
 FAST_POLLING = {"load_interval_s": 0.05, "ready_interval_s": 0.1, "timeout_s": 0.5}
 ADMIN_KEY = "admin-key-for-tests-0123456789"
+CLIENT_KEY = "client-key-for-tests"
+OPS_KEY = "ops-key-for-tests-0123"
+# A client key with default privileges and one that may force a version and send on
+# integer priorities in [-10, 10].
+PRIVILEGED_AUTH = {"api_keys": [CLIENT_KEY],
+                   "keys": [{"key": OPS_KEY, "version_override": True, "priority_range": [-10, 10]}]}
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
@@ -26,18 +37,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = 
 
 class Stack:
     def __init__(self, gateway: Gateway, server: ServerThread, fakes: dict[str, Behaviour],
-                 upstreams: dict[str, ServerThread]) -> None:
+                 upstreams: dict[str, ServerThread], client_key: str | None = None) -> None:
         self.gateway = gateway
         self.server = server
         self.fakes = fakes
         self.upstreams = upstreams
         self.url = server.url
-        self.client = httpx.Client(base_url=server.url, timeout=30)
+        self.client = httpx.Client(base_url=server.url, timeout=30, headers=bearer(client_key))
 
     def chat(self, content: str = "hello", *, model: str = "chat", headers=None,
-             **body) -> httpx.Response:
+             key: str | None = None, **body) -> httpx.Response:
+        """``key``: send as that client instead of the stack's default one."""
         payload = {"model": model, "messages": [{"role": "user", "content": content}], **body}
-        return self.client.post("/v1/chat/completions", json=payload, headers=headers)
+        return self.client.post("/v1/chat/completions", json=payload,
+                                headers={**(headers or {}), **bearer(key)})
 
     def admin(self, method: str, path: str, **kw) -> httpx.Response:
         headers = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -50,9 +63,11 @@ class Stack:
 @contextmanager
 def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
           weights: dict[str, float] | None = None, dead: dict[str, int] | None = None,
-          version_extra: dict[str, dict] | None = None, wait_ready: bool = True, **top):
+          version_extra: dict[str, dict] | None = None, wait_ready: bool = True,
+          client_key: str | None = None, **top):
     """Fake upstreams per version (plus ``dead`` ports with nothing listening), a
-    gateway configured over them; yields a :class:`Stack`."""
+    gateway configured over them; yields a :class:`Stack` whose client sends
+    ``client_key`` (None: no key)."""
     upstreams: dict[str, ServerThread] = {}
     fakes: dict[str, Behaviour] = {}
     try:
@@ -73,9 +88,11 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
                 "polling": FAST_POLLING, "auth": {"admin_key": ADMIN_KEY}}
         for k, v in top.items():
             data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
-        app = create_app(GatewayConfig.model_validate(data))
-        server = ServerThread(app).start()
-        s = Stack(app.state.gateway, server, fakes, upstreams)
+        config = GatewayConfig.model_validate(data)
+        app = create_app(config)
+        # Served as run_gateway serves it: the connection limits are the protocol's.
+        server = ServerThread(app, **uvicorn_options(config.limits.http_limits())).start()
+        s = Stack(app.state.gateway, server, fakes, upstreams, client_key)
         try:
             if wait_ready:
                 live = {srv.url for srv in upstreams.values()}

@@ -30,6 +30,7 @@ class Behaviour:
     token_delay_s: float = 0.0
     error_rate: float = 0.0
     error_status: int = 500
+    error_code: str | None = None  # e.g. request_failed: the engine failed that request alone
     break_after_tokens: int | None = None
     first_token_gate: threading.Event | None = None  # the first token waits for it
     has_load: bool = True
@@ -73,7 +74,7 @@ def make_app(b: Behaviour) -> Starlette:
         if b.error_rate and b.rng.random() < b.error_rate:
             return JSONResponse({"error": {"message": f"injected fault on {b.instance_id}",
                                            "type": "server_error", "param": None,
-                                           "code": None}}, status_code=b.error_status)
+                                           "code": b.error_code}}, status_code=b.error_status)
         b.running += 1
         b.max_running = max(b.max_running, b.running)
         if not body.get("stream"):
@@ -151,13 +152,13 @@ def free_port() -> int:
 class ServerThread:
     """Serves an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
 
-    def __init__(self, app, port: int = 0) -> None:
+    def __init__(self, app, port: int = 0, **uvicorn_options) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, **uvicorn_options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)

@@ -3,9 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, Admitted, ClassLimits,
-                                        ConcurrencyConfig, Priority, Rejected,
-                                        concurrency_target, has_room, priority_class)
+                                        ConcurrencyConfig, Rejected, concurrency_target, has_room)
 from llmserve.gateway.instance import InstanceView
+from llmserve.priority import PriorityClass
 
 
 def _cfg(rt_cap=100, rt_deadline=10.0, b_cap=100, b_deadline=100.0, share=0.2):
@@ -14,25 +14,11 @@ def _cfg(rt_cap=100, rt_deadline=10.0, b_cap=100, b_deadline=100.0, share=0.2):
                            batch_min_share=share)
 
 
-@pytest.mark.parametrize("value,expected", [
-    (None, Priority.REALTIME), (0, Priority.REALTIME), (-5, Priority.REALTIME),
-    (1, Priority.BATCH), (7, Priority.BATCH), ("batch", Priority.BATCH),
-    ("Realtime", Priority.REALTIME), ("1", Priority.BATCH), ("0", Priority.REALTIME)])
-def test_priority_class(value, expected):
-    assert priority_class(value) is expected
-
-
-@pytest.mark.parametrize("bad", [True, "urgent", 1.5])
-def test_priority_class_rejects_nonsense(bad):
-    with pytest.raises(ValueError):
-        priority_class(bad)
-
-
 def test_realtime_goes_first_fifo_within_class():
     q = AdmissionQueue[str](_cfg(share=0.0))
-    q.offer("b1", Priority.BATCH, 0.0)
-    q.offer("r1", Priority.REALTIME, 1.0)
-    q.offer("r2", Priority.REALTIME, 2.0)
+    q.offer("b1", PriorityClass.BATCH, 0.0)
+    q.offer("r1", PriorityClass.REALTIME, 1.0)
+    q.offer("r2", PriorityClass.REALTIME, 2.0)
     out = [q.next_to_dispatch(3.0, True).item for _ in range(3)]
     assert out == ["r1", "r2", "b1"]
     assert q.next_to_dispatch(3.0, True) is None
@@ -41,14 +27,14 @@ def test_realtime_goes_first_fifo_within_class():
 def test_batch_gets_its_minimum_share_while_realtime_waits():
     q = AdmissionQueue[int](_cfg(rt_cap=10_000, b_cap=10_000, share=0.2))
     for i in range(1000):
-        q.offer(i, Priority.REALTIME, 0.0)
-        q.offer(i, Priority.BATCH, 0.0)
+        q.offer(i, PriorityClass.REALTIME, 0.0)
+        q.offer(i, PriorityClass.BATCH, 0.0)
     got = [q.next_to_dispatch(1.0, True).priority for _ in range(500)]
-    assert got.count(Priority.BATCH) == 100
+    assert got.count(PriorityClass.BATCH) == 100
     # never more than 4 realtime in a row at share 0.2
     run = longest = 0
     for p in got:
-        run = run + 1 if p is Priority.REALTIME else 0
+        run = run + 1 if p is PriorityClass.REALTIME else 0
         longest = max(longest, run)
     assert longest == 4
 
@@ -56,15 +42,15 @@ def test_batch_gets_its_minimum_share_while_realtime_waits():
 def test_zero_share_lets_realtime_starve_batch_as_configured():
     q = AdmissionQueue[int](_cfg(share=0.0))
     for i in range(50):
-        q.offer(i, Priority.REALTIME, 0.0)
-    q.offer(-1, Priority.BATCH, 0.0)
+        q.offer(i, PriorityClass.REALTIME, 0.0)
+    q.offer(-1, PriorityClass.BATCH, 0.0)
     got = [q.next_to_dispatch(1.0, True).priority for _ in range(50)]
-    assert Priority.BATCH not in got
+    assert PriorityClass.BATCH not in got
 
 
 def test_no_capacity_dispatches_nothing_and_loses_nothing():
     q = AdmissionQueue[str](_cfg())
-    q.offer("a", Priority.REALTIME, 0.0)
+    q.offer("a", PriorityClass.REALTIME, 0.0)
     assert q.next_to_dispatch(1.0, has_capacity=False) is None
     assert len(q) == 1
     assert q.next_to_dispatch(1.0, has_capacity=True).item == "a"
@@ -72,29 +58,29 @@ def test_no_capacity_dispatches_nothing_and_loses_nothing():
 
 def test_caps_reject_with_429_and_retry_after():
     q = AdmissionQueue[int](_cfg(rt_cap=3, rt_deadline=30.0))
-    results = [q.offer(i, Priority.REALTIME, 0.0) for i in range(4)]
+    results = [q.offer(i, PriorityClass.REALTIME, 0.0) for i in range(4)]
     assert all(isinstance(r, Admitted) for r in results[:3])
     rej = results[3]
     assert isinstance(rej, Rejected) and rej.status == 429
     assert rej.retry_after_s == 30  # nothing dispatched yet: the deadline
     assert "realtime queue is full" in rej.reason
     # batch has its own cap
-    assert isinstance(q.offer(9, Priority.BATCH, 0.0), Admitted)
+    assert isinstance(q.offer(9, PriorityClass.BATCH, 0.0), Admitted)
     # with a known dispatch rate (3 in 10 s) retry-after is depth / rate
     for _ in range(3):
         q.next_to_dispatch(1.0, True)
     for i in range(3):
-        q.offer(i, Priority.REALTIME, 2.0)
-    rej = q.offer(99, Priority.REALTIME, 2.0)
+        q.offer(i, PriorityClass.REALTIME, 2.0)
+    rej = q.offer(99, PriorityClass.REALTIME, 2.0)
     assert isinstance(rej, Rejected) and rej.retry_after_s == 10  # 3 / 0.3 per s
-    assert q.stats(2.0)[Priority.REALTIME].rejected == 2
+    assert q.stats(2.0)[PriorityClass.REALTIME].rejected == 2
 
 
 def test_deadline_expires_items_with_a_reason_and_never_dispatches_them():
     q = AdmissionQueue[str](_cfg(rt_deadline=5.0, b_deadline=50.0))
-    q.offer("late", Priority.REALTIME, 0.0)
-    q.offer("batch", Priority.BATCH, 0.0)
-    q.offer("fresh", Priority.REALTIME, 4.0)
+    q.offer("late", PriorityClass.REALTIME, 0.0)
+    q.offer("batch", PriorityClass.BATCH, 0.0)
+    q.offer("fresh", PriorityClass.REALTIME, 4.0)
     d = q.next_to_dispatch(6.0, True)
     assert d.item == "fresh"
     expired = q.expire(6.0)
@@ -108,17 +94,17 @@ def test_deadline_expires_items_with_a_reason_and_never_dispatches_them():
 
 def test_remove_withdraws_a_waiting_item():
     q = AdmissionQueue[str](_cfg())
-    t = q.offer("gone", Priority.BATCH, 0.0)
+    t = q.offer("gone", PriorityClass.BATCH, 0.0)
     assert q.remove(t.ticket) and not q.remove(t.ticket)
     assert q.next_to_dispatch(1.0, True) is None
 
 
 def test_stats_report_depth_wait_and_counts():
     q = AdmissionQueue[str](_cfg())
-    q.offer("a", Priority.REALTIME, 0.0)
-    q.offer("b", Priority.REALTIME, 1.0)
+    q.offer("a", PriorityClass.REALTIME, 0.0)
+    q.offer("b", PriorityClass.REALTIME, 1.0)
     q.next_to_dispatch(3.0, True)
-    s = q.stats(4.0)[Priority.REALTIME]
+    s = q.stats(4.0)[PriorityClass.REALTIME]
     assert (s.depth, s.admitted, s.dispatched, s.wait_s_sum) == (1, 2, 1, 3.0)
     assert s.oldest_wait_s == 3.0
 
@@ -126,7 +112,7 @@ def test_stats_report_depth_wait_and_counts():
 # ---- property: nothing offered is lost ---------------------------------------------
 
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("offer"), st.sampled_from(list(Priority))),
+    st.tuples(st.just("offer"), st.sampled_from(list(PriorityClass))),
     st.tuples(st.just("dispatch"), st.booleans()),
     st.tuples(st.just("expire"), st.none()),
     st.tuples(st.just("remove"), st.integers(0, 50)),
@@ -140,7 +126,7 @@ def test_every_admitted_item_is_dispatched_expired_removed_or_queued(ops, share)
     q = AdmissionQueue[int](_cfg(rt_cap=8, rt_deadline=3.0, b_cap=12, b_deadline=9.0,
                                  share=share))
     now, n = 0.0, 0
-    admitted: dict[int, tuple[int, float, Priority]] = {}  # item -> (ticket, deadline, class)
+    admitted: dict[int, tuple[int, float, PriorityClass]] = {}  # item -> (ticket, deadline, class)
     dispatched, expired, removed, rejected = [], [], [], []
     for op, arg in ops:
         if op == "offer":
@@ -183,11 +169,11 @@ def test_every_admitted_item_is_dispatched_expired_removed_or_queued(ops, share)
 def test_batch_share_holds_under_contention(share, k):
     q = AdmissionQueue[int](_cfg(rt_cap=1000, b_cap=1000, share=share))
     for i in range(k):
-        q.offer(i, Priority.REALTIME, 0.0)
-        q.offer(i, Priority.BATCH, 0.0)
+        q.offer(i, PriorityClass.REALTIME, 0.0)
+        q.offer(i, PriorityClass.BATCH, 0.0)
     got = [q.next_to_dispatch(0.5, True).priority for _ in range(k)]
-    assert got.count(Priority.BATCH) >= int(share * k + 1e-9)
-    assert got.count(Priority.BATCH) <= int(share * k + 1e-9) + 1
+    assert got.count(PriorityClass.BATCH) >= int(share * k + 1e-9)
+    assert got.count(PriorityClass.BATCH) <= int(share * k + 1e-9) + 1
 
 
 # ---- per-instance room -------------------------------------------------------------

@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from llmserve.gateway.admission import Priority
+from llmserve.priority import PriorityClass
 
 from .app_harness import stack, wait_until
 from .fake_upstream import Behaviour
@@ -85,7 +85,7 @@ async def test_a_client_that_leaves_the_queue_never_takes_a_slot():
                     await _post(impatient, "gone")
             pool = s.gateway.pool("chat", "v1")
             await asyncio.to_thread(
-                wait_until, lambda: pool.queue_stats()[Priority.REALTIME].removed == 1)
+                wait_until, lambda: pool.queue_stats()[PriorityClass.REALTIME].removed == 1)
             assert (await hold).status_code == 200
             assert (await _post(c, "next")).status_code == 200
         assert [b["messages"][0]["content"] for b in slow.bodies] == ["hold", "next"]

@@ -4,7 +4,7 @@ import json
 
 import httpx
 
-from .app_harness import instance_of, sse_events, stack
+from .app_harness import CLIENT_KEY, OPS_KEY, PRIVILEGED_AUTH, instance_of, sse_events, stack
 from .fake_upstream import Behaviour
 
 
@@ -59,14 +59,14 @@ def _assert_openai_error(r: httpx.Response, status: int, code: str | None = None
 
 
 def test_client_errors_are_openai_shaped():
-    with stack({"v1": [Behaviour("a")]}) as s:
+    with stack({"v1": [Behaviour("a")]}, auth=PRIVILEGED_AUTH, client_key=CLIENT_KEY) as s:
         _assert_openai_error(s.chat(model="nope"), 404, "model_not_found")
         r = s.client.post("/v1/chat/completions", content=b"{not json",
                           headers={"content-type": "application/json"})
         _assert_openai_error(r, 400, "invalid_json")
         _assert_openai_error(s.client.post("/v1/chat/completions", json={"messages": []}),
                              400, "missing_model")
-        _assert_openai_error(s.chat(headers={"x-llmserve-version": "v9"}), 400,
+        _assert_openai_error(s.chat(headers={"x-llmserve-version": "v9"}, key=OPS_KEY), 400,
                              "unknown_version")
         _assert_openai_error(s.chat(priority="urgent"), 400, "invalid_priority")
         _assert_openai_error(s.client.get("/v1/nothing-here"), 404)

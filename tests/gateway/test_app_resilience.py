@@ -26,6 +26,19 @@ def test_5xx_is_retried_on_another_instance_and_breaker_opens():
         assert sorted(states.values()) == ["closed", "open"]
 
 
+def test_a_request_the_engine_failed_alone_is_not_retried_nor_held_against_the_instance():
+    """A poison request fails on every instance: retrying spreads it and trips breakers."""
+    a = Behaviour("a", error_rate=1.0, error_code="request_failed")
+    b = Behaviour("b", error_rate=1.0, error_code="request_failed")
+    with stack({"v1": [a, b]}, breaker={**BREAKER, "cooloff_s": 30}) as s:
+        for i in range(6):
+            r = s.chat(f"q{i}")
+            assert r.status_code == 500 and r.json()["error"]["code"] == "request_failed"
+        assert a.requests + b.requests == 6  # one attempt each
+        pools = s.admin("GET", "/pools").json()["pools"]
+        assert {i["breaker"] for i in pools[0]["instances"]} == {"closed"}
+
+
 def test_all_attempts_failing_returns_the_upstream_error():
     with stack({"v1": [Behaviour("a", error_rate=1.0), Behaviour("b", error_rate=1.0)]},
                breaker={"failure_threshold": 100}) as s:

@@ -3,13 +3,13 @@
 import math
 from collections import Counter
 
-from .app_harness import stack
+from .app_harness import CLIENT_KEY, OPS_KEY, PRIVILEGED_AUTH, stack
 from .fake_upstream import Behaviour
 
 
 def test_weights_stickiness_and_header_override():
     with stack({"v1": [Behaviour("a", tokens=1)], "v2": [Behaviour("b", tokens=1)]},
-               weights={"v1": 70, "v2": 30}) as s:
+               weights={"v1": 70, "v2": 30}, auth=PRIVILEGED_AUTH, client_key=CLIENT_KEY) as s:
         n = 300
         versions = Counter(s.chat(user=f"user-{i}").headers["x-llmserve-version"]
                            for i in range(n))
@@ -24,9 +24,9 @@ def test_weights_stickiness_and_header_override():
             assert s.chat(headers={"x-user-id": f"sticky-{i}"}).headers[
                 "x-llmserve-version"] == first
 
-        # the header forces a version
+        # the header forces a version, from a key that may
         for _ in range(10):
-            r = s.chat(user="someone", headers={"x-llmserve-version": "v2"})
+            r = s.chat(user="someone", headers={"x-llmserve-version": "v2"}, key=OPS_KEY)
             assert r.headers["x-llmserve-version"] == "v2"
 
         text = s.client.get("/metrics").text

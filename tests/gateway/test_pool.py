@@ -4,10 +4,11 @@ import asyncio
 
 import pytest
 
-from llmserve.gateway.admission import AdmissionConfig, ClassLimits, ConcurrencyConfig, Priority
+from llmserve.gateway.admission import AdmissionConfig, ClassLimits, ConcurrencyConfig
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.pool import NoHealthyInstance, Outcome, Pool, QueueTimeout
+from llmserve.priority import PriorityClass
 
 REQ = RouteRequest()
 
@@ -23,10 +24,10 @@ def _pool(target=1, rt_deadline=5.0, **kw) -> Pool:
 async def test_acquire_reserves_a_slot_and_release_frees_it():
     p = _pool(target=2)
     inst = p.add_instance("http://127.0.0.1:9001", ready=True)
-    a = await p.acquire(REQ, Priority.REALTIME)
-    b = await p.acquire(REQ, Priority.REALTIME)
+    a = await p.acquire(REQ, PriorityClass.REALTIME)
+    b = await p.acquire(REQ, PriorityClass.REALTIME)
     assert a.instance is inst and inst.inflight == 2
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     assert not waiting.done() and p.signals().queue_depth["realtime"] == 1
     p.release(a, Outcome.SUCCESS)
@@ -40,7 +41,7 @@ async def test_acquire_reserves_a_slot_and_release_frees_it():
 async def test_waiting_realtime_goes_before_waiting_batch():
     p = _pool()
     p.add_instance("http://127.0.0.1:9001", ready=True)
-    hold = await p.acquire(REQ, Priority.REALTIME)
+    hold = await p.acquire(REQ, PriorityClass.REALTIME)
     order = []
 
     async def one(name, prio):
@@ -49,9 +50,9 @@ async def test_waiting_realtime_goes_before_waiting_batch():
         await asyncio.sleep(0)
         p.release(lease, Outcome.SUCCESS)
 
-    tasks = [asyncio.create_task(one("batch", Priority.BATCH))]
+    tasks = [asyncio.create_task(one("batch", PriorityClass.BATCH))]
     await asyncio.sleep(0.01)
-    tasks.append(asyncio.create_task(one("realtime", Priority.REALTIME)))
+    tasks.append(asyncio.create_task(one("realtime", PriorityClass.REALTIME)))
     await asyncio.sleep(0.01)
     p.release(hold, Outcome.SUCCESS)
     await asyncio.gather(*tasks)
@@ -61,14 +62,14 @@ async def test_waiting_realtime_goes_before_waiting_batch():
 async def test_a_cancelled_waiter_leaves_the_queue():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9001", ready=True)
-    hold = await p.acquire(REQ, Priority.REALTIME)
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    hold = await p.acquire(REQ, PriorityClass.REALTIME)
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert p.signals().queue_depth["realtime"] == 0
-    assert p.queue_stats()[Priority.REALTIME].removed == 1
+    assert p.queue_stats()[PriorityClass.REALTIME].removed == 1
     p.release(hold, Outcome.SUCCESS)
     assert inst.inflight == 0
 
@@ -77,13 +78,13 @@ async def test_starting_instances_make_requests_wait_until_the_deadline():
     p = _pool(rt_deadline=0.1)
     p.add_instance("http://127.0.0.1:9001")  # not ready yet, never was
     with pytest.raises(QueueTimeout, match="no instance is ready and healthy"):
-        await p.acquire(REQ, Priority.REALTIME)
+        await p.acquire(REQ, PriorityClass.REALTIME)
 
 
 async def test_a_starting_instance_serves_waiters_once_ready():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9001")
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     inst.ready = inst.ever_ready = True
     p.pump()  # what the monitor does when /ready passes
@@ -93,20 +94,20 @@ async def test_a_starting_instance_serves_waiters_once_ready():
 async def test_failed_instances_make_requests_fail_fast():
     p = _pool(target=1)
     inst = p.add_instance("http://127.0.0.1:9001", ready=True)
-    lease = await p.acquire(REQ, Priority.REALTIME)
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    lease = await p.acquire(REQ, PriorityClass.REALTIME)
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     p.release(lease, Outcome.FAILURE)  # threshold 1: the breaker opens
     with pytest.raises(NoHealthyInstance):
         await asyncio.wait_for(waiting, 1)
     with pytest.raises(NoHealthyInstance):
-        await p.acquire(REQ, Priority.BATCH)
+        await p.acquire(REQ, PriorityClass.BATCH)
     assert inst.inflight == 0
 
 
 async def test_an_empty_pool_waits_for_instances_to_be_added():
     p = _pool()
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.BATCH))
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.BATCH))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     inst = p.add_instance("http://127.0.0.1:9002", "new", ready=True)
@@ -118,11 +119,11 @@ async def test_draining_and_removed_instances_get_nothing_new():
     a = p.add_instance("http://127.0.0.1:9001", "a", ready=True)
     b = p.add_instance("http://127.0.0.1:9002", "b", ready=True)
     p.set_draining("a")
-    leases = [await p.acquire(REQ, Priority.REALTIME) for _ in range(5)]
+    leases = [await p.acquire(REQ, PriorityClass.REALTIME) for _ in range(5)]
     assert all(lease.instance is b for lease in leases)
     p.set_draining("a", False)
     p.remove_instance("b")
-    lease = await p.acquire(REQ, Priority.REALTIME)
+    lease = await p.acquire(REQ, PriorityClass.REALTIME)
     assert lease.instance is a
     for old in leases:  # releasing leases of a removed instance is fine
         p.release(old, Outcome.SUCCESS)
@@ -137,11 +138,11 @@ async def test_signals_count_admissions_rejections_and_dispatches():
     p = Pool("m/v1", concurrency=ConcurrencyConfig(fixed=1),
              admission=AdmissionConfig(realtime=ClassLimits(max_queue=1, deadline_s=5.0)))
     p.add_instance("http://127.0.0.1:9001", ready=True)
-    lease = await p.acquire(REQ, Priority.REALTIME)
-    waiting = asyncio.create_task(p.acquire(REQ, Priority.REALTIME))
+    lease = await p.acquire(REQ, PriorityClass.REALTIME)
+    waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     with pytest.raises(Exception, match="queue is full"):
-        await p.acquire(REQ, Priority.REALTIME)
+        await p.acquire(REQ, PriorityClass.REALTIME)
     sig = p.signals()
     assert (sig.instances, sig.routable, sig.inflight) == (1, 1, 1)
     assert sig.queue_depth == {"realtime": 1, "batch": 0}

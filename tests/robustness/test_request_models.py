@@ -57,7 +57,7 @@ def test_any_bytes_are_a_request_or_a_400(raw):
 @given(temperature=st.floats(0, 2), top_p=st.floats(0, 1, exclude_min=True),
        presence=st.floats(-2, 2), frequency=st.floats(-2, 2),
        repetition=st.floats(0.01, 100), min_p=st.floats(0, 1),
-       seed=st.integers(-(2**63), 2**63 - 1) | st.none(), n=st.integers(1, 8),
+       seed=st.integers(-(2**63), 2**64 - 1) | st.none(), n=st.integers(1, 8),
        top_k=st.integers(-1, 10**6),
        bias=st.dictionaries(st.integers(0, 2**31 - 1).map(str), st.floats(-100, 100), max_size=4))
 def test_what_the_edge_accepts_the_engine_accepts(temperature, top_p, presence, frequency, repetition,

@@ -117,6 +117,9 @@ def test_logprobs(client):
     ({"prompt": "x " * 300, "max_tokens": 5}, 400, "prompt"),
     ({"prompt": "x", "model": "nope"}, 404, "model"),
     ({"prompt": "x", "priority": "urgent"}, 400, "priority"),
+    ({"prompt": "x", "priority": -1000000000}, 400, "priority"),  # outside the default [0, 1]
+    ({"prompt": "x", "priority": 2}, 400, "priority"),
+    ({"prompt": "x", "priority": 10 ** 4000}, 400, "priority"),
     ({"max_tokens": 3}, 400, "prompt"),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, param):
@@ -124,6 +127,22 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["message"] and err["type"] and err["param"] == param
+
+
+def test_priorities_out_of_range_or_too_long_are_400s(server):
+    huge = "1" * 5000
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x", "priority": %s}' % huge.encode(),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and "digits" in r.json()["error"]["message"]
+    for header in (huge, "-1000000000", "-1", "urgent"):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, headers={"x-priority": header})
+        assert r.status_code == 400, (header[:20], r.text)
+        assert r.json()["error"]["param"] == "priority"
+    for ok in ("batch", "1", "0", "REALTIME"):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                       headers={"x-priority": ok}, timeout=30)
+        assert r.status_code == 200, (ok, r.text)
 
 
 def test_context_length_message_and_malformed_json_and_body_limit(server):

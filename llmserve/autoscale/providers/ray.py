@@ -3,9 +3,12 @@
 The controller asks Ray for an actor with the instance's resources (``num_cpus``
 here, ``num_gpus`` on a GPU cluster); Ray places it on a node that has them (and
 Ray's own cluster autoscaler adds nodes when none has). The actor starts
-``llmserve engine`` as a subprocess bound to its node's address and reports that
-address; the gateway then talks to the engine over plain HTTP, like to any other
-instance. Stopping asks the actor to SIGTERM its engine (which drains and exits
+``llmserve engine`` as a subprocess and reports its address; the gateway then
+talks to the engine over plain HTTP, like to any other instance. The engine
+listens on loopback when the Ray runtime is this machine's alone and on its
+node's address only on a real cluster (:func:`engine_host`); either way ``serve``
+gives the pool an API key (``ServeConfig.instance_key``), so a port reachable
+from the network serves only the gateway. Stopping asks the actor to SIGTERM its engine (which drains and exits
 0), then kills the actor; the engine is set to die with the actor in any case.
 
 Only plain data crosses to and from actors: argv lists, strings, numbers.
@@ -25,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import engine_command, free_port, spawn, tail, terminate
@@ -35,9 +39,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class RayProviderConfig:
     """``address``: an existing cluster (``"auto"``, ``"ray://head:10001"``); None starts
-    a local runtime. ``bind_host``: the address engines listen on; None means the
-    node's own address (what a multi-node cluster needs), ``127.0.0.1`` keeps a
-    single-machine runtime on loopback."""
+    a local runtime. ``bind_host``: the address engines listen on; None decides by
+    the runtime (:func:`engine_host`)."""
 
     address: str | None = None
     num_cpus: float = 1.0
@@ -54,6 +57,25 @@ class RayProviderConfig:
             raise ValueError("ray provider: num_cpus and num_gpus must be >= 0")
         if self.call_timeout_s <= 0:
             raise ValueError("ray provider: call_timeout_s must be positive")
+
+
+def is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def engine_host(bind_host: str | None, address: str | None) -> str | None:
+    """Where a Ray-hosted engine listens: ``bind_host`` when configured; loopback when
+    the runtime is this machine's alone (``address`` None: the runtime ``connect``
+    starts here; or a head reached on 127.0.0.1 / localhost); else None, each
+    node's own address, which a real cluster needs. ``"auto"`` may find a cluster
+    of many nodes, so it counts as one. A loopback engine is kept on this node
+    (``RayProvider.start``): elsewhere nothing here could reach it."""
+    if bind_host:
+        return bind_host
+    if address is None:
+        return "127.0.0.1"
+    host = urlsplit("//" + address.split("://", 1)[-1]).hostname or ""
+    return "127.0.0.1" if is_loopback(host) else None
 
 
 class EngineActor:
@@ -106,7 +128,9 @@ class RayProvider:
         cfg = self.config
         kwargs: dict[str, Any] = {"namespace": cfg.namespace, "log_to_driver": False}
         if cfg.address is None:
-            kwargs.update(include_dashboard=False, num_cpus=cfg.local_num_cpus)
+            # "local": a new runtime on this machine, never one found through RAY_ADDRESS
+            # or a `ray start` here (engine_host counts on that).
+            kwargs.update(address="local", include_dashboard=False, num_cpus=cfg.local_num_cpus)
             self._started_runtime = True
         else:
             kwargs["address"] = cfg.address
@@ -123,10 +147,17 @@ class RayProvider:
         cfg = self.config
         if self._actor_cls is None:
             self._actor_cls = ray.remote(EngineActor)
+        host = engine_host(cfg.bind_host, cfg.address)
+        options: dict[str, Any] = {}
+        if host is not None and is_loopback(host):
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False)
         actor_cls = self._actor_cls.options(
             num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None,
-            max_restarts=0, name=f"llmserve-{spec.instance_id}")
-        actor = actor_cls.remote(list(spec.engine_args), spec.instance_id, cfg.bind_host, cfg.log_dir,
+            max_restarts=0, name=f"llmserve-{spec.instance_id}", **options)
+        actor = actor_cls.remote(list(spec.engine_args), spec.instance_id, host, cfg.log_dir,
                                  dict(spec.env))
         self._actors[spec.instance_id] = actor
         try:
