@@ -48,3 +48,12 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+class FieldError(ValueError):
+    """A check across fields failed inside a request model; ``param`` names the field
+    OpenAI's error should point at (a model-level check has no field of its own)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from llmserve.api.errors import APIError
+from llmserve.api.errors import APIError, FieldError
 from llmserve.api.protocol import UNSUPPORTED, Limits
 
 M = TypeVar("M", bound=BaseModel)
@@ -129,6 +129,9 @@ def from_validation_error(e: ValidationError) -> APIError:
     err = max(e.errors(include_url=False), key=lambda er: len(clean(er)))
     loc = clean(err)
     param = _path(loc) or None
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        param = _path(loc + [cause.param]) if loc else cause.param
     if err.get("type") == "extra_forbidden":
         return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
                         code="unknown_parameter")
@@ -141,7 +144,7 @@ def from_validation_error(e: ValidationError) -> APIError:
 
 def _is_type_tag(s: str) -> bool:
     return s in ("str", "int", "float", "bool", "TextPart", "RefusalPart") or \
-        s.startswith(("list[", "dict[", "constrained-", "literal[", "function-")) or s.endswith("Part")
+        s.startswith(("list[", "dict[", "constrained-", "literal[", "function-", "type=")) or s.endswith("Part")
 
 
 def _path(loc: list) -> str:

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmserve.api.errors import FieldError
+from llmserve.api.structured import (Choices, Grammar, Regex, ResponseFormat, StructuredOutputs, ToolCalls,
+                                     ToolChoice, Tools, check_json_schema)
 
 
 class Limits:
@@ -34,6 +38,7 @@ class Limits:
     SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
     PRIORITY_CHARS = 32
     DEPTH = 32               # JSON nesting; real requests use under 8
+    LOGIT_BIAS = 1024        # entries; OpenAI sets no cap, each is applied every step
 
 
 Name = Annotated[str, Field(max_length=Limits.NAME_CHARS)]
@@ -43,26 +48,19 @@ StopText = Annotated[str, Field(min_length=1, max_length=Limits.STOP_CHARS)]
 
 # Known OpenAI (or vLLM) fields llmserve refuses by name: 400, code unsupported_parameter.
 UNSUPPORTED: dict[str, str] = {
-    "logit_bias": "logit_bias is not supported",
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "response_format": "structured outputs (response_format) are not supported",
+    "functions": "the deprecated functions field is not supported (use tools)",
+    "function_call": "the deprecated function_call field is not supported (use tool_choice)",
     "suffix": "suffix (insertion) is not supported",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "reasoning_effort": "reasoning_effort is not supported by this model",
     "web_search_options": "web search is not supported",
-    "guided_json": "guided decoding is not supported",
-    "guided_regex": "guided decoding is not supported",
-    "guided_choice": "guided decoding is not supported",
-    "guided_grammar": "guided decoding is not supported",
-    "structured_outputs": "structured outputs are not supported",
+    "prompt_logprobs": "prompt_logprobs is not supported",
+    "guided_decoding_backend": "choosing the guided decoding backend is not supported (xgrammar is used)",
+    "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
 }
-# Accepted, documented as having no effect here.
-NO_OP = ("store", "metadata", "service_tier")
+# Accepted, documented as having no effect on generation (docs/openai-api.md).
+NO_OP = ("store", "metadata", "service_tier", "user", "modalities")
 
 
 class _Strict(BaseModel):
@@ -104,14 +102,45 @@ class _SamplingFields(_Strict):
     cache_salt: Annotated[str, Field(min_length=1, max_length=Limits.NAME_CHARS)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+                               Annotated[float, Field(ge=-100.0, le=100.0)]],
+                          Field(max_length=Limits.LOGIT_BIAS)] | None = None
+    # Constrained outputs (api/structured.py); at most one of them per request.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: Regex | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: Grammar | None = None
 
-    @field_validator("best_of")
+    _schema = field_validator("guided_json")(classmethod(lambda cls, v: v if v is None else check_json_schema(v)))
+
+    @field_validator("logit_bias")
     @classmethod
-    def _best_of(cls, v: int | None, info) -> int | None:
-        n = info.data.get("n", 1)
-        if v is not None and v != n:
-            raise ValueError("best_of other than n is not supported (no server-side ranking)")
+    def _bias_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(int(k) > Limits.TOKEN_ID for k in v):
+            raise ValueError(f"token ids must be at most {Limits.TOKEN_ID}")
         return v
+
+    @model_validator(mode="after")
+    def _fields_together(self) -> "_SamplingFields":
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise FieldError("best_of", "best_of must be at least n")
+            if self.stream and self.best_of > self.n:
+                raise FieldError("best_of", "best_of greater than n cannot be streamed (the best are known only at the end)")
+        given = self.constraints()
+        if len(given) > 1:
+            raise FieldError(given[1], f"give at most one output constraint, got {', '.join(given)}")
+        return self
+
+    def constraints(self) -> list[str]:
+        """The output constraints this request sets (fields by name)."""
+        given = [k for k in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                 if getattr(self, k) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.append("response_format")
+        return given
 
 
 class CompletionRequest(_SamplingFields):
@@ -121,6 +150,12 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=Limits.PROMPTS)]
     logprobs: Annotated[int, Field(ge=0, le=Limits.LOGPROBS)] | None = None
     echo: bool = False
+
+    @model_validator(mode="after")
+    def _echo(self) -> "CompletionRequest":
+        if self.echo and self.logprobs is not None:
+            raise FieldError("echo", "echo with logprobs is not supported (prompt logprobs are not computed)")
+        return self
 
 
 class TextPart(_Strict):
@@ -147,12 +182,22 @@ def _check_part_types(parts: Any) -> Any:
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart | RefusalPart], Field(max_length=Limits.CONTENT_PARTS)] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
     refusal: str | None = None  # an assistant turn as OpenAI returns it
+    tool_calls: ToolCalls | None = None  # an assistant turn that called tools
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # a tool's result
 
     _parts = field_validator("content", mode="before")(classmethod(lambda cls, v: _check_part_types(v)))
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise FieldError("tool_calls", "only assistant messages carry tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise FieldError("tool_call_id", "a tool message needs tool_call_id, and only a tool message has one")
+        return self
 
     def text(self) -> str:
         """The message's text: content parts joined (refusals are not prompt text)."""
@@ -166,6 +211,10 @@ class ChatMessage(_Strict):
                                "content": self.text()}
         if self.name is not None:
             msg["name"] = self.name
+        if self.tool_calls is not None:
+            msg["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
         return msg
 
 
@@ -176,6 +225,32 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=Limits.LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     modalities: list[Literal["text"]] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tools(self) -> "ChatCompletionRequest":
+        if self.tool_choice is not None and self.tools is None:
+            raise FieldError("tool_choice", "tool_choice is only allowed when tools are specified")
+        if self.tools is not None:
+            names = [t.function.name for t in self.tools]
+            if len(set(names)) != len(names):
+                raise FieldError("tools", "function names must be unique")
+            choice = self.tool_choice
+            if not isinstance(choice, str) and choice is not None and choice.function.name not in names:
+                raise FieldError("tool_choice", f"tool_choice names the function {choice.function.name!r}, which is not in tools")
+            if self.tool_mode != "none" and self.constraints():
+                raise FieldError(self.constraints()[0], f"{self.constraints()[0]} cannot be combined with tools unless tool_choice is 'none'")
+        return self
+
+    @property
+    def tool_mode(self) -> str:
+        """'none', 'auto', 'required' or 'named' (tool_choice names a function)."""
+        if self.tools is None:
+            return "none"
+        c = self.tool_choice
+        return "auto" if c is None else c if isinstance(c, str) else "named"
 
 
 class TokenizeRequest(_Strict):

@@ -13,6 +13,7 @@ fault of the whole batch, the forward pass itself, makes ``step()`` raise.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +22,15 @@ from typing import Any
 import torch
 
 from llmserve.engine.config import EngineConfig
+from llmserve.engine.guided import GuidedDecoding
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
-from llmserve.engine.request import REALTIME, Request, RequestStatus
+from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
 from llmserve.engine.runner import ModelRunner
 from llmserve.engine.sampler import SampleRow, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
-from llmserve.engine.stats import EngineStats
+from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.priority import parse_priority
@@ -98,6 +100,8 @@ class EngineCore:
         if tokenizer is not None:
             self.eos_token_ids |= frozenset(getattr(tokenizer, "eos_token_ids", []) or [])
         self._tracks: dict[str, _Track] = {}
+        self._guided: GuidedDecoding | None = None  # built with the first structured-output request
+        self._guided_lock = threading.Lock()
         self.spec = None
         if config.speculative_config is not None:
             from llmserve.engine.spec_decode import SpeculativeDecoder
@@ -146,10 +150,29 @@ class EngineCore:
         except ValueError as e:
             raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
         prio = REALTIME if prio is None else prio
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
+        grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
+                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar)
         return req, prompt_text
+
+    @property
+    def guided(self) -> GuidedDecoding | None:
+        """Grammar matchers of structured-output requests; None until the first one."""
+        return self._guided
+
+    def compile_grammar(self, params: SamplingParams):
+        """The compiled grammar of ``params.structured_outputs`` (None without one); safe from any
+        thread and cached, so a server compiles in a worker thread before ``add_request``."""
+        if params.structured_outputs is None:
+            return None
+        with self._guided_lock:  # one tokenizer info per engine (~0.4 s for 49k tokens)
+            if self._guided is None:
+                self._guided = GuidedDecoding.for_tokenizer(self.tokenizer, self.model_config.vocab_size,
+                                                            self.eos_token_ids)
+        return self._guided.backend.compile(params.structured_outputs)
 
     def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
         """Hand a prepared request to the scheduler (engine thread only).
@@ -167,13 +190,16 @@ class EngineCore:
         track = _Track(req, detok, prompt_text, gen, RequestMetrics(req.arrival_time),
                        logprobs=[] if params.logprobs is not None else None,
                        hold_back=max((len(s) for s in params.stop), default=1) - 1)
+        matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
         self.scheduler.add_request(req)
         self._tracks[req.request_id] = track
+        if matcher is not None:
+            self._guided.add(req.request_id, matcher)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Drop a request wherever it is; its KV blocks are freed at once."""
         req = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-        tr = self._tracks.pop(request_id, None)
+        tr = self._forget(request_id)
         if req is None or tr is None:
             return None
         tr.finish_reason = "abort"
@@ -194,14 +220,21 @@ class EngineCore:
         if plan.empty:
             return outputs
         self._note_scheduled(plan, t0)
+        guided = self._guided
+        pending = guided.start(plan) if guided else None  # masks fill while the model runs
         run = self.runner.execute(plan)
-        samples = self._sample(plan, run)
+        samples = self._sample(plan, run, GuidedDecoding.masks(pending))
+        complete = guided.commit(samples) if guided else []  # (skips, or adds to, samples.failed)
         for rid, why in samples.failed.items():
             self.scheduler.fail_request(rid, f"sampling failed: {why}")
         t1 = time.monotonic()
         self.stats.on_step(t0, t1, plan)
         finished = self.scheduler.update_from_output(plan, samples.tokens)
-        return outputs + self._postprocess(plan, samples, {r.request_id for r in finished}, t1)
+        finished_ids = {r.request_id for r in finished}
+        for rid in complete:  # the grammar ended (matters with ignore_eos; otherwise the stop token did)
+            if rid not in finished_ids and self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED):
+                finished_ids.add(rid)
+        return outputs + self._postprocess(plan, samples, finished_ids, t1)
 
     def _note_scheduled(self, plan, now: float) -> None:
         for s in plan.scheduled:
@@ -239,14 +272,15 @@ class EngineCore:
             for r in self.scheduler.running:
                 r.spec_token_ids = []
 
-    def _sample(self, plan, run) -> StepSamples:
+    def _sample(self, plan, run, masks: dict[str, torch.Tensor]) -> StepSamples:
         if self.spec is not None:
-            return self.spec.verify(plan, run, self._row)
+            return self.spec.verify(plan, run, self._row, masks)
         out = StepSamples()
         rows, order, idx = [], [], []
         for s in plan.scheduled:
             if s.sample:
-                rows.append(self._row(s.request))
+                mask = masks.get(s.request.request_id)
+                rows.append(self._row(s.request, allowed=None if mask is None else mask[0]))
                 order.append(s.request.request_id)
                 idx.append(run.rows[s.request.request_id][0])
         if not rows:
@@ -263,9 +297,11 @@ class EngineCore:
                 out.logprobs[rid] = [TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or [])]
         return out
 
-    def _row(self, req: Request, extra_output: list[int] | None = None) -> SampleRow:
+    def _row(self, req: Request, extra_output: list[int] | None = None,
+             allowed: torch.Tensor | None = None) -> SampleRow:
         out = req.output_token_ids + (extra_output or [])
-        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._tracks[req.request_id].generator)
+        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._tracks[req.request_id].generator,
+                         allowed)
 
     def _advance(self, tr: _Track, lps: list[TokenLogprob], now: float, finished: bool) -> RequestOutput:
         req = tr.request
@@ -295,7 +331,7 @@ class EngineCore:
             if tr.stop_reason is None:
                 tr.stop_reason = req.stop_reason
             tr.metrics.finished_time = now
-            self._tracks.pop(req.request_id, None)
+            self._forget(req.request_id)
             self.stats.on_finished(req, tr.finish_reason, tr.metrics)
         return self._output(tr, finished)
 
@@ -324,9 +360,15 @@ class EngineCore:
         self.scheduler.fail_request(req.request_id, tr.error)  # (a no-op if it already finished)
         tr.finish_reason, tr.stop_reason = "error", None
         tr.metrics.finished_time = now
-        self._tracks.pop(req.request_id, None)
+        self._forget(req.request_id)
         self.stats.on_finished(req, "error", tr.metrics)
         return self._output(tr, finished=True)
+
+    def _forget(self, request_id: str) -> _Track | None:
+        """Drop a finished request's text state and grammar matcher."""
+        if self._guided is not None:
+            self._guided.remove(request_id)
+        return self._tracks.pop(request_id, None)
 
     def _output(self, tr: _Track, finished: bool) -> RequestOutput:
         req = tr.request
@@ -349,34 +391,4 @@ class EngineCore:
 
     # ---- introspection ---------------------------------------------------------------
     def load_snapshot(self) -> dict[str, Any]:
-        sch = self.scheduler
-        by_prio: dict[str, int] = {}
-        for r in sch.waiting:
-            by_prio[str(r.priority)] = by_prio.get(str(r.priority), 0) + 1
-        return {
-            "num_running": len(sch.running),
-            "num_waiting": len(sch.waiting),
-            "num_waiting_by_priority": by_prio,
-            "kv_cache_usage": self.kv.usage,
-            "max_num_seqs": self.config.max_num_seqs,
-            "prefix_cache_queries": self.kv.prefix_queries,
-            "prefix_cache_hits": self.kv.prefix_hits,
-            "num_preemptions": sch.num_preemptions,
-            **self.stats.window(),
-        }
-
-
-class ContextLengthError(ValueError):
-    """The prompt (plus max_tokens) does not fit the model's context."""
-
-    def __init__(self, prompt_tokens: int, limit: int, max_tokens: int | None = None) -> None:
-        if max_tokens is None:
-            msg = (f"This model's maximum context length is {limit} tokens, but the prompt has "
-                   f"{prompt_tokens} tokens (at least one token must be generated).")
-        else:
-            msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
-                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
-                   f"for the completion). Please reduce the prompt or max_tokens.")
-        super().__init__(msg)
-        self.prompt_tokens = prompt_tokens
-        self.limit = limit
+        return load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.priority import BATCH, REALTIME  # noqa: F401 (re-exported: the levels by name)
@@ -56,6 +57,7 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     stop_reason: int | str | None = None
+    grammar: Any = None  # the compiled grammar of a structured output (engine/guided.py); the scheduler never reads it
     error: str | None = None  # why it failed, when its status is FINISHED_ERROR
 
     def __post_init__(self) -> None:
@@ -85,3 +87,19 @@ class Request:
     @property
     def is_batch_class(self) -> bool:
         return self.priority > REALTIME
+
+
+class ContextLengthError(ValueError):
+    """The prompt (plus max_tokens) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, limit: int, max_tokens: int | None = None) -> None:
+        if max_tokens is None:
+            msg = (f"This model's maximum context length is {limit} tokens, but the prompt has "
+                   f"{prompt_tokens} tokens (at least one token must be generated).")
+        else:
+            msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
+                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+                   f"for the completion). Please reduce the prompt or max_tokens.")
+        super().__init__(msg)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit

@@ -1,12 +1,16 @@
-"""Turn logits into tokens: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+"""Turn logits into tokens: grammar masks, logit bias, penalties, temperature,
+top-k / top-p / min-p, seeds, logprobs.
 
-``process`` produces the distribution a row actually samples from; speculative
-decoding's rejection sampler reuses it so that speculation changes nothing about
-what is sampled.
+``constrain`` applies what is batched (a grammar's allowed tokens, ``logit_bias``)
+to all rows at once; ``process`` then produces the distribution a row actually
+samples from. Speculative decoding's rejection sampler reuses both, so that
+speculation changes nothing about what is sampled. Logprobs are the model's own
+(before any of this), as vLLM reports them by default.
 
-A row whose logits or distribution are not finite (NaN, inf, or no mass left) is
-not sampled: its token carries an ``error`` and only its request fails. The check
-costs one reduction over the whole batch when every row is fine.
+A row whose logits or distribution are not finite (NaN, inf, no mass left, or a
+grammar that allowed nothing) is not sampled: its token carries an ``error`` and
+only its request fails. The check costs one reduction over the whole batch when
+every row is fine.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: list[int]  # tokens generated so far (before this row's position)
     generator: torch.Generator | None
+    # The grammar's allowed next tokens, a packed int32 bitmask row (engine/grammar.py); None: any.
+    allowed: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -54,14 +60,37 @@ class NonFiniteError(ValueError):
 
 
 def non_finite_rows(logits: torch.Tensor) -> list[int]:
-    """Rows of ``logits`` holding NaN or inf: one reduction when there are none.
-
-    A sum is NaN or inf whenever any term is; a sum of large finite values that
-    overflows only sends us to the exact per-row check.
+    """Rows of ``logits`` that cannot be sampled: holding NaN or +inf, or nothing above
+    -inf. A row's max (which propagates NaN) is finite exactly when the row is fine, so
+    this is one reduction; a -inf alone is a banned token (a grammar mask), not a fault.
     """
-    if bool(torch.isfinite(logits.sum())):
+    top = logits.amax(dim=-1)
+    if bool(torch.isfinite(top).all()):
         return []
-    return (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
+    return (~torch.isfinite(top)).nonzero().flatten().tolist()
+
+
+def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """``logits`` with each row's grammar mask and logit bias applied (a copy; the same tensor if none)."""
+    masked = [i for i, r in enumerate(rows) if r.allowed is not None]
+    biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if not masked and not biased:
+        return logits
+    logits = logits.float().clone()
+    if biased:
+        ri, ti, vi = [], [], []
+        for i in biased:
+            bias = rows[i].params.logit_bias
+            ri += [i] * len(bias)
+            ti += bias.keys()
+            vi += bias.values()
+        logits.index_put_((torch.tensor(ri), torch.tensor(ti)), torch.tensor(vi, dtype=logits.dtype),
+                          accumulate=True)
+    if masked:
+        from llmserve.engine.grammar import apply_bitmask
+
+        apply_bitmask(logits, torch.stack([rows[i].allowed for i in masked]), masked)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
@@ -128,11 +157,14 @@ class Sampler:
         """One token per row; a row that cannot be sampled gets a token with ``error`` set."""
         need_lp = any(r.params.logprobs is not None for r in rows)
         logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
+        raw, logits = logits, constrain(logits, rows)
         if all(r.params.greedy and not r.params.needs_penalties for r in rows):
             tokens = self.ops.argmax(logits).tolist()
-            errors = {i: "the model's logits are not finite" for i in non_finite_rows(logits)}
+            errors = {i: "the logits are not finite" for i in non_finite_rows(logits)}
         else:
             tokens, errors = self._per_row(logits, rows)
+        if logits is not raw:  # a NaN the mask hid still spoils the row (and its logprobs)
+            errors |= {i: "the model's logits are not finite" for i in non_finite_rows(raw) if i not in errors}
         out: list[SampledToken] = []
         for i, (tok, row) in enumerate(zip(tokens, rows)):
             if i in errors:

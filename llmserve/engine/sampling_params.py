@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
+LOGIT_BIAS_LIMIT = 100.0
 # vLLM asks only for > 0, but 1e-300 is 0 in fp32 and turns logits into inf: these
 # bounds stay far from fp32's limits (a penalty of 100 already all but bans a token).
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
@@ -13,6 +15,48 @@ MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_TEMPERATURE = 100.0
 # What ``torch.Generator.manual_seed`` takes (it reads a seed modulo 2**64).
 MIN_SEED, MAX_SEED = -2**63, 2**64 - 1
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """What the output must match: exactly one of the fields (vLLM's names).
+
+    ``json`` is a JSON Schema (dict or text), ``json_object`` any JSON object,
+    ``regex`` a regular expression, ``choice`` one of the strings, ``grammar`` an
+    EBNF (GBNF) grammar, ``structural_tag`` an xgrammar structural tag (free text
+    with constrained tagged regions, e.g. tool calls).
+    """
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        _check(len(given) == 1, "structured_outputs",
+               f"needs exactly one of json, json_object, regex, choice, grammar, structural_tag; got {given or 'none'}")
+        _check(self.choice is None or len(self.choice) > 0, "structured_outputs.choice", "must not be empty")
+
+    def key(self) -> tuple[str, str]:
+        """(kind, text): equal constraints share one compiled grammar. Keys keep their order:
+        a schema's property order is the order the output follows."""
+        import json as _json
+
+        for kind in ("json", "structural_tag"):
+            v = getattr(self, kind)
+            if v is not None:
+                return kind, v if isinstance(v, str) else _json.dumps(v)
+        if self.choice is not None:
+            return "choice", _json.dumps(self.choice)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return "json_object", ""
 
 
 @dataclass(slots=True)
@@ -41,6 +85,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # token id -> added to its logit before sampling (OpenAI's logit_bias, [-100, 100])
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +116,13 @@ class SamplingParams:
                f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         _check(self.seed is None or (isinstance(self.seed, int) and MIN_SEED <= self.seed <= MAX_SEED), "seed",
                f"must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
+        if self.logit_bias:
+            _check(all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias",
+                   "keys must be non-negative token ids")
+            _check(all(-LOGIT_BIAS_LIMIT <= v <= LOGIT_BIAS_LIMIT for v in self.logit_bias.values()), "logit_bias",
+                   f"values must be in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+        else:
+            self.logit_bias = None
 
     @property
     def greedy(self) -> bool:

@@ -18,8 +18,8 @@ import torch
 from llmserve.engine.config import SpeculativeConfig
 from llmserve.engine.outputs import TokenLogprob
 from llmserve.engine.request import Request
-from llmserve.engine.sampler import (NonFiniteError, SampleRow, Sampler, StepSamples, draw, non_finite_rows,
-                                     process)
+from llmserve.engine.sampler import (NonFiniteError, SampleRow, Sampler, StepSamples, constrain, draw,
+                                     non_finite_rows, process)
 
 if TYPE_CHECKING:
     from llmserve.engine.engine import EngineCore
@@ -198,14 +198,21 @@ class SpeculativeDecoder:
         if not want:
             return
         props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.engine._row)
+        guided = self.engine.guided
         for r, room in want:
             prop = props.get(r.request_id)
             if prop and prop.tokens:
-                r.spec_token_ids = prop.tokens[:room]
-                self._q[r.request_id] = None if prop.q is None else prop.q[:room]
+                tokens = prop.tokens[:room]
+                if guided is not None:  # cut where the grammar refuses (guided.py says why this is exact)
+                    tokens = guided.check_drafts(r.request_id, tokens, keep_refused=prop.q is not None)
+                r.spec_token_ids = tokens
+                self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
-    def verify(self, plan: "SchedulerOutput", run: "RunOutput", row_fn: Callable[..., SampleRow]) -> StepSamples:
-        """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone."""
+    def verify(self, plan: "SchedulerOutput", run: "RunOutput", row_fn: Callable[..., SampleRow],
+               masks: dict[str, torch.Tensor] | None = None) -> StepSamples:
+        """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone.
+        ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
+        masks = masks or {}
         out = StepSamples()
         decoding = sum(1 for s in plan.scheduled if s.sample)
         required = self.config.min_acceptance + self.config.acceptance_slope * max(0, decoding - 1)
@@ -218,7 +225,8 @@ class SpeculativeDecoder:
             try:
                 if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
                     raise NonFiniteError("the model's logits are not finite")
-                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], row_fn, required)
+                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], row_fn, required,
+                                                        masks.get(rid))
             except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
                 out.failed[rid] = str(e) or type(e).__name__
                 continue
@@ -227,22 +235,29 @@ class SpeculativeDecoder:
         return out
 
     def _verify_one(self, s: "ScheduledRequest", logits: torch.Tensor, row_fn: Callable[..., SampleRow],
-                    required: float) -> tuple[list[int], list[TokenLogprob] | None]:
+                    required: float, mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
         req = s.request
         drafts = s.spec_token_ids
         params = req.sampling_params
-        base = row_fn(req)
+        raw_logits = logits
+        base = row_fn(req, allowed=None if mask is None else mask[0])
         gen = base.generator or self.engine.sampler.generator
-        if params.greedy and not params.needs_penalties:
-            p_rows = list(logits)  # argmax of the raw logits: no per-row copy needed
+        fast = params.greedy and not params.needs_penalties
+        if mask is not None or params.logit_bias or not fast:
+            rows = [base] + [row_fn(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, len(logits))]
+            logits = constrain(logits, rows)
+        if fast:
+            if logits is not raw_logits and non_finite_rows(logits):
+                raise NonFiniteError("the constrained logits are not finite (the grammar allowed no token)")
+            p_rows = list(logits)  # argmax of the (constrained) logits: no per-row copy needed
         else:
-            p_rows = [process(logits[j], row_fn(req, drafts[:j]) if j else base) for j in range(len(logits))]
+            p_rows = [process(logits[j], rows[j]) for j in range(len(logits))]
         tokens, accepted = rejection_sample(p_rows, drafts, self._q.get(req.request_id), params.greedy, gen)
         if drafts:
             self._count(req, len(drafts), accepted, required)
         if params.logprobs is None:
             return tokens, None
-        raw = torch.log_softmax(logits.float(), dim=-1)
+        raw = torch.log_softmax(raw_logits.float(), dim=-1)
         return tokens, [TokenLogprob(t, d.logprob, d.top_logprobs or [])
                         for j, t in enumerate(tokens) for d in [Sampler.describe(t, base, raw[j])]]
 

@@ -84,3 +84,21 @@ class EngineStats:
         span = self.window_s
         return {"busy_fraction": min(1.0, busy / span), "tokens_per_s": tokens / span,
                 "generation_tokens_per_s": gen / span}
+
+
+def load_snapshot(sch, kv, max_num_seqs: int, stats: EngineStats) -> dict[str, Any]:
+    """The ``/load`` report: queues, KV use, prefix-cache hits and the recent window."""
+    by_prio: dict[str, int] = {}
+    for r in sch.waiting:
+        by_prio[str(r.priority)] = by_prio.get(str(r.priority), 0) + 1
+    return {
+        "num_running": len(sch.running),
+        "num_waiting": len(sch.waiting),
+        "num_waiting_by_priority": by_prio,
+        "kv_cache_usage": kv.usage,
+        "max_num_seqs": max_num_seqs,
+        "prefix_cache_queries": kv.prefix_queries,
+        "prefix_cache_hits": kv.prefix_hits,
+        "num_preemptions": sch.num_preemptions,
+        **stats.window(),
+    }

@@ -109,16 +109,22 @@ def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat
 
 
 def prompt_text(body: dict, max_chars: int) -> str:
-    """The prompt as text, for prefix affinity: chat messages flattened, or the prompt."""
+    """The prompt as text, for prefix affinity: chat messages flattened (tools first: the
+    instance renders them at the head of the prompt; tool calls as their JSON), or the prompt."""
     if isinstance(body.get("messages"), list):
         parts: list[str] = []
         size = 0
+        if body.get("tools") and body.get("tool_choice") != "none":
+            parts.append("<tools>" + json.dumps(body["tools"])[:max_chars])
+            size = len(parts[0])
         for m in body["messages"]:
             if not isinstance(m, dict):
                 continue
             content = m.get("content")
             if isinstance(content, list):  # content parts
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if m.get("tool_calls"):
+                content = (content or "") + json.dumps(m["tool_calls"])
             piece = f"<{m.get('role', '')}>{content or ''}"
             parts.append(piece)
             size += len(piece)

@@ -133,6 +133,13 @@ class ChatTemplate:
         parts |= {n.value for n in ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
         return "\0".join(sorted(parts))
 
+    def reads(self, name: str) -> bool:
+        """Whether the template uses the variable ``name`` (e.g. ``tools``) given by the caller."""
+        import jinja2.meta
+
+        env = self._template.environment
+        return name in jinja2.meta.find_undeclared_variables(env.parse(self.source))
+
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                **variables: Any) -> str:
         """Render ``messages``; ``variables`` (bos_token, eos_token, tools, ...) reach the template."""

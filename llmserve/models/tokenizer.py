@@ -11,6 +11,7 @@ result as a HF folder so ``loading.load_tokenizer`` can skip that slow step
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -25,6 +26,19 @@ __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError"]
 
 # Private-use characters that bracket a control token written by a user, not by the template.
 _OPEN, _CLOSE = "\U000f0000", "\U000f0001"  # the ones transformers uses
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the byte each character stands for."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def _token_text(value: Any) -> str | None:
@@ -64,6 +78,8 @@ class Tokenizer:
         self._compiled: ChatTemplate | None = None
         self._control_re: re.Pattern[str] | None = None  # built with the template, see _control_tokens
         self._literal: RustTokenizer | None = None  # a copy that encodes control tokens as text
+        self._added: dict[int, str] | None = None  # added tokens' text, and whether the vocabulary is byte-level
+        self._byte_level = False
 
     # -- construction ---------------------------------------------------------------
 
@@ -137,6 +153,25 @@ class Tokenizer:
         """Token strings (byte-level BPE shows bytes as e.g. ``Ġ``); None for an unknown id."""
         return [self.backend.id_to_token(i) for i in ids]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (maybe part of a character), as OpenAI's logprobs give them."""
+        if self._added is None:
+            import json
+
+            self._byte_level = '"ByteLevel"' in json.dumps(json.loads(self.backend.to_str()).get("decoder"))
+            self._added = {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
+        if token_id in self._added:
+            return self._added[token_id].encode()
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        table = _unicode_to_byte()
+        if self._byte_level and all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
+        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):  # SentencePiece's byte fallback
+            return bytes([int(piece[3:5], 16)])
+        return self.decode([token_id], skip_special_tokens=False).encode()
+
     def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A streaming decoder for one request's output."""
         return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
@@ -149,6 +184,10 @@ class Tokenizer:
         variables.setdefault("bos_token", self.bos_token or "")
         variables.setdefault("eos_token", self.eos_token or "")
         return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
+
+    def template_reads(self, name: str) -> bool:
+        """Whether the chat template uses the variable ``name`` (``tools``: it renders tools itself)."""
+        return self._template().reads(name)
 
     def _template(self) -> ChatTemplate:
         """The compiled template (compiled once), or a clear error when the model has none."""

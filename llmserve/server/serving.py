@@ -9,7 +9,6 @@ choice while the other choices go on; a dead engine is a 503 (retry elsewhere).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -20,28 +19,32 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from llmserve.api.errors import APIError
+from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
-from llmserve.engine.outputs import RequestOutput, TokenLogprob
+from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
-from llmserve.api.errors import APIError
-from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from llmserve.server.constraints import structured_outputs
+from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, sse, usage
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
+from llmserve.server.tool_calls import render_messages
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Job:
-    """One prompt of a request, expanded into ``n`` engine sequences."""
+    """One prompt of a request, expanded into ``n`` (or ``best_of``) engine sequences."""
 
     prompt_index: int
     prompt_ids: list[int]
     streams: list[AsyncIterator[RequestOutput]]
     request_ids: list[str]
+    echo: str | None = None  # the prompt text, for completions' echo
 
 
 class OpenAIServing:
@@ -82,21 +85,39 @@ class OpenAIServing:
                 raise APIError(400, f"logprobs must be at most {cfg.max_logprobs}", param="logprobs")
         if r.n > cfg.max_n:
             raise APIError(400, f"n must be at most {cfg.max_n}, got {r.n}", param="n")
+        if r.best_of is not None and r.best_of > cfg.max_n:
+            raise APIError(400, f"best_of must be at most {cfg.max_n}, got {r.best_of}", param="best_of")
+        n = max(r.n, r.best_of or 0)
+        if n > r.n and logprobs is None:
+            logprobs = 0  # best_of ranks by the sampled tokens' logprobs
         if max_tokens is not None and cfg.max_tokens_limit and max_tokens > cfg.max_tokens_limit:
             raise APIError(400, f"max_tokens must be at most {cfg.max_tokens_limit}, got {max_tokens}",
                            param="max_tokens")
         try:
             return SamplingParams(
-                n=r.n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
+                n=n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
                 top_p=1.0 if r.top_p is None else r.top_p, top_k=max(0, r.top_k or 0),
                 min_p=r.min_p or 0.0, seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
                 ignore_eos=r.ignore_eos, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
                 repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
                 include_stop_str_in_output=r.include_stop_str_in_output,
-                skip_special_tokens=r.skip_special_tokens)
+                skip_special_tokens=r.skip_special_tokens,
+                logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None,
+                structured_outputs=structured_outputs(r))
         except InvalidParameterError as e:
             raise APIError(400, str(e), param=e.param) from None
+
+    async def compile_grammar(self, sp: SamplingParams, r: CompletionRequest | ChatCompletionRequest) -> None:
+        """Compile the output constraint off the event loop (the engine caches it for add_request)."""
+        if sp.structured_outputs is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.core.compile_grammar, sp)
+        except InvalidParameterError as e:
+            field = (r.constraints() or ["tools"])[0]
+            raise APIError(400, f"{field}: {str(e).removeprefix(e.param + ' ')}", param=field,
+                           code="invalid_grammar") from None
 
     def _admit(self, prompt_tokens: int) -> None:
         cfg = self.config
@@ -158,19 +179,29 @@ class OpenAIServing:
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=False)
         prompts = self._completion_prompts(r.prompt)
-        return await self._serve(prompts, sp, r, raw, chat=False,
-                                 prompt_texts=[r.prompt] if isinstance(r.prompt, str) else None)
+        await self.compile_grammar(sp, r)
+        echo = [self.tokenizer.decode(p) for p in prompts] if r.echo else None
+        return await self._serve(prompts, sp, r, raw, chat=False, echo=echo)
 
     async def chat(self, r: ChatCompletionRequest, raw: Request):
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=True)
-        ids = self.encode_chat(r.messages, r.add_generation_prompt)
+        tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools and r.tool_mode != "none" else None
+        ids = self.encode_chat(r.messages, r.add_generation_prompt, tools)
+        await self.compile_grammar(sp, r)
         return await self._serve([ids], sp, r, raw, chat=True)
 
-    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Prompt ids; tools go through the template when it renders them, else tool_calls.py's format."""
+        msgs = [m.for_template() for m in messages]
         try:
-            return self.tokenizer.encode_chat([m.for_template() for m in messages],
-                                              add_generation_prompt=add_generation_prompt)
+            if self.tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
+                extra = {"tools": tools} if tools else {}
+                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **extra)
+            if tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs):
+                msgs = render_messages(msgs, tools)
+            return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
             raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
 
@@ -198,7 +229,7 @@ class OpenAIServing:
         return out
 
     async def _serve(self, prompts: list[list[int]], sp: SamplingParams, r, raw: Request, *, chat: bool,
-                     prompt_texts=None):
+                     echo: list[str] | None = None):
         n_tokens = sum(len(p) for p in prompts)
         self._admit(n_tokens)
         tracker = _Tracker(self, n_tokens)
@@ -208,8 +239,12 @@ class OpenAIServing:
         except BaseException:
             tracker.done()
             raise
-        meta = _Meta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
-                     chat, sp.n, sp.logprobs is not None)
+        for job in jobs:
+            job.echo = echo[job.prompt_index] if echo else None
+        tool_calls = chat and r.tool_mode != "none"
+        meta = ResponseMeta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
+                            chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
+                            chat and r.parallel_tool_calls)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",
@@ -236,109 +271,58 @@ class OpenAIServing:
         return finals
 
     # ---- response bodies ----------------------------------------------------------------------
-    def _final_body(self, jobs: list[_Job], finals: dict[str, RequestOutput], meta: "_Meta") -> dict[str, Any]:
+    def _final_body(self, jobs: list[_Job], finals: dict[str, RequestOutput], meta: ResponseMeta) -> dict[str, Any]:
         choices = []
         completion_tokens = cached = 0
         for job in jobs:
-            for ci, rid in enumerate(job.request_ids):
-                out = finals[rid]
-                c = out.outputs[0]
-                completion_tokens += len(c.token_ids)
-                idx = job.prompt_index * meta.n + ci
-                lp = self._logprobs(c.logprobs, meta.chat) if meta.logprobs else None
-                if meta.chat:
-                    choices.append({"index": idx, "message": {"role": "assistant", "content": c.text},
-                                    "logprobs": lp, "finish_reason": c.finish_reason,
-                                    "stop_reason": c.stop_reason})
-                else:
-                    choices.append({"index": idx, "text": c.text, "logprobs": lp,
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-            cached += finals[job.request_ids[0]].num_cached_tokens
+            outs = [finals[rid] for rid in job.request_ids]
+            completion_tokens += sum(len(o.outputs[0].token_ids) for o in outs)  # best_of's too: all were made
+            if len(outs) > meta.n:  # best_of: the n with the highest logprob per token, in that order
+                outs = sorted(outs, key=mean_logprob, reverse=True)[:meta.n]
+            for ci, out in enumerate(outs):
+                writer = ChoiceWriter(job.prompt_index * meta.n + ci, meta, self.tokenizer, job.echo)
+                choices.append(writer.final(out))
+            cached += outs[0].num_cached_tokens
         prompt_tokens = sum(len(j.prompt_ids) for j in jobs)
-        return {"id": meta.id, "object": "chat.completion" if meta.chat else "text_completion",
-                "created": meta.created, "model": meta.model, "choices": choices,
-                "usage": _usage(prompt_tokens, completion_tokens, cached)}
+        body = meta.envelope(choices, usage=usage(prompt_tokens, completion_tokens, cached))
+        body["object"] = "chat.completion" if meta.chat else "text_completion"
+        return body
 
-    def _logprobs(self, lps: list[TokenLogprob] | None, chat: bool) -> dict[str, Any] | None:
-        if lps is None:
-            return None
-        tok = self.tokenizer
-        if chat:
-            content = []
-            for lp in lps:
-                s = tok.decode([lp.token_id], skip_special_tokens=False)
-                content.append({"token": s, "logprob": lp.logprob, "bytes": list(s.encode()),
-                                "top_logprobs": [{"token": (t := tok.decode([i], skip_special_tokens=False)),
-                                                  "logprob": v, "bytes": list(t.encode())} for i, v in lp.top]})
-            return {"content": content}
-        tokens, token_lps, tops, offsets, pos = [], [], [], [], 0
-        for lp in lps:
-            s = tok.decode([lp.token_id], skip_special_tokens=False)
-            tokens.append(s)
-            token_lps.append(lp.logprob)
-            tops.append({tok.decode([i], skip_special_tokens=False): v for i, v in lp.top} if lp.top else None)
-            offsets.append(pos)
-            pos += len(s)
-        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
-
-    async def _sse(self, jobs: list[_Job], meta: "_Meta", include_usage: bool, tracker: "_Tracker"):
-        streams = [(j.prompt_index * meta.n + ci, s) for j in jobs for ci, s in enumerate(j.streams)]
+    async def _sse(self, jobs: list[_Job], meta: ResponseMeta, include_usage: bool, tracker: "_Tracker"):
+        writers: dict[int, ChoiceWriter] = {}
+        streams = []
+        for j in jobs:
+            for ci, s in enumerate(j.streams):
+                idx = j.prompt_index * meta.n + ci
+                writers[idx] = ChoiceWriter(idx, meta, self.tokenizer, j.echo)
+                streams.append((idx, s))
         buf = StreamBuffer(streams, self.config.stream_buffer_outputs * len(streams), lambda: self._abort(jobs))
         completion_tokens = cached = 0
-        sent_role: set[int] = set()
         try:
             while (got := await buf.get()) is not None:
                 idx, item = got
                 if isinstance(item, Exception):
-                    yield _sse(_engine_error(item).body())
+                    yield sse(_engine_error(item).body())
                     continue
                 tracker.first_token()
-                c = item.outputs[0]
                 if item.finished:
-                    completion_tokens += len(c.token_ids)
+                    completion_tokens += len(item.outputs[0].token_ids)
                     if idx % meta.n == 0:
                         cached += item.num_cached_tokens
-                if not (c.delta_text or item.finished or c.delta_token_ids) and idx in sent_role:
-                    continue
-                lp = self._logprobs(c.delta_logprobs, meta.chat) if meta.logprobs else None
-                if meta.chat:
-                    delta: dict[str, Any] = {"content": c.delta_text}
-                    if idx not in sent_role:
-                        delta["role"] = "assistant"
-                        sent_role.add(idx)
-                    choice = {"index": idx, "delta": delta, "logprobs": lp,
-                              "finish_reason": c.finish_reason if item.finished else None}
-                else:
-                    choice = {"index": idx, "text": c.delta_text, "logprobs": lp,
-                              "finish_reason": c.finish_reason if item.finished else None}
-                if item.finished:
-                    choice["stop_reason"] = c.stop_reason
-                yield _sse({"id": meta.id, "object": "chat.completion.chunk" if meta.chat else "text_completion",
-                            "created": meta.created, "model": meta.model, "choices": [choice]})
+                for choice in writers[idx].chunks(item):
+                    yield sse(meta.envelope([choice]))
             if include_usage:
                 prompt_tokens = sum(len(j.prompt_ids) for j in jobs)
-                yield _sse({"id": meta.id, "object": "chat.completion.chunk" if meta.chat else "text_completion",
-                            "created": meta.created, "model": meta.model, "choices": [],
-                            "usage": _usage(prompt_tokens, completion_tokens, cached)})
+                yield sse(meta.envelope([], usage=usage(prompt_tokens, completion_tokens, cached)))
             yield "data: [DONE]\n\n"
         except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why
             log.info("stream %s cut: %s", meta.id, e)
-            yield _sse({"error": {"message": f"the stream was cut: {e}", "type": "server_error", "param": None,
-                                  "code": "client_too_slow"}})
+            yield sse({"error": {"message": f"the stream was cut: {e}", "type": "server_error", "param": None,
+                                 "code": "client_too_slow"}})
         finally:
             buf.close()
             self._abort(jobs)
             tracker.done()
-
-
-@dataclass
-class _Meta:
-    id: str
-    created: int
-    model: str
-    chat: bool
-    n: int
-    logprobs: bool
 
 
 class _Tracker:
@@ -371,15 +355,6 @@ def _engine_error(e: Exception) -> APIError:
     if isinstance(e, RequestFailedError):
         return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
     return APIError(500, str(e) or type(e).__name__, "server_error")
-
-
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def _until_disconnect(raw: Request, coro):

@@ -113,6 +113,43 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny):
     assert run_to_completion(eng)["seeded"] != alone
 
 
+# ---- logit_bias and grammar masks (constrain), batched ---------------------------------------
+
+def test_logit_bias_shifts_the_distribution_by_exactly_the_bias():
+    bias = {5: 4.0, 0: -1.5}
+    expected = torch.softmax(LOGITS + torch.tensor([-1.5, 0, 0, 0, 0, 4.0]), -1)
+    assert _chi2_ok(_counts({"temperature": 1.0, "logit_bias": bias}), expected)
+    assert not _chi2_ok(_counts({"temperature": 1.0, "logit_bias": bias}), torch.softmax(LOGITS, -1))
+
+
+def test_logit_bias_is_per_row_in_one_batch_and_logprobs_stay_raw():
+    rows = [_row(temperature=0, logit_bias={5: 100}), _row(temperature=0), _row(temperature=0, logit_bias={0: -100}),
+            _row(temperature=0, logprobs=0, logit_bias={3: 100})]
+    out = Sampler(0).sample(LOGITS.repeat(4, 1), rows)
+    assert [t.token_id for t in out] == [5, 0, 1, 3]
+    assert out[3].logprob == pytest.approx(float(torch.log_softmax(LOGITS, -1)[3]))
+
+
+def test_bias_ids_outside_the_vocabulary_are_refused(tiny):
+    eng = tiny.engine()
+    with pytest.raises(InvalidParameterError) as e:
+        eng.add_request("r", [1, 2], SamplingParams(logit_bias={tiny.config.vocab_size: 1.0}))
+    assert e.value.param == "logit_bias"
+    with pytest.raises(InvalidParameterError):
+        SamplingParams(logit_bias={1: 101.0})
+
+
+def test_a_mask_leaves_only_allowed_tokens_and_rows_without_one_alone():
+    allowed = torch.tensor([[(1 << 2) | (1 << 4)]], dtype=torch.int32)  # tokens 2 and 4
+    rows = [SampleRow(SamplingParams(temperature=1.0), [0], [], None, allowed[0])] * 3000 + [_row(temperature=1.0)] * 3000
+    toks = [t.token_id for t in Sampler(1).sample(LOGITS.repeat(6000, 1), rows)]
+    p = torch.softmax(LOGITS, -1)
+    masked = torch.zeros(6)
+    masked[[2, 4]] = p[[2, 4]] / p[[2, 4]].sum()
+    assert _chi2_ok(torch.bincount(torch.tensor(toks[:3000]), minlength=6).float(), masked)
+    assert _chi2_ok(torch.bincount(torch.tensor(toks[3000:]), minlength=6).float(), p)
+
+
 @pytest.mark.parametrize("seed", [2**64 - 1, 2**63 - 1, -2**63, -1])
 def test_seeds_at_the_ends_of_torchs_range_are_valid_for_every_child(seed):
     children = fan_out(SamplingParams(n=3, seed=seed, temperature=1.0))
@@ -169,3 +206,14 @@ def test_process_refuses_a_distribution_it_cannot_sample():
     with pytest.raises(NonFiniteError):
         process(torch.tensor([NAN, 1.0, 0.0]), row)
     assert process(torch.tensor([-INF, 1.0, 0.0]), row)[0] == 0.0  # a banned token is fine
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_a_masked_row_samples_and_a_mask_that_allows_nothing_fails_alone(temperature):
+    """A grammar's -inf is a banned token, not a fault; a row with nothing left is one."""
+    only_4, nothing = torch.tensor([1 << 4], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+    rows = [SampleRow(SamplingParams(temperature=temperature), [0], [], None, only_4), _row(temperature=temperature),
+            SampleRow(SamplingParams(temperature=temperature), [0], [], None, nothing)]
+    out = Sampler(0).sample(LOGITS.repeat(3, 1), rows)
+    assert out[0].token_id == 4 and out[0].error is None and out[1].error is None
+    assert out[2].error is not None and "not finite" in out[2].error

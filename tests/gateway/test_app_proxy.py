@@ -144,3 +144,16 @@ def test_observers_see_arrivals_first_tokens_and_finishes():
         assert rec.events[2:4] == [("arrival", "chat", "v1", 3), ("first_token", "chat", "v1", True)]
         kind, _, _, tokens, ok = rec.events[4]
         assert kind == "finish" and ok and tokens == 4  # 3 token events + the finish event
+
+
+def test_prefix_affinity_text_starts_with_the_tools_the_instance_renders_first():
+    from llmserve.gateway.proxy import prompt_text
+
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "get_weather"}}]}]
+    with_tools = prompt_text({"messages": msgs, "tools": tools}, 10_000)
+    assert with_tools.startswith("<tools>") and "get_weather" in with_tools.split("<user>")[0]
+    assert "c1" in with_tools.split("<assistant>")[1]
+    assert not prompt_text({"messages": msgs, "tools": tools, "tool_choice": "none"}, 10_000).startswith("<tools>")
+    assert len(prompt_text({"messages": msgs, "tools": tools * 100}, 50)) == 50

@@ -79,7 +79,7 @@ def gateway_config(versions: dict[str, list[str]], *, weights: dict[str, float] 
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=512)
+    return make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=1024)  # room for a tools prompt
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +241,44 @@ def test_killed_instance_requests_retry_elsewhere_breaker_opens_traffic_returns(
                                                     "max_tokens": 2})
         assert r.status_code == 200
         picks[r.headers["x-llmserve-upstream"]] += 1
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up", "parameters": {
+    "type": "object", "properties": {"word": {"type": "string", "maxLength": 6}}, "required": ["word"],
+    "additionalProperties": False}}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 9}},
+          "required": ["ok", "n"], "additionalProperties": False}
+
+
+def test_structured_outputs_and_tools_pass_through_the_gateway_with_affinity(engines, gateway):
+    """The gateway forwards the new fields untouched: schema-valid answers and calls come
+    back, whole and streamed, and requests sharing tools stay on one instance."""
+    import jsonschema
+
+    gw = gateway(gateway_config({"v1": [engines["a"].url, engines["b"].url]}))
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hi there"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=40, temperature=1.0, n=3,
+                                       response_format=fmt)
+    for ch in r.choices:
+        jsonschema.validate(json.loads(ch.message.content), SCHEMA)
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=40, temperature=1.0, response_format=fmt, stream=True)
+        if c.choices)
+    jsonschema.validate(json.loads(text), SCHEMA)
+    picks = Counter()
+    for i in range(4):
+        resp = gw.client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": f"Question {i}?"}], "tools": [TOOL],
+            "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 150, "temperature": 1.0})
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert choice["finish_reason"] == "tool_calls" and call["name"] == "lookup"
+        jsonschema.validate(json.loads(call["arguments"]), TOOL["function"]["parameters"])
+        picks[resp.headers["x-llmserve-upstream"]] += 1
+    assert len(picks) == 1
+    bad = gw.client.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs, "frobnicate": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "frobnicate"

@@ -144,3 +144,20 @@ def test_smollm2_tokenizer_matches_transformers(smollm2_path, tmp_path):
     assert tok.encode("Hello world") == [19556, 905]
     for messages in [MESSAGES, *INJECTIONS]:
         assert tok.encode_chat(messages) == _hf_sanitized(hf, messages)
+
+
+def test_token_bytes_join_to_the_text_even_inside_a_character(tiny_folder):
+    tok = Tokenizer.from_folder(tiny_folder)
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode(), text
+    emoji = tok.encode("😀", add_special_tokens=False)
+    assert len(emoji) > 1 and all(len(tok.token_bytes(i)) < 4 for i in emoji)  # bytes of one character, split
+    assert tok.token_bytes(tok.eos_token_ids[0]) == b"<|im_end|>"
+
+
+def test_whether_the_template_renders_tools(tiny_folder):
+    assert not Tokenizer.from_folder(tiny_folder).template_reads("tools")
+    tok = Tokenizer.from_folder(tiny_folder)
+    tok.chat_template = "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert tok.template_reads("tools") and not tok.template_reads("documents")

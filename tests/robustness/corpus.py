@@ -68,13 +68,29 @@ _BAD_FIELDS: dict[str, list] = {
     "stream_options": [{"include_usage": True, "extra": 1}, "yes"],
     "store": [True],
     "service_tier": ["flex"],
-    "best_of": [3, 0],
+    "best_of": [0, 200, "x"],
+    # Malformed constraints and biases (implemented fields, bad values).
+    "logit_bias": [{"a": 1}, {"-1": 1}, {"1": 101}, {"1": -100.5}, {"99999999999": 1}, {"1": "x"}, [1],
+                   {str(i): 1 for i in range(1100)}, {"100000": 1}],
+    "response_format": [{"type": "xml"}, "json", {"type": "json_schema"},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+                        {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}},
+                        {"type": "json_schema", "json_schema": {"schema": {}}},
+                        {"type": "json_object", "extra": 1},
+                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": 5}}}],
+    "guided_json": ["{not json", 5, {"type": 7}, {"required": "name"}],
+    "guided_regex": ["", "(unclosed", 5],
+    "guided_choice": [[], [""], "yes"],
+    "guided_grammar": ["", "root ::= undefined_rule"],
+    "structured_outputs": [{}, {"regex": "a", "choice": ["b"]}, {"unknown": 1}, {"json": "nope"}],
 }
+_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}}
 _UNSUPPORTED = {
-    "logit_bias": {"1": 5}, "tools": [{"type": "function", "function": {"name": "f"}}],
-    "tool_choice": "auto", "response_format": {"type": "json_object"}, "functions": [{"name": "f"}],
-    "function_call": "auto", "suffix": "end", "audio": {"voice": "x"},
-    "prediction": {"type": "content", "content": "x"}, "frobnicate": 1, "guided_json": {},
+    "functions": [{"name": "f"}], "function_call": "auto", "suffix": "end", "audio": {"voice": "x"},
+    "prediction": {"type": "content", "content": "x"}, "frobnicate": 1, "reasoning_effort": "low",
+    "web_search_options": {}, "prompt_logprobs": 1, "guided_decoding_backend": "outlines",
 }
 
 CASES: list[Case] = []
@@ -86,6 +102,34 @@ for fname, values in _BAD_FIELDS.items():
 for fname, v in _UNSUPPORTED.items():
     CASES.append(_chat(f"unsupported:{fname}", **{fname: v}))
 CASES += [
+    _chat("tools:no name", tools=[{"type": "function", "function": {}}]),
+    _chat("tools:bad name", tools=[{"type": "function", "function": {"name": "get weather"}}]),
+    _chat("tools:not a function", tools=[{"type": "code_interpreter"}]),
+    _chat("tools:bad parameters", tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]),
+    _chat("tools:empty", tools=[]),
+    _chat("tools:duplicate names", tools=[_TOOL, _TOOL]),
+    _chat("tools:129", tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+    _chat("tools:string", tools="get_weather"),
+    _chat("tool_choice:without tools", tool_choice="auto"),
+    _chat("tool_choice:unknown mode", tools=[_TOOL], tool_choice="sometimes"),
+    _chat("tool_choice:unknown function", tools=[_TOOL], tool_choice={"type": "function", "function": {"name": "g"}}),
+    _chat("tool_choice:no function", tools=[_TOOL], tool_choice={"type": "function"}),
+    _chat("tools with response_format", tools=[_TOOL], response_format={"type": "json_object"}),
+    _chat("parallel_tool_calls:string", tools=[_TOOL], parallel_tool_calls="maybe"),
+    _chat("two constraints", response_format={"type": "json_object"}, guided_regex="a+"),
+    _chat("best_of below n", n=3, best_of=2),
+    _chat("best_of streamed", best_of=2, stream=True),
+    _comp("echo with logprobs", echo=True, logprobs=1),
+    _messages("tool without tool_call_id", [{"role": "tool", "content": "12C"}]),
+    _messages("tool_call_id on a user", [{"role": "user", "content": "hi", "tool_call_id": "c1"}]),
+    _messages("tool_calls on a user", [{"role": "user", "content": "hi", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+    _messages("tool_calls no arguments", [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f"}}]}]),
+    _messages("tool_calls empty", [{"role": "assistant", "tool_calls": []}]),
+    _messages("tool_calls arguments object", [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"city": "x"}}}]}]),
+    _messages("function role", [{"role": "function", "name": "f", "content": "x"}]),
     _chat("top_logprobs", logprobs=True, top_logprobs=50),
     _chat("modalities:audio", modalities=["audio"]),
     _comp("logprobs:21", logprobs=21),
@@ -166,6 +210,21 @@ CASES += [
     _chat("store false and metadata", store=False, metadata={"k": "v"}, expect={200}),
     _chat("top_k -1", top_k=-1, expect={200}),
     _chat("stop 16", stop=[f"s{i}" for i in range(16)], expect={200}),
+    _chat("logit_bias", logit_bias={"1": 5, "7": -100}, expect={200}),
+    _chat("response_format json_object", response_format={"type": "json_object"}, expect={200}),
+    _chat("response_format text", response_format={"type": "text"}, expect={200}),
+    _chat("guided_json any", guided_json={}, expect={200}),
+    _comp("guided_choice", guided_choice=["a", "b"], expect={200}),
+    _chat("tools auto", tools=[_TOOL], expect={200}),
+    _chat("tools required, one call", tools=[_TOOL], tool_choice="required", parallel_tool_calls=False,
+          expect={200}),
+    _messages("a tool call and its result", [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12C"}], expect={200}),
+    _comp("best_of", best_of=3, expect={200}),
+    _comp("echo", echo=True, expect={200}),
 ]
 # Instance-only endpoints.
 INSTANCE_CASES: list[Case] = [

@@ -16,7 +16,7 @@ from .corpus import CASES, INSTANCE_CASES, Case
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory):
-    model = make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=256)
+    model = make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=1024)  # room for a tools prompt
     ep = start_engine(model, tmp_path_factory.mktemp("logs"), "--served-model-name", "tiny",
                       "--max-n", "4")
     yield ep

@@ -58,17 +58,35 @@ def test_any_bytes_are_a_request_or_a_400(raw):
        presence=st.floats(-2, 2), frequency=st.floats(-2, 2),
        repetition=st.floats(0.01, 100), min_p=st.floats(0, 1),
        seed=st.integers(-(2**63), 2**64 - 1) | st.none(), n=st.integers(1, 8),
-       top_k=st.integers(-1, 10**6))
+       top_k=st.integers(-1, 10**6),
+       bias=st.dictionaries(st.integers(0, 2**31 - 1).map(str), st.floats(-100, 100), max_size=4))
 def test_what_the_edge_accepts_the_engine_accepts(temperature, top_p, presence, frequency, repetition,
-                                                  min_p, seed, n, top_k):
+                                                  min_p, seed, n, top_k, bias):
     body = {"prompt": "hi", "temperature": temperature, "top_p": top_p, "presence_penalty": presence,
             "frequency_penalty": frequency, "repetition_penalty": repetition, "min_p": min_p,
-            "seed": seed, "n": n, "top_k": top_k}
+            "seed": seed, "n": n, "top_k": top_k, "logit_bias": bias}
     r = parse_model(json.dumps(body).encode(), CompletionRequest)
     try:
         SamplingParams(n=r.n, max_tokens=4, temperature=r.temperature, top_p=r.top_p,
                        top_k=max(0, r.top_k), min_p=r.min_p, seed=r.seed,
                        presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
-                       repetition_penalty=r.repetition_penalty)
+                       repetition_penalty=r.repetition_penalty,
+                       logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None)
     except InvalidParameterError as e:  # pragma: no cover - the failure this test exists for
         raise AssertionError(f"the edge accepted what the engine refuses: {e}") from None
+
+
+def test_the_api_doc_lists_every_field():
+    """docs/openai-api.md is the allowlist: every accepted field, every no-op and every
+    field refused by name appears in it (a new field without a line there fails)."""
+    import re
+    from pathlib import Path
+
+    from llmserve.api.protocol import NO_OP, UNSUPPORTED, ChatMessage
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "openai-api.md").read_text()
+    named = set(re.findall(r"`([a-z_\[\].]+)`", doc))
+    fields = {f.alias or n for m in (ChatCompletionRequest, CompletionRequest) for n, f in m.model_fields.items()}
+    fields |= {f"messages[].{n}" for n in ChatMessage.model_fields if n not in ("role", "content")}
+    missing = sorted((fields | set(UNSUPPORTED) | set(NO_OP)) - named)
+    assert not missing, f"not in docs/openai-api.md: {missing}"

@@ -1,0 +1,35 @@
+"""A request's output constraint, from whichever field set it: OpenAI's
+``response_format`` or ``tool_choice``, vLLM's ``guided_*`` or ``structured_outputs``.
+The request models allow at most one (api/protocol.py), so there is no precedence."""
+
+from __future__ import annotations
+
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
+from llmserve.engine.sampling_params import StructuredOutputsParams
+from llmserve.server.tool_calls import call_grammar
+
+
+def structured_outputs(r: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+    if isinstance(r, ChatCompletionRequest) and r.tool_mode != "none":
+        tools = [t.model_dump(exclude_none=True) for t in r.tools or []]
+        if r.tool_mode == "named":
+            tools = [t for t in tools if t["function"]["name"] == r.tool_choice.function.name]
+        return StructuredOutputsParams(structural_tag=call_grammar(tools, r.tool_mode, r.parallel_tool_calls))
+    if r.structured_outputs is not None:
+        so = r.structured_outputs
+        return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                                       json_object=bool(so.json_object))
+    if r.guided_json is not None:
+        return StructuredOutputsParams(json=r.guided_json)
+    if r.guided_regex is not None:
+        return StructuredOutputsParams(regex=r.guided_regex)
+    if r.guided_choice is not None:
+        return StructuredOutputsParams(choice=r.guided_choice)
+    if r.guided_grammar is not None:
+        return StructuredOutputsParams(grammar=r.guided_grammar)
+    fmt = r.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object" or fmt.json_schema.schema_ is None:
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(json=fmt.json_schema.schema_)

@@ -1,0 +1,165 @@
+"""Engine outputs to OpenAI's response JSON: one ``ChoiceWriter`` per choice, whole
+(``final``) or streamed (``chunks``), with tool calls, echo and logprobs as OpenAI
+shapes them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llmserve.engine.outputs import RequestOutput, TokenLogprob
+from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser
+
+
+@dataclass
+class ResponseMeta:
+    id: str
+    created: int
+    model: str
+    chat: bool
+    n: int  # choices per prompt
+    logprobs: bool
+    tool_calls: bool = False  # parse the output for calls (tools offered, tool_choice not "none")
+    parallel_tool_calls: bool = True
+
+    def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
+
+
+class ChoiceWriter:
+    """One choice: what the client has been sent of it, and what to send next."""
+
+    def __init__(self, index: int, meta: ResponseMeta, tokenizer: Any, echo: str | None = None) -> None:
+        self.index, self.meta, self.tok, self.echo = index, meta, tokenizer, echo
+        self.parser = ToolCallParser(meta.parallel_tool_calls) if meta.tool_calls else None
+        self.started = False
+        self.text_offset = len(echo or "")
+
+    # ---- whole ------------------------------------------------------------------------
+    def final(self, out: RequestOutput) -> dict[str, Any]:
+        c = out.outputs[0]
+        lp = self.logprobs(_visible(c.logprobs, out)) if self.meta.logprobs else None
+        if not self.meta.chat:
+            return {"index": self.index, "text": (self.echo or "") + c.text, "logprobs": lp,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        calls: list[dict[str, Any]] = []
+        if self.parser is not None:
+            self.parser.feed(c.text)
+            self.parser.finish()
+            calls = self.parser.tool_calls()
+            content = self.parser.content
+            message["content"] = content if content.strip() or not calls else None
+            if calls:
+                message["tool_calls"] = calls
+        return {"index": self.index, "message": message, "logprobs": lp,
+                "finish_reason": self._finish_reason(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
+
+    # ---- streamed ---------------------------------------------------------------------
+    def chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
+        """The stream choices this output adds (none when it adds nothing a client sees)."""
+        c = out.outputs[0]
+        lps = _visible(c.delta_logprobs, out)
+        lp = self.logprobs(lps) if self.meta.logprobs and lps else None
+        if not self.meta.chat:
+            text = c.delta_text
+            if not self.started:
+                text, self.started = (self.echo or "") + text, True
+            elif not (text or out.finished or lp):
+                return []
+            choice = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": None}
+            return self._end([choice], out)
+        deltas: list[dict[str, Any]] = []
+        if self.parser is None:
+            if c.delta_text:
+                deltas.append({"content": c.delta_text})
+        else:
+            events = self.parser.feed(c.delta_text) + (self.parser.finish() if out.finished else [])
+            deltas += [_delta(e) for e in events]
+        if not self.started:
+            deltas = deltas or [{"content": ""}]
+            deltas[0] = {"role": "assistant", **deltas[0]}
+            self.started = True
+        if lp is not None and not deltas:
+            deltas.append({})
+        if out.finished and not deltas:
+            deltas.append({})
+        choices = [{"index": self.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        if choices:
+            choices[0]["logprobs"] = lp
+        return self._end(choices, out)
+
+    def _end(self, choices: list[dict[str, Any]], out: RequestOutput) -> list[dict[str, Any]]:
+        if out.finished and choices:
+            c = out.outputs[0]
+            calls = self.parser is not None and bool(self.parser.tool_calls())
+            choices[-1]["finish_reason"] = self._finish_reason(c.finish_reason, calls)
+            choices[-1]["stop_reason"] = c.stop_reason
+        return choices
+
+    @staticmethod
+    def _finish_reason(reason: str | None, called: bool) -> str | None:
+        return "tool_calls" if called and reason == "stop" else reason
+
+    # ---- logprobs ---------------------------------------------------------------------
+    def logprobs(self, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        if lps is None:
+            return None
+        tb = self.tok.token_bytes
+        if self.meta.chat:
+            def entry(i: int, v: float) -> dict[str, Any]:
+                b = tb(i)
+                return {"token": b.decode("utf-8", errors="replace"), "logprob": v, "bytes": list(b)}
+
+            return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                                for lp in lps], "refusal": None}
+        tokens, token_lps, tops, offsets = [], [], [], []
+        for lp in lps:
+            s = tb(lp.token_id).decode("utf-8", errors="replace")
+            tokens.append(s)
+            token_lps.append(lp.logprob)
+            # OpenAI always includes the sampled token: up to logprobs + 1 entries.
+            top = {tb(i).decode("utf-8", errors="replace"): v for i, v in lp.top}
+            top.setdefault(s, lp.logprob)
+            tops.append(top)
+            offsets.append(self.text_offset)
+            self.text_offset += len(s)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _visible(lps: list[TokenLogprob] | None, out: RequestOutput) -> list[TokenLogprob] | None:
+    """Logprobs of the tokens that are text: a final stop token (EOS, or one of
+    ``stop_token_ids``) is not, and OpenAI does not list it."""
+    c = out.outputs[0]
+    if lps and out.finished and c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and \
+            lps[-1].token_id == c.token_ids[-1]:
+        return lps[:-1]
+    return lps
+
+
+def _delta(e: Event) -> dict[str, Any]:
+    if isinstance(e, Content):
+        return {"content": e.text}
+    if isinstance(e, CallStart):
+        return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                "function": {"name": e.name, "arguments": ""}}]}
+    assert isinstance(e, CallArguments)
+    return {"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}
+
+
+def mean_logprob(out: RequestOutput) -> float:
+    """best_of's ranking: the highest log probability per token (OpenAI's definition)."""
+    lps = out.outputs[0].logprobs or []
+    return sum(lp.logprob for lp in lps) / len(lps) if lps else float("-inf")
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

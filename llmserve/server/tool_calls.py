@@ -1,0 +1,95 @@
+"""Tool calls in the Hermes / Qwen format: the prompt that offers tools and the
+grammar that constrains calls (``tool_parser.py`` reads them back).
+
+A model whose chat template renders ``tools`` itself gets them that way; for one
+whose template does not (SmolLM2's), the tools' JSON schemas go into a system
+message that asks for calls as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+and past calls and tool results are written back in the same notation. Either
+way, calls are read in this notation, and generation is constrained to it: with
+``tool_choice`` "required" or a named function the output is one or more calls
+whose arguments match the function's parameters; with "auto" the text is free
+until the model opens ``<tool_call>``, and the call inside is constrained.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+TOOLS_SYSTEM = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+# ---- prompt ------------------------------------------------------------------------------
+
+def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Messages for a template with no tool syntax: tools in the system message, calls and
+    results as text (consecutive results in one user turn, as Qwen's template does)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(f"{OPEN}\n{json.dumps(_call_body(c), ensure_ascii=False)}\n{CLOSE}"
+                              for c in m["tool_calls"])
+            out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + calls})
+        elif m["role"] == "tool":
+            text = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_results"):
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "_results": True})
+        else:
+            out.append({k: v for k, v in m.items() if k not in ("tool_calls", "tool_call_id")})
+    for m in out:
+        m.pop("_results", None)
+    if tools:
+        block = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + block}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def _call_body(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    return {"name": fn["name"], "arguments": fn["arguments"]}
+
+
+# ---- grammar -----------------------------------------------------------------------------
+
+def call_grammar(tools: list[dict[str, Any]], mode: str, parallel: bool) -> dict[str, Any] | None:
+    """The xgrammar structural tag for ``mode`` ('auto', 'required', or 'named' with
+    ``tools`` holding just that function); None for 'none'."""
+    if mode == "none":
+        return None
+    tags = [{"type": "tag", "begin": OPEN + "\n", "end": "\n" + CLOSE, "content": {
+        "type": "json_schema", "json_schema": {
+            "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": t["function"]["name"]},
+                           "arguments": t["function"].get("parameters") or {"type": "object", "properties": {}}}}}}
+        for t in tools]
+    if mode == "auto":
+        fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "at_least_one": False,
+               "stop_after_first": not parallel}
+    else:
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+               "stop_after_first": mode == "named" or not parallel}
+    return {"type": "structural_tag", "format": fmt}
