@@ -9,6 +9,9 @@ stream and every retry fail before a first event, the client gets one SSE error
 event instead of a status code. Once events flow, a failure ends the stream with
 an SSE error event. Streams are relayed event by event, so that error event never
 lands in the middle of a half-written one.
+
+Around it: ``request`` reads and validates the body, ``recorder`` is where an
+outcome feeds metrics, canary stats and observers, ``relay`` ends a stream.
 """
 
 from __future__ import annotations
@@ -21,27 +24,26 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.requests import ClientDisconnect
+from fastapi.responses import Response
 
-from llmserve.api.parse import load_json, validate
-from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
-from llmserve.gateway.auth import Privileges, grant_priority
+from llmserve.gateway.auth import Privileges
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
+from llmserve.gateway.recorder import RequestRecord
+from llmserve.gateway.relay import RelayResponse, end_stream, is_sse, last_event_end
+from llmserve.gateway.request import (completion_tokens, disconnected, parse_request, prompt_chars,
+                                      prompt_text, read_body)
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
-from llmserve.priority import PriorityClass, parse_priority
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway, ModelRuntime
+    from llmserve.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -50,137 +52,6 @@ PRIORITY_HEADER = "x-llmserve-priority"  # on the response: the priority the req
 # Not x-priority: the gateway sends its own decision (see gateway/auth.py).
 _FORWARD_HEADERS = ("accept", "x-request-id", "traceparent", "tracestate")
 _RETURN_HEADERS = ("content-type", "x-request-id")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    body: dict
-    raw: bytes
-    model: str
-    stream: bool
-    user: str | None
-    priority: int  # the one granted, not the one claimed
-    priority_class: PriorityClass
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
-                           code="body_too_large")
-    # Straight from the ASGI receive channel: Starlette's request.stream() wraps the
-    # same loop in an async generator, which costs more than the rest of this function.
-    receive = request.receive
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
-                               code="body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-_REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
-
-
-def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat/completions") -> ParsedRequest:
-    """The request as the gateway will serve it, validated with the instance's own models
-    (llmserve.api), so a bad request is a 400 here and never reaches, retries on or trips
-    the breakers of an instance; its priority is the granted one."""
-    body = load_json(raw)
-    if not isinstance(body, dict) or not body.get("model"):  # routing needs it; instances do not
-        raise GatewayError(400, "'model' is required", param="model", code="missing_model")
-    request = validate(body, _REQUEST_MODELS[path])
-    user = request.user or headers.get("x-user-id") or None
-    claimed = request.priority if request.priority is not None else headers.get("x-priority")
-    try:
-        priority = grant_priority(parse_priority(claimed), client)
-    except ValueError as e:
-        raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
-    return ParsedRequest(body, raw, request.model, request.stream, user, priority,
-                         PriorityClass.of(priority))
-
-
-def prompt_text(body: dict, max_chars: int) -> str:
-    """The prompt as text, for prefix affinity: chat messages flattened (tools first: the
-    instance renders them at the head of the prompt; tool calls as their JSON), or the prompt."""
-    if isinstance(body.get("messages"), list):
-        parts: list[str] = []
-        size = 0
-        if body.get("tools") and body.get("tool_choice") != "none":
-            parts.append("<tools>" + json.dumps(body["tools"])[:max_chars])
-            size = len(parts[0])
-        for m in body["messages"]:
-            if not isinstance(m, dict):
-                continue
-            content = m.get("content")
-            if isinstance(content, list):  # content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if m.get("tool_calls"):
-                content = (content or "") + json.dumps(m["tool_calls"])
-            piece = f"<{m.get('role', '')}>{content or ''}"
-            parts.append(piece)
-            size += len(piece)
-            if size >= max_chars:
-                break
-        return "".join(parts)[:max_chars]
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        prompt = prompt[0] if prompt else ""
-        if isinstance(prompt, list):  # token ids
-            prompt = " ".join(str(t) for t in prompt[:max_chars])
-        elif isinstance(prompt, int):  # one prompt given as token ids
-            prompt = " ".join(str(t) for t in body["prompt"][:max_chars])
-    return prompt[:max_chars] if isinstance(prompt, str) else ""
-
-
-def _completion_tokens(body: bytes) -> int:
-    try:
-        return int(json.loads(body)["usage"]["completion_tokens"])
-    except (ValueError, KeyError, TypeError):
-        return 0
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def prompt_chars(body: dict) -> int:
-    """Characters of prompt text in a request, for arrival-size signals."""
-    if isinstance(body.get("messages"), list):
-        total = 0
-        for m in body["messages"]:
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                total += len(c)
-            elif isinstance(c, list):
-                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
-        return total
-    p = body.get("prompt")
-    if isinstance(p, str):
-        return len(p)
-    if isinstance(p, list):
-        return sum(len(x) if isinstance(x, str | list) else 1 for x in p)
-    return 0
-
-
-def _last_event_end(buf: bytes) -> int:
-    """Index just past the last complete SSE event in ``buf`` (0 if none)."""
-    a, b = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
-    return max(a + 2 if a >= 0 else 0, b + 4 if b >= 0 else 0)
-
-
-def _is_sse(resp: UpstreamResponse) -> bool:
-    return resp.headers.get("content-type", "").startswith("text/event-stream")
 
 
 class _Plan:
@@ -237,7 +108,7 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
-        ctx = _Context(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
+        ctx = RequestRecord(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                        in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
         if gw.observers:
             chars = prompt_chars(parsed.body)
@@ -251,7 +122,7 @@ class Proxy:
             e.headers.setdefault(VERSION_HEADER, version)
             raise
 
-    async def _attempts(self, request: Request, path: str, ctx: _Context) -> Response:
+    async def _attempts(self, request: Request, path: str, ctx: RequestRecord) -> Response:
         gw, rt = self.gw, ctx.runtime
         upstream_model = rt.upstream_models[ctx.version]
         body, priority = ctx.parsed.body, ctx.parsed.priority
@@ -288,7 +159,7 @@ class Proxy:
             if plan.gone is not None:
                 plan.gone.cancel()
 
-    async def _answer(self, plan: _Plan, ctx: _Context) -> Response:
+    async def _answer(self, plan: _Plan, ctx: RequestRecord) -> Response:
         """Attempts until one answers: a relayed stream, or a whole response."""
         gw = self.gw
         while True:
@@ -296,7 +167,7 @@ class Proxy:
             if got is None:
                 return self._failed(plan, ctx)
             resp, lease = got
-            if ctx.parsed.stream and _is_sse(resp):
+            if ctx.parsed.stream and is_sse(resp):
                 # The head goes to the client now, before the first event: a client
                 # that gets it only with the first token spends its response set-up
                 # (~0.7 ms here) inside the TTFT. No body byte is sent until the first
@@ -304,7 +175,7 @@ class Proxy:
                 current = _Current(resp, lease)
                 headers_out = self._headers(resp, ctx)
                 headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-                return _RelayResponse(self._stream(plan, ctx, current), current=current,
+                return RelayResponse(self._stream(plan, ctx, current), current=current,
                                       pool=plan.pool, ctx=ctx, status_code=resp.status_code,
                                       headers=headers_out)
             try:
@@ -321,11 +192,11 @@ class Proxy:
                 resp.close()  # before the answer is whole, this closes the connection: the engine stops
             plan.pool.release(lease, Outcome.SUCCESS)
             if gw.observers and resp.status_code == 200:
-                ctx.output_tokens = _completion_tokens(body)
+                ctx.output_tokens = completion_tokens(body)
             ctx.finish(resp.status_code, ok=True)
             return Response(body, resp.status_code, headers=self._headers(resp, ctx))
 
-    async def _try_next(self, plan: _Plan, ctx: _Context
+    async def _try_next(self, plan: _Plan, ctx: RequestRecord
                         ) -> tuple[UpstreamResponse, Lease] | None:
         """Send the next attempt and return its upstream response (head in, status
         below 500) with its lease, or None when no attempt is left (the reason is in
@@ -369,7 +240,7 @@ class Proxy:
             return resp, lease
         return None
 
-    def _failed(self, plan: _Plan, ctx: _Context) -> Response:
+    def _failed(self, plan: _Plan, ctx: RequestRecord) -> Response:
         """The answer when every attempt failed before the response began."""
         last = plan.last
         if isinstance(last, Response):
@@ -382,7 +253,7 @@ class Proxy:
             last.message = f"{len(plan.tried)} attempts failed; last: {last.message}"
         raise last
 
-    async def _stream(self, plan: _Plan, ctx: _Context, current: _Current) -> AsyncIterator[bytes]:
+    async def _stream(self, plan: _Plan, ctx: RequestRecord, current: _Current) -> AsyncIterator[bytes]:
         """The client's stream: the first upstream that delivers a first event, relayed.
         Until that event nothing but the head has reached the client, so a stream that
         ends or breaks before it is retried like a failed request."""
@@ -398,7 +269,7 @@ class Proxy:
                                               f"stream before its first event ({type(e).__name__})",
                                          code="upstream_broken")
                 got = await self._try_next(plan, ctx)
-                if got is not None and not _is_sse(got[0]):
+                if got is not None and not is_sse(got[0]):
                     # A retry answered 4xx or JSON: too late for its status code.
                     bad, bad_lease = got
                     plan.last = GatewayError(502, f"upstream {bad_lease.instance.instance_id} "
@@ -421,7 +292,7 @@ class Proxy:
                 yield out
             return
 
-    async def _acquire(self, plan: _Plan, ctx: _Context) -> Lease:
+    async def _acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
         cold = plan.pool.can_grow and plan.pool.cold()
         try:
             waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
@@ -446,7 +317,7 @@ class Proxy:
         """Wait in the queue, but leave it if the client disconnects meanwhile, so an
         abandoned request never takes an instance's slot."""
         wait = asyncio.ensure_future(plan.pool.wait(waiting))
-        gone = plan.gone or asyncio.ensure_future(_disconnected(plan.request))
+        gone = plan.gone or asyncio.ensure_future(disconnected(plan.request))
         try:
             await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -480,7 +351,7 @@ class Proxy:
         headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         return Response(body, resp.status_code, headers=headers), own_fault
 
-    def _headers(self, resp: UpstreamResponse, ctx: _Context) -> dict[str, str]:
+    def _headers(self, resp: UpstreamResponse, ctx: RequestRecord) -> dict[str, str]:
         out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         out.setdefault("x-request-id", ctx.request_id)
         out[VERSION_HEADER] = ctx.version
@@ -489,12 +360,12 @@ class Proxy:
         return out
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: UpstreamResponse,
-                     lease: Lease, pool: Pool, ctx: _Context) -> AsyncIterator[bytes]:
+                     lease: Lease, pool: Pool, ctx: RequestRecord) -> AsyncIterator[bytes]:
         outcome, status, kind = Outcome.NEUTRAL, resp.status_code, None
         buf = first
         try:
             while True:
-                end = _last_event_end(buf)
+                end = last_event_end(buf)
                 if end:
                     out, buf = buf[:end], buf[end:]
                     if ctx.ttft_s is None:
@@ -524,94 +395,6 @@ class Proxy:
                 f"the upstream instance failed mid-stream ({type(e).__name__}); "
                 "the response is incomplete", code="upstream_broken")
         finally:
-            _end_stream(resp, lease, pool, ctx, outcome, status, kind)
+            end_stream(resp, lease, pool, ctx, outcome, status, kind)
 
 
-def _end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: _Context,
-                      outcome: Outcome, status: int, kind: str | None) -> None:
-    """Free the slot, close the upstream, record the outcome; once per stream."""
-    if lease.released:
-        return
-    pool.release(lease, outcome)
-    resp.close()  # synchronous, so a cancellation cannot cut it short
-    if outcome is Outcome.NEUTRAL:
-        ctx.finish(499, error_kind="client_disconnected", ok=True)
-    else:
-        ctx.finish(status, error_kind=kind, ok=outcome is Outcome.SUCCESS)
-
-
-class _RelayResponse(StreamingResponse):
-    """A streaming response that frees its upstream slot even when the client is gone
-    before the body starts: then the relay generator never runs, so its own
-    ``finally`` never does either.
-
-    Like Starlette's, it streams while listening for the client's disconnect and
-    cancels the stream when the client leaves (the relay then closes the upstream,
-    so the engine stops generating), but with two plain asyncio tasks: Starlette's
-    anyio task group cost about as much CPU per request as the whole relay (its
-    cancel even formats task reprs)."""
-
-    def __init__(self, body, *, current: _Current, pool: Pool, ctx: _Context, **kw) -> None:
-        super().__init__(body, **kw)
-        self._cleanup = (current, pool, ctx)
-
-    async def __call__(self, scope, receive, send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
-        gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        try:
-            await asyncio.wait((stream, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            stream.cancel()  # a no-op once it is done
-            try:
-                await asyncio.wait((stream,))  # let the relay's own cleanup finish
-            finally:
-                current, pool, ctx = self._cleanup
-                _end_stream(current.resp, current.lease, pool, ctx, Outcome.NEUTRAL, 499, None)
-                # Gone while a retry was being sent: the lease above was already released.
-                ctx.finish(499, error_kind="client_disconnected", ok=True)  # once-only
-            error = stream.exception() if stream.done() and not stream.cancelled() else None
-        if error is not None:
-            raise error
-
-
-class _Context:
-    """Per-request bookkeeping for metrics and canary stats."""
-
-    __slots__ = ("done", "in_stats", "instance", "output_tokens", "parsed", "queued_s",
-                 "request_id", "runtime", "t0", "ttft_s", "version")
-
-    def __init__(self, runtime: ModelRuntime, version: str, parsed: ParsedRequest, t0: float,
-                 request_id: str, *, in_stats: bool = True) -> None:
-        self.runtime, self.version, self.parsed, self.t0 = runtime, version, parsed, t0
-        self.request_id = request_id
-        self.in_stats = in_stats  # counts in the canary analysis's window stats
-        self.instance: str | None = None
-        self.ttft_s: float | None = None
-        self.queued_s = 0.0
-        self.output_tokens = 0
-        self.done = False
-
-    def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
-        """Record the request's outcome once; ``ok`` is False only for upstream faults."""
-        if self.done:
-            return
-        self.done = True
-        rt, m = self.runtime, self.runtime.gateway.metrics
-        labels = (rt.config.name, self.version, self.parsed.priority_class.name.lower())
-        e2e = time.monotonic() - self.t0
-        m.child(m.requests, *labels, str(status)).inc()
-        if error_kind is not None or status >= 400:
-            m.child(m.errors, *labels, error_kind or f"http_{status}").inc()
-        if self.instance is not None:
-            m.child(m.queue_time, *labels).observe(self.queued_s)
-        if self.ttft_s is not None:
-            m.child(m.ttft, *labels).observe(self.ttft_s)
-        if ok and status < 400:
-            m.child(m.e2e, *labels).observe(e2e)
-        if self.in_stats and (self.instance is not None or not ok) and status != 499:
-            rt.stats.record(self.version, time.time(), ok, self.ttft_s,
-                            e2e if ok and status < 400 else None)
-        for o in rt.gateway.observers:
-            o.on_finish(rt.config.name, self.version, self.t0 + e2e, e2e, self.output_tokens,
-                        ok and status < 400)

@@ -147,7 +147,7 @@ def test_observers_see_arrivals_first_tokens_and_finishes():
 
 
 def test_prefix_affinity_text_starts_with_the_tools_the_instance_renders_first():
-    from llmserve.gateway.proxy import prompt_text
+    from llmserve.gateway.request import prompt_text
 
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     msgs = [{"role": "user", "content": "hi"},
