@@ -167,6 +167,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=kind, default=None)
     g.add_argument("--drain-timeout", type=float, default=30.0)
     g.add_argument("--no-warmup", action="store_true")
+    g.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine core in a thread of the server process, not its own process")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
     g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
     g.add_argument("--startup-delay", type=float, default=0.0,
@@ -175,6 +177,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
+    # numpy's OpenBLAS pool would start a thread at import; the engine process is forked
+    # from this one, which must then have one thread (torch does the arithmetic).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from llmserve.priority import NAMED_RANGE, PriorityRange
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
@@ -188,6 +193,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
+        engine_process=not args.engine_in_thread,
         fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
         log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
                                            header_timeout_s="header_timeout", body_timeout_s="body_timeout",

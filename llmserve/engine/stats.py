@@ -84,3 +84,12 @@ class EngineStats:
         span = self.window_s
         return {"busy_fraction": min(1.0, busy / span), "tokens_per_s": tokens / span,
                 "generation_tokens_per_s": gen / span}
+
+
+def core_snapshot(core) -> dict[str, Any]:
+    """Everything /load and /metrics read from a core, as plain data (it crosses a process)."""
+    spec = core.spec
+    return {**core.load_snapshot(), "prompt_tokens": core.stats.prompt_tokens,
+            "generation_tokens": core.stats.generation_tokens, "finished": dict(core.stats.finished),
+            "spec": None if spec is None else [spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                                               list(spec.accepted_per_pos)]}
