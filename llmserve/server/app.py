@@ -306,7 +306,14 @@ def _engine_builder(engine_config: EngineConfig, in_process: bool) -> Callable[[
         return lambda: build_engine(engine_config)
     import tempfile
 
-    tokenizer = load_engine_tokenizer(engine_config)  # before the fork: both sides share it
+    try:
+        tokenizer = load_engine_tokenizer(engine_config)  # before the fork: both sides share it
+    except Exception as e:  # noqa: BLE001 - reported as the load failure, as in-thread
+        err = e
+
+        def fail():
+            raise err
+        return fail
     handle = core_proc.start(lambda: build_engine(engine_config, tokenizer),
                              tempfile.mkdtemp(prefix="llmserve-engine-"))
     return lambda: ProcessEngine(handle, tokenizer)
