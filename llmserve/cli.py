@@ -48,6 +48,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-min-share", type=float, default=0.1)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
+    g.add_argument("--step-budget-tokens", type=int, default=96,
+                   help="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
+                        "(measured on this machine as it runs); 0: token budgets only")
+    g.add_argument("--step-time-budget-ms", type=float, default=None,
+                   help="that step time outright, in ms (overrides --step-budget-tokens)")
 
 
 def engine_config_from(args: argparse.Namespace):
@@ -59,7 +64,9 @@ def engine_config_from(args: argparse.Namespace):
         kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
         batch_min_share=args.batch_min_share, model_store=args.model_store,
-        long_prefill_token_threshold=args.long_prefill_token_threshold)
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        step_budget_tokens=args.step_budget_tokens,
+        step_time_budget_s=None if args.step_time_budget_ms is None else args.step_time_budget_ms / 1000)
     if args.dtype:
         kw["dtype"] = args.dtype
     if getattr(args, "kv_cache_dtype", None):
