@@ -207,7 +207,12 @@ def cmd_engine(args: argparse.Namespace) -> int:
                                            send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",
                                            max_connections="max_connections",
                                            stream_buffer_outputs="stream_buffer_outputs"))
-    return run_server(engine_config_from(args), scfg)
+    ecfg = engine_config_from(args)
+    if ecfg.threads is None:  # one instance alone here: its cores, less the API process's where that is cheap
+        from llmserve.engine.threads import available_cores, engine_threads
+
+        ecfg.threads = engine_threads(available_cores())
+    return run_server(ecfg, scfg)
 
 
 def _given(args: argparse.Namespace, **fields: str) -> dict:

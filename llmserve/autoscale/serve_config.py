@@ -10,7 +10,6 @@ concurrency, balancer). See ``docs/serve.example.yaml``.
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Callable
 from dataclasses import fields
@@ -141,7 +140,9 @@ class ServeConfig(_Strict):
     def threads(self) -> int:
         if self.threads_per_instance is not None:
             return self.threads_per_instance
-        return max(1, (os.cpu_count() or 1) // self.autoscale_config().bounds.max_instances)
+        from llmserve.engine.threads import available_cores, engine_threads
+
+        return engine_threads(available_cores(), self.autoscale_config().bounds.max_instances)
 
     def instance_spec(self, instance_id: str, instance_key: str | None = None) -> InstanceSpec:
         args = ["--model", self.model, "--served-model-name", self.served_name, "--threads", str(self.threads())]
