@@ -202,7 +202,9 @@ class Scheduler:
         self._time = None
         if budget_s is not None:
             decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
-            self._time = _TimeBudget(costs, budget_s - costs.step(0, decodes))
+            # Where decodes alone fill the budget, prompts still get half of it: the wait is long anyway.
+            left = max(budget_s - costs.step(0, decodes), (budget_s - costs.base_s) / 2)
+            self._time = _TimeBudget(costs, left)
         try:
             return self._schedule()
         finally:

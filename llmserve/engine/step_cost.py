@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 class StepCosts:
     """Seconds per step part. Defaults: SmolLM2-135M int8 on 2 AVX2 cores (measured)."""
 
-    base_s: float = 0.006
-    prefill_token_s: float = 0.0006
-    decode_seq_s: float = 0.0004
+    base_s: float = 0.008
+    prefill_token_s: float = 0.0011
+    decode_seq_s: float = 0.003
     # Extra per prompt token for each 1,024 tokens of context before it (attention).
-    context_s: float = 0.0002
+    context_s: float = 0.0005
 
     def prefill(self, n: int, start: int) -> float:
         """Seconds to compute prompt tokens ``start .. start + n``."""

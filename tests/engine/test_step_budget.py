@@ -92,3 +92,15 @@ def test_the_cost_model_learns_each_part_from_its_own_steps():
         m.observe(0, 4, 0, 30.0)  # a descheduled step cannot blow the fit up
     assert m.costs().base_s < 0.1
     assert m.costs().tokens_within(m.costs().prefill(500, 100), 100) in (499, 500)
+
+
+def test_decodes_that_fill_the_budget_still_leave_prompts_half_of_it():
+    s = make(num_blocks=2048, block_size=16, max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=2048,
+             step_budget_tokens=100)
+    for i in range(250):  # 250 decodes: 135 ms, over the 110 ms budget
+        s.add_request(req(f"d{i}", 4, max_tokens=50, t=i, first=1000 + 10 * i))
+    step(s)
+    s.add_request(req("p", 500, t=1000, first=9000))
+    out, _ = step(s)
+    got = {x.request.request_id: x.num_tokens for x in out.scheduled}["p"]
+    assert got == COSTS.tokens_within((s.time_budget(COSTS) - COSTS.base_s) / 2, 0)
