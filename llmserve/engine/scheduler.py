@@ -34,11 +34,9 @@ class SchedulerConfig:
     # vLLM's knob: a prompt chunk is at most this many tokens per step (0: no cap).
     # Small chunks bound how long a realtime arrival waits for the step in progress.
     long_prefill_token_threshold: int = 0
-    # Time-aware chunks: a step carrying prompt tokens is sized (with the measured
-    # ``StepCosts`` handed to ``schedule``) to last no longer than an idle prefill of
-    # ``step_budget_tokens`` tokens, whatever decodes share it and however deep in its
-    # prompt a chunk starts; ``step_time_budget_s`` sets that time outright. 0 / None:
-    # token budgets only. A chunk is never cut below ``min_chunk_tokens``.
+    # Time-aware chunks: with the measured ``StepCosts`` handed to ``schedule``, a step
+    # with prompt tokens lasts no longer than an idle prefill of ``step_budget_tokens``
+    # (or ``step_time_budget_s``), whatever decodes share it; 0 / None: tokens only.
     step_budget_tokens: int = 96
     step_time_budget_s: float | None = None
     min_chunk_tokens: int = 16
@@ -52,10 +50,8 @@ class SchedulerConfig:
             raise ValueError("batch_min_share must be in [0, 1)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
-        if self.step_budget_tokens < 0 or self.min_chunk_tokens < 1:
-            raise ValueError("step_budget_tokens must be >= 0 and min_chunk_tokens >= 1")
-        if self.step_time_budget_s is not None and self.step_time_budget_s <= 0:
-            raise ValueError("step_time_budget_s must be positive")
+        if self.step_budget_tokens < 0 or self.min_chunk_tokens < 1 or (self.step_time_budget_s or 1) <= 0:
+            raise ValueError("need step_budget_tokens >= 0, min_chunk_tokens >= 1, step_time_budget_s > 0")
 
 
 @dataclass(slots=True)
