@@ -48,7 +48,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-min-share", type=float, default=0.1)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
-    g.add_argument("--step-budget-tokens", type=int, default=96,
+    g.add_argument("--step-budget-tokens", type=int, default=48,
                    help="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
                         "(measured on this machine as it runs); 0: token budgets only")
     g.add_argument("--step-time-budget-ms", type=float, default=None,

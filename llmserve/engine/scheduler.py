@@ -37,7 +37,7 @@ class SchedulerConfig:
     # Time-aware chunks: with the measured ``StepCosts`` handed to ``schedule``, a step
     # with prompt tokens lasts no longer than an idle prefill of ``step_budget_tokens``
     # (or ``step_time_budget_s``), whatever decodes share it; 0 / None: tokens only.
-    step_budget_tokens: int = 96
+    step_budget_tokens: int = 48
     step_time_budget_s: float | None = None
     min_chunk_tokens: int = 16
 
@@ -109,6 +109,8 @@ class _TimeBudget:
 
     costs: StepCosts
     left: float
+    # Realtime prompts up to this long are not split: that only adds steps to their own TTFT.
+    long_prompt: int
 
 
 class Scheduler:
@@ -200,7 +202,7 @@ class Scheduler:
             decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
             # Where decodes alone fill the budget, prompts still get half of it: the wait is long anyway.
             left = max(budget_s - costs.step(0, decodes), (budget_s - costs.base_s) / 2)
-            self._time = _TimeBudget(costs, left)
+            self._time = _TimeBudget(costs, left, 4 * costs.tokens_within(budget_s - costs.base_s, 0))
         try:
             return self._schedule()
         finally:
@@ -258,7 +260,7 @@ class Scheduler:
 
     def _schedule_running(self, req: Request, budget: int, scheduled: dict, out: SchedulerOutput) -> None:
         """Give a running request its next tokens, preempting others if blocks run out."""
-        n = self._chunk(req.num_tokens - req.num_computed_tokens, budget, req.num_computed_tokens)
+        n = self._chunk(req, req.num_tokens - req.num_computed_tokens, budget, req.num_computed_tokens)
         if n <= 0:
             return
         spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
@@ -280,7 +282,7 @@ class Scheduler:
         if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, scheduled, out):
             return False
         hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
-        n = self._chunk(req.num_tokens - num_hit, budget, num_hit)
+        n = self._chunk(req, req.num_tokens - num_hit, budget, num_hit)
         saved = req.num_computed_tokens
         req.num_computed_tokens = num_hit
         ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
@@ -298,15 +300,16 @@ class Scheduler:
         scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
         return True
 
-    def _chunk(self, remaining: int, budget: int, start: int) -> int:
+    def _chunk(self, req: Request, remaining: int, budget: int, start: int) -> int:
         cap = self.config.long_prefill_token_threshold
         n = min(remaining, budget)
         if n <= 1:
             return n
         if cap:
             n = min(n, cap)
-        if self._time is not None:
-            fits = self._time.costs.tokens_within(self._time.left, start)
+        tb = self._time
+        if tb is not None and (req.is_batch_class or remaining > tb.long_prompt):
+            fits = tb.costs.tokens_within(tb.left, start)
             n = min(n, max(self.config.min_chunk_tokens, fits))
         return n
 

@@ -104,3 +104,15 @@ def test_decodes_that_fill_the_budget_still_leave_prompts_half_of_it():
     out, _ = step(s)
     got = {x.request.request_id: x.num_tokens for x in out.scheduled}["p"]
     assert got == COSTS.tokens_within((s.time_budget(COSTS) - COSTS.base_s) / 2, 0)
+
+
+def test_a_short_realtime_prompt_is_not_split_but_a_batch_one_is():
+    s = make(num_blocks=1024, block_size=16, max_model_len=4096, max_num_batched_tokens=512, step_budget_tokens=48)
+    s.add_request(req("rt", 150, t=0))
+    s.add_request(req("b", 150, priority=BATCH, t=1, first=5000))
+    out, _ = step(s)
+    got = {x.request.request_id: x.num_tokens for x in out.scheduled}
+    assert got == {"rt": 150}  # whole (and no batch chunk beside a realtime prefill)
+    out, _ = step(s)
+    got = {x.request.request_id: x.num_tokens for x in out.scheduled}
+    assert got["b"] < 48
