@@ -1,7 +1,7 @@
 """llmserve against llama.cpp's llama-server: same GGUF, same threads, HTTP streaming.
 
     python benchmarks/peers/run.py --llama-server /root/.cache/llama-server-11434/build/bin/llama-server \\
-        --gguf ~/.cache/llmserve/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2
+        --gguf ~/.cache/llmserve/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf --threads 1 --write
 
 Both servers are driven by ``llmserve bench`` (103-token distinct prompts, 128
 tokens out, ignore_eos, temperature 0, ``/v1/completions`` with ``stream``), one
