@@ -48,6 +48,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-min-share", type=float, default=0.1)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
+    g.add_argument("--step-budget-tokens", type=int, default=48,
+                   help="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
+                        "(measured on this machine as it runs); 0: token budgets only")
+    g.add_argument("--step-time-budget-ms", type=float, default=None,
+                   help="that step time outright, in ms (overrides --step-budget-tokens)")
 
 
 def engine_config_from(args: argparse.Namespace):
@@ -59,7 +64,9 @@ def engine_config_from(args: argparse.Namespace):
         kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
         batch_min_share=args.batch_min_share, model_store=args.model_store,
-        long_prefill_token_threshold=args.long_prefill_token_threshold)
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        step_budget_tokens=args.step_budget_tokens,
+        step_time_budget_s=None if args.step_time_budget_ms is None else args.step_time_budget_ms / 1000)
     if args.dtype:
         kw["dtype"] = args.dtype
     if getattr(args, "kv_cache_dtype", None):
@@ -167,6 +174,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=kind, default=None)
     g.add_argument("--drain-timeout", type=float, default=30.0)
     g.add_argument("--no-warmup", action="store_true")
+    g.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine core in a thread of the server process, not its own process")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
     g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
     g.add_argument("--startup-delay", type=float, default=0.0,
@@ -175,6 +184,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
+    # numpy's OpenBLAS pool would start a thread at import; the engine process is forked
+    # from this one, which must then have one thread (torch does the arithmetic).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from llmserve.priority import NAMED_RANGE, PriorityRange
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
@@ -188,13 +200,19 @@ def cmd_engine(args: argparse.Namespace) -> int:
         max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
+        engine_process=not args.engine_in_thread,
         fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
         log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
                                            header_timeout_s="header_timeout", body_timeout_s="body_timeout",
                                            send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",
                                            max_connections="max_connections",
                                            stream_buffer_outputs="stream_buffer_outputs"))
-    return run_server(engine_config_from(args), scfg)
+    ecfg = engine_config_from(args)
+    if ecfg.threads is None:  # one instance alone here: its cores, less the API process's where that is cheap
+        from llmserve.engine.threads import available_cores, engine_threads
+
+        ecfg.threads = engine_threads(available_cores())
+    return run_server(ecfg, scfg)
 
 
 def _given(args: argparse.Namespace, **fields: str) -> dict:

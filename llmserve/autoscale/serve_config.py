@@ -15,7 +15,6 @@ the single-model keys are a one-version deployment. Both become the same list of
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Callable
 from dataclasses import fields
@@ -184,8 +183,10 @@ class ServeConfig(_Strict):
         own = (pool or self.pools()[0]).threads_per_instance
         if own is not None:
             return own
+        from llmserve.engine.threads import available_cores, engine_threads
+
         most = sum(self.autoscale_config(p).bounds.max_instances for p in self.pools())
-        return max(1, (os.cpu_count() or 1) // max(1, most))
+        return engine_threads(available_cores(), max(1, most))
 
     def instance_spec(self, instance_id: str, instance_key: str | None = None,
                       pool: PoolDeployment | None = None) -> InstanceSpec:

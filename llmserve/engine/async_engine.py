@@ -62,6 +62,30 @@ class AsyncEngine:
     def tokenizer(self):
         return self.core.tokenizer
 
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.model_config.vocab_size
+
+    @property
+    def model_name(self) -> str:
+        return self.core.model_config.name
+
+    def load_snapshot(self) -> dict[str, Any]:
+        return self.core.load_snapshot()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What /metrics reads (``core_snapshot``); the same shape as the process engine's."""
+        from llmserve.engine.stats import core_snapshot
+
+        return core_snapshot(self.core)
+
+    def add_stats_listener(self, listener: Any) -> None:
+        self.core.stats.listeners.append(listener)
+
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stop and self.death is None
 

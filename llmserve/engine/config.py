@@ -84,6 +84,10 @@ class EngineConfig:
     threads: int | None = None
     batch_min_share: float = 0.1
     long_prefill_token_threshold: int = 0  # cap on a prompt chunk per step; 0: none
+    # A step with prompt tokens lasts about as long as an idle prefill of this many
+    # tokens (measured online; SchedulerConfig says how); 0: token budgets only.
+    step_budget_tokens: int = 48
+    step_time_budget_s: float | None = None  # that time outright, overriding the above
     speculative_config: SpeculativeConfig | dict | None = None
     model_store: str | None = None
     served_model_name: str | None = None

@@ -92,7 +92,8 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             batch_min_share=config.batch_min_share,
-            long_prefill_token_threshold=config.long_prefill_token_threshold), self.kv)
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            step_budget_tokens=config.step_budget_tokens, step_time_budget_s=config.step_time_budget_s), self.kv)
         self.runner = ModelRunner(self.model, self.kv, kv_dtype)
         self.sampler = Sampler(config.seed)
         self.stats = EngineStats()
@@ -214,7 +215,7 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Schedule, run, sample, update; raises only when the forward pass itself fails."""
         self._propose()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(self.stats.step_costs())  # chunks sized by measured step time
         t0 = time.monotonic()
         outputs = [self._fail(tr, r.error, t0) for r in plan.failed if (tr := self._tracks.get(r.request_id))]
         if plan.empty:

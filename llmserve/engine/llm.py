@@ -14,17 +14,30 @@ from llmserve.engine.sampling_params import SamplingParams, child_seed
 Prompt = str | list[int]
 
 
-def build_engine(config: EngineConfig) -> EngineCore:
-    """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
+def _source(config: EngineConfig):
     from pathlib import Path
 
-    from llmserve.models.loading import load_tokenizer, load_weights, prepared_dir
     from llmserve.models.store import default_store_dir, resolve
 
     store = Path(config.model_store) if config.model_store else default_store_dir()
-    source = resolve(config.model, store)
+    return resolve(config.model, store), store
+
+
+def load_engine_tokenizer(config: EngineConfig):
+    """The model's tokenizer alone (the API process of a process engine needs no weights)."""
+    from llmserve.models.loading import load_tokenizer
+
+    return load_tokenizer(*_source(config))
+
+
+def build_engine(config: EngineConfig, tokenizer: Any | None = None) -> EngineCore:
+    """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
+    from llmserve.models.loading import load_tokenizer, load_weights, prepared_dir
+
+    source, store = _source(config)
     model_config, weights = load_weights(source, store)
-    tokenizer = load_tokenizer(source, store)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source, store)
     if config.served_model_name:
         model_config.name = config.served_model_name
     return EngineCore(config, model_config, weights, tokenizer, prepared_dir(source, store))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.request import Request, RequestStatus
+from llmserve.engine.step_cost import StepCosts
 
 
 @dataclass(slots=True)
@@ -33,6 +34,12 @@ class SchedulerConfig:
     # vLLM's knob: a prompt chunk is at most this many tokens per step (0: no cap).
     # Small chunks bound how long a realtime arrival waits for the step in progress.
     long_prefill_token_threshold: int = 0
+    # Time-aware chunks: with the measured ``StepCosts`` handed to ``schedule``, a step
+    # with prompt tokens lasts no longer than an idle prefill of ``step_budget_tokens``
+    # (or ``step_time_budget_s``), whatever decodes share it; 0 / None: tokens only.
+    step_budget_tokens: int = 48
+    step_time_budget_s: float | None = None
+    min_chunk_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -43,6 +50,8 @@ class SchedulerConfig:
             raise ValueError("batch_min_share must be in [0, 1)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.step_budget_tokens < 0 or self.min_chunk_tokens < 1 or (self.step_time_budget_s or 1) <= 0:
+            raise ValueError("need step_budget_tokens >= 0, min_chunk_tokens >= 1, step_time_budget_s > 0")
 
 
 @dataclass(slots=True)
@@ -94,6 +103,16 @@ class _Planned(dict):
         return s
 
 
+@dataclass(slots=True)
+class _TimeBudget:
+    """This step's seconds left for prompt chunks (decodes are reserved up front)."""
+
+    costs: StepCosts
+    left: float
+    # Realtime prompts up to this long are not split: that only adds steps to their own TTFT.
+    long_prompt: int
+
+
 class Scheduler:
     """Waiting and running queues, priority order, budget and preemption."""
 
@@ -105,6 +124,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self._tokens_by_class = [0.0, 0.0]  # decayed tokens: [realtime, batch]
+        self._time: _TimeBudget | None = None  # set for the length of one schedule()
 
     # ---- queue management ------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -167,7 +187,28 @@ class Scheduler:
         rt, batch = self._tokens_by_class
         return batch < share * (rt + batch)
 
-    def schedule(self) -> SchedulerOutput:
+    def time_budget(self, costs: StepCosts | None) -> float | None:
+        """Seconds a step with prompt tokens may last; None: no time limit."""
+        c = self.config
+        if costs is None or (c.step_time_budget_s is None and not c.step_budget_tokens):
+            return None
+        return c.step_time_budget_s or costs.step(c.step_budget_tokens, 0)
+
+    def schedule(self, costs: StepCosts | None = None) -> SchedulerOutput:
+        """Plan one step; ``costs`` (measured on this machine) turns on time-aware chunks."""
+        budget_s = self.time_budget(costs)
+        self._time = None
+        if budget_s is not None:
+            decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+            # Where decodes alone fill the budget, prompts still get half of it: the wait is long anyway.
+            left = max(budget_s - costs.step(0, decodes), (budget_s - costs.base_s) / 2)
+            self._time = _TimeBudget(costs, left, 4 * costs.tokens_within(budget_s - costs.base_s, 0))
+        try:
+            return self._schedule()
+        finally:
+            self._time = None
+
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         cap = self.config.max_num_batched_tokens
         starved = self._batch_starved()
@@ -208,6 +249,9 @@ class Scheduler:
                 continue
             # Only a realtime prompt that got tokens this step holds batch chunks back.
             rt_prefill |= prefill and not req.is_batch_class and req.request_id in scheduled
+            if prefill and self._time is not None and req.request_id in scheduled:
+                self._time.left -= self._time.costs.prefill(scheduled[req.request_id].num_tokens,
+                                                            req.num_computed_tokens)
 
         out.scheduled = list(scheduled.values())
         out.total_tokens = scheduled.total
@@ -216,7 +260,7 @@ class Scheduler:
 
     def _schedule_running(self, req: Request, budget: int, scheduled: dict, out: SchedulerOutput) -> None:
         """Give a running request its next tokens, preempting others if blocks run out."""
-        n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+        n = self._chunk(req, req.num_tokens - req.num_computed_tokens, budget, req.num_computed_tokens)
         if n <= 0:
             return
         spec = req.spec_token_ids if n == req.num_tokens - req.num_computed_tokens else []
@@ -238,7 +282,7 @@ class Scheduler:
         if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, scheduled, out):
             return False
         hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)
-        n = self._chunk(req.num_tokens - num_hit, budget)
+        n = self._chunk(req, req.num_tokens - num_hit, budget, num_hit)
         saved = req.num_computed_tokens
         req.num_computed_tokens = num_hit
         ok = self.kv.allocate_slots(req, n, new_computed_blocks=hits, admitting=True)
@@ -256,10 +300,18 @@ class Scheduler:
         scheduled[req.request_id] = ScheduledRequest(req, n, [], num_hit + n == req.num_tokens)
         return True
 
-    def _chunk(self, remaining: int, budget: int) -> int:
+    def _chunk(self, req: Request, remaining: int, budget: int, start: int) -> int:
         cap = self.config.long_prefill_token_threshold
         n = min(remaining, budget)
-        return min(n, cap) if cap and n > 1 else n
+        if n <= 1:
+            return n
+        if cap:
+            n = min(n, cap)
+        tb = self._time
+        if tb is not None and (req.is_batch_class or remaining > tb.long_prompt):
+            fits = tb.costs.tokens_within(tb.left, start)
+            n = min(n, max(self.config.min_chunk_tokens, fits))
+        return n
 
     def _account(self, out: SchedulerOutput) -> None:
         d = self.config.share_decay

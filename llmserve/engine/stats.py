@@ -10,6 +10,8 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
+from llmserve.engine.step_cost import StepCostModel, StepCosts
+
 
 class StatsListener(Protocol):
     def on_scheduled(self, queue_time: float) -> None: ...
@@ -31,6 +33,10 @@ class EngineStats:
         # (prefill_tokens, decode_seqs, sum_context, seconds) per step, when a
         # calibration run asks for it (``llmserve calibrate``).
         self.step_log: list[tuple[int, int, int, float]] | None = None
+        self.cost_model = StepCostModel()  # what the scheduler sizes prompt chunks by
+
+    def step_costs(self) -> StepCosts:
+        return self.cost_model.costs()
 
     def on_first_scheduled(self, req, now: float) -> None:
         for lst in self.listeners:
@@ -38,11 +44,18 @@ class EngineStats:
 
     def on_step(self, t0: float, t1: float, plan) -> None:
         self.num_steps += 1
+        decodes = prefill = start = 0
+        for x in plan.scheduled:
+            if x.request.num_computed_tokens == x.request.num_tokens - 1:
+                decodes += 1
+            else:
+                prefill += x.num_tokens
+                start += x.num_tokens * x.request.num_computed_tokens
+        self.cost_model.observe(prefill, decodes, start // prefill if prefill else 0, t1 - t0)
         if self.step_log is not None:
-            decodes = [x for x in plan.scheduled if x.request.num_computed_tokens == x.request.num_tokens - 1]
-            prefill = sum(x.num_tokens for x in plan.scheduled) - len(decodes)
-            ctx = sum(x.request.num_tokens for x in decodes)
-            self.step_log.append((prefill, len(decodes), ctx, t1 - t0))
+            ctx = sum(x.request.num_tokens for x in plan.scheduled
+                      if x.request.num_computed_tokens == x.request.num_tokens - 1)
+            self.step_log.append((prefill, decodes, ctx, t1 - t0))
         gen = sum(1 for s in plan.scheduled if s.sample)
         self._steps.append((t0, t1, plan.total_tokens, gen))
         cutoff = t1 - self.window_s
@@ -102,3 +115,12 @@ def load_snapshot(sch, kv, max_num_seqs: int, stats: EngineStats) -> dict[str, A
         "num_preemptions": sch.num_preemptions,
         **stats.window(),
     }
+
+
+def core_snapshot(core) -> dict[str, Any]:
+    """Everything /load and /metrics read from a core, as plain data (it crosses a process)."""
+    spec = core.spec
+    return {**core.load_snapshot(), "prompt_tokens": core.stats.prompt_tokens,
+            "generation_tokens": core.stats.generation_tokens, "finished": dict(core.stats.finished),
+            "spec": None if spec is None else [spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                                               list(spec.accepted_per_pos)]}

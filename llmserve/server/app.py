@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmserve.engine.async_engine import AsyncEngine
 from llmserve.engine.config import EngineConfig
+from llmserve.engine.core_client import ProcessEngine
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
@@ -73,15 +74,16 @@ class Instance:
         if self.config.startup_delay_s:
             await asyncio.sleep(self.config.startup_delay_s)
         try:
-            core = await asyncio.to_thread(self.build)
+            built = await asyncio.to_thread(self.build)
+            # A core runs in a thread here; a ProcessEngine's core is in its own process.
+            self.engine = await built.connect() if isinstance(built, ProcessEngine) else AsyncEngine(built)
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             log.error("model load failed: %s", e)
             self.state, self.error = State.FAILED, str(e)
             return
-        self.model_name = (self.config.served_model_name or [core.model_config.name])[0]
-        self.engine = AsyncEngine(core)
+        self.model_name = (self.config.served_model_name or [self.engine.model_name])[0]
         self.serving = OpenAIServing(self.engine, self.config, self.model_name)
-        self.metrics = EngineMetrics(core, self.model_name, lambda: core.stats.window()["busy_fraction"])
+        self.metrics = EngineMetrics(self.engine, self.model_name)
         self.state = State.WARMING
         if self.config.warmup:
             try:
@@ -120,7 +122,7 @@ class Instance:
         self.check_engine()
         snap: dict[str, Any] = {}
         if self.engine is not None:
-            snap = self.engine.core.load_snapshot()
+            snap = self.engine.load_snapshot()
         q, h = snap.get("prefix_cache_queries", 0), snap.get("prefix_cache_hits", 0)
         return LoadReport(
             instance_id=self.instance_id, model=self.model_name, ready=self.state is State.READY,
@@ -195,7 +197,7 @@ def create_app(inst: Instance) -> FastAPI:
         names = cfg.served_names(inst.model_name) if inst.model_name else []
         return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
                                             "owned_by": "llmserve", "max_model_len":
-                                                inst.engine.core.max_model_len if inst.engine else None}
+                                                inst.engine.max_model_len if inst.engine else None}
                                            for n in names]}
 
     # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
@@ -221,14 +223,14 @@ def create_app(inst: Instance) -> FastAPI:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.core.max_model_len}
+        return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = parse_model(await request.body(), DetokenizeRequest)
         s = inst.need_serving()
         s.check_model(body.model)
-        vocab = s.engine.core.model_config.vocab_size
+        vocab = s.engine.vocab_size
         if any(t >= vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
@@ -269,11 +271,9 @@ class _DrainingServer(uvicorn.Server):
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Serve until drained; returns the process exit code."""
-    from llmserve.engine.llm import build_engine
-
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    inst = Instance(server_config, lambda: build_engine(engine_config))
+    inst = Instance(server_config, _engine_builder(engine_config, server_config.engine_process))
     app = create_app(inst)
 
     async def main() -> int:
@@ -291,6 +291,32 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return 1 if inst.state is State.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
+
+
+def _engine_builder(engine_config: EngineConfig, in_process: bool) -> Callable[[], Any]:
+    """The engine process is forked here, before the event loop starts any thread;
+    in-thread when asked, or when this process already runs threads (fork unsafe)."""
+    from llmserve.engine import core_proc
+    from llmserve.engine.llm import build_engine, load_engine_tokenizer
+
+    if not in_process:
+        return lambda: build_engine(engine_config)
+    if not core_proc.can_fork():
+        log.warning("this process runs threads: the engine runs in a thread, not its own process")
+        return lambda: build_engine(engine_config)
+    import tempfile
+
+    try:
+        tokenizer = load_engine_tokenizer(engine_config)  # before the fork: both sides share it
+    except Exception as e:  # noqa: BLE001 - reported as the load failure, as in-thread
+        err = e
+
+        def fail():
+            raise err
+        return fail
+    handle = core_proc.start(lambda: build_engine(engine_config, tokenizer),
+                             tempfile.mkdtemp(prefix="llmserve-engine-"))
+    return lambda: ProcessEngine(handle, tokenizer)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,6 +51,9 @@ class ServerConfig:
     stream_buffer_outputs: int = 256
     drain_timeout_s: float = 30.0
     warmup: bool = True
+    # The engine core in its own process (llmserve.engine.core_proc); False: in a thread
+    # of the server process (one GIL for HTTP and the engine loop).
+    engine_process: bool = True
     # Fault injection, for canary and failover tests: a share of generation requests
     # answered 500, and latency added before each.
     fault_error_rate: float = 0.0

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from llmserve.engine.engine import EngineCore
+    from llmserve.engine.async_engine import AsyncEngine
 
 TTFT_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -25,11 +25,12 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class EngineMetrics:
     """One registry per server; label ``model_name`` as vLLM does."""
 
-    def __init__(self, core: "EngineCore", model_name: str, busy_fraction) -> None:
+    def __init__(self, engine: "AsyncEngine", model_name: str) -> None:
+        """``engine``: in-thread or in another process; either has ``snapshot()`` and
+        ``add_stats_listener()`` (the process engine replays the core's events)."""
         self.registry = CollectorRegistry()
-        self.core = core
+        self.engine = engine
         self.model_name = model_name
-        self._busy_fraction = busy_fraction
         lab = ["model_name"]
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", lab,
                               buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
@@ -40,7 +41,7 @@ class EngineMetrics:
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting before scheduling.",
                                lab, buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
         self.registry.register(_EngineCollector(self))
-        core.stats.listeners.append(self)
+        engine.add_stats_listener(self)
 
     # StatsListener -------------------------------------------------------------------
     def on_scheduled(self, queue_time: float) -> None:
@@ -63,8 +64,7 @@ class _EngineCollector:
         self.m = m
 
     def collect(self) -> Iterable[Metric]:
-        core, name = self.m.core, self.m.model_name
-        sch, kv, st = core.scheduler, core.kv, core.stats
+        snap, name = self.m.engine.snapshot(), self.m.model_name
 
         def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(metric, doc, labels=["model_name"])
@@ -76,29 +76,31 @@ class _EngineCollector:
             c.add_metric([name], value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", len(sch.running))
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", len(sch.waiting))
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", kv.usage)
+        if not snap:
+            return
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", snap["num_running"])
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", snap["num_waiting"])
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", snap["kv_cache_usage"])
         yield gauge("llmserve:busy_fraction", "Share of wall time in forward passes, recent window.",
-                    self.m._busy_fraction())
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", kv.prefix_queries)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", kv.prefix_hits)
-        yield counter("vllm:num_preemptions", "Cumulative preemptions.", sch.num_preemptions)
-        yield counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Generation tokens produced.", st.generation_tokens)
+                    snap["busy_fraction"])
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", snap["prefix_cache_queries"])
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", snap["prefix_cache_hits"])
+        yield counter("vllm:num_preemptions", "Cumulative preemptions.", snap["num_preemptions"])
+        yield counter("vllm:prompt_tokens", "Prefill tokens processed.", snap["prompt_tokens"])
+        yield counter("vllm:generation_tokens", "Generation tokens produced.", snap["generation_tokens"])
         ok = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                  labels=["model_name", "finished_reason"])
         for reason in ("stop", "length", "abort", "error"):
-            ok.add_metric([name, reason], st.finished.get(reason, 0))
+            ok.add_metric([name, reason], snap["finished"].get(reason, 0))
         yield ok
-        spec = core.spec
+        spec = snap["spec"]
         if spec is not None:
-            yield counter("vllm:spec_decode_num_drafts", "Speculative drafts proposed.", spec.num_drafts)
-            yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", spec.num_draft_tokens)
-            yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                          spec.num_accepted_tokens)
+            drafts, draft_tokens, accepted, per_pos = spec
+            yield counter("vllm:spec_decode_num_drafts", "Speculative drafts proposed.", drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", accepted)
             per = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                       "Accepted draft tokens by position.", labels=["model_name", "position"])
-            for i, n in enumerate(spec.accepted_per_pos):
+            for i, n in enumerate(per_pos):
                 per.add_metric([name, str(i)], n)
             yield per

@@ -1,0 +1,187 @@
+"""llmserve against llama.cpp's llama-server: same GGUF, same threads, HTTP streaming.
+
+    python benchmarks/peers/run.py --llama-server /root/.cache/llama-server-11434/build/bin/llama-server \\
+        --gguf ~/.cache/llmserve/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf --threads 1 --write
+
+Both servers are driven by ``llmserve bench`` (103-token distinct prompts, 128
+tokens out, ignore_eos, temperature 0, ``/v1/completions`` with ``stream``), one
+concurrency at a time, the servers alternating so that a shared machine's load
+falls on both alike. Then head-of-line: realtime requests' TTFT on an idle
+llmserve and while two clients stream 2k-token batch prompts; and each server's
+RSS (llmserve's API process plus its engine process, less its KV pool). The
+table, with the commands, goes to benchmarks/peers/README.md (``--write``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+PY = sys.executable
+HERE = Path(__file__).resolve().parent
+
+
+def wait_ready(url: str, path: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url}{path} not ready")
+
+
+def tree_rss_mb(pid: int) -> float:
+    pids, total = [pid], 0
+    while pids:
+        p = pids.pop()
+        try:
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            pids += [int(c) for c in open(f"/proc/{p}/task/{p}/children").read().split()]
+        except OSError:
+            pass
+    return total / 1024
+
+
+def bench(url: str, gguf: str, out: Path, *, concurrency: int, prompts: int, input_len: int = 103,
+          output_len: int = 128, batch_share: float = 0.0, seed: int = 0) -> list[str]:
+    cmd = [PY, "-m", "llmserve.bench", "--base-url", url + "/v1", "--endpoint", "completions", "--ignore-eos",
+           "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+           "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+           "--random-range-ratio", "0", "--tokenizer", gguf, "--num-warmups", "1", "--seed", str(seed),
+           "--batch-share", str(batch_share), "--save-result", str(out), "--disable-tqdm"]
+    return cmd
+
+
+def summary(path: Path) -> dict:
+    return json.loads(path.read_text())["summary"]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={**os.environ})
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=20)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--threads", type=int, default=2, help="llama-server -t; llmserve --threads (unset: its default)")
+    ap.add_argument("--llmserve-threads", type=int, default=None,
+                    help="llmserve's torch threads (default: its own default for this machine)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the prompt counts (quick runs: 0.5)")
+    ap.add_argument("--write", action="store_true", help="write the table into README.md")
+    ap.add_argument("--skip-hol", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="peers-"))
+    lport, mport = 8771, 8772
+    lcmd = [args.llama_server, "-m", args.gguf, "-np", "64", "-c", "32768", "-t", str(args.threads),
+            "--port", str(lport), "--host", "127.0.0.1"]
+    mcmd = [PY, "-m", "llmserve.cli", "engine", "--model", args.gguf, "--port", str(mport), "--max-num-seqs", "64"]
+    if args.llmserve_threads:
+        mcmd += ["--threads", str(args.llmserve_threads)]
+    servers = {"llama.cpp": (lcmd, f"http://127.0.0.1:{lport}", "/health"),
+               "llmserve": (mcmd, f"http://127.0.0.1:{mport}", "/ready")}
+    procs = {name: start(cmd, work / f"{name}.log") for name, (cmd, _, _) in servers.items()}
+    rows, rss, hol, cmds = [], {}, {}, [" ".join(lcmd), " ".join(mcmd)]
+    try:
+        for name, (_, url, path) in servers.items():
+            wait_ready(url, path)
+        counts = {1: 6, 16: 32, 64: 64}
+        for c in args.concurrency:
+            n = max(c, int(counts.get(c, 2 * c) * args.scale))
+            row = {"c": c}
+            order = list(servers) if c % 2 else list(servers)[::-1]  # alternate which goes first
+            for name in order:
+                url = servers[name][1]
+                out = work / f"{name}-c{c}.json"
+                cmd = bench(url, args.gguf, out, concurrency=c, prompts=n)
+                cmds.append(" ".join(cmd[1:]).replace(url, f"<{name}>"))
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                s = summary(out)
+                row[name] = s
+                print(f"c={c} {name}: {s['output_throughput']:.1f} tok/s, TPOT median "
+                      f"{s['median_tpot_ms']:.1f} ms, TTFT median {s['median_ttft_ms']:.0f} ms", flush=True)
+            rows.append(row)
+        for name in servers:
+            rss[name] = tree_rss_mb(procs[name].pid)
+        if not args.skip_hol:
+            hol = head_of_line(servers["llmserve"][1], args.gguf, work, cmds)
+    finally:
+        for p in procs.values():
+            stop(p)
+    load = os.getloadavg()
+    table = render(rows, rss, hol, cmds, load, args)
+    print(table)
+    if args.write:
+        readme = HERE / "README.md"
+        head = readme.read_text().split("<!-- results -->")[0] if readme.exists() else ""
+        readme.write_text(head + "<!-- results -->\n" + table)
+    return 0
+
+
+def head_of_line(url: str, gguf: str, work: Path, cmds: list[str]) -> dict:
+    """Realtime TTFT idle, then while two clients stream 2k-token batch prompts."""
+    idle = work / "rt-idle.json"
+    rt = bench(url, gguf, idle, concurrency=1, prompts=12, output_len=32, seed=1)
+    subprocess.run(rt, check=True, stdout=subprocess.DEVNULL)
+    bg_cmd = bench(url, gguf, work / "bg.json", concurrency=2, prompts=40, input_len=2048, output_len=64,
+                   batch_share=1.0, seed=2)
+    cmds += [" ".join(rt[1:]).replace(url, "<llmserve>"), " ".join(bg_cmd[1:]).replace(url, "<llmserve>")]
+    bg = subprocess.Popen(bg_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(8)  # both batch clients are prefilling or decoding by now
+        loaded = work / "rt-loaded.json"
+        subprocess.run(bench(url, gguf, loaded, concurrency=1, prompts=12, output_len=32, seed=3), check=True,
+                       stdout=subprocess.DEVNULL)
+    finally:
+        stop(bg)
+    a, b = summary(idle), summary(loaded)
+    return {"idle_p90": a["p90_ttft_ms"], "loaded_p90": b["p90_ttft_ms"], "idle_median": a["median_ttft_ms"],
+            "loaded_median": b["median_ttft_ms"]}
+
+
+def render(rows, rss, hol, cmds, load, args) -> str:
+    out = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+           f"load average after the run {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (a shared machine: "
+           "ratios within this one run are what counts).", "",
+           "| concurrency | llama.cpp tok/s | llmserve tok/s | ratio | llama.cpp TPOT median (ms) | "
+           "llmserve TPOT median (ms) | llama.cpp TTFT median (ms) | llmserve TTFT median (ms) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["llama.cpp"], r["llmserve"]
+        out.append(f"| {r['c']} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
+                   f"{b['output_throughput'] / a['output_throughput']:.2f}x | {a['median_tpot_ms']:.1f} | "
+                   f"{b['median_tpot_ms']:.1f} | {a['median_ttft_ms']:.0f} | {b['median_ttft_ms']:.0f} |")
+    out += ["", f"RSS after the runs (MB): llama.cpp {rss.get('llama.cpp', 0):.0f}, llmserve (API + engine "
+                f"process, KV pool included) {rss.get('llmserve', 0):.0f}."]
+    if hol:
+        out += ["", "Head-of-line (llmserve, defaults): realtime TTFT p90 "
+                    f"{hol['idle_p90']:.0f} ms idle, {hol['loaded_p90']:.0f} ms while two clients stream "
+                    f"2,048-token batch prompts ({hol['loaded_p90'] / hol['idle_p90']:.2f}x; medians "
+                    f"{hol['idle_median']:.0f} / {hol['loaded_median']:.0f} ms)."]
+    out += ["", "Commands:", "", "```", f"python benchmarks/peers/run.py {' '.join(sys.argv[1:])}", *cmds, "```", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

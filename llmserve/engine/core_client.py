@@ -1,0 +1,263 @@
+"""``AsyncEngine``'s interface over an engine core in another process.
+
+The API process keeps the tokenizer: it tokenises and validates a request at once
+(bad input fails fast, as in-thread), sends it, and hands each output to the
+request's stream from one reader task on the event loop. The engine process
+(``llmserve.engine.core_proc``) sends one message per step with every output of
+that step, the stats events for the Prometheus histograms, and now and then a
+snapshot that ``/load`` and ``/metrics`` read.
+
+Death: a ``dead`` message (a step failed for the whole batch) or the child found
+gone (``waitpid``; killed, crashed) ends every stream with ``EngineDeadError`` and
+makes ``is_alive()`` False, so ``/ready`` answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from llmserve.engine.async_engine import EngineDeadError, RequestFailedError
+from llmserve.engine.core_proc import EngineProcHandle
+from llmserve.engine.engine import EngineCore
+from llmserve.engine.outputs import RequestOutput
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.wire import decode_output, encode_request, pack, unpack
+
+log = logging.getLogger(__name__)
+
+WATCH_EVERY_S = 0.2
+
+
+@dataclass
+class _Front:
+    """What ``EngineCore.prepare_request`` reads, without a core: it reads no other state."""
+
+    tokenizer: Any
+    model_config: Any
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+    prepare_request = EngineCore.prepare_request
+
+
+@dataclass
+class _VocabOnly:
+    vocab_size: int
+
+
+class ProcessEngine:
+    def __init__(self, handle: EngineProcHandle, tokenizer: Any) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self.handle = handle
+        self.tokenizer = tokenizer
+        self.death: str | None = None
+        self.last_heartbeat = time.monotonic()
+        self.info: dict[str, Any] = {}
+        self._exit_code: int | None = None
+        self._ctx = zmq.asyncio.Context()
+        self._tx = self._ctx.socket(zmq.PUSH)
+        self._tx.setsockopt(zmq.LINGER, 0)
+        self._tx.bind(handle.in_addr)
+        self._rx = self._ctx.socket(zmq.PULL)
+        self._rx.bind(handle.out_addr)
+        self._streams: dict[str, tuple[asyncio.Queue, list[int], str | None]] = {}
+        self._listeners: list[Any] = []
+        self._snapshot: dict[str, Any] = {}
+        self._ids = itertools.count()
+        self._front: _Front | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- start ------------------------------------------------------------------------
+    async def connect(self) -> "ProcessEngine":
+        """Wait for the child's ``ready`` (raising its build error), then start reading."""
+        while True:
+            if await self._rx.poll(int(WATCH_EVERY_S * 1000)):
+                msg = unpack(await self._rx.recv())
+                if msg[0] == "failed":
+                    self._reap(block=True)
+                    raise RuntimeError(msg[1])
+                if msg[0] == "ready":
+                    break
+            elif self._child_gone():
+                raise RuntimeError(f"the engine process exited during start ({self._exit_code})")
+        self.info = info = msg[1]
+        self._front = _Front(self.tokenizer if info["has_tokenizer"] else None, _VocabOnly(info["vocab_size"]),
+                             info["max_model_len"], frozenset(info["eos_token_ids"]))
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+        return self
+
+    # ---- the AsyncEngine interface ---------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.info["max_model_len"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info["vocab_size"]
+
+    @property
+    def model_name(self) -> str:
+        return self.info["model_name"]
+
+    def is_alive(self) -> bool:
+        if self.death is None and self._child_gone():
+            self._die(f"the engine process exited ({self._exit_code})")
+        return self.death is None
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    *, priority: int | str | None = 0, cache_salt: str | None = None,
+                    arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        if not self.is_alive():
+            raise EngineDeadError(f"the engine is not running: {self.death}")
+        rid = request_id or f"req-{next(self._ids)}"
+        req, text = self._front.prepare_request(rid, prompt, params, priority=priority, cache_salt=cache_salt,
+                                                arrival_time=arrival_time)
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = (q, req.prompt_token_ids, text)
+        self._send(["add", encode_request(req, text)])
+        return self._stream(rid, q)
+
+    async def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.error is not None:
+                    finished = True
+                    raise RequestFailedError(item)
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
+                       **kw: Any) -> AsyncIterator[RequestOutput]:
+        async for out in self.add_request(prompt, params, request_id, **kw):
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        if self.death is None:
+            self._send(["abort", request_id])
+
+    def load_snapshot(self) -> dict[str, Any]:
+        return dict(self._snapshot)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._snapshot
+
+    def add_stats_listener(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._exit_code is None:
+            try:
+                self._send(["shutdown"])
+            except Exception:  # noqa: BLE001 - the socket may be gone; the kill below still ends it
+                pass
+            deadline = time.monotonic() + timeout
+            while not self._child_gone() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self._exit_code is None:
+                os.kill(self.handle.pid, signal.SIGKILL)
+                self._reap(block=True)
+        self._tx.close(0)
+        self._rx.close(0)
+        self._ctx.term()
+        shutil.rmtree(self.handle.ipc_dir, ignore_errors=True)
+
+    # ---- inside ---------------------------------------------------------------------------
+    def _send(self, msg: list) -> None:
+        self._tx.send(pack(msg))  # (a PUSH to a connected peer queues; the future needs no await)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msg = unpack(await self._rx.recv())
+                self.last_heartbeat = time.monotonic()
+                kind = msg[0]
+                if kind == "out":
+                    self._deliver(msg[1], msg[2], msg[3])
+                elif kind == "error":
+                    _, rid, what, text = msg
+                    self._put(rid, ValueError(text) if what == "value" else RuntimeError(text))
+                elif kind == "dead":
+                    self._die(msg[1])
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a reader that stops would leave every stream hanging
+            log.exception("the engine reader failed")
+            self._die(f"the engine reader failed: {type(e).__name__}: {e}")
+
+    def _deliver(self, outs: list, events: list, snap: dict | None) -> None:
+        for m in outs:
+            target = self._streams.get(m[0])
+            if target is not None:
+                q, ids, text = target
+                q.put_nowait(decode_output(m, ids, text))
+        for ev in events:
+            for lst in self._listeners:
+                getattr(lst, ev[0])(*ev[1:])
+        if snap is not None:
+            self._snapshot = snap
+
+    async def _watch(self) -> None:
+        while self.death is None:
+            await asyncio.sleep(WATCH_EVERY_S)
+            self.is_alive()
+
+    def _put(self, rid: str, item: Any) -> None:
+        target = self._streams.get(rid)
+        if target is not None:
+            target[0].put_nowait(item)
+
+    def _die(self, reason: str) -> None:
+        if self.death is not None:
+            return
+        self.death = reason
+        log.error("engine process dead: %s", reason)
+        err = EngineDeadError(reason)
+        for q, _, _ in list(self._streams.values()):
+            q.put_nowait(err)
+        if not self._child_gone():
+            try:
+                os.kill(self.handle.pid, signal.SIGKILL)  # a step failed: nothing more to serve from it
+            except ProcessLookupError:
+                pass
+            self._reap(block=True)
+
+    def _child_gone(self) -> bool:
+        if self._exit_code is None:
+            self._reap(block=False)
+        return self._exit_code is not None
+
+    def _reap(self, block: bool) -> None:
+        if self._exit_code is not None:
+            return
+        try:
+            pid, status = os.waitpid(self.handle.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self._exit_code = -1
+            return
+        if pid:
+            self._exit_code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)

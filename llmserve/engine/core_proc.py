@@ -1,0 +1,210 @@
+"""The engine core in a process of its own: a busy loop behind two ZeroMQ sockets.
+
+vLLM v1's EngineCoreProc shape. In one process the event loop (HTTP, SSE) and the
+engine thread took turns on one GIL, and a step's OpenMP threads waited for
+whichever of them held it: with two torch threads a single stream's time per
+token doubled. Here the API process only tokenises, streams and speaks HTTP; the
+child owns the scheduler, the model and its cores.
+
+The child is forked (not spawned) so it starts with the parent's imports done:
+``start`` must run while the parent has one thread (before the event loop), and
+the child creates its own ZeroMQ context after the fork. Messages are msgpack
+lists (``llmserve.engine.wire``), never pickle:
+
+- in (PULL): ``["add", request]``, ``["abort", id]``, ``["shutdown"]``;
+- out (PUSH): ``["ready", info]`` or ``["failed", why]`` once, then per step
+  ``["out", outputs, stats_events, snapshot_or_None]``, ``["error", id, kind, msg]``
+  when a request is refused, and ``["dead", why]`` before the child exits when a
+  step fails for the whole batch.
+
+The child ignores SIGTERM/SIGINT (the API process drains, then says shutdown)
+and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from llmserve.engine.wire import decode_request, encode_output, pack, unpack
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_EVERY_S = 0.05  # /load and /metrics read the last one; a step is ~10 ms
+IDLE_POLL_MS = 1000
+
+
+@dataclass(slots=True)
+class EngineProcHandle:
+    """What the parent holds of a started child."""
+
+    pid: int
+    in_addr: str
+    out_addr: str
+    ipc_dir: str
+
+
+def can_fork() -> bool:
+    """Fork only from a single-threaded process: a thread's held lock would be copied locked."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return threading.active_count() == 1
+
+
+def start(build: Callable[[], Any], ipc_dir: str) -> EngineProcHandle:
+    """Fork the engine process; it builds its core with ``build()`` and serves the loop."""
+    in_addr, out_addr = f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(build, in_addr, out_addr)  # never returns
+    return EngineProcHandle(pid, in_addr, out_addr, ipc_dir)
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
+    code = 1
+    try:
+        _die_with_parent()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        import zmq
+
+        ctx = zmq.Context()
+        rx = ctx.socket(zmq.PULL)
+        rx.connect(in_addr)
+        tx = ctx.socket(zmq.PUSH)
+        tx.setsockopt(zmq.LINGER, 2000)
+        tx.connect(out_addr)
+        try:
+            core = build()
+        except Exception as e:  # noqa: BLE001 - the parent reports it on /health
+            log.exception("engine build failed")
+            tx.send(pack(["failed", f"{type(e).__name__}: {e}"]))
+            tx.close()
+            return
+        code = EngineCoreProc(core, rx, tx).run()
+        tx.close()
+    except BaseException:  # noqa: BLE001 - say why in the log, then exit non-zero
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class _Recorder:
+    """Collects the core's stats-listener calls to replay them in the API process."""
+
+    def __init__(self) -> None:
+        self.events: list[list] = []
+
+    def on_scheduled(self, queue_time: float) -> None:
+        self.events.append(["on_scheduled", queue_time])
+
+    def on_first_token(self, ttft: float) -> None:
+        self.events.append(["on_first_token", ttft])
+
+    def on_tokens(self, n: int, gap: float | None) -> None:
+        self.events.append(["on_tokens", n, gap])
+
+    def on_finished(self, reason: str, e2e: float, prompt_tokens: int, output_tokens: int) -> None:
+        self.events.append(["on_finished", reason, e2e, prompt_tokens, output_tokens])
+
+    def take(self) -> list[list]:
+        ev, self.events = self.events, []
+        return ev
+
+
+def ready_info(core) -> dict[str, Any]:
+    tok = core.tokenizer
+    return {"max_model_len": core.max_model_len, "vocab_size": core.model_config.vocab_size,
+            "model_name": core.model_config.name, "eos_token_ids": sorted(core.eos_token_ids),
+            "has_tokenizer": tok is not None, "pid": os.getpid(), "threads": _torch_threads()}
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+class EngineCoreProc:
+    """The child's loop: drain commands, step, send the step's outputs in one message."""
+
+    def __init__(self, core, rx, tx) -> None:
+        from llmserve.engine.stats import core_snapshot
+
+        self.core, self.rx, self.tx = core, rx, tx
+        self._snapshot = core_snapshot
+        self.rec = _Recorder()
+        core.stats.listeners.append(self.rec)
+        self._last_snap = 0.0
+
+    def run(self) -> int:
+        import zmq
+
+        core = self.core
+        self.tx.send(pack(["ready", ready_info(core)]))
+        self.tx.send(pack(["out", [], [], self._snapshot(core)]))
+        poller = zmq.Poller()
+        poller.register(self.rx, zmq.POLLIN)
+        while True:
+            busy = core.has_unfinished()
+            if poller.poll(0 if busy else IDLE_POLL_MS):
+                while True:
+                    try:
+                        msg = unpack(self.rx.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    if msg[0] == "shutdown":
+                        return 0
+                    self._command(msg)
+            if not core.has_unfinished():
+                if busy:  # just went idle: /load should say so
+                    self._send([], force=True)
+                continue
+            try:
+                outputs = core.step()
+            except Exception as e:  # noqa: BLE001 - the batch itself failed: this engine is done
+                log.exception("engine step failed for the whole batch; the engine is dead")
+                self.tx.send(pack(["dead", f"engine step failed: {type(e).__name__}: {e}"]))
+                return 1
+            self._send(outputs, force=any(o.finished for o in outputs))
+
+    def _command(self, msg: list) -> None:
+        kind = msg[0]
+        if kind == "add":
+            req, text = decode_request(msg[1])
+            try:
+                self.core.enqueue(req, text)
+            except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
+                self.tx.send(pack(["error", req.request_id, "value" if isinstance(e, ValueError) else "other",
+                                   str(e)]))
+        elif kind == "abort":
+            out = self.core.abort_request(msg[1])
+            if out is not None:
+                self._send([out], force=True)
+
+    def _send(self, outputs: list, force: bool) -> None:
+        now = time.monotonic()
+        snap = None
+        if force or now - self._last_snap >= SNAPSHOT_EVERY_S:
+            snap = self._snapshot(self.core)
+            self._last_snap = now
+        self.tx.send(pack(["out", [encode_output(o) for o in outputs], self.rec.take(), snap]))

@@ -1,0 +1,142 @@
+"""The engine core in its own process: same tokens as in-thread, abort, death."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+
+import pytest
+
+from llmserve.engine import core_proc
+from llmserve.engine.async_engine import AsyncEngine, EngineDeadError
+from llmserve.engine.config import EngineConfig
+from llmserve.engine.core_client import ProcessEngine
+from llmserve.engine.llm import build_engine, load_engine_tokenizer
+from llmserve.engine.outputs import RequestOutput
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.wire import decode_output, decode_request, encode_output, encode_request, pack, unpack
+from tests.helpers import make_tiny_llama
+
+PROMPTS = {"a": [5, 6, 7, 8, 9, 10], "b": [11, 12, 13], "c": [20, 21, 22, 23, 24, 25, 26, 27, 28]}
+PARAMS = {"a": SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
+          "b": SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
+          "c": SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.3, ignore_eos=True)}
+LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=512)
+    # One torch thread: the child is forked from the test process, which has used torch.
+    return EngineConfig(model=str(path), threads=1, dtype="fp32")
+
+
+async def _start(config) -> ProcessEngine:
+    tok = load_engine_tokenizer(config)
+    handle = core_proc.start(lambda: build_engine(config, tok), tempfile.mkdtemp(prefix="llmserve-test-"))
+    return await ProcessEngine(handle, tok).connect()
+
+
+async def _finals(engine) -> dict[str, RequestOutput]:
+    async def one(rid):
+        deltas, last = [], None
+        async for out in engine.add_request(PROMPTS[rid], PARAMS[rid], rid):
+            deltas += out.outputs[0].delta_token_ids
+            last = out
+        assert deltas == last.outputs[0].token_ids  # the deltas add up to the final output
+        return last
+
+    outs = await asyncio.gather(*(one(r) for r in PROMPTS))
+    return dict(zip(PROMPTS, outs))
+
+
+def test_the_wire_carries_requests_and_outputs_as_data():
+    from llmserve.engine.request import Request
+
+    req = Request("r", [1, 2], PARAMS["b"], 12, arrival_time=3.5, priority=1, cache_salt="s",
+                  eos_token_ids=frozenset({2}))
+    back, text = decode_request(unpack(pack(encode_request(req, "hi"))))
+    assert (back.request_id, back.prompt_token_ids, back.sampling_params, back.max_tokens, back.priority,
+            back.cache_salt, back.eos_token_ids, text) == ("r", [1, 2], PARAMS["b"], 12, 1, "s", frozenset({2}),
+                                                            "hi")
+
+
+async def test_outputs_equal_the_in_thread_engine_token_for_token(config):
+    local = AsyncEngine(build_engine(config))
+    try:
+        want = await _finals(local)
+    finally:
+        local.shutdown()
+    eng = await _start(config)
+    try:
+        got = await _finals(eng)
+        for rid in PROMPTS:
+            w, g = want[rid].outputs[0], got[rid].outputs[0]
+            assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text, w.finish_reason)
+            assert got[rid].prompt_token_ids == PROMPTS[rid]
+        lp_w, lp_g = want["a"].outputs[0].logprobs, got["a"].outputs[0].logprobs
+        assert [(x.token_id, x.top) for x in lp_g] == [(x.token_id, x.top) for x in lp_w]
+        snap = eng.load_snapshot()
+        assert snap["num_running"] == 0 and snap["finished"]["length"] == 3
+    finally:
+        eng.shutdown()
+
+
+async def test_abort_frees_the_request_and_the_engine_goes_on(config):
+    eng = await _start(config)
+    try:
+        stream = eng.add_request(PROMPTS["a"], LONG, "long")
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 3:
+                break
+        await stream.aclose()  # the client went away: an abort
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if eng.load_snapshot().get("num_running") == 0 and eng.load_snapshot()["finished"].get("abort"):
+                break
+        snap = eng.load_snapshot()
+        assert snap["num_running"] == 0 and snap["kv_cache_usage"] == 0.0 and snap["finished"]["abort"] == 1
+        with pytest.raises(ValueError, match="maximum context length"):  # refused here, at once
+            eng.add_request(PROMPTS["a"], SamplingParams(max_tokens=10_000), "too-long")
+        again = await _finals(eng)
+        assert all(o.finished for o in again.values())
+    finally:
+        eng.shutdown()
+
+
+async def test_a_killed_engine_process_ends_every_stream_and_is_dead(config):
+    eng = await _start(config)
+    try:
+        stream = eng.add_request(PROMPTS["a"], LONG, "long")
+        await stream.__anext__()
+        os.kill(eng.handle.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exited"):
+            async for _ in stream:
+                pass
+        assert not eng.is_alive() and "-9" in eng.death
+        with pytest.raises(EngineDeadError):
+            eng.add_request(PROMPTS["b"], PARAMS["b"])
+    finally:
+        eng.shutdown()
+
+
+async def test_a_build_failure_is_raised_by_connect(config, tmp_path):
+    bad = EngineConfig(model=str(tmp_path / "missing"), threads=1)
+    handle = core_proc.start(lambda: build_engine(bad), tempfile.mkdtemp(prefix="llmserve-test-"))
+    eng = ProcessEngine(handle, None)
+    with pytest.raises(RuntimeError):
+        await eng.connect()
+    eng.shutdown()
+
+
+def test_encode_output_round_trip():
+    from llmserve.engine.outputs import CompletionOutput, RequestMetrics, TokenLogprob
+
+    lp = [TokenLogprob(3, -0.5, [(3, -0.5), (4, -1.0)])]
+    out = RequestOutput("r", [1], [CompletionOutput(0, "ab", [3], "stop", 3, lp, "b", [3], lp)], True, None, 1,
+                        RequestMetrics(1.0, 2.0, 3.0, 4.0, 5.0), None)
+    assert decode_output(unpack(pack(encode_output(out))), [1], None) == out
