@@ -77,6 +77,10 @@ class AsyncEngine:
     def load_snapshot(self) -> dict[str, Any]:
         return self.core.load_snapshot()
 
+    def compile_grammar(self, params: SamplingParams):
+        """Compile (and cache) a structured output's grammar; safe from a worker thread."""
+        return self.core.compile_grammar(params)
+
     def snapshot(self) -> dict[str, Any]:
         """What /metrics reads (``core_snapshot``); the same shape as the process engine's."""
         from llmserve.engine.stats import core_snapshot

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ class _Front:
 
     prepare_request = EngineCore.prepare_request
 
+    @staticmethod
+    def compile_grammar(params: Any) -> None:
+        """Grammars are compiled where they run, in the engine process (a compiled one
+        cannot cross the wire); schemas were already checked at the edge."""
+        return None
+
 
 @dataclass
 class _VocabOnly:
@@ -64,6 +71,8 @@ class ProcessEngine:
         self.death: str | None = None
         self.last_heartbeat = time.monotonic()
         self.info: dict[str, Any] = {}
+        self._grammar = None  # built with the first structured-output request
+        self._grammar_lock = threading.Lock()
         self._exit_code: int | None = None
         self._ctx = zmq.asyncio.Context()
         self._tx = self._ctx.socket(zmq.PUSH)
@@ -98,6 +107,19 @@ class ProcessEngine:
         return self
 
     # ---- the AsyncEngine interface ---------------------------------------------------------
+    def compile_grammar(self, params: SamplingParams):
+        """Check a structured output's grammar here, before the first byte: a bad one is the
+        client's 400. The engine process compiles its own copy (none crosses the wire)."""
+        if params.structured_outputs is None:
+            return None
+        with self._grammar_lock:
+            if self._grammar is None:
+                from llmserve.engine.guided import GuidedDecoding
+
+                self._grammar = GuidedDecoding.for_tokenizer(self.tokenizer, self.vocab_size,
+                                                             self._front.eos_token_ids)
+        return self._grammar.backend.compile(params.structured_outputs)
+
     @property
     def max_model_len(self) -> int:
         return self.info["max_model_len"]

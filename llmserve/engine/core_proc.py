@@ -192,6 +192,8 @@ class EngineCoreProc:
         if kind == "add":
             req, text = decode_request(msg[1])
             try:
+                if req.sampling_params.structured_outputs is not None:
+                    req.grammar = self.core.compile_grammar(req.sampling_params)
                 self.core.enqueue(req, text)
             except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
                 self.tx.send(pack(["error", req.request_id, "value" if isinstance(e, ValueError) else "other",

@@ -7,14 +7,14 @@ lists. Both ends run the same code, so positional lists are enough and cheap.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 import msgpack
 
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from llmserve.engine.request import Request
-from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _SP_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
@@ -31,13 +31,18 @@ def unpack(data: bytes) -> Any:
 # ---- requests ---------------------------------------------------------------------------
 def encode_request(req: Request, prompt_text: str | None) -> list:
     sp = req.sampling_params
-    return [req.request_id, req.prompt_token_ids, {k: getattr(sp, k) for k in _SP_FIELDS},
+    fields_ = {k: getattr(sp, k) for k in _SP_FIELDS}
+    if sp.structured_outputs is not None:  # the constraint as data; the engine compiles it
+        fields_["structured_outputs"] = asdict(sp.structured_outputs)
+    return [req.request_id, req.prompt_token_ids, fields_,
             req.max_tokens, req.arrival_time, req.priority, req.cache_salt, sorted(req.eos_token_ids),
             prompt_text]
 
 
 def decode_request(m: list) -> tuple[Request, str | None]:
     rid, ids, sp, max_tokens, arrival, prio, salt, eos, text = m
+    if sp.get("structured_outputs") is not None:
+        sp["structured_outputs"] = StructuredOutputsParams(**sp["structured_outputs"])
     req = Request(rid, ids, SamplingParams(**sp), max_tokens, arrival_time=arrival, priority=prio,
                   cache_salt=salt, eos_token_ids=frozenset(eos))
     return req, text

@@ -113,7 +113,7 @@ class OpenAIServing:
         if sp.structured_outputs is None:
             return
         try:
-            await asyncio.to_thread(self.engine.core.compile_grammar, sp)
+            await asyncio.to_thread(self.engine.compile_grammar, sp)
         except InvalidParameterError as e:
             field = (r.constraints() or ["tools"])[0]
             raise APIError(400, f"{field}: {str(e).removeprefix(e.param + ' ')}", param=field,
