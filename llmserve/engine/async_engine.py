@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from llmserve.engine.engine import EngineCore
@@ -42,6 +42,28 @@ class RequestFailedError(RuntimeError):
     def __init__(self, output: RequestOutput) -> None:
         super().__init__(output.error or "the request failed")
         self.output = output
+
+
+async def request_stream(q: asyncio.Queue, on_close: Callable[[bool], None]) -> AsyncIterator[RequestOutput]:
+    """One request's outputs from its queue, for both engines (thread and process): an
+    exception put there is raised, a failed output raises RequestFailedError, the
+    final output ends it; ``on_close(finished)`` runs however the consumer leaves."""
+    finished = False
+    try:
+        while True:
+            item = await q.get()
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            if item.error is not None:
+                finished = True
+                raise RequestFailedError(item)
+            yield item
+            if item.finished:
+                finished = True
+                return
+    finally:
+        on_close(finished)
 
 
 class AsyncEngine:
@@ -116,25 +138,13 @@ class AsyncEngine:
             q.put_nowait(EngineDeadError(f"the engine died: {self.death}"))
         return self._stream(rid, q)
 
-    async def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                if item.error is not None:
-                    finished = True
-                    raise RequestFailedError(item)
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            self._streams.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        return request_stream(q, lambda finished: self._close_stream(rid, finished))
+
+    def _close_stream(self, rid: str, finished: bool) -> None:
+        self._streams.pop(rid, None)
+        if not finished:
+            self.abort(rid)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        **kw: Any) -> AsyncIterator[RequestOutput]:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from llmserve.engine.async_engine import EngineDeadError, RequestFailedError
+from llmserve.engine.async_engine import EngineDeadError, request_stream
 from llmserve.engine.core_proc import EngineProcHandle
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.outputs import RequestOutput
@@ -150,25 +150,13 @@ class ProcessEngine:
         self._send(["add", encode_request(req, text)])
         return self._stream(rid, q)
 
-    async def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                if item.error is not None:
-                    finished = True
-                    raise RequestFailedError(item)
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            self._streams.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        return request_stream(q, lambda finished: self._close_stream(rid, finished))
+
+    def _close_stream(self, rid: str, finished: bool) -> None:
+        self._streams.pop(rid, None)
+        if not finished:
+            self.abort(rid)
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
                        **kw: Any) -> AsyncIterator[RequestOutput]:
