@@ -77,7 +77,12 @@ async def test_outputs_equal_the_in_thread_engine_token_for_token(config):
             assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text, w.finish_reason)
             assert got[rid].prompt_token_ids == PROMPTS[rid]
         lp_w, lp_g = want["a"].outputs[0].logprobs, got["a"].outputs[0].logprobs
-        assert [(x.token_id, x.top) for x in lp_g] == [(x.token_id, x.top) for x in lp_w]
+        # Same tokens and top ids; values within fp32 noise: which requests share a step
+        # (and so the order of a sum) depends on timing, in one engine as in the other.
+        assert [(x.token_id, [t for t, _ in x.top]) for x in lp_g] == \
+            [(x.token_id, [t for t, _ in x.top]) for x in lp_w]
+        assert all(abs(a - b) < 1e-4 for xg, xw in zip(lp_g, lp_w)
+                   for (_, a), (_, b) in zip(xg.top, xw.top))
         snap = eng.load_snapshot()
         assert snap["num_running"] == 0 and snap["finished"]["length"] == 3
     finally:
