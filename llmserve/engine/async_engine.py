@@ -66,7 +66,29 @@ async def request_stream(q: asyncio.Queue, on_close: Callable[[bool], None]) -> 
         on_close(finished)
 
 
-class AsyncEngine:
+class RequestStreams:
+    """What both engines (thread and process) do with a request's stream once added:
+    hand it out, and on close forget it (aborting it if it had not finished).
+    The engine provides ``_streams`` (by request id), ``add_request`` and ``abort``."""
+
+    _streams: dict
+
+    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        return request_stream(q, lambda finished: self._close_stream(rid, finished))
+
+    def _close_stream(self, rid: str, finished: bool) -> None:
+        self._streams.pop(rid, None)
+        if not finished:
+            self.abort(rid)  # type: ignore[attr-defined]
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       **kw: Any) -> AsyncIterator[RequestOutput]:
+        """``add_request`` and iterate, as one async generator."""
+        async for out in self.add_request(prompt, params, request_id, **kw):  # type: ignore[attr-defined]
+            yield out
+
+
+class AsyncEngine(RequestStreams):
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
@@ -137,20 +159,6 @@ class AsyncEngine:
         if self.death is not None:  # died after the check above: its sweep may have missed this stream
             q.put_nowait(EngineDeadError(f"the engine died: {self.death}"))
         return self._stream(rid, q)
-
-    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        return request_stream(q, lambda finished: self._close_stream(rid, finished))
-
-    def _close_stream(self, rid: str, finished: bool) -> None:
-        self._streams.pop(rid, None)
-        if not finished:
-            self.abort(rid)
-
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       **kw: Any) -> AsyncIterator[RequestOutput]:
-        """``add_request`` and iterate, as one async generator."""
-        async for out in self.add_request(prompt, params, request_id, **kw):
-            yield out
 
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id, None))

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from llmserve.engine.async_engine import EngineDeadError, request_stream
+from llmserve.engine.async_engine import EngineDeadError, RequestStreams
 from llmserve.engine.core_proc import EngineProcHandle
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.outputs import RequestOutput
@@ -61,7 +61,7 @@ class _VocabOnly:
     vocab_size: int
 
 
-class ProcessEngine:
+class ProcessEngine(RequestStreams):
     def __init__(self, handle: EngineProcHandle, tokenizer: Any) -> None:
         import zmq
         import zmq.asyncio
@@ -149,19 +149,6 @@ class ProcessEngine:
         self._streams[rid] = (q, req.prompt_token_ids, text)
         self._send(["add", encode_request(req, text)])
         return self._stream(rid, q)
-
-    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        return request_stream(q, lambda finished: self._close_stream(rid, finished))
-
-    def _close_stream(self, rid: str, finished: bool) -> None:
-        self._streams.pop(rid, None)
-        if not finished:
-            self.abort(rid)
-
-    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
-                       **kw: Any) -> AsyncIterator[RequestOutput]:
-        async for out in self.add_request(prompt, params, request_id, **kw):
-            yield out
 
     def abort(self, request_id: str) -> None:
         if self.death is None:
