@@ -26,6 +26,7 @@ from llmserve.engine.guided import GuidedDecoding
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
+from llmserve.engine.resume import check_resume, prime
 from llmserve.engine.runner import ModelRunner
 from llmserve.engine.sampler import SampleRow, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -112,16 +113,21 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
-                    arrival_time: float | None = None) -> Request:
-        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
+                    arrival_time: float | None = None, resume_token_ids: list[int] | None = None) -> Request:
+        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input.
+
+        ``resume_token_ids``: output already generated (elsewhere: a resumed stream, see
+        ``engine/resume.py``); it counts as this request's own output."""
         req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority,
-                                                cache_salt=cache_salt, arrival_time=arrival_time)
+                                                cache_salt=cache_salt, arrival_time=arrival_time,
+                                                resume_token_ids=resume_token_ids)
         self.enqueue(req, prompt_text)
         return req
 
     def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                         *, priority: int | str | None = 0, cache_salt: str | None = None,
-                        arrival_time: float | None = None) -> tuple[Request, str | None]:
+                        arrival_time: float | None = None,
+                        resume_token_ids: list[int] | None = None) -> tuple[Request, str | None]:
         """Tokenise and check a request without touching engine state (safe from any thread)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -155,8 +161,10 @@ class EngineCore:
             raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
         grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
+        resumed = check_resume(resume_token_ids, vocab, max_tokens)
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar)
+                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar,
+                      all_token_ids=prompt_ids + resumed)
         return req, prompt_text
 
     @property
@@ -192,6 +200,8 @@ class EngineCore:
                        logprobs=[] if params.logprobs is not None else None,
                        hold_back=max((len(s) for s in params.stop), default=1) - 1)
         matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+        if req.num_output_tokens:
+            prime(track, req.output_token_ids)
         self.scheduler.add_request(req)
         self._tracks[req.request_id] = track
         if matcher is not None:
