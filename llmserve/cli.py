@@ -178,6 +178,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="run the engine core in a thread of the server process, not its own process")
     g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
     g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
+    g.add_argument("--fault-chunk-latency-ms", type=float, default=0.0,
+                   help="testing: latency added before each streamed chunk")
     g.add_argument("--startup-delay", type=float, default=0.0,
                    help="seconds to wait before loading the model (simulates a slow cold start)")
     g.add_argument("--log-level", default="warning")
@@ -201,7 +203,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
         engine_process=not args.engine_in_thread,
-        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
+        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms,
+        fault_chunk_latency_ms=args.fault_chunk_latency_ms, startup_delay_s=args.startup_delay,
         log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
                                            header_timeout_s="header_timeout", body_timeout_s="body_timeout",
                                            send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",

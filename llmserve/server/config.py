@@ -58,6 +58,7 @@ class ServerConfig:
     # answered 500, and latency added before each.
     fault_error_rate: float = 0.0
     fault_latency_ms: float = 0.0
+    fault_chunk_latency_ms: float = 0.0  # before each streamed chunk: keeps a stream in flight
     # Seconds to wait before loading the model: stands in for a slow cold start.
     startup_delay_s: float = 0.0
     log_level: str = "warning"
