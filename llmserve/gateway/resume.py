@@ -86,7 +86,7 @@ def open_resume(body: dict, content: bytes, stream: bool, max_resumes: int) -> t
 class ResumeState:
     """One stream's resume bookkeeping: the token ids the client has, its head, the resumes left."""
 
-    __slots__ = ("done", "head", "ids", "resumes", "strip", "upstream_head", "why_not")
+    __slots__ = ("done", "head", "ids", "instance", "resumes", "strip", "upstream_head", "why_not")
 
     def __init__(self, body: dict) -> None:
         self.why_not = not_resumable(body)
@@ -96,10 +96,11 @@ class ResumeState:
         self.upstream_head: bytes | None = None  # the current upstream's, when it differs
         self.resumes = 0
         self.done = False
+        self.instance = ""
 
     def start(self, inst: Instance) -> None:
         """A new upstream's events follow (the first, or a resumed one)."""
-        self.upstream_head = None
+        self.upstream_head, self.instance = None, inst.instance_id
         if self.why_not is None and not is_engine(inst):
             self.why_not = (f"instance {inst.instance_id} is not an llmserve engine: it cannot continue "
                             "a stream by token ids")
@@ -113,11 +114,15 @@ class ResumeState:
             i = events.find(_DEAD)
             events, failed = events[:events.rfind(b"data: ", 0, i)], True
         if self.why_not is None:
+            found = 0
             for m in _IDS.finditer(events):
+                found += 1
                 if m.group(1):
                     self.ids += map(int, m.group(1).split(b", "))
-            if self.strip:
-                events = _IDS.sub(b"", events)
+            if found < events.count(b'"choices": [{'):  # an instance that ignores return_token_ids
+                self.why_not = f"instance {self.instance} sent chunks without their token ids"
+        if self.strip:
+            events = _IDS.sub(b"", events)
         m = _HEAD.search(events) if self.upstream_head is None else None
         if m is not None:
             if self.head is None:
