@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The instance writes a chunk's ids as its choice's last key (server/responses.py), with
-# json.dumps' separators; a '"' after ', ' cannot be inside a JSON string.
-_IDS = re.compile(rb', "token_ids": \[([0-9, ]*)\]')
+# json.dumps' separators; a '"' after ', ' cannot be inside a JSON string. Found with
+# bytes.find: a regular expression costs ~10 us an event, several times the rest.
+_IDS_KEY = b', "token_ids": ['
 # A chunk's head: the stream's id, object and created (server/responses.py ResponseMeta).
 _HEAD = re.compile(rb'data: (\{"id": "[^"\\]*", "object": "[a-z._]*", "created": [0-9]+)')
 _DEAD = b'"code": "engine_dead"'  # the instance's engine died: an instance failure
@@ -83,6 +84,23 @@ def open_resume(body: dict, content: bytes, stream: bool, max_resumes: int) -> t
     return state, content[:i] + b'"return_token_ids": true, ' + content[i:]
 
 
+def _take_ids(events: bytes, ids: list[int], strip: bool = True) -> tuple[bytes, int]:
+    """Append the token ids in ``events`` to ``ids``; the events without them if ``strip``,
+    and how many chunks had them."""
+    parts, found, at = [], 0, 0
+    while (i := events.find(_IDS_KEY, at)) >= 0:
+        j = events.index(b"]", i)
+        inner = events[i + len(_IDS_KEY):j]
+        if inner:
+            ids += map(int, inner.split(b",")) if b"," in inner else (int(inner),)
+        parts.append(events[at:i])
+        at, found = j + 1, found + 1
+    if not strip or not found:
+        return events, found
+    parts.append(events[at:])
+    return b"".join(parts), found
+
+
 class ResumeState:
     """One stream's resume bookkeeping: the token ids the client has, its head, the resumes left."""
 
@@ -114,15 +132,11 @@ class ResumeState:
             i = events.find(_DEAD)
             events, failed = events[:events.rfind(b"data: ", 0, i)], True
         if self.why_not is None:
-            found = 0
-            for m in _IDS.finditer(events):
-                found += 1
-                if m.group(1):
-                    self.ids += map(int, m.group(1).split(b", "))
+            events, found = _take_ids(events, self.ids, self.strip)
             if found < events.count(b'"choices": [{'):  # an instance that ignores return_token_ids
                 self.why_not = f"instance {self.instance} sent chunks without their token ids"
-        if self.strip:
-            events = _IDS.sub(b"", events)
+        elif self.strip and _IDS_KEY in events:
+            events = _take_ids(events, [])[0]
         m = _HEAD.search(events) if self.upstream_head is None else None
         if m is not None:
             if self.head is None:
