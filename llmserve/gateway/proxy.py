@@ -38,7 +38,7 @@ from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord
-from llmserve.gateway.relay import RelayResponse, is_sse
+from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse
 from llmserve.gateway.request import (completion_tokens, disconnected, parse_request, prompt_chars,
                                       prompt_text, read_body)
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
@@ -266,15 +266,10 @@ class Proxy:
         Until that event nothing but the head has reached the client, so a stream that
         ends or breaks before it is retried like a failed request."""
         while True:
-            resp, lease = current.resp, current.lease
-            chunks = resp.aiter_raw()
-            try:
-                first = await anext(chunks)
-            except (httpx.HTTPError, StopAsyncIteration) as e:
-                resp.close()
-                plan.pool.release(lease, Outcome.FAILURE)
-                plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} closed the "
-                                              f"stream before its first event ({type(e).__name__})",
+            opened = await first_bytes(current.resp, current.lease, plan.pool)
+            if isinstance(opened, str):
+                plan.last = GatewayError(502, f"upstream {current.lease.instance.instance_id} closed the "
+                                              f"stream before its first event ({opened})",
                                          code="upstream_broken")
                 got = await self._try_next(plan, ctx)
                 if got is not None and not is_sse(got[0]):
@@ -296,7 +291,7 @@ class Proxy:
                     return
                 current.resp, current.lease = got
                 continue
-            async for out in relay(self, plan, ctx, current, first, chunks):
+            async for out in relay(self, plan, ctx, current, *opened):
                 yield out
             return
 

@@ -32,7 +32,7 @@ import httpx
 
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import Instance, Outcome
-from llmserve.gateway.relay import end_stream, is_sse, last_event_end
+from llmserve.gateway.relay import end_stream, first_bytes, is_sse, last_event_end
 
 if TYPE_CHECKING:
     from llmserve.gateway.proxy import Proxy, _Current, _Plan
@@ -260,15 +260,11 @@ async def _resume(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Curre
             if refused:
                 return last
             continue
-        chunks = resp.aiter_raw()
-        try:
-            first = await anext(chunks)
-        except (httpx.HTTPError, StopAsyncIteration) as e:
-            resp.close()
-            plan.pool.release(lease, Outcome.FAILURE)
-            last = f"instance {inst.instance_id} broke off before its first event ({type(e).__name__})"
+        got = await first_bytes(resp, lease, plan.pool)
+        if isinstance(got, str):
+            last = f"instance {inst.instance_id} broke off before its first event ({got})"
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
         gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
-        return first, chunks
+        return got
     return f"{state.resumes} resumes failed; last: {last}"
