@@ -64,22 +64,24 @@ class EngineCore:
                  weights: dict[str, torch.Tensor], tokenizer: Any | None = None,
                  prepared_dir: Path | None = None) -> None:
         """``prepared_dir``: where the model store keeps prepared (int8) weights, if anywhere."""
-        self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
-        config.dtype = resolve_dtype(config.dtype, model_config.quantized_source)
+        # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
+        dtype = resolve_dtype(config.dtype, model_config.quantized_source)
+        kv_cache_dtype = config.kv_cache_dtype
+        if kv_cache_dtype == "auto":
+            kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
+        self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
         factory = linear_factory_for(config.dtype, prepared_dir)
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if isinstance(factory, PreparedCache):
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
-        if config.kv_cache_dtype == "auto":
-            config.kv_cache_dtype = "fp16" if config.dtype == "int8" else "fp32"
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
                                            self.max_model_len)
