@@ -27,7 +27,7 @@ from llmserve.gateway.canary import InvalidTransition
 from llmserve.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway, ModelRuntime
+    from llmserve.gateway.runtime import Gateway, ModelRuntime
 
 CANARY_ACTIONS = ("start", "promote", "rollback", "pause", "resume")
 

@@ -30,7 +30,7 @@ import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from llmserve.gateway.errors import GatewayError
+from llmserve.api.errors import APIError  # the gateway's error type, without its HTTP responses
 from llmserve.priority import PriorityClass, PriorityRange
 
 
@@ -86,6 +86,6 @@ class ClientAuth:
             if hmac.compare_digest(given, key) and found is None:
                 found = privileges
         if found is None:
-            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                               code="invalid_api_key")
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                           code="invalid_api_key")
         return found

@@ -4,7 +4,7 @@ client leaves, and the once-only accounting when a stream ends."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fastapi.responses import StreamingResponse
 
@@ -12,8 +12,13 @@ from llmserve.gateway.pool import Lease, Outcome, Pool
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.upstream import UpstreamResponse
 
-if TYPE_CHECKING:
-    from llmserve.gateway.proxy import _Current
+
+class Current(Protocol):
+    """The upstream a stream relays now; the attempt loop may replace it before the
+    first event, so the response reads it only when the stream ends."""
+
+    resp: UpstreamResponse
+    lease: Lease
 
 
 def end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: RequestRecord,
@@ -40,7 +45,7 @@ class RelayResponse(StreamingResponse):
     anyio task group cost about as much CPU per request as the whole relay (its
     cancel even formats task reprs)."""
 
-    def __init__(self, body, *, current: _Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
+    def __init__(self, body, *, current: Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
         super().__init__(body, **kw)
         self._cleanup = (current, pool, ctx)
 
