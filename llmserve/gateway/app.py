@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from llmserve.api.limits import body_too_large, declared_over
 from llmserve.gateway.admin import admin_router
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.config import GatewayConfig
@@ -36,10 +37,9 @@ log = logging.getLogger(__name__)
 def body_limit_response(scope: Scope, max_body_bytes: int) -> Response | None:
     """413 for a declared body over the limit, else None (header and URL sizes are
     the HTTP protocol's to refuse: ``llmserve.http_guard``)."""
-    for k, v in scope["headers"]:
-        if k == b"content-length" and v.isdigit() and int(v) > max_body_bytes:
-            return error_response(413, f"the request body is over the limit of {max_body_bytes} bytes",
-                                  code="body_too_large")
+    if declared_over(scope["headers"], max_body_bytes):
+        err = body_too_large(max_body_bytes)
+        return error_response(err.status, err.message, code=err.code)
     return None
 
 
