@@ -65,22 +65,24 @@ class EngineCore:
                  weights: dict[str, torch.Tensor], tokenizer: Any | None = None,
                  prepared_dir: Path | None = None) -> None:
         """``prepared_dir``: where the model store keeps prepared (int8) weights, if anywhere."""
-        self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
-        config.dtype = resolve_dtype(config.dtype, model_config.quantized_source)
+        # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
+        dtype = resolve_dtype(config.dtype, model_config.quantized_source)
+        kv_cache_dtype = config.kv_cache_dtype
+        if kv_cache_dtype == "auto":
+            kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
+        self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
         factory = linear_factory_for(config.dtype, prepared_dir)
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if isinstance(factory, PreparedCache):
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
-        if config.kv_cache_dtype == "auto":
-            config.kv_cache_dtype = "fp16" if config.dtype == "int8" else "fp32"
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
                                            self.max_model_len)
@@ -114,19 +116,14 @@ class EngineCore:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, resume_token_ids: list[int] | None = None) -> Request:
-        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input.
-
-        ``resume_token_ids``: output already generated (elsewhere: a resumed stream, see
-        ``engine/resume.py``); it counts as this request's own output."""
-        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority,
-                                                cache_salt=cache_salt, arrival_time=arrival_time,
-                                                resume_token_ids=resume_token_ids)
+        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
+        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                                arrival_time=arrival_time, resume_token_ids=resume_token_ids)
         self.enqueue(req, prompt_text)
         return req
 
-    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                        *, priority: int | str | None = 0, cache_salt: str | None = None,
-                        arrival_time: float | None = None,
+    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                        priority: int | str | None = 0, cache_salt: str | None = None, arrival_time: float | None = None,
                         resume_token_ids: list[int] | None = None) -> tuple[Request, str | None]:
         """Tokenise and check a request without touching engine state (safe from any thread)."""
         if isinstance(prompt, str):
@@ -161,10 +158,9 @@ class EngineCore:
             raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
         grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
-        resumed = check_resume(resume_token_ids, vocab, max_tokens)
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
                       cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar,
-                      all_token_ids=prompt_ids + resumed)
+                      all_token_ids=prompt_ids + check_resume(resume_token_ids, vocab, max_tokens))
         return req, prompt_text
 
     @property
@@ -200,8 +196,7 @@ class EngineCore:
                        logprobs=[] if params.logprobs is not None else None,
                        hold_back=max((len(s) for s in params.stop), default=1) - 1)
         matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
-        if req.num_output_tokens:
-            prime(track, req.output_token_ids)
+        prime(track, req.output_token_ids)  # (a resumed stream's; none otherwise)
         self.scheduler.add_request(req)
         self._tracks[req.request_id] = track
         if matcher is not None:

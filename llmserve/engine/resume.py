@@ -38,6 +38,8 @@ def check_resume(ids: list[int] | None, vocab: int, max_tokens: int) -> list[int
 def prime(track: Any, output_ids: list[int]) -> None:
     """Put ``track`` (the engine's per-request text state) where it was after ``output_ids``:
     their text made and, but for what stop strings hold back, handed out already."""
+    if not output_ids:
+        return
     if track.detok is not None:
         for t in output_ids:  # one per step, as decoding fed them
             track.text += track.detok.add([t])

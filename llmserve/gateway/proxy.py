@@ -46,7 +46,7 @@ from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway
+    from llmserve.gateway.runtime import Gateway, ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -113,22 +113,22 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
-        ctx = RequestRecord(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
+        ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                        in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
         if gw.observers:
             chars = prompt_chars(parsed.body)
             for o in gw.observers:
                 o.on_arrival(parsed.model, version, t0, chars)
         try:
-            return await self._attempts(request, path, ctx)
+            return await self._attempts(request, path, runtime, ctx)
         except GatewayError as e:
             ctx.finish(e.status, error_kind=e.code, ok=e.status < 500 or e.code in (
                 "queue_timeout", "queue_full"))
             e.headers.setdefault(VERSION_HEADER, version)
             raise
 
-    async def _attempts(self, request: Request, path: str, ctx: RequestRecord) -> Response:
-        gw, rt = self.gw, ctx.runtime
+    async def _attempts(self, request: Request, path: str, rt: ModelRuntime, ctx: RequestRecord) -> Response:
+        gw = self.gw
         upstream_model = rt.upstream_models[ctx.version]
         body, priority = ctx.parsed.body, ctx.parsed.priority
         content = ctx.parsed.raw
@@ -215,16 +215,16 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     return None
-                gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
+                gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
             try:
-                lease = await self._acquire(plan, ctx)
+                lease = await self.acquire(plan, ctx)
             except GatewayError:
                 if plan.last is None:
                     raise
                 return None  # no instance for a retry: answer with the last failure
             inst = lease.instance
             ctx.instance = inst.instance_id
-            gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version,
+            gw.metrics.child(gw.metrics.upstream, ctx.model, ctx.version,
                              inst.instance_id).inc()
             try:
                 resp = await gw.upstream.post(f"{inst.url}{plan.path}",
@@ -295,7 +295,8 @@ class Proxy:
                 yield out
             return
 
-    async def _acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
+    async def acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
+        """An instance of the plan's pool (queue, admission, breakers), not one tried if any other has room."""
         cold = plan.pool.can_grow and plan.pool.cold()
         try:
             waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
@@ -311,7 +312,7 @@ class Proxy:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.queued_s += lease.queued_s
         if cold:
-            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.runtime.config.name, ctx.version).observe(
+            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.model, ctx.version).observe(
                 lease.queued_s)
         return lease
 

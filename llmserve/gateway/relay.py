@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 from fastapi.responses import StreamingResponse
@@ -14,8 +14,13 @@ from llmserve.gateway.pool import Lease, Outcome, Pool
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.upstream import UpstreamResponse
 
-if TYPE_CHECKING:
-    from llmserve.gateway.proxy import _Current
+
+class Current(Protocol):
+    """The upstream a stream relays now; the attempt loop may replace it before the
+    first event, so the response reads it only when the stream ends."""
+
+    resp: UpstreamResponse
+    lease: Lease
 
 
 def end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: RequestRecord,
@@ -42,7 +47,7 @@ class RelayResponse(StreamingResponse):
     anyio task group cost about as much CPU per request as the whole relay (its
     cancel even formats task reprs)."""
 
-    def __init__(self, body, *, current: _Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
+    def __init__(self, body, *, current: Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
         super().__init__(body, **kw)
         self._cleanup = (current, pool, ctx)
 

@@ -26,17 +26,17 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 from llmserve.gateway.errors import GatewayError, sse_error_event
-from llmserve.gateway.pool import Instance, Outcome
-from llmserve.gateway.relay import end_stream, first_bytes, is_sse, last_event_end
+from llmserve.gateway.pool import Instance, Lease, Outcome, Pool
+from llmserve.gateway.recorder import RequestRecord
+from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 
 if TYPE_CHECKING:
-    from llmserve.gateway.proxy import Proxy, _Current, _Plan
-    from llmserve.gateway.recorder import RequestRecord
+    from llmserve.gateway.runtime import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,25 @@ _IDS_KEY = b', "token_ids": ['
 # A chunk's head: the stream's id, object and created (server/responses.py ResponseMeta).
 _HEAD = re.compile(rb'data: (\{"id": "[^"\\]*", "object": "[a-z._]*", "created": [0-9]+)')
 _DEAD = b'"code": "engine_dead"'  # the instance's engine died: an instance failure
+
+
+class Plan(Protocol):
+    """What resuming reads of a request's attempts (proxy's plan)."""
+
+    pool: Pool
+    path: str
+    content: bytes  # the body as llmserve instances get it
+    headers: dict[str, str]
+    tried: list[str]  # instance ids, excluded from the next pick
+    resume: ResumeState | None
+
+
+class Attempts(Protocol):
+    """The attempt loop a resume goes through (the proxy): the pool's queue, with admission."""
+
+    gw: Gateway
+
+    async def acquire(self, plan: Plan, ctx: RequestRecord) -> Lease: ...
 
 
 class UpstreamFailed(Exception):
@@ -156,7 +175,7 @@ class ResumeState:
         return json.dumps({**body, "return_token_ids": True, "resume_token_ids": self.ids}).encode()
 
 
-async def relay(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Current, first: bytes,
+async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current, first: bytes,
                 chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The client's stream from its first event on: relayed event by event, resumed on
     another instance when the upstream breaks, else ended with an error event."""
@@ -191,7 +210,7 @@ async def relay(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Current
             ctx.finish(status, ok=False, error_kind=kind)
 
 
-async def _events(proxy: Proxy, ctx: RequestRecord, first: bytes, chunks: AsyncIterator[bytes],
+async def _events(proxy: Attempts, ctx: RequestRecord, first: bytes, chunks: AsyncIterator[bytes],
                   state: ResumeState | None) -> AsyncIterator[bytes]:
     """One upstream's whole events; raises when it breaks (closing before ``[DONE]`` too,
     when resuming: an instance killed at an event's end looks like a clean close)."""
@@ -203,7 +222,7 @@ async def _events(proxy: Proxy, ctx: RequestRecord, first: bytes, chunks: AsyncI
             if ctx.ttft_s is None:
                 ctx.ttft_s = time.monotonic() - ctx.t0
                 for o in proxy.gw.observers:
-                    o.on_first_token(ctx.runtime.config.name, ctx.version, ctx.t0 + ctx.ttft_s, ctx.ttft_s)
+                    o.on_first_token(ctx.model, ctx.version, ctx.t0 + ctx.ttft_s, ctx.ttft_s)
             if state is not None:
                 out = state.feed(out)
             done = out.count(b"data: [DONE]")
@@ -221,7 +240,7 @@ async def _events(proxy: Proxy, ctx: RequestRecord, first: bytes, chunks: AsyncI
         yield buf
 
 
-async def _resume(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Current,
+async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current,
                   state: ResumeState) -> tuple[bytes, AsyncIterator[bytes]] | str:
     """The next upstream's first bytes and the rest, continuing the stream; or why none is."""
     gw = proxy.gw
@@ -232,7 +251,7 @@ async def _resume(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Curre
     while state.resumes < gw.config.retry.max_resumes:
         state.resumes += 1
         try:
-            lease = await proxy._acquire(plan, ctx)
+            lease = await proxy.acquire(plan, ctx)
         except GatewayError as e:
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
@@ -265,6 +284,6 @@ async def _resume(proxy: Proxy, plan: _Plan, ctx: RequestRecord, current: _Curre
             last = f"instance {inst.instance_id} broke off before its first event ({got})"
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
-        gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
+        gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
         return got
     return f"{state.resumes} resumes failed; last: {last}"
