@@ -9,7 +9,8 @@ import torch
 
 import llmserve.engine.draft_model as draft_model
 from llmserve.engine.sampling_params import SamplingParams
-from llmserve.engine.spec_decode import _Acceptance, find_ngram_continuation, rejection_sample
+from llmserve.engine.proposer import find_ngram_continuation
+from llmserve.engine.spec_decode import _Acceptance, rejection_sample
 from llmserve.models.llama import LlamaForCausalLM
 from tests.engine.conftest import make_tiny, run_to_completion
 from tests.engine.test_sampler import _chi2_ok
@@ -34,7 +35,7 @@ def setup():
 
 
 def _use_draft(monkeypatch, model):
-    monkeypatch.setattr(draft_model, "_load_draft", lambda cfg, eng: LlamaForCausalLM(model.config, model.weights))
+    monkeypatch.setattr(draft_model, "_load_draft", lambda cfg, store: LlamaForCausalLM(model.config, model.weights))
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 4)])
