@@ -208,7 +208,8 @@ class SpeculativeDecoder:
         gen = base.generator or self.generator
         fast = params.greedy and not params.needs_penalties
         if mask is not None or params.logit_bias or not fast:
-            rows = [base] + [self.rows(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, len(logits))]
+            rows = [base] + [self.rows(req, drafts[:j], None if mask is None else mask[j])
+                             for j in range(1, len(logits))]
             logits = constrain(logits, rows)
         if fast:
             if logits is not raw_logits and non_finite_rows(logits):
