@@ -109,13 +109,10 @@ class DraftModelProposer:
 
 
 def _load_draft(config: SpeculativeConfig, model_store: str | None) -> LlamaForCausalLM:
-    from pathlib import Path
-
     from llmserve.models.loading import load_weights
-    from llmserve.models.store import default_store_dir, resolve
+    from llmserve.models.store import locate
     from llmserve.models.weights import linear_factory_for
 
-    store = Path(model_store) if model_store else default_store_dir()
-    source = resolve(str(config.model), store)
+    source, store = locate(str(config.model), model_store)
     mc, weights = load_weights(source, store)
     return LlamaForCausalLM(mc, weights, linear_factory_for("fp32"))
