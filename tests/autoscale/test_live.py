@@ -132,7 +132,7 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
 
         # Every instance that served traffic and was stopped was drained first: nothing in
         # flight at the stop, and the engine exited 0 on SIGTERM.
-        drained = [e for e in events if e["kind"] == "stop" and e["old"] == "draining"]
+        drained = [e for e in events if e["new"] == "stopping" and e["old"] == "draining"]
         assert drained, "no instance was drained"
         for stop in drained:
             iid = stop["instance_id"]
@@ -149,7 +149,8 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
         code = serve.stop()
     # uvicorn re-raises the SIGTERM it handled once shutdown is done, hence -15 as well as 0.
     assert code in (0, -signal.SIGTERM), serve.log()[-3000:]
-    assert re.search(r"stopping 1 instance\(s\)[\s\S]*draining -> stopped \(controller shutting down\)", serve.log())
+    assert re.search(r"stopping 1 instance\(s\)[\s\S]*draining -> stopping \(controller shutting down\)"
+                     r"[\s\S]*stopping -> stopped \(controller shutting down\)", serve.log())
     pids = [e["details"]["pid"] for e in run["events"] if e["kind"] == "started"]
     assert pids and not [pid for pid in pids if _alive(pid)], "engine processes outlived llmserve serve"
 
