@@ -118,7 +118,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     draining = [iid for iid, s in states(ctl).items() if s == "draining"]
     assert len(draining) == 1
     victim = draining[0]
-    assert pool.get(victim).draining
+    assert pool.get(victim).state is S.DRAINING
     # New requests avoid the draining instance.
     c = await pool.acquire(REQ, PriorityClass.REALTIME)
     assert c.instance.instance_id != victim
@@ -278,7 +278,7 @@ async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
     assert states(ctl)[busy] == "draining"
     ctl.set_override(1, None, "back")
     await step(ctl, clock)
-    assert states(ctl)[busy] == "ready" and not pool.get(busy).draining
+    assert states(ctl)[busy] == "ready" and pool.get(busy).state is S.READY
     assert len(provider.engines) == 2  # nothing new started
     assert transitions(ctl, busy)[-2:] == ["draining", "ready"]
     pool.release(lease, Outcome.SUCCESS)
