@@ -25,7 +25,7 @@ from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import Sampler, ServeProcess, peak_ready, percentile, serve_config
+from .serve_harness import Sampler, ServeProcess, peak_ready, percentile, serve_config, settled_at
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +67,8 @@ def run_ramp(tmp_path, model, config: dict) -> dict:
             t0 = time.time()
             result = execute(bench_config(serve.url, model, trace))
             t_end = time.time()
-            serve.wait_until(lambda p: p["provisioned"] == 1 and p["counts"]["draining"] == 0
-                             and p["counts"]["ready"] == 1, 90, "the pool back at its minimum")
+            serve.wait_until(lambda p: settled_at(1)(p) and p["counts"]["ready"] == 1, 90,
+                             "the pool back at its minimum")
         return {"serve": serve, "result": result, "t0": t0, "t_end": t_end, "sampler": sampler,
                 "events": serve.events(), "instances": serve.instances(), "metrics": serve.metrics(),
                 "decisions": serve.decisions()}
@@ -114,7 +114,7 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
         peak = peak_ready(sampler.samples)
         assert peak >= 2, f"never scaled up: {run['decisions']}"
         final = serve.pool()
-        assert final["counts"] == {"starting": 0, "warming": 0, "ready": 1, "draining": 0}
+        assert final["counts"] == {"starting": 0, "warming": 0, "ready": 1, "draining": 0, "stopping": 0}
 
         # No traffic to a starting or warming instance.
         assert sampler.samples and sampler.violations() == []
