@@ -26,6 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmserve.autoscale.controller import PoolController
 from llmserve.gateway.errors import GatewayError
+from llmserve.lifecycle import InstanceState
+
+# Engines with a process that answers: worth scraping (a stopping one is finishing its drain).
+_SCRAPED = frozenset({InstanceState.WARMING, InstanceState.READY, InstanceState.DRAINING, InstanceState.STOPPING})
 
 
 class ScaleBody(BaseModel):
@@ -82,7 +86,7 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
         out = []
         for c in controllers:
             for i in c.instance_views(include_finished=False):
-                if i["url"] and i["state"] in ("warming", "ready", "draining"):
+                if i["url"] and InstanceState(i["state"]) in _SCRAPED:
                     out.append({"targets": [urlsplit(i["url"]).netloc],
                                 "labels": {"model": c.model, "version": c.version, "instance": i["instance_id"],
                                            "lifecycle_state": i["state"]}})

@@ -25,7 +25,7 @@ class ControllerViews:
         seen = self.pool.get(inst.id)
         report = seen.report if seen is not None and seen.report is not None else inst.last_load
         return {
-            "instance_id": inst.id, "state": inst.state.value, "stopping": inst.stopping,
+            "instance_id": inst.id, "state": inst.state.value,
             "url": inst.handle.url if inst.handle else None, "in_pool": inst.in_pool,
             "age_s": now - inst.created, "in_state_s": now - inst.since, "reason": inst.reason,
             "created": inst.created_wall, "replaces": inst.replaces, "exit_code": inst.exit_code,

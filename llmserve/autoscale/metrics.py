@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
+from llmserve.lifecycle import ALLOWED, InstanceState
 
 if TYPE_CHECKING:
     from llmserve.autoscale.controller import PoolController

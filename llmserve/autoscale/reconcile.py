@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
-from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.lifecycle import InstanceState
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.lifecycle import InstanceState, check_transition
 from llmserve.sim.profile import InstanceProfile
 
 IDLE, PENDING, MIXED, DECODE = 0, 1, 2, 3

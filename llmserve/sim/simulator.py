@@ -11,8 +11,8 @@ decision point:
   :class:`~llmserve.autoscale.collector.SignalCollector`, asks the real policy
   stack (:func:`~llmserve.autoscale.build_policy`) for a count, and applies
   :func:`~llmserve.autoscale.reconcile.plan_scaling`'s actions through the
-  lifecycle ``starting -> warming -> ready -> draining -> stopped``; a draining
-  instance stops only once its last request has finished.
+  lifecycle ``starting -> warming -> ready -> draining -> stopping -> stopped``; a
+  draining instance stops only once its last request has finished.
 
 Instance-hours are billed from an instance's start until it stops, over the
 trace's duration; requests still in flight when the trace ends are run to
@@ -30,11 +30,11 @@ import numpy as np
 
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
+from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
@@ -124,6 +124,7 @@ class Simulator:
     def _stop(self, inst: SimInstance, now: float) -> None:
         if inst.in_flight:
             raise RuntimeError(f"instance {inst.id} stopped with {inst.in_flight} requests in flight")
+        inst.set_state(S.STOPPING, now)  # a simulated process exits at once
         inst.set_state(S.STOPPED, now)
         del self.instances[inst.id]
         self.stopped.append(inst)

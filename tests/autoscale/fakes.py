@@ -1,7 +1,7 @@
 """An in-memory instance provider and prober for controller tests: no processes, no HTTP.
 
 A :class:`FakeEngine` is what a real engine reports about itself: its lifecycle
-word (``loading``, ``warming``, ``ready``, ``failed``), what it has running, and
+word (``starting``, ``warming``, ``ready``, ``failed``), what it has running, and
 whether its process is gone. Tests move engines along by hand and step the
 controller with a fake clock.
 """
@@ -16,13 +16,14 @@ from llmserve.autoscale.probe import Probe
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.gateway.admission import ConcurrencyConfig
 from llmserve.gateway.pool import Pool
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
 @dataclass
 class FakeEngine:
     instance_id: str
-    state: str = "loading"
+    state: str = "starting"
     running: int = 0
     waiting: int = 0
     exit_code: int | None = None  # set: the process is gone
@@ -33,7 +34,7 @@ class FakeEngine:
 @dataclass
 class FakeProvider:
     name: str = "fake"
-    initial_state: str = "loading"
+    initial_state: str = "starting"
     engines: dict[str, FakeEngine] = field(default_factory=dict)
     specs: list[InstanceSpec] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
@@ -79,7 +80,9 @@ class FakeProber:
         e = self.provider.engines[handle.instance_id]
         if run.gone:
             return Probe(run)
-        return Probe(run, 200 if e.state == "ready" else 503, e.state, "boom" if e.state == "failed" else "")
+        # What probe_ready does with the engine's word: read it into the enum once.
+        return Probe(run, 200 if e.state == "ready" else 503, InstanceState.from_wire(e.state),
+                     "boom" if e.state == "failed" else "")
 
     async def load(self, handle: InstanceHandle) -> LoadReport | None:
         e = self.provider.engines[handle.instance_id]
@@ -101,7 +104,7 @@ class Clock:
 
 
 def make_controller(*, min_instances: int = 1, max_instances: int = 4, policy: str = "static",
-                    static: int | None = None, initial_state: str = "loading", **lifecycle):
+                    static: int | None = None, initial_state: str = "starting", **lifecycle):
     """A controller over a real (in-memory) gateway Pool, a fake provider and a fake clock."""
     clock = Clock()
     provider = FakeProvider(initial_state=initial_state)

@@ -95,6 +95,11 @@ class Sampler:
         return bad
 
 
+def settled_at(n: int):
+    """A pool predicate: ``n`` instances provisioned and none draining or stopping."""
+    return lambda p: p["provisioned"] == n and p["counts"]["draining"] == p["counts"]["stopping"] == 0
+
+
 # ---- figures of a run ---------------------------------------------------------------------------
 def peak_ready(samples: list[Sample]) -> int:
     return max((sum(1 for i in s.instances if i["state"] == "ready") for s in samples), default=0)

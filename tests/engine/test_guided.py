@@ -128,7 +128,7 @@ def _everything_on(tiny, tok, monkeypatch, method: str | None) -> EngineCore:
     if method:
         draft = make_tiny(seed=5, layers=1)
         monkeypatch.setattr(draft_model, "_load_draft",
-                            lambda cfg, eng: LlamaForCausalLM(draft.config, draft.weights))
+                            lambda cfg, store: LlamaForCausalLM(draft.config, draft.weights))
         opts["speculative_config"] = {"method": method, "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                                       "prompt_lookup_max": 4, "min_acceptance": 0.0,
                                       "model": "draft" if method == "draft" else None}
