@@ -172,7 +172,7 @@ class EngineCore:
         """
         state = self.output.new_state(req, prompt_text)
         matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
-        prime(track, req.output_token_ids)  # (a resumed stream's; none otherwise)
+        prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
         self.scheduler.add_request(req)
         self.output.add(state)
         self.rows.add(req)

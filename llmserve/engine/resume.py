@@ -35,18 +35,18 @@ def check_resume(ids: list[int] | None, vocab: int, max_tokens: int) -> list[int
     return ids
 
 
-def prime(track: Any, output_ids: list[int]) -> None:
-    """Put ``track`` (the engine's per-request text state) where it was after ``output_ids``:
-    their text made and, but for what stop strings hold back, handed out already."""
+def prime(state: Any, output_ids: list[int]) -> None:
+    """Put a request's text state (output_processor.RequestState) where it was after
+    ``output_ids``: their text made and, but for what stop strings hold back, handed out."""
     if not output_ids:
         return
-    if track.detok is not None:
+    if state.detok is not None:
         for t in output_ids:  # one per step, as decoding fed them
-            track.text += track.detok.add([t])
-        track.emitted = max(0, len(track.text) - track.hold_back)
-    track.num_tokens_emitted = len(output_ids)
-    if track.logprobs is not None:  # not known here; only later tokens' are reported
-        track.logprobs.extend(TokenLogprob(t, float("nan")) for t in output_ids)
+            state.text += state.detok.add([t])
+        state.emitted = max(0, len(state.text) - state.hold_back)
+    state.num_tokens_emitted = len(output_ids)
+    if state.logprobs is not None:  # not known here; only later tokens' are reported
+        state.logprobs.extend(TokenLogprob(t, float("nan")) for t in output_ids)
 
 
 def _mix(x: int) -> int:
