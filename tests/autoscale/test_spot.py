@@ -7,7 +7,10 @@ replacement in the same step (not at the next tick); cost is counted by class.
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
+
+from llmserve.autoscale.capacity_actions import NoReclaim
 
 from llmserve.autoscale.capacity_mix import CapacityConfig, SpotConfig
 from llmserve.autoscale.lifecycle import InstanceState as S
@@ -130,3 +133,13 @@ async def test_cost_is_counted_by_class_at_each_price():
     assert abs(got - ctl.cost_dollars["spot"]) < 1e-9
     assert registry.get_sample_value("llmserve:autoscale_class_instances",
                                      {"model": "m", "version": "v1", "capacity_class": "spot"}) == 2
+
+
+async def test_a_provider_without_reclaim_refuses_the_admin_reclaim():
+    ctl, provider, pool, clock = spot_pool(static=1, initial_state="ready")
+    await step(ctl, clock)
+    with pytest.raises(NoReclaim, match="cannot simulate reclaims"):
+        await ctl.reclaim("v1-1", 5.0)
+    with pytest.raises(NoReclaim, match="no started instance"):
+        await ctl.reclaim("v1-9", 5.0)
+    assert ctl.instances["v1-1"].reclaim_at is None
