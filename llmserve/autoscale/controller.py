@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from llmserve.autoscale.build import build_policy
+from llmserve.autoscale.capacity_actions import CapacityActions
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.controller_views import ControllerViews
@@ -61,7 +62,7 @@ S = InstanceState
 SpecFactory = Callable[[str], InstanceSpec]
 
 
-class PoolController(InstanceActions, ControllerViews):
+class PoolController(InstanceActions, CapacityActions, ControllerViews):
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
@@ -112,6 +113,7 @@ class PoolController(InstanceActions, ControllerViews):
         self._last_billing: float | None = None
         self._next_tick: float | None = None
         self._loop_task: asyncio.Task | None = None
+        self._init_capacity()
         if metrics is not None:
             metrics.attach(self)
 
@@ -207,6 +209,7 @@ class PoolController(InstanceActions, ControllerViews):
         for inst, run in zip(live, runs):
             if inst.state in (S.READY, S.DRAINING):
                 self._watch_serving(inst, run, now)
+        self._watch_capacity(live, runs, now)  # reclaim notices, slow spot starts
         for inst in list(self.instances.values()):
             if inst.handle is None and inst.state is not S.STOPPING and \
                     now - inst.created > self.config.start_timeout_s:
@@ -306,7 +309,9 @@ class PoolController(InstanceActions, ControllerViews):
 
     def plan(self, desired: int) -> ScalePlan:
         statuses = [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
-                    for i in self.instances.values() if i.state is not S.STOPPING]
+                    for i in self.instances.values() if i.state is not S.STOPPING and i.reclaim_at is None]
+        if self.autoscale.capacity.spot_enabled:
+            return self._plan_mix(desired, statuses)
         return plan_scaling(desired, statuses)
 
     def apply(self, plan: ScalePlan, reason: str, now: float) -> None:
@@ -327,8 +332,8 @@ class PoolController(InstanceActions, ControllerViews):
             log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, starts,
                      self._start_not_before - now)
             starts = 0
-        for _ in range(starts):
-            self._launch(reason, now)
+        for c in (plan.start_classes or ("on_demand",) * starts)[:starts]:
+            self._launch(reason, now, capacity_class=c)
 
     def _active_override(self, now: float) -> Override | None:
         o = self.override

@@ -19,19 +19,21 @@ S = InstanceState
 class InstanceActions:
     """What :class:`~llmserve.autoscale.controller.PoolController` does to instances."""
 
-    def _launch(self, reason: str, now: float, replaces: str | None = None) -> ManagedInstance:
+    def _launch(self, reason: str, now: float, replaces: str | None = None,
+                capacity_class: str | None = None) -> ManagedInstance:
         iid = f"{self._prefix}{self._next_id}"
         self._next_id += 1
-        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces)
+        cls = capacity_class or self._replacement_class(replaces)
+        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces, capacity_class=cls)
         self.instances[iid] = inst
         self.history.event(inst.created_wall, iid, "transition", None, S.STARTING.value, reason,
-                           replaces=replaces)
+                           replaces=replaces, capacity_class=cls)
         self._tasks[iid] = asyncio.create_task(self._do_start(inst), name=f"start {iid}")
         return inst
 
     async def _do_start(self, inst: ManagedInstance) -> None:
         try:
-            handle = await self.provider.start(self.spec_factory(inst.id))
+            handle = await self._provider_start(inst)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any start failure fails the instance
@@ -153,5 +155,7 @@ class InstanceActions:
         if self._last_billing is not None and self.metrics is not None:
             billed = sum(1 for i in self.instances.values() if i.state.billed)
             self.metrics.instance_seconds.labels(self.model, self.version).inc(billed * (now - self._last_billing))
+        if self._last_billing is not None:
+            self._bill_classes(now - self._last_billing)
         self._last_billing = now
 

@@ -63,6 +63,8 @@ class ManagedInstance:
     last_probe: Probe | None = None
     probed_at: float | None = None
     last_load: LoadReport | None = None
+    capacity_class: str = "on_demand"  # or "spot" (capacity_mix.py)
+    reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig, StaticConfig
 from llmserve.autoscale.controller import ControllerConfig, PoolController
 from llmserve.autoscale.probe import Probe
-from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
+from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus, SpotUnavailable
 from llmserve.gateway.admission import ConcurrencyConfig
 from llmserve.gateway.pool import Pool
 from llmserve.lifecycle import InstanceState
@@ -29,6 +29,7 @@ class FakeEngine:
     exit_code: int | None = None  # set: the process is gone
     vanished: bool = False
     sigterm_with_running: int | None = None  # what was running when it was told to stop
+    reclaim_at: float | None = None  # set: the provider has given a reclaim notice
 
 
 @dataclass
@@ -39,12 +40,15 @@ class FakeProvider:
     specs: list[InstanceSpec] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     fail_start: bool = False
+    refuse_spot: bool = False
     closed: bool = False
     url_template: str = "http://fake-{id}"
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         if self.fail_start:
             raise RuntimeError("no capacity")
+        if self.refuse_spot and spec.capacity_class == "spot":
+            raise SpotUnavailable("no spot capacity in this zone")
         self.specs.append(spec)
         self.engines[spec.instance_id] = FakeEngine(spec.instance_id, self.initial_state)
         return InstanceHandle(spec.instance_id, self.url_template.format(id=spec.instance_id), self.name)
@@ -62,8 +66,8 @@ class FakeProvider:
         if e.vanished:
             return RunStatus(RunState.VANISHED, detail="actor died")
         if e.exit_code is not None:
-            return RunStatus(RunState.EXITED, e.exit_code, f"exited with code {e.exit_code}")
-        return RunStatus(RunState.RUNNING)
+            return RunStatus(RunState.EXITED, e.exit_code, f"exited with code {e.exit_code}", reclaim_at=e.reclaim_at)
+        return RunStatus(RunState.RUNNING, reclaim_at=e.reclaim_at)
 
     async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
         return ""
@@ -104,7 +108,7 @@ class Clock:
 
 
 def make_controller(*, min_instances: int = 1, max_instances: int = 4, policy: str = "static",
-                    static: int | None = None, initial_state: str = "starting", **lifecycle):
+                    static: int | None = None, initial_state: str = "starting", capacity=None, **lifecycle):
     """A controller over a real (in-memory) gateway Pool, a fake provider and a fake clock."""
     clock = Clock()
     provider = FakeProvider(initial_state=initial_state)
@@ -112,7 +116,8 @@ def make_controller(*, min_instances: int = 1, max_instances: int = 4, policy: s
     n = min_instances if static is None else static
     auto = AutoscaleConfig(policy=policy, tick_s=1.0, static=StaticConfig(n),
                            bounds=BoundsConfig(min_instances=min_instances, max_instances=max_instances,
-                                               scale_up_cooldown_s=0.0, scale_down_window_s=0.0))
+                                               scale_up_cooldown_s=0.0, scale_down_window_s=0.0),
+                          **({"capacity": capacity} if capacity is not None else {}))
     cfg = ControllerConfig(**{"start_timeout_s": 60.0, "drain_timeout_s": 30.0, "unready_grace_s": 5.0,
                               "restart_backoff_s": 4.0, **lifecycle})
     ctl = PoolController(pool, "m", "v1", auto, provider, lambda iid: InstanceSpec(iid, ("--threads", "1")),
