@@ -39,7 +39,7 @@ from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord
-from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse
+from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
 from llmserve.gateway.request import completion_tokens, disconnected, parse_request, prompt_text, read_body
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
@@ -200,9 +200,9 @@ class Proxy:
                 current = _Current(resp, lease)
                 headers_out = self._headers(resp, ctx)
                 headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-                return RelayResponse(self._stream(plan, ctx, current), current=current,
-                                      pool=plan.pool, ctx=ctx, status_code=resp.status_code,
-                                      headers=headers_out)
+                return RelayResponse(lambda: self._open(plan, ctx, current), current=current,
+                                     pool=plan.pool, ctx=ctx, status_code=resp.status_code,
+                                     headers=headers_out)
             try:
                 body = await resp.aread()
             except httpx.HTTPError as e:
@@ -277,7 +277,7 @@ class Proxy:
             last.message = f"{len(plan.tried)} attempts failed; last: {last.message}"
         raise last
 
-    async def _stream(self, plan: _Plan, ctx: RequestRecord, current: _Current) -> AsyncIterator[bytes]:
+    async def _open(self, plan: _Plan, ctx: RequestRecord, current: _Current) -> AsyncIterator[bytes]:
         """The client's stream: the first upstream that delivers a first event, relayed.
         Until that event nothing but the head has reached the client, so a stream that
         ends or breaks before it is retried like a failed request."""
@@ -302,14 +302,11 @@ class Proxy:
                     message = last.message if isinstance(last, GatewayError) else \
                         f"upstream answered {last.status_code}"
                     ctx.finish(502, ok=False, error_kind="upstream_broken")
-                    yield sse_error_event(f"{len(plan.tried)} attempts failed; last: {message}",
-                                          code="upstream_broken")
-                    return
+                    return one_event(sse_error_event(f"{len(plan.tried)} attempts failed; last: {message}",
+                                                     code="upstream_broken"))
                 current.resp, current.lease = got
                 continue
-            async for out in relay(self, plan, ctx, current, *opened):
-                yield out
-            return
+            return relay(self, plan, ctx, current, *opened)
 
     async def acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
         """An instance of the plan's pool (queue, admission, breakers), not one tried if any other has room."""
