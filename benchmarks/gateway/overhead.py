@@ -550,7 +550,7 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
                (f"{args.ceiling_requests} non-streaming completions per run (one JSON answer) "
                 if args.ceiling_json else
                 f"{args.ceiling_requests} streamed completions per run ({args.ceiling_chunks} token events + "
-                "usage + [DONE]; each chunk with its token id when the gateway asks for them, as an engine "
+                f"usage + [DONE], {args.ceiling_gap_ms:g} ms apart; each chunk with its token id when the gateway asks for them, as an engine "
                 "does)") + f" over {args.ceiling_concurrency} keep-alive connections from a separate "
                "driver process; CPU ms per request of each process over the run.", ""]
         rows = [[r["round"], r["target"], r["requests_per_s"], r["latency_p50_ms"], r["latency_p99_ms"],
@@ -608,7 +608,7 @@ def main_run(args: argparse.Namespace) -> None:
                                  "--no-enable-prefix-caching"], logdir, f"http://127.0.0.1:{e_port}/ready")
         procs.append(engine)
         fake = Proc("fake", [sys.executable, __file__, "_fake", "--port", str(f_port),
-                             "--chunks", str(args.ceiling_chunks)], logdir, f"http://127.0.0.1:{f_port}/ready")
+                             "--chunks", str(args.ceiling_chunks), "--gap-ms", str(args.ceiling_gap_ms)], logdir, f"http://127.0.0.1:{f_port}/ready")
         procs.append(fake)
         cfg = logdir / "gateway.yaml"
         gateway_yaml(cfg, f"http://127.0.0.1:{e_port}", f"http://127.0.0.1:{f_port}")
@@ -681,6 +681,8 @@ def main() -> None:
     p.add_argument("--ceiling-concurrency", type=int, default=64)
     p.add_argument("--ceiling-requests", type=int, default=4000)
     p.add_argument("--ceiling-chunks", type=int, default=4, help="token events per fake stream")
+    p.add_argument("--ceiling-gap-ms", type=float, default=0.0,
+                   help="pause between the fake's events (> 0: one event per read, as from an engine)")
     p.add_argument("--ceiling-json", action="store_true",
                    help="the ceiling with non-streaming requests (whole JSON answers)")
     p.add_argument("--profile", action="store_true", help="py-spy over the gateway in one more ceiling run")
