@@ -30,7 +30,8 @@ class RecordSinks:
 
 
 class RequestRecord:
-    """Per-request bookkeeping for metrics and canary stats."""
+    """One request's bookkeeping; the proxy tells it what happened (routed, waited, sent,
+    retried, first token, finished) and it feeds the sinks."""
 
     __slots__ = ("done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
                  "request_id", "sinks", "t0", "ttft_s", "version")
