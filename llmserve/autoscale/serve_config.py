@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,11 +24,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, pools_of,
-                                           served_name_of)
+from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, deep_merge,
+                                           pools_of, served_name_of)
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
-from llmserve.gateway.config import GatewayConfig
+from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # Single-model keys that ``models:`` replaces (a version says its own).
@@ -44,11 +43,9 @@ SERVE_AUTOSCALE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def _fields(m: BaseModel) -> dict[str, Any]:
+    """A model's fields, values as they are (validating them again leaves them so)."""
+    return {k: getattr(m, k) for k in type(m).model_fields}
 
 
 class _Strict(BaseModel):
@@ -84,23 +81,31 @@ class ServeConfig(_Strict):
     instance_api_key: str | None = Field(None, min_length=8)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     provider: ProviderSettings = ProviderSettings()
-    autoscale: dict[str, Any] = Field(default_factory=dict)
-    lifecycle: dict[str, Any] = Field(default_factory=dict)
-    gateway: dict[str, Any] = Field(default_factory=dict)
-    pool: dict[str, Any] = Field(default_factory=dict)
+    # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
+    autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)
+    lifecycle: ControllerConfig = ControllerConfig()
+    gateway: GatewaySettings = GatewaySettings()
+    pool: PoolSettings = PoolSettings()  # admission, concurrency, balancer
     # Several models and versions, one pool each; engine_args, autoscale,
     # threads_per_instance and cold_start_delay_s above are then every pool's defaults.
     models: list[ModelDeployment] | None = Field(None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serve_defaults(cls, d: Any) -> Any:
+        if isinstance(d, dict) and isinstance(d.get("autoscale", {}), dict):
+            d = {**d, "autoscale": deep_merge(SERVE_AUTOSCALE_DEFAULTS, d.get("autoscale", {}))}
+        return d
 
     @field_validator("engine_args")
     @classmethod
     def _engine_args(cls, args: list[str]) -> list[str]:
         return check_engine_args(args)
 
-    @field_validator("gateway")
+    @field_validator("gateway", mode="before")
     @classmethod
-    def _gateway(cls, d: dict[str, Any]) -> dict[str, Any]:
-        if "models" in d:
+    def _gateway(cls, d: Any) -> Any:
+        if isinstance(d, dict) and "models" in d:
             raise ValueError("gateway: models are set by serve (models, or model, version and pool)")
         return d
 
@@ -114,14 +119,8 @@ class ServeConfig(_Strict):
             served = [m.name for m in self.models]
             if len(set(served)) != len(served):
                 raise ValueError(f"models: names must be unique, got {served}")
-        # Build the nested configs once now, so every mistake shows at start.
-        for p in self.pools():
-            try:
-                self.autoscale_config(p)
-            except ValueError as e:
-                where = "autoscale" if self.models is None else f"models[{p.model}].versions[{p.version}].autoscale"
-                raise ValueError(f"{where}: {e}") from None
-        self.controller_config()
+        # Merge the versions' autoscale and build the gateway's config once now, so every
+        # mistake shows at start.
         self.gateway_config("x" * 16)
         return self
 
@@ -132,22 +131,17 @@ class ServeConfig(_Strict):
 
     def pools(self) -> list[PoolDeployment]:
         """Every elastic pool this file asks for, in file order."""
-        auto = deep_merge(SERVE_AUTOSCALE_DEFAULTS, self.autoscale)
         if self.models is None:
-            return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args), auto,
-                                   self.threads_per_instance, self.cold_start_delay_s)]
-        return pools_of(self.models, auto, tuple(self.engine_args), self.threads_per_instance,
-                        self.cold_start_delay_s, deep_merge)
+            return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args),
+                                   self.autoscale, self.threads_per_instance, self.cold_start_delay_s)]
+        return pools_of(self.models, self.autoscale, tuple(self.engine_args), self.threads_per_instance,
+                        self.cold_start_delay_s)
 
     def autoscale_config(self, pool: PoolDeployment | None = None) -> AutoscaleConfig:
-        return AutoscaleConfig.from_dict((pool or self.pools()[0]).autoscale)
+        return (pool or self.pools()[0]).autoscale
 
     def controller_config(self) -> ControllerConfig:
-        known = {f.name for f in fields(ControllerConfig)}
-        unknown = set(self.lifecycle) - known
-        if unknown:
-            raise ValueError(f"lifecycle: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        return ControllerConfig(**self.lifecycle)
+        return self.lifecycle
 
     def instance_key(self, generate: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> str | None:
         """The API key of this pool's instances: the configured one; else a fresh one
@@ -160,8 +154,7 @@ class ServeConfig(_Strict):
     def gateway_config(self, admin_key: str, instance_key: str | None | dict[str, str | None] = None
                        ) -> GatewayConfig:
         """``instance_key``: one key for every pool, or a dict by pool key (``model/version``)."""
-        g = dict(self.gateway)
-        auth = {**g.pop("auth", {}), "admin_key": admin_key}
+        auth = AuthConfig.model_validate({**_fields(self.gateway.auth), "admin_key": admin_key})
 
         def version(p: PoolDeployment) -> dict[str, Any]:
             key = instance_key.get(p.key) if isinstance(instance_key, dict) else instance_key
@@ -170,12 +163,12 @@ class ServeConfig(_Strict):
 
         pools = self.pools()
         if self.models is None:
-            models = [{"name": self.served_name, "versions": [version(pools[0])], **self.pool}]
+            models = [{"name": self.served_name, "versions": [version(pools[0])], **_fields(self.pool)}]
         else:
             models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name],
                        "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
-                       **deep_merge(self.pool, m.pool)} for m in self.models]
-        return GatewayConfig.model_validate({"models": models, "auth": auth, **g})
+                       **deep_merge(self.pool.model_dump(), m.pool)} for m in self.models]
+        return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 
     def threads(self, pool: PoolDeployment | None = None) -> int:
         """Torch threads per instance: the pool's own setting, else the machine's cores

@@ -174,7 +174,7 @@ def _trace_from_args(args: argparse.Namespace):
 def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleConfig:
     base = AutoscaleConfig()
     if args.autoscale_config:
-        base = AutoscaleConfig.from_dict(yaml.safe_load(Path(args.autoscale_config).read_text()) or {})
+        base = AutoscaleConfig.model_validate(yaml.safe_load(Path(args.autoscale_config).read_text()) or {})
     bounds = replace(base.bounds, min_instances=args.min_instances, max_instances=args.max_instances)
     slo = SLOConfig(ttft_s=args.ttft_slo, e2e_s=args.e2e_slo)
     mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 300.0

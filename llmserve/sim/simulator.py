@@ -24,9 +24,9 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
@@ -47,9 +47,10 @@ S = InstanceState
 _STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
 
 
-@dataclass(slots=True)
-class SimConfig:
+class SimConfig(BaseModel):
     """Simulator settings that are not the policy's, the trace's or the instance's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     initial_instances: int = 1
     poll_interval_s: float = 5.0
@@ -60,13 +61,15 @@ class SimConfig:
     reclaim_rate_per_h: float = 0.0  # reclaim notices per spot instance-hour (0.05: 5 % per hour)
     reclaim_notice_s: float = 120.0  # notice before the provider takes it (AWS: 120 s, GCP: 30 s)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> SimConfig:
         if self.initial_instances < 0:
             raise ValueError("sim: initial_instances must be >= 0")
         if self.poll_interval_s <= 0 or self.signal_window_s <= 0 or self.latency_window_s <= 0:
             raise ValueError("sim: intervals and windows must be positive")
         if self.reclaim_rate_per_h < 0 or self.reclaim_notice_s < 0:
             raise ValueError("sim: reclaim_rate_per_h and reclaim_notice_s must be >= 0")
+        return self
 
 
 class Simulator:
