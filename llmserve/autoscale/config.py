@@ -7,11 +7,12 @@ it to :func:`llmserve.autoscale.build_policy`, so they run the exact same stack.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale.capacity_mix import CapacityConfig
+from llmserve.flags import Flag
 
 PolicyName = Literal["threshold", "kpa", "predictive", "static"]
 POLICY_NAMES: tuple[str, ...] = ("threshold", "kpa", "predictive", "static")
@@ -40,8 +41,8 @@ class _Config(BaseModel):
 class SLOConfig(_Config):
     """Latency targets seen at the gateway: what every policy is trying to keep."""
 
-    ttft_s: float = 2.0
-    e2e_s: float = 60.0
+    ttft_s: Annotated[float, Flag(name="--ttft-slo")] = Field(2.0, description="TTFT SLO, seconds")
+    e2e_s: Annotated[float, Flag(name="--e2e-slo")] = Field(60.0, description="end-to-end SLO, seconds")
 
     def _check_values(self) -> None:
         _check(self.ttft_s > 0, "slo.ttft_s", f"must be positive, got {self.ttft_s}")
@@ -56,12 +57,12 @@ class BoundsConfig(_Config):
     while a spare one only costs money, and flapping costs both.
     """
 
-    min_instances: int = 1
-    max_instances: int = 64
-    scale_up_cooldown_s: float = 15.0
-    scale_down_window_s: float = 300.0
-    max_step_up: int = 8
-    max_step_down: int = 2
+    min_instances: int = Field(1, description="instances at least (0: scale to zero)")
+    max_instances: int = Field(64, description="instances at most")
+    scale_up_cooldown_s: float = Field(15.0, description="seconds between scale-ups")
+    scale_down_window_s: float = Field(300.0, description="scale down to the most wanted over this many seconds")
+    max_step_up: int = Field(8, description="instances added in one decision at most")
+    max_step_down: int = Field(2, description="instances removed in one decision at most")
 
     def _check_values(self) -> None:
         _check(self.min_instances >= 0, "bounds.min_instances", f"must be >= 0, got {self.min_instances}")
@@ -193,8 +194,8 @@ class StaticConfig(_Config):
 class AutoscaleConfig(_Config):
     """Everything a pool's scaling stack needs; ``policy`` names the one in charge."""
 
-    policy: PolicyName = "predictive"
-    tick_s: float = 2.0
+    policy: PolicyName = Field("predictive", description="the scaling policy")
+    tick_s: float = Field(2.0, description="seconds between scaling decisions")
     slo: SLOConfig = SLOConfig()
     bounds: BoundsConfig = BoundsConfig()
     threshold: ThresholdConfig = ThresholdConfig()

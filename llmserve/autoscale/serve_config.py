@@ -16,9 +16,10 @@ the single-model keys are a one-version deployment. Both become the same list of
 from __future__ import annotations
 
 import secrets
+import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -28,6 +29,7 @@ from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, chec
                                            pools_of, served_name_of)
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
+from llmserve.flags import Flag
 from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -55,31 +57,36 @@ class _Strict(BaseModel):
 class ProviderSettings(_Strict):
     """Where instances run. ``ray_*`` apply to ``kind: ray`` only."""
 
-    kind: Literal["local", "ray"] = "local"
-    log_dir: str | None = None
-    fork_from_template: bool = True  # local: fork instances from a pre-imported template process
-    ray_address: str | None = None  # None: start a local Ray runtime
-    ray_num_cpus: float = Field(1.0, ge=0.0)  # per instance
-    ray_num_gpus: float = Field(0.0, ge=0.0)  # per instance, on GPU clusters
-    ray_bind_host: str | None = None  # None: loopback on a local runtime, else each node's address
-    ray_local_num_cpus: int | None = Field(None, ge=1)
+    kind: Annotated[Literal["local", "ray"], Flag(name="--provider")] = Field("local", description="where instances run")
+    log_dir: str | None = Field(None, description="instances' logs (default: a temporary folder)")
+    fork_from_template: bool = Field(True, description="local: fork instances from a pre-imported template process")
+    ray_address: str | None = Field(None, description="an existing Ray cluster (default: a local runtime)")
+    ray_num_cpus: float = Field(1.0, ge=0.0, description="ray: CPUs per instance")
+    ray_num_gpus: float = Field(0.0, ge=0.0, description="ray: GPUs per instance, on GPU clusters")
+    ray_bind_host: str | None = Field(None, description="ray: the address engines listen on "
+                                                        "(default: loopback on a local runtime, else each node's)")
+    ray_local_num_cpus: int | None = Field(None, ge=1, description="ray: a local runtime's CPUs (default: all)")
 
 
 class ServeConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    model: str = DEFAULT_MODEL
-    model_store: str | None = None
-    served_model_name: str | None = None
-    version: str = "v1"
-    engine_args: list[str] = Field(default_factory=list)
-    threads_per_instance: int | None = Field(None, ge=1)
-    cold_start_delay_s: float = Field(0.0, ge=0.0)  # testing: --startup-delay for each instance
-    admin_key: str | None = None  # None: a random key, printed at start
+    host: str = Field("127.0.0.1", description="gateway address")
+    port: int = Field(8000, ge=1, le=65535, description="gateway port")
+    model: str = Field(DEFAULT_MODEL, description="model store name, .gguf file or HF folder")
+    model_store: str | None = Field(None, description="model store folder")
+    served_model_name: str | None = Field(None, description="the name clients ask for (default: the model's)")
+    version: Annotated[str, Flag(skip=True)] = "v1"
+    engine_args: Annotated[list[str], Flag(type=str, parse=shlex.split)] = Field(
+        default_factory=list, description='flags for every instance, one string: --engine-args "--max-num-seqs 16"')
+    threads_per_instance: int | None = Field(
+        None, ge=1, description="torch CPU threads per instance (default: CPUs / max instances)")
+    cold_start_delay_s: float = Field(
+        0.0, ge=0.0, description="testing: each instance waits this long before loading (a slow cold start)")
+    admin_key: str | None = Field(None, description="admin API and dashboard key (default: random, printed)")
     # The key instances require (the gateway and the controller's probes send it).
     # None: a random one per pool with the ray provider, none for local subprocesses.
-    instance_api_key: str | None = Field(None, min_length=8)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # Not a flag: argv is visible to every local user.
+    instance_api_key: Annotated[str | None, Flag(skip=True)] = Field(None, min_length=8)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="serve's log level")
     provider: ProviderSettings = ProviderSettings()
     # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
     autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)
@@ -88,7 +95,7 @@ class ServeConfig(_Strict):
     pool: PoolSettings = PoolSettings()  # admission, concurrency, balancer
     # Several models and versions, one pool each; engine_args, autoscale,
     # threads_per_instance and cold_start_delay_s above are then every pool's defaults.
-    models: list[ModelDeployment] | None = Field(None, min_length=1)
+    models: Annotated[list[ModelDeployment] | None, Flag(skip=True)] = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
