@@ -65,3 +65,21 @@ def test_a_version_overrides_merge_over_the_top_level(tmp_path):
     assert (v1.bounds.min_instances, v1.bounds.max_instances, v1.kpa.panic_window_s) == (1, 6, 6.0)
     assert (v2.bounds.min_instances, v2.bounds.max_instances, v2.policy) == (0, 6, "kpa")
     assert (v2.kpa.stable_window_s, v2.kpa.panic_window_s) == (30.0, 3.0)
+
+
+def test_flags_override_the_file_and_leave_the_rest(tmp_path):
+    import argparse
+
+    from llmserve.autoscale.serve import add_serve_args, overrides_from_args
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    args = p.parse_args(["--max-instances", "6", "--policy", "kpa", "--engine-args", "--max-num-seqs 8",
+                         "--provider", "ray", "--scale-down-window", "30"])
+    cfg = load(tmp_path, {"port": 9000, "autoscale": {"bounds": {"min_instances": 2, "max_instances": 3}}},
+               overrides_from_args(args))
+    b = cfg.autoscale.bounds
+    assert (b.min_instances, b.max_instances, b.scale_down_window_s, cfg.autoscale.policy) == (2, 6, 30.0, "kpa")
+    assert cfg.engine_args == ["--max-num-seqs", "8"] and cfg.provider.kind == "ray" and cfg.port == 9000
+    with pytest.raises(SystemExit):
+        p.parse_args(["--log-level", "loud"])
