@@ -1,8 +1,10 @@
 """Typed configuration for the scaling policies and the bounds wrapped around them.
 
 One frozen object, :class:`AutoscaleConfig`, is validated once (``model_validate``
-of a YAML section, CLI flags or a test) and passed down; unknown keys are errors. The live controller and the capacity simulator both hand
-it to :func:`llmserve.autoscale.build_policy`, so they run the exact same stack.
+of a YAML section, CLI flags or a test) and passed down; unknown keys are errors.
+The live controller and the capacity simulator both hand it to
+:func:`llmserve.autoscale.build_policy`, so they run the exact same stack. The
+``llmserve serve`` and ``llmserve simulate`` flags are generated from these fields.
 """
 
 from __future__ import annotations
