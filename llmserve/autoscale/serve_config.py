@@ -57,7 +57,8 @@ class _Strict(BaseModel):
 class ProviderSettings(_Strict):
     """Where instances run. ``ray_*`` apply to ``kind: ray`` only."""
 
-    kind: Annotated[Literal["local", "ray"], Flag(name="--provider")] = Field("local", description="where instances run")
+    kind: Annotated[Literal["local", "ray"], Flag(name="--provider")] = Field("local",
+                                                                           description="where instances run")
     log_dir: str | None = Field(None, description="instances' logs (default: a temporary folder)")
     fork_from_template: bool = Field(True, description="local: fork instances from a pre-imported template process")
     ray_address: str | None = Field(None, description="an existing Ray cluster (default: a local runtime)")

@@ -36,8 +36,8 @@ def test_static_sizing_finds_the_smallest_pool_meeting_the_slo():
     assert results[n] >= 0.99
     t0, t1 = peak_window(tr, 120.0)
     if n - 1 not in results and n > 1:
-        res = Simulator(tr.window(t0, t1), PROFILE, cfg.model_copy(update={"policy": "static", "static": StaticConfig(instances=n - 1)}),
-                        SimConfig(initial_instances=n - 1)).run()
+        fewer = cfg.model_copy(update={"policy": "static", "static": StaticConfig(instances=n - 1)})
+        res = Simulator(tr.window(t0, t1), PROFILE, fewer, SimConfig(initial_instances=n - 1)).run()
         results[n - 1] = res.summary.ttft_attainment
     assert n == 1 or results[n - 1] < 0.99  # one fewer is not enough
     assert initial_instances(tr, n, 1) == max(1, int(np.ceil(n * tr.rate_rps[0] / tr.peak_rps)))
