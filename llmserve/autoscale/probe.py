@@ -85,9 +85,13 @@ class EngineEndpoints:
 
 
 async def probe_ready(client: httpx.AsyncClient, url: str, run: RunStatus,
-                      timeout_s: float, ready_path: str = "/ready") -> Probe:
+                      timeout_s: float, ready_path: str = "/ready", instance_id: str | None = None) -> Probe:
     """``GET /ready``: 200 when ready; 503 with the engine's state while loading or warming.
-    A foreign server's ``ready_path`` counts only its status (refused while it starts)."""
+    A foreign server's ``ready_path`` counts only its status (refused while it starts).
+
+    An engine that names itself as another instance is not this one: the port was free
+    when it was chosen and another server took it first. That answer counts as none, so
+    this instance never gets traffic meant for it (its own server fails to bind and exits)."""
     if run.gone:
         return Probe(run)
     try:
@@ -99,8 +103,11 @@ async def probe_ready(client: httpx.AsyncClient, url: str, run: RunStatus,
         body = r.json()
         state = InstanceState.from_wire(body.get("state"))
         error = body.get("error") or ""
-    except ValueError:
-        pass
+        other = body.get("instance_id")
+    except (ValueError, AttributeError):
+        other = None
+    if instance_id and other and other != instance_id:
+        return Probe(run, error=f"its port is answered by another instance ({other})")
     if state is S.FAILED and not error:
         try:
             error = (await client.get(f"{url}/health", timeout=timeout_s)).json().get("error") or ""
@@ -136,7 +143,8 @@ class HttpProber:
         self._parsers: dict[str, MetricsLoadParser] = {}  # per instance: rates need the last scrape
 
     async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
-        return await probe_ready(self.client, handle.url, run, self.timeout_s, self.endpoints.ready_path)
+        return await probe_ready(self.client, handle.url, run, self.timeout_s, self.endpoints.ready_path,
+                                 handle.instance_id)
 
     async def load(self, handle: InstanceHandle) -> LoadReport | None:
         if self.endpoints.load_source == "load":

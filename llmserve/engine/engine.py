@@ -27,6 +27,7 @@ from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.output_processor import Ended, OutputProcessor
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
+from llmserve.engine.resume import check_resume, prime
 from llmserve.engine.runner import ModelRunner
 from llmserve.engine.sampler import RowBuilder, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -100,16 +101,16 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
-                    arrival_time: float | None = None) -> Request:
+                    arrival_time: float | None = None, resume_token_ids: list[int] | None = None) -> Request:
         """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
-        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority,
-                                                cache_salt=cache_salt, arrival_time=arrival_time)
+        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                                arrival_time=arrival_time, resume_token_ids=resume_token_ids)
         self.enqueue(req, prompt_text)
         return req
 
-    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                        *, priority: int | str | None = 0, cache_salt: str | None = None,
-                        arrival_time: float | None = None) -> tuple[Request, str | None]:
+    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                        priority: int | str | None = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                        resume_token_ids: list[int] | None = None) -> tuple[Request, str | None]:
         """Tokenise and check a request without touching engine state (safe from any thread)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -144,7 +145,8 @@ class EngineCore:
         grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar)
+                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar,
+                      all_token_ids=prompt_ids + check_resume(resume_token_ids, vocab, max_tokens))
         return req, prompt_text
 
     @property
@@ -170,6 +172,7 @@ class EngineCore:
         """
         state = self.output.new_state(req, prompt_text)
         matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+        prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
         self.scheduler.add_request(req)
         self.output.add(state)
         self.rows.add(req)

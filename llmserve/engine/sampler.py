@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from llmserve.engine.outputs import TokenLogprob
+from llmserve.engine.resume import position_seed
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.ops import layer_ops
 
@@ -215,11 +216,18 @@ class Sampler:
         for i, row in enumerate(rows):
             try:
                 dist = process(logits[i], row)
-                tok = int(dist.argmax().item()) if row.params.greedy else draw(dist, row.generator or self.generator)
+                tok = int(dist.argmax().item()) if row.params.greedy else draw(dist, self._generator(row))
             except Exception as e:  # noqa: BLE001 - this row's own fault: its request fails, not the batch
                 tok, errors[i] = -1, str(e) or type(e).__name__
             tokens.append(tok)
         return tokens, errors
+
+    def _generator(self, row: SampleRow) -> torch.Generator:
+        """A seeded row's draw depends on (seed, position) alone, not on earlier draws, so a
+        stream resumed on another engine samples the same (engine/resume.py)."""
+        if row.generator is None or row.params.seed is None:
+            return self.generator
+        return row.generator.manual_seed(position_seed(row.params.seed, len(row.output_ids)))
 
     @staticmethod
     def describe(tok: int, row: SampleRow, logprobs: torch.Tensor | None) -> SampledToken:

@@ -4,8 +4,10 @@ client leaves, and the once-only accounting when a stream ends."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Protocol
 
+import httpx
 from fastapi.responses import StreamingResponse
 
 from llmserve.gateway.pool import Lease, Outcome, Pool
@@ -67,6 +69,18 @@ class RelayResponse(StreamingResponse):
             error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None:
             raise error
+
+
+async def first_bytes(resp: UpstreamResponse, lease: Lease, pool: Pool) -> tuple[bytes, AsyncIterator[bytes]] | str:
+    """A stream's first bytes and the rest; or, when it breaks or ends before them, why
+    (the upstream closed, its lease released as a failure)."""
+    chunks = resp.aiter_raw()
+    try:
+        return await anext(chunks), chunks
+    except (httpx.HTTPError, StopAsyncIteration) as e:
+        resp.close()
+        pool.release(lease, Outcome.FAILURE)
+        return type(e).__name__
 
 
 def last_event_end(buf: bytes) -> int:

@@ -63,6 +63,9 @@ def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat
     body = load_json(raw)
     if not isinstance(body, dict) or not body.get("model"):  # routing needs it; instances do not
         raise GatewayError(400, "'model' is required", param="model", code="missing_model")
+    if "resume_token_ids" in body:  # the gateway's own, for a stream it resumes (gateway/resume.py)
+        raise GatewayError(400, "resume_token_ids is not accepted from clients", param="resume_token_ids",
+                           code="unsupported_parameter")
     request = validate(body, _REQUEST_MODELS[path])
     user = request.user or headers.get("x-user-id") or None
     claimed = request.priority if request.priority is not None else headers.get("x-priority")

@@ -172,7 +172,7 @@ def create_app(inst: Instance) -> FastAPI:
     async def ready():
         ok = inst.check_engine() is S.READY
         return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
-                             "error": inst.error},
+                             "error": inst.error, "instance_id": inst.instance_id},
                             status_code=200 if ok else 503)
 
     @app.get("/load")

@@ -72,6 +72,8 @@ class ServerConfig(BaseModel):
     # answered 500, and latency added before each.
     fault_error_rate: float = Field(0.0, ge=0.0, le=1.0, description="testing: share of requests answered 500")
     fault_latency_ms: float = Field(0.0, description="testing: latency added to each request")
+    fault_chunk_latency_ms: float = Field(0.0, description="testing: latency added before each streamed chunk "
+                                                           "(keeps a stream in flight)")
     startup_delay_s: float = Field(0.0, description="seconds to wait before loading the model "
                                                     "(simulates a slow cold start)")
     log_level: str = "warning"

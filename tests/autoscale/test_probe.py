@@ -62,3 +62,15 @@ def test_a_stopping_instance_is_not_judged_even_when_its_process_is_gone():
     gone = Probe(RunStatus(RunState.EXITED, 0, "exited with code 0"))
     assert judge(S.STOPPING, gone, 5.0, 600.0) is None
     assert judge(S.DRAINING, gone, 5.0, 600.0)[0] is S.FAILED
+
+
+async def test_another_instance_answering_on_its_port_is_no_answer():
+    """The free-port race: the port was free when chosen, another instance's server took it
+    first. Its 200 must not make this instance ready."""
+    body = {"ready": True, "state": "ready", "instance_id": "other-7"}
+    async with engine(body, 200) as client:
+        theirs = await probe_ready(client, "http://engine", RUNNING, 1.0, instance_id="mine-1")
+        own = await probe_ready(client, "http://engine", RUNNING, 1.0, instance_id="other-7")
+    assert theirs.http_status is None and "other-7" in theirs.error
+    assert judge(S.WARMING, theirs, 5.0, 600.0) is None  # stays warming; never ready on their answer
+    assert own.http_status == 200 and judge(S.WARMING, own, 5.0, 600.0)[0] is S.READY
