@@ -206,10 +206,16 @@ class ServeConfig(_Strict):
 
     @classmethod
     def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:
-        data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}: expected a mapping at the top level")
-        return cls.model_validate(deep_merge(data, overrides or {}))
+        return cls.model_validate(serve_file(path, overrides))
+
+
+def serve_file(path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The file's mapping (none: empty) with ``overrides`` merged over it, as written:
+    what a child ``llmserve serve`` is given to read the same configuration."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+    return deep_merge(data, overrides or {})
