@@ -149,13 +149,27 @@ def run_policy(policy: str, base: dict, trace: Trace, profile, tok, seed: int, o
     return summary
 
 
+def calibrated_profile(base: dict, serve: ServeConfig, tok, out: Path, seed: int):
+    """The fidelity check's HTTP calibration of ``base``'s instances; writes profile.json and calibration.csv."""
+    from llmserve.sim.fidelity_check import measure_profile_http
+    from llmserve.sim.http_measure import write_observations
+    from llmserve.sim.profile import save_profile
+
+    with tempfile.TemporaryDirectory(prefix="llmserve-soak-calibration-") as tmp:
+        profile, _, obs = measure_profile_http(base, serve, tok, Path(tmp), seed=seed)
+    write_observations(out / "calibration.csv", obs)
+    save_profile(profile, out / "profile.json")
+    return profile
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=20.0, help="length of the compressed day, per policy")
     ap.add_argument("--policies", default="static,threshold,kpa,predictive")
     ap.add_argument("--config", default=str(ROOT / "benchmarks/autoscale/soak-smollm2.yaml"))
-    ap.add_argument("--profile", default=str(ROOT / "benchmarks/sim/fidelity/smollm2/profile.json"),
-                    help="the HTTP-calibrated profile the simulator runs (llmserve simulate --fidelity writes one)")
+    ap.add_argument("--profile", default=None,
+                    help="the profile the simulator runs (default: calibrated through HTTP first, about 4 "
+                    "minutes, as llmserve simulate --fidelity does)")
     ap.add_argument("--trough-rps", type=float, default=0.15)
     ap.add_argument("--peak-rps", type=float, default=0.9)
     ap.add_argument("--burst-factor", type=float, default=2.0)
@@ -170,12 +184,13 @@ def main() -> int:
     from llmserve.sim.profile import load_profile
 
     base = yaml.safe_load(Path(args.config).read_text())
-    profile = load_profile(args.profile)
-    trace = soak_trace(args.minutes, args.trough_rps, args.peak_rps, args.burst_factor,
-                       LengthDist(args.prompt_len, 0.5, 4, 256), LengthDist(args.output_len, 0.5, 2, 128), args.seed)
-    tok = load_tokenizer(model_source(ServeConfig.model_validate(base)))
+    serve = ServeConfig.model_validate(base)
+    tok = load_tokenizer(model_source(serve))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    profile = load_profile(args.profile) if args.profile else calibrated_profile(base, serve, tok, out, args.seed)
+    trace = soak_trace(args.minutes, args.trough_rps, args.peak_rps, args.burst_factor,
+                       LengthDist(args.prompt_len, 0.5, 4, 256), LengthDist(args.output_len, 0.5, 2, 128), args.seed)
     results = []
     for policy in args.policies.split(","):
         print(f"soak: {policy}, {len(trace)} requests over {trace.duration_s:.0f}s", flush=True)

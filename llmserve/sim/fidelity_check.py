@@ -126,18 +126,17 @@ def measure_profile(serve: ServeConfig, log: Callable[[str], None]) -> tuple[Ins
     return profile, max_len
 
 
-def measure_profile_http(st: FidelitySettings, tok, workdir: Path,
-                         log: Callable[[str], None]) -> tuple[InstanceProfile, int, list]:
+def measure_profile_http(serve_dict: dict[str, Any], serve: ServeConfig, tok, workdir: Path, *, seed: int = 0,
+                         log: Callable[[str], None] = print) -> tuple[InstanceProfile, int, list]:
     """A profile fitted to what a client sees through serve's HTTP path, one and two instances busy."""
     from llmserve.engine.threads import available_cores
     from llmserve.sim.http_calibration import fit_http
     from llmserve.sim.http_measure import measure_http
 
-    serve = st.serve
     template, max_len, engine = engine_template(serve)
     del engine  # only its limits are needed: the instances measured are serve's own
     shared = serve.autoscale_config().bounds.max_instances > 1
-    obs = measure_http(st.serve_dict, serve.served_name, tok, workdir, shared=shared, seed=st.seed, log=log)
+    obs = measure_http(serve_dict, serve.served_name, tok, workdir, shared=shared, seed=seed, log=log)
     fit = fit_http(obs, template, available_cores(), serve.threads())
     p = fit.profile
     log(f"fitted {fit.report.n} HTTP rows: r2 {fit.report.r2:.3f}, mean abs rel error "
@@ -254,7 +253,8 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
         profile, max_len = measure_profile(serve, log)
     else:
         with tempfile.TemporaryDirectory(prefix="llmserve-calibration-") as tmp:
-            profile, max_len, observations = measure_profile_http(st, tok, Path(tmp), log)
+            profile, max_len, observations = measure_profile_http(st.serve_dict, serve, tok, Path(tmp),
+                                                                   seed=st.seed, log=log)
     if max_len is not None:
         check_lengths(trace, max_len)
     log(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s:.1f}s, peak {trace.peak_rps:.2f} req/s; "

@@ -64,7 +64,7 @@ def _burst(serve: ServeProcess, served_name: str, tok: Tokenizer, n: int, prompt
 
 def measure_http(serve_dict: dict[str, Any], served_name: str, tok: Tokenizer, workdir: Path, *,
                  concurrencies: Sequence[int] = (1, 2, 4), prompts: Sequence[int] = (16, 96),
-                 output: int = 16, repeats: int = 2, shared: bool = True, seed: int = 0,
+                 output: int = 16, repeats: int = 3, shared: bool = True, seed: int = 0,
                  log: Callable[[str], None] = print) -> list[Observation]:
     """Observations of one instance busy alone, then (``shared``) of two busy together."""
     obs: list[Observation] = []
