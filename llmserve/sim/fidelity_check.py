@@ -6,7 +6,8 @@ The steps, each reusing the code that does it elsewhere:
    client sees it (:mod:`llmserve.sim.http_measure`: the serve config's pool,
    fixed at one and then two busy instances, bursts of streaming requests) and
    fitted with a request overhead and core sharing
-   (:mod:`llmserve.sim.http_calibration`); ``--fidelity-calibration engine``
+   (:mod:`llmserve.sim.http_calibration`), measured before and again after the
+   live run and fitted to both (``http-before``: before only); ``engine``
    measures the engine alone in this process instead
    (:func:`llmserve.engine.calibration.measure_steps`,
    :func:`llmserve.sim.calibrate.calibrate`); batch and KV limits are the
@@ -31,7 +32,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,9 @@ class FidelitySettings:
     seed: int
     profile_path: str | None
     out: Path | None
-    calibration: str = "http"  # "http": through serve's HTTP path (default); "engine": the engine alone
+    # "http": through serve's HTTP path before and after the live run (default); "http-before": before
+    # only (half the time); "engine": the engine alone in this process
+    calibration: str = "http"
     request_timeout_s: float = 600.0
 
 
@@ -127,8 +130,12 @@ def measure_profile(serve: ServeConfig, log: Callable[[str], None]) -> tuple[Ins
 
 
 def measure_profile_http(serve_dict: dict[str, Any], serve: ServeConfig, tok, workdir: Path, *, seed: int = 0,
-                         log: Callable[[str], None] = print) -> tuple[InstanceProfile, int, list]:
-    """A profile fitted to what a client sees through serve's HTTP path, one and two instances busy."""
+                         earlier: Sequence = (), log: Callable[[str], None] = print
+                         ) -> tuple[InstanceProfile, int, list]:
+    """A profile fitted to what a client sees through serve's HTTP path, one and two instances busy.
+
+    ``earlier`` observations (a measurement before the live run, when this one is after it) are
+    fitted with the new ones, so load that moved on a shared machine is averaged over both."""
     from llmserve.engine.threads import available_cores
     from llmserve.sim.http_calibration import fit_http
     from llmserve.sim.http_measure import measure_http
@@ -136,7 +143,8 @@ def measure_profile_http(serve_dict: dict[str, Any], serve: ServeConfig, tok, wo
     template, max_len, engine = engine_template(serve)
     del engine  # only its limits are needed: the instances measured are serve's own
     shared = serve.autoscale_config().bounds.max_instances > 1
-    obs = measure_http(serve_dict, serve.served_name, tok, workdir, shared=shared, seed=seed, log=log)
+    obs = [*earlier, *measure_http(serve_dict, serve.served_name, tok, workdir, shared=shared, seed=seed,
+                                   log=log)]
     fit = fit_http(obs, template, available_cores(), serve.threads())
     p = fit.profile
     log(f"fitted {fit.report.n} HTTP rows: r2 {fit.report.r2:.3f}, mean abs rel error "
@@ -268,6 +276,11 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     log(f"load average (1 min) on {machine['cpus']} CPUs: {machine['load_1m_before_calibration']:.1f} before "
         f"calibration, {machine['load_1m_before_live']:.1f} before and {machine['load_1m_after_live']:.1f} "
         "after the live run")
+    if observations and st.calibration == "http":  # measured again after, and fitted to both
+        with tempfile.TemporaryDirectory(prefix="llmserve-calibration-") as tmp:
+            profile, _, observations = measure_profile_http(st.serve_dict, serve, tok, Path(tmp), seed=st.seed + 1,
+                                                            earlier=observations, log=log)
+        machine["load_1m_after_calibration"] = os.getloadavg()[0]
     ups = startups(live.events)
     cold, warm = typical_startup(ups, live.t0, live.t0 + trace.duration_s)
     profile = replace(profile, cold_start_s=cold, warmup_s=warm)

@@ -94,3 +94,29 @@ def test_profile_round_trips_sharing_and_overhead(tmp_path):
     plain = InstanceProfile.from_dict(__import__("json").loads(_profile(None).to_json()))
     assert plain.sharing is None and plain.request_overhead_s == 0.0
     assert "sharing" not in _profile(None).to_json()
+
+
+def _two_at_once(sharing, overhead=0.0):
+    """Two requests arriving together at a static pool of two: one each, both busy."""
+    import numpy as np
+
+    from llmserve.autoscale import AutoscaleConfig, StaticConfig
+    from llmserve.sim.simulator import SimConfig, Simulator
+    from llmserve.sim.traces import Trace
+
+    trace = Trace("two", np.zeros(2), np.full(2, 8), np.full(2, 5), np.zeros(2, np.int8), 10.0)
+    prof = InstanceProfile("t", STEP, max_num_seqs=4, max_num_batched_tokens=64, cold_start_s=1.0,
+                           warmup_s=0.0, sharing=sharing, request_overhead_s=overhead)
+    auto = AutoscaleConfig(policy="static", static=StaticConfig(instances=2))
+    return Simulator(trace, prof, auto, SimConfig(initial_instances=2)).run()
+
+
+def test_the_simulator_slows_instances_busy_together_and_adds_the_request_overhead():
+    alone = _two_at_once(None)
+    shared = _two_at_once(CoreSharing(cores=2, threads=1, api_share=0.5))
+    assert alone.e2e.tolist() == pytest.approx([0.5, 0.5])  # 5 steps of 0.1 s each, one instance each
+    # The first instance planned its prefill alone (0.1 s), then both were busy: every later step x1.5.
+    assert sorted(shared.e2e.tolist()) == pytest.approx([0.1 + 4 * 0.15, 5 * 0.15])
+    late = _two_at_once(None, overhead=0.04)
+    assert (late.ttft - alone.ttft).tolist() == pytest.approx([0.04, 0.04])
+    assert (late.e2e - alone.e2e).tolist() == pytest.approx([0.04, 0.04])
