@@ -98,8 +98,8 @@ def fit_http(obs: Sequence[Observation], template: InstanceProfile, cores: int, 
         ratios = [o.tpot_s / decode_step(step, o) for o in shared if o.busy == busy]
         ratio = float(np.median(ratios))
         sharing = CoreSharing(cores, threads, fit_api_share(cores, threads, busy, ratios))
-    note = (f"fitted by llmserve.sim.http_calibration to {len(alone)} requests through HTTP "
-            f"({report.n // 2} points)"
+    note = (f"fitted by llmserve.sim.http_calibration to {len(alone)} requests through HTTP at "
+            f"{report.n // 2} points "
             f"(r2 {report.r2:.3f}, mean abs rel error {report.mean_abs_rel_error:.1%}); core sharing from "
             + (f"{len(shared)} requests with {max(o.busy for o in shared)} busy (TPOT ratio {ratio:.2f})"
                if shared else "threads against cores alone (not measured)"))
