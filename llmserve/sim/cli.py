@@ -98,7 +98,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fidelity", action="store_true",
                    help="replay the trace through a live `llmserve serve` and through the simulator; "
                    "print live vs sim (TTFT, e2e, instance-seconds, peak, scale-ups); --out writes "
-                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log")
+                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log (and calibration.csv)")
     g.add_argument("--serve-config", default=None, metavar="YAML",
                    help="fidelity: the YAML `llmserve serve --config` takes (default: serve's defaults)")
     g.add_argument("--model", default=None, help="fidelity: the model to serve (overrides the serve config's)")
