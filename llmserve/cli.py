@@ -3,16 +3,16 @@
 Environment variables are read here and nowhere deeper: ``LLMSERVE_MODEL_STORE``
 sets the default model store; ``LLMSERVE_API_KEY`` is one more key ``llmserve
 engine`` accepts (how ``serve`` hands its instances their key: an environment
-variable is not in ``ps`` output, a command-line flag is).
+variable is not in ``ps`` output, a command-line flag is); ``LLMSERVE_NO_KERNELS``
+runs without the C++ kernels. Flags are generated from the config models
+(``llmserve/flags.py``), so a setting's name, default and help live in one place.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from typing import Any
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -22,55 +22,20 @@ def _store_default() -> str | None:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine flags, named as in ``vllm serve`` where the concept is the same."""
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="model store name, .gguf file or Hugging Face folder")
-    g.add_argument("--model-store", default=_store_default(), help="model store folder")
-    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "w8a8", "auto"],
-                   help="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
-                        "too (torch's dynamic int8; lossy on SmolLM2); auto (default) = int8 for a "
-                        "block-quantised GGUF where the int8 kernel runs, else fp32")
-    g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp32", "fp16"],
-                   help="KV pool element type; auto (default) = fp16 with int8 weights, else fp32")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool budget in bytes")
-    pc = g.add_mutually_exclusive_group()
-    pc.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True)
-    pc.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--speculative-config", type=json.loads, default=None,
-                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads for this instance")
-    g.add_argument("--batch-min-share", type=float, default=0.1)
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
-    g.add_argument("--step-budget-tokens", type=int, default=48,
-                   help="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
-                        "(measured on this machine as it runs); 0: token budgets only")
-    g.add_argument("--step-time-budget-ms", type=float, default=None,
-                   help="that step time outright, in ms (overrides --step-budget-tokens)")
+    """Engine flags, generated from ``EngineConfig`` (named as in ``vllm serve``)."""
+    from llmserve.engine.config import EngineConfig
+    from llmserve.flags import add_flags
+
+    add_flags(p.add_argument_group("engine"), EngineConfig)
 
 
 def engine_config_from(args: argparse.Namespace):
     from llmserve.engine.config import EngineConfig
+    from llmserve.flags import given
 
-    kw: dict[str, Any] = dict(
-        model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
-        speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
-        batch_min_share=args.batch_min_share, model_store=args.model_store,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        step_budget_tokens=args.step_budget_tokens,
-        step_time_budget_s=None if args.step_time_budget_ms is None else args.step_time_budget_ms / 1000)
-    if args.dtype:
-        kw["dtype"] = args.dtype
-    if getattr(args, "kv_cache_dtype", None):
-        kw["kv_cache_dtype"] = args.kv_cache_dtype
+    kw = given(EngineConfig, args)
+    if kw.get("model_store") is None and _store_default():
+        kw["model_store"] = _store_default()
     if getattr(args, "served_model_name", None):
         kw["served_model_name"] = args.served_model_name[0]
     return EngineConfig(**kw)
@@ -107,7 +72,7 @@ def _llm_and_params(args: argparse.Namespace):
     from llmserve.engine.sampling_params import SamplingParams
 
     cfg = engine_config_from(args)
-    opts = {k: v for k, v in cfg.to_dict().items() if k not in ("model", "extra")}
+    opts = {k: v for k, v in cfg.to_dict().items() if k != "model"}
     llm = LLM(cfg.model, **opts)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, seed=args.seed)  # --seed seeds both the engine and sampling
@@ -151,73 +116,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8001)
-    g.add_argument("--api-key", action="append", default=[],
-                   help="accepted API key (repeatable; LLMSERVE_API_KEY adds one)")
-    g.add_argument("--priority-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                   help="integer priorities accepted, lower runs first (default 0 1: realtime, batch)")
-    g.add_argument("--served-model-name", nargs="+", default=[])
-    g.add_argument("--instance-id", default="")
-    g.add_argument("--max-queued-requests", type=int, default=256)
-    g.add_argument("--max-queued-prompt-tokens", type=int, default=1 << 20)
-    g.add_argument("--max-n", type=int, default=16)
-    g.add_argument("--max-logprobs", type=int, default=20)
-    g.add_argument("--max-tokens-limit", type=int, default=None)
-    g.add_argument("--max-body-bytes", type=int, default=4 << 20)
-    g.add_argument("--max-header-bytes", type=int, default=16 << 10)
-    # Connection limits; unset: ServerConfig's defaults (documented there).
-    for flag, kind in (("--max-url-bytes", int), ("--header-timeout", float), ("--body-timeout", float),
-                       ("--send-timeout", float), ("--keep-alive-timeout", float), ("--max-connections", int),
-                       ("--stream-buffer-outputs", int)):
-        g.add_argument(flag, type=kind, default=None)
-    g.add_argument("--drain-timeout", type=float, default=30.0)
-    g.add_argument("--no-warmup", action="store_true")
-    g.add_argument("--engine-in-thread", action="store_true",
-                   help="run the engine core in a thread of the server process, not its own process")
-    g.add_argument("--fault-error-rate", type=float, default=0.0, help="testing: share of requests answered 500")
-    g.add_argument("--fault-latency-ms", type=float, default=0.0, help="testing: latency added to each request")
-    g.add_argument("--startup-delay", type=float, default=0.0,
-                   help="seconds to wait before loading the model (simulates a slow cold start)")
-    g.add_argument("--log-level", default="warning")
+    from llmserve.flags import add_flags
+    from llmserve.server.config import ServerConfig
+
+    add_flags(p.add_argument_group("server"), ServerConfig)
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
     # numpy's OpenBLAS pool would start a thread at import; the engine process is forked
     # from this one, which must then have one thread (torch does the arithmetic).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from llmserve.priority import NAMED_RANGE, PriorityRange
+    from llmserve.flags import given
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
 
     env_key = os.environ.get("LLMSERVE_API_KEY")
-    scfg = ServerConfig(
-        host=args.host, port=args.port, api_keys=args.api_key + ([env_key] if env_key else []),
-        priority_range=PriorityRange(*args.priority_range) if args.priority_range else NAMED_RANGE,
-        served_model_name=args.served_model_name,
-        instance_id=args.instance_id, max_queued_requests=args.max_queued_requests,
-        max_queued_prompt_tokens=args.max_queued_prompt_tokens, max_n=args.max_n, max_logprobs=args.max_logprobs,
-        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-        max_header_bytes=args.max_header_bytes, drain_timeout_s=args.drain_timeout, warmup=not args.no_warmup,
-        engine_process=not args.engine_in_thread,
-        fault_error_rate=args.fault_error_rate, fault_latency_ms=args.fault_latency_ms, startup_delay_s=args.startup_delay,
-        log_level=args.log_level, **_given(args, max_url_bytes="max_url_bytes",
-                                           header_timeout_s="header_timeout", body_timeout_s="body_timeout",
-                                           send_timeout_s="send_timeout", keep_alive_timeout_s="keep_alive_timeout",
-                                           max_connections="max_connections",
-                                           stream_buffer_outputs="stream_buffer_outputs"))
+    server = given(ServerConfig, args)
+    server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
+    scfg = ServerConfig(**server)
     ecfg = engine_config_from(args)
     if ecfg.threads is None:  # one instance alone here: its cores, less the API process's where that is cheap
         from llmserve.engine.threads import available_cores, engine_threads
 
-        ecfg.threads = engine_threads(available_cores())
+        ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores())})
     return run_server(ecfg, scfg)
-
-
-def _given(args: argparse.Namespace, **fields: str) -> dict:
-    """``{field: value}`` for the flags that were given (``fields`` maps field to flag dest)."""
-    return {f: getattr(args, dest) for f, dest in fields.items() if getattr(args, dest) is not None}
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -314,6 +236,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
+    if os.environ.get("LLMSERVE_NO_KERNELS"):
+        from llmserve.models import kernels
+
+        kernels.disable()
     try:
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:

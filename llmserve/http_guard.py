@@ -19,8 +19,8 @@ endless value must be cut by bytes); a header timeout (from connect, or from the
 next request's first byte on a kept-alive connection) and a body timeout (from
 the end of the head to the end of the body), both answered 408 and closed; and a
 send timeout: a client that takes no bytes for that long, while the response waits
-on it, is dropped. The open-connection cap is uvicorn's ``limit_concurrency`` (a
-request beyond it gets 503).
+on it, is dropped. The open-connection cap is uvicorn's ``limit_concurrency``; a
+request beyond it gets 503 as OpenAI's error JSON, answered here.
 
 Per request it costs an addition and a compare on each parser callback; besides
 the one header timer a new connection gets, a timer is armed only while a head or
@@ -40,6 +40,8 @@ from typing import Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from llmserve.api.errors import error_body, error_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        # uvicorn's own check (limit_concurrency), made first so the answer is OpenAI's error
+        # JSON with a Retry-After, not uvicorn's plain-text 503
+        if len(self.connections) >= self.limits.max_connections or len(self.tasks) >= self.limits.max_connections:
+            self._refusal = (503, f"the server is at its limit of {self.limits.max_connections} open "
+                                  "connections; retry shortly", "server_overloaded")
+            raise _Refused
         self._phase = _Phase.BODY
         self._head_bytes = 0
         self._cancel_read()
@@ -226,11 +234,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif cycle is not None and self._phase is _Phase.BODY:  # answered early (a 413): just stop
             self.transport.close()
             return
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": code}}).encode()
+        body = json.dumps(error_body(message, error_type(status), code=code)).encode()
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
+        if status == 503:
+            head.append(b"retry-after: 1\r\n")
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
                     % len(body))
         self.transport.write(b"".join(head) + body)

@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llmserve.lifecycle import InstanceState
 
 
 class LoadReport(BaseModel):
@@ -27,6 +29,9 @@ class LoadReport(BaseModel):
     model: str
     ready: bool
     draining: bool
+    # The engine's lifecycle state; None from an upstream that does not say (an
+    # older llmserve, or one read through /metrics). ``ready``/``draining`` stay for them.
+    state: InstanceState | None = None
     num_running: int = Field(ge=0)
     num_waiting: int = Field(ge=0)
     num_waiting_by_priority: dict[str, int]
@@ -37,6 +42,11 @@ class LoadReport(BaseModel):
     max_num_seqs: int = Field(ge=0)  # 0: unknown (an upstream read through /metrics)
     prefix_cache_hit_rate: float = Field(ge=0.0, le=1.0)
     timestamp: float
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state_word(cls, word: object) -> InstanceState | None:
+        return InstanceState.from_wire(word)  # a word we do not know must not cost the report
 
 
 # ---- Prometheus text ---------------------------------------------------------------

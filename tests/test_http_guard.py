@@ -6,6 +6,7 @@ ordinary requests (in one read or in pieces, kept alive) pass untouched."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -140,7 +141,11 @@ def test_requests_over_the_connection_cap_get_503_at_once(server):
     idle = [connect(server.port) for _ in range(LIMITS.max_connections)]
     try:
         t0 = time.monotonic()
-        assert status(exchange(server.port, post("/echo", b"{}"))) == 503
+        reply = exchange(server.port, post("/echo", b"{}"))
+        assert status(reply) == 503
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert b"retry-after: 1" in head.lower()
+        assert json.loads(body)["error"]["code"] == "server_overloaded"  # OpenAI's shape, not plain text
         assert time.monotonic() - t0 < LIMITS.header_timeout_s  # answered, not closed by a timeout
     finally:
         for s in idle:

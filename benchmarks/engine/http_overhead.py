@@ -197,7 +197,7 @@ CATEGORIES = [  # first match wins, checked against the whole stack of a sample
     ("model forward (runner.execute)", "execute (llmserve/engine/runner.py"),
     ("sampling (engine._sample)", "_sample (llmserve/engine/engine.py"),
     ("scheduler", "llmserve/engine/scheduler.py"),
-    ("detokenise / outputs (engine._advance)", "_advance (llmserve/engine/engine.py"),
+    ("detokenise / outputs (output_processor)", "llmserve/engine/output_processor.py"),
     ("AsyncEngine delivery", "llmserve/engine/async_engine.py"),
     ("llmserve/server (OpenAI layer, SSE)", "llmserve/server/"),
     ("uvicorn / h11 / starlette / fastapi", ("uvicorn", "/h11/", "starlette", "fastapi")),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -292,7 +291,7 @@ def main() -> None:
     g1 = next(r for r in rows if r[0] == "grounded" and r[1] == "1")
     ch = [r for r in rows if r[0] == "chat"]
     md = md_table(cols, rows)
-    switch = {k: v for k, v in asdict(SpeculativeConfig()).items() if k not in {*spec_cfg, "model"}}
+    switch = {k: v for k, v in SpeculativeConfig().model_dump().items() if k not in {*spec_cfg, "model"}}
     md += (f"\n\nn-gram speculation {spec_cfg} (adaptive switch at its defaults: {switch}). Greedy, max_tokens {max_tok['grounded']} (input-grounded) and "
            f"{max_tok['chat']} (chat; answers may stop at EOS). tok/s = generated tokens / wall time from "
            f"adding the requests to the last one finishing (prefill included); TPOT excludes the first token. "

@@ -102,6 +102,10 @@ class _SamplingFields(_Strict):
     cache_salt: Annotated[str, Field(min_length=1, max_length=Limits.NAME_CHARS)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    return_token_ids: bool = False  # each choice (stream chunk) carries its new token ids
+    # Output another instance already streamed: this request continues it (sent by the
+    # gateway when an instance died mid-stream; the gateway refuses it from clients).
+    resume_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=Limits.MAX_TOKENS)] | None = None
     logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
                                Annotated[float, Field(ge=-100.0, le=100.0)]],
                           Field(max_length=Limits.LOGIT_BIAS)] | None = None

@@ -11,6 +11,9 @@ gateway has one controlled pool.
 - ``GET  /admin/autoscale/timeline``     per-tick signals (``?since=<unix time>&limit=``)
 - ``GET  /admin/autoscale/targets``      the live instances in Prometheus ``http_sd`` format, so
                                          Prometheus scrapes engines that come and go
+- ``POST /admin/autoscale/instances/{id}/reclaim?notice_s=`` simulate a spot reclaim (providers
+                                         that can: local): notice now, killed after ``notice_s``
+                                         (0: SIGKILL at once); the controller drains and replaces it
 - ``POST /admin/autoscale/scale``        ``{"instances": n | null, "duration_s"?, "reason"?, "pool"?}``:
                                          pin the count (null clears); each call is counted in
                                          ``llmserve:autoscale_manual_interventions_total``
@@ -21,11 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmserve.autoscale.capacity_actions import NoReclaim
 from llmserve.autoscale.controller import PoolController
 from llmserve.gateway.errors import GatewayError
+from llmserve.lifecycle import InstanceState
+
+# Engines with a process that answers: worth scraping (a stopping one is finishing its drain).
+_SCRAPED = frozenset({InstanceState.WARMING, InstanceState.READY, InstanceState.DRAINING, InstanceState.STOPPING})
 
 
 class ScaleBody(BaseModel):
@@ -82,11 +90,23 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
         out = []
         for c in controllers:
             for i in c.instance_views(include_finished=False):
-                if i["url"] and i["state"] in ("warming", "ready", "draining"):
+                if i["url"] and InstanceState(i["state"]) in _SCRAPED:
                     out.append({"targets": [urlsplit(i["url"]).netloc],
                                 "labels": {"model": c.model, "version": c.version, "instance": i["instance_id"],
                                            "lifecycle_state": i["state"]}})
         return out
+
+    @r.post("/instances/{instance_id}/reclaim")
+    async def reclaim(instance_id: str, notice_s: float = Query(30.0, ge=0.0, le=3600.0),
+                      pool: str | None = None) -> dict:
+        c = next((c for c in chosen(pool) if instance_id in c.instances), None)
+        if c is None:
+            raise GatewayError(404, f"no live instance {instance_id!r}", code="instance_not_found")
+        try:
+            at = await c.reclaim(instance_id, notice_s)
+        except NoReclaim as e:
+            raise GatewayError(400, str(e), code="cannot_reclaim") from None
+        return {"pool": c.key, "instance_id": instance_id, "reclaim_at": at, "notice_s": notice_s}
 
     @r.post("/scale")
     async def scale(body: ScaleBody) -> dict:

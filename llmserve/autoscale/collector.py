@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Mapping, Protocol
 
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.signals import PoolSignals
+from llmserve.lifecycle import InstanceState
 from llmserve.percentiles import nearest_rank as percentile
 
 
@@ -138,5 +138,6 @@ class SignalCollector:
             ready=counts.get(InstanceState.READY, 0),
             warming=counts.get(InstanceState.WARMING, 0),
             starting=counts.get(InstanceState.STARTING, 0),
-            draining=counts.get(InstanceState.DRAINING, 0),
+            # A stopping instance is on its way out like a draining one: neither is capacity.
+            draining=counts.get(InstanceState.DRAINING, 0) + counts.get(InstanceState.STOPPING, 0),
         )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from llmserve.autoscale.capacity_mix import CapacityConfig
+
 PolicyName = Literal["threshold", "kpa", "predictive", "static"]
 POLICY_NAMES: tuple[str, ...] = ("threshold", "kpa", "predictive", "static")
 UtilisationMetric = Literal["busy", "kv", "batch"]
@@ -191,6 +193,7 @@ class AutoscaleConfig:
     kpa: KPAConfig = field(default_factory=KPAConfig)
     predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
     static: StaticConfig = field(default_factory=StaticConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)  # on-demand and spot
 
     def __post_init__(self) -> None:
         _check(self.policy in POLICY_NAMES, "policy", f"must be one of {POLICY_NAMES}, got {self.policy!r}")

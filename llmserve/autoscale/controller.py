@@ -3,7 +3,7 @@
 Each probe interval it looks at every instance (the provider: is the process
 there? the engine: what does ``/ready`` say? asked of ready instances every
 ``ready_probe_interval_s``) and moves it along
-``starting -> warming -> ready -> draining -> stopped`` (or ``failed``). Each
+``starting -> warming -> ready -> draining -> stopping -> stopped`` (or ``failed``). Each
 tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
 request observers; queue depth from the gateway's pool; running, waiting, KV,
 busy fraction and throughput from the ready instances' ``/load`` reports), asks
@@ -18,7 +18,8 @@ The rules that protect requests:
 - draining first marks it draining in the pool (no new requests), waits until the
   gateway has nothing in flight to it and the engine reports nothing running or
   waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
-  stops it (SIGTERM: the engine drains whatever is left and exits 0);
+  stops it (``stopping``: SIGTERM, the engine drains whatever is left and exits 0;
+  ``stopped`` once it has exited);
 - an instance that fails (process exited, actor died, engine dead under a live
   process, unreachable for ``unready_grace_s``) leaves the pool at once and is
   replaced, with a backoff while replacements keep failing before they get ready.
@@ -39,12 +40,12 @@ from typing import Any
 import httpx
 
 from llmserve.autoscale.build import build_policy
+from llmserve.autoscale.capacity_actions import CapacityActions
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.controller_views import ControllerViews
 from llmserve.autoscale.instance_actions import InstanceActions
 from llmserve.autoscale.history import History
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance, Override
 from llmserve.autoscale.metrics import AutoscaleMetrics
 from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Probe, Prober, judge, path
@@ -52,6 +53,7 @@ from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, Ru
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.gateway.pool import Pool
+from llmserve.lifecycle import InstanceState
 
 log = logging.getLogger(__name__)
 S = InstanceState
@@ -60,7 +62,7 @@ S = InstanceState
 SpecFactory = Callable[[str], InstanceSpec]
 
 
-class PoolController(InstanceActions, ControllerViews):
+class PoolController(InstanceActions, CapacityActions, ControllerViews):
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
@@ -111,6 +113,7 @@ class PoolController(InstanceActions, ControllerViews):
         self._last_billing: float | None = None
         self._next_tick: float | None = None
         self._loop_task: asyncio.Task | None = None
+        self._init_capacity()
         if metrics is not None:
             metrics.attach(self)
 
@@ -136,7 +139,7 @@ class PoolController(InstanceActions, ControllerViews):
         if self.instances:
             log.info("%s: stopping %d instance(s)", self.key, len(self.instances))
         for inst in list(self.instances.values()):
-            if not inst.stopping:
+            if inst.state is not S.STOPPING:
                 if inst.state is S.READY:
                     self._transition(inst, S.DRAINING, "controller shutting down")
                 self._begin_stop(inst, "controller shutting down")
@@ -183,21 +186,19 @@ class PoolController(InstanceActions, ControllerViews):
 
     # ---- counts ------------------------------------------------------------------------------
     def counts(self) -> dict[InstanceState, int]:
-        """Instances by state as the policy sees them: one being stopped is on its way
-        out, so it counts as draining whatever its state."""
         out = {s: 0 for s in InstanceState}
         for i in self.instances.values():
-            out[S.DRAINING if i.stopping else i.state] += 1
+            out[i.state] += 1
         return out
 
     def provisioned(self) -> int:
-        return sum(1 for i in self.instances.values() if i.state.provisioned and not i.stopping)
+        return sum(1 for i in self.instances.values() if i.state.provisioned)
 
     # ---- observing ---------------------------------------------------------------------------
     async def observe(self) -> None:
         now = self.clock()
         self._bill(now)
-        live = [i for i in self.instances.values() if i.handle is not None and not i.stopping]
+        live = [i for i in self.instances.values() if i.handle is not None and i.state is not S.STOPPING]
         runs = await asyncio.gather(*(self.provider.status(i.handle) for i in live))
         due = [(i, run) for i, run in zip(live, runs) if self._probe_due(i, now)]
         probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in due))
@@ -206,10 +207,12 @@ class PoolController(InstanceActions, ControllerViews):
             inst.last_probe, inst.probed_at = probe, now
             self._judge(inst, probe, now)
         for inst, run in zip(live, runs):
-            if inst.state in (S.READY, S.DRAINING) and not inst.stopping:
+            if inst.state in (S.READY, S.DRAINING):
                 self._watch_serving(inst, run, now)
+        self._watch_capacity(live, runs, now)  # reclaim notices, slow spot starts
         for inst in list(self.instances.values()):
-            if inst.handle is None and not inst.stopping and now - inst.created > self.config.start_timeout_s:
+            if inst.handle is None and inst.state is not S.STOPPING and \
+                    now - inst.created > self.config.start_timeout_s:
                 self._fail(inst, f"the provider gave no address within {self.config.start_timeout_s:g}s")
         await self._advance_drains(now)
         self._start_replacements(now)
@@ -221,7 +224,7 @@ class PoolController(InstanceActions, ControllerViews):
             inst.probed_at is None or now - inst.probed_at >= self.config.ready_probe_interval_s)
 
     def _judge(self, inst: ManagedInstance, probe: Probe, now: float) -> None:
-        if inst.stopping or inst.id not in self.instances:
+        if inst.id not in self.instances:
             return
         verdict = judge(inst.state, probe, now - inst.created, self.config.start_timeout_s)
         if verdict is None:
@@ -249,13 +252,13 @@ class PoolController(InstanceActions, ControllerViews):
             self._fail(inst, f"not answering /ready for {now - inst.unready_since:.0f}s")
 
     async def _advance_drains(self, now: float) -> None:
-        draining = [i for i in self.instances.values() if i.state is S.DRAINING and not i.stopping]
+        draining = [i for i in self.instances.values() if i.state is S.DRAINING]
         if not draining:
             return
         loads = await asyncio.gather(*(self._prober.load(i.handle) for i in draining))
         for inst, report in zip(draining, loads):
-            if inst.state is not S.DRAINING or inst.stopping:
-                continue  # revived or failed while we waited for the report
+            if inst.state is not S.DRAINING:
+                continue  # revived, failed or stopping while we waited for the report
             inst.last_load = report or inst.last_load
             gateway = self._gateway_inflight(inst)
             engine = (report.num_running + report.num_waiting) if report is not None else None
@@ -306,7 +309,9 @@ class PoolController(InstanceActions, ControllerViews):
 
     def plan(self, desired: int) -> ScalePlan:
         statuses = [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
-                    for i in self.instances.values() if not i.stopping]
+                    for i in self.instances.values() if i.state is not S.STOPPING and i.reclaim_at is None]
+        if self.autoscale.capacity.spot_enabled:
+            return self._plan_mix(desired, statuses)
         return plan_scaling(desired, statuses)
 
     def apply(self, plan: ScalePlan, reason: str, now: float) -> None:
@@ -327,8 +332,8 @@ class PoolController(InstanceActions, ControllerViews):
             log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, starts,
                      self._start_not_before - now)
             starts = 0
-        for _ in range(starts):
-            self._launch(reason, now)
+        for c in (plan.start_classes or ("on_demand",) * starts)[:starts]:
+            self._launch(reason, now, capacity_class=c)
 
     def _active_override(self, now: float) -> Override | None:
         o = self.override

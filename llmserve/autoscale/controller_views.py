@@ -25,10 +25,11 @@ class ControllerViews:
         seen = self.pool.get(inst.id)
         report = seen.report if seen is not None and seen.report is not None else inst.last_load
         return {
-            "instance_id": inst.id, "state": inst.state.value, "stopping": inst.stopping,
+            "instance_id": inst.id, "state": inst.state.value,
             "url": inst.handle.url if inst.handle else None, "in_pool": inst.in_pool,
             "age_s": now - inst.created, "in_state_s": now - inst.since, "reason": inst.reason,
             "created": inst.created_wall, "replaces": inst.replaces, "exit_code": inst.exit_code,
+            "capacity_class": inst.capacity_class, "reclaim_at": inst.reclaim_at,
             "cold_start_s": (inst.ready_at - inst.created) if inst.ready_at is not None else None,
             "inflight": seen.inflight if seen is not None else 0,
             "served": seen.served if seen is not None else 0,
@@ -49,6 +50,8 @@ class ControllerViews:
             "min_instances": b.min_instances, "max_instances": b.max_instances,
             "desired": self.desired, "provisioned": self.provisioned(),
             "counts": {s.value: n for s, n in self.counts().items() if s.billed},
+            "class_counts": self.class_counts(), "cost_dollars": dict(self.cost_dollars),
+            "prices_per_hour": {c: self.autoscale.capacity.price(c) for c in self.cost_dollars},
             "override": None if o is None else {
                 "instances": o.instances, "reason": o.reason, "set_at": o.set_wall,
                 "remaining_s": None if o.until is None else max(0.0, o.until - now)},

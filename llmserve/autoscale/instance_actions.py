@@ -9,8 +9,8 @@ import asyncio
 import logging
 from typing import Any
 
-from llmserve.autoscale.lifecycle import InstanceState, check_transition
 from llmserve.autoscale.managed import ManagedInstance
+from llmserve.lifecycle import InstanceState, check_transition
 
 log = logging.getLogger("llmserve.autoscale.controller")
 S = InstanceState
@@ -19,46 +19,49 @@ S = InstanceState
 class InstanceActions:
     """What :class:`~llmserve.autoscale.controller.PoolController` does to instances."""
 
-    def _launch(self, reason: str, now: float, replaces: str | None = None) -> ManagedInstance:
+    def _launch(self, reason: str, now: float, replaces: str | None = None,
+                capacity_class: str | None = None) -> ManagedInstance:
         iid = f"{self._prefix}{self._next_id}"
         self._next_id += 1
-        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces)
+        cls = capacity_class or self._replacement_class(replaces)
+        inst = ManagedInstance(iid, S.STARTING, now, self.wall(), now, reason, replaces=replaces, capacity_class=cls)
         self.instances[iid] = inst
         self.history.event(inst.created_wall, iid, "transition", None, S.STARTING.value, reason,
-                           replaces=replaces)
+                           replaces=replaces, capacity_class=cls)
         self._tasks[iid] = asyncio.create_task(self._do_start(inst), name=f"start {iid}")
         return inst
 
     async def _do_start(self, inst: ManagedInstance) -> None:
         try:
-            handle = await self.provider.start(self.spec_factory(inst.id))
+            handle = await self._provider_start(inst)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any start failure fails the instance
             self._tasks.pop(inst.id, None)
-            if not inst.stopping and inst.state is S.STARTING:
+            if inst.state is S.STARTING:
                 self._fail(inst, f"start failed: {type(e).__name__}: {e}")
             return
         self._tasks.pop(inst.id, None)
         inst.handle = handle
         self.history.event(self.wall(), inst.id, "started", inst.state.value, inst.state.value,
                            f"{self.provider.name} provider: {handle.url}", **handle.ref)
-        if inst.stopping:  # cancelled while the provider was starting it
+        if inst.state is S.STOPPING:  # cancelled while the provider was starting it
             self._begin_stop(inst, inst.reason)
 
     def _begin_stop(self, inst: ManagedInstance, reason: str, **details: Any) -> None:
-        """Out of the pool, then stop the process; the state moves when it has exited."""
-        if inst.stopping and inst.id in self._tasks:
+        """Out of the pool and ``stopping``, then stop the process; ``stopped`` once it
+        has exited. Called again for an instance already stopping whose start was still
+        running, it sends the stop that start could not have been sent before."""
+        stopping = inst.state is S.STOPPING
+        if stopping and inst.id in self._tasks:
             return
-        inst.stopping = True
-        inst.reason = reason
         pending = self._tasks.get(inst.id)
         if pending is not None and inst.handle is None:
             pending.cancel()  # a start still waiting for its address
             self._tasks.pop(inst.id, None)
         self._leave_pool(inst, reason)
-        self.history.event(self.wall(), inst.id, "stop", inst.state.value, inst.state.value, reason,
-                           served=self._served(inst), **details)
+        if not stopping:
+            self._transition(inst, S.STOPPING, reason, served=self._served(inst), **details)
         self._tasks[inst.id] = asyncio.create_task(self._do_stop(inst, reason), name=f"stop {inst.id}")
 
     async def _do_stop(self, inst: ManagedInstance, reason: str) -> None:
@@ -74,12 +77,12 @@ class InstanceActions:
             self.history.event(self.wall(), inst.id, "cleaned_up", S.FAILED.value, S.FAILED.value,
                                "process released", exit_code=code)
             return
-        if inst.state is S.DRAINING and inst.drain_started is not None and self.metrics is not None:
+        if inst.drain_started is not None and self.metrics is not None:  # it stopped after a drain
             self.metrics.drain.labels(self.model, self.version).observe(self.clock() - inst.drain_started)
         self._transition(inst, S.STOPPED, reason, exit_code=code)
 
     def _fail(self, inst: ManagedInstance, reason: str) -> None:
-        provisioned = inst.state.provisioned and not inst.stopping
+        provisioned = inst.state.provisioned
         never_ready = inst.ready_at is None
         self._leave_pool(inst, reason)
         self._transition(inst, S.FAILED, reason)
@@ -152,5 +155,7 @@ class InstanceActions:
         if self._last_billing is not None and self.metrics is not None:
             billed = sum(1 for i in self.instances.values() if i.state.billed)
             self.metrics.instance_seconds.labels(self.model, self.version).inc(billed * (now - self._last_billing))
+        if self._last_billing is not None:
+            self._bill_classes(now - self._last_billing)
         self._last_billing = now
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.probe import Probe
 from llmserve.autoscale.providers.base import InstanceHandle
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
@@ -55,15 +55,16 @@ class ManagedInstance:
     reason: str = ""
     handle: InstanceHandle | None = None
     in_pool: bool = False
-    stopping: bool = False  # a stop was sent; it is on its way out, whatever its state says
     ready_at: float | None = None
-    drain_started: float | None = None
+    drain_started: float | None = None  # None: not drained (never, or revived since)
     unready_since: float | None = None
     exit_code: int | None = None
     replaces: str | None = None
     last_probe: Probe | None = None
     probed_at: float | None = None
     last_load: LoadReport | None = None
+    capacity_class: str = "on_demand"  # or "spot" (capacity_mix.py)
+    reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)
 
 
 @dataclass(frozen=True, slots=True)

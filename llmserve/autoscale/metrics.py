@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
+from llmserve.autoscale.capacity_mix import CLASSES
+from llmserve.lifecycle import ALLOWED, InstanceState
 
 if TYPE_CHECKING:
     from llmserve.autoscale.controller import PoolController
@@ -38,6 +39,12 @@ class AutoscaleMetrics:
                                     labels, registry=registry)
         self.instance_seconds = Counter(f"{P}instance_seconds", "Instance-seconds held (any state but "
                                         "stopped or failed): the cost", labels, registry=registry)
+        self.cost = Counter(f"{P}instance_cost_dollars", "Money spent on instances held, at each capacity "
+                            "class's price per instance-hour", labels + ["capacity_class"], registry=registry)
+        self.reclaims = Counter(f"{P}reclaims", "Reclaim notices (the provider takes the instance)",
+                                labels + ["capacity_class"], registry=registry)
+        self.spot_fallbacks = Counter(f"{P}spot_fallbacks", "Starts moved from spot to on-demand (spot refused, "
+                                      "or slow to start)", labels + ["reason"], registry=registry)
         self.cold_start = Histogram(f"{P}cold_start_seconds", "Start requested to /ready 200", labels,
                                     buckets=_COLD_START_BUCKETS, registry=registry)
         self.drain = Histogram(f"{P}drain_seconds", "Drain started to the instance stopped", labels,
@@ -60,6 +67,11 @@ class AutoscaleMetrics:
             self.manual.labels(*key, action)
         for metric in (self.replacements, self.instance_seconds, self.cold_start, self.drain):
             metric.labels(*key)
+        for c in CLASSES:
+            self.cost.labels(*key, c)
+            self.reclaims.labels(*key, c)
+        for reason in ("refused", "slow"):
+            self.spot_fallbacks.labels(*key, reason)
 
 
 class _Gauges(Collector):
@@ -79,6 +91,8 @@ class _Gauges(Collector):
                                     labels=labels)
         override = GaugeMetricFamily(f"{P}override_active", "1 while a manual override is in force",
                                      labels=labels)
+        by_class = GaugeMetricFamily(f"{P}class_instances", "Instances held (billed) by capacity class",
+                                     labels=labels + ["capacity_class"])
         for c in self._controllers:
             key = [c.model, c.version]
             counts = c.counts()
@@ -88,4 +102,6 @@ class _Gauges(Collector):
             desired.add_metric(key, c.desired)
             arrival.add_metric(key, c.last_signals.arrival_rate if c.last_signals else 0.0)
             override.add_metric(key, 1.0 if c.override_active() else 0.0)
-        return [instances, desired, arrival, override]
+            for cls, n in c.class_counts().items():
+                by_class.add_metric(key + [cls], n)
+        return [instances, desired, arrival, override, by_class]

@@ -2,7 +2,8 @@
 
 The controller looks at every starting or warming instance each probe interval:
 is its process still there (the provider), and what does ``GET /ready`` say (the
-engine: ``loading``, ``warming``, ``ready``, ``failed``)? :func:`judge` turns that
+engine's state word, read once into :class:`~llmserve.lifecycle.InstanceState` by
+:meth:`~llmserve.lifecycle.InstanceState.from_wire`)? :func:`judge` turns that
 into the next lifecycle state. Only ``/ready`` answering 200 makes an instance
 ready, and the engine answers 200 only after its weights loaded and a warm-up
 generation ran: a cold instance never gets traffic. Ready instances are looked at
@@ -18,8 +19,8 @@ from typing import Literal, Protocol
 
 import httpx
 
-from llmserve.autoscale.lifecycle import ALLOWED, InstanceState
 from llmserve.autoscale.providers.base import InstanceHandle, RunStatus
+from llmserve.lifecycle import ALLOWED, InstanceState
 from llmserve.load_report import LoadReport, MetricsLoadParser
 
 S = InstanceState
@@ -31,7 +32,7 @@ class Probe:
 
     run: RunStatus
     http_status: int | None = None  # None: no HTTP answer (not listening yet, or gone)
-    engine_state: str | None = None  # the engine's own word: loading, warming, ready, draining, failed
+    engine_state: InstanceState | None = None  # what the engine says it is; None: it did not say
     error: str = ""
 
 
@@ -41,20 +42,20 @@ def judge(state: InstanceState, probe: Probe, age_s: float,
 
     ``age_s`` is how long the instance has existed (its whole cold start so far).
     """
-    if state in (S.STOPPED, S.FAILED):
-        return None
+    if state in (S.STOPPING, S.STOPPED, S.FAILED):
+        return None  # on its way out already: its exit is the stop's to record
     if probe.run.gone:
         what = probe.run.detail or probe.run.state.value
         return S.FAILED, f"{what} while {state.value}"
-    if state is S.READY and probe.engine_state == "failed":
+    if state is S.READY and probe.engine_state is S.FAILED:
         return S.FAILED, f"engine died while ready: {probe.error or 'see its log'}"
     if state not in (S.STARTING, S.WARMING):
         return None
-    if probe.engine_state == "failed":
+    if probe.engine_state is S.FAILED:
         return S.FAILED, f"engine failed to start: {probe.error or 'see its log'}"
     if probe.http_status == 200:
         return S.READY, f"/ready answered 200 after {age_s:.1f}s (weights loaded, warm-up ran)"
-    if state is S.STARTING and probe.engine_state == "warming":
+    if state is S.STARTING and probe.engine_state is S.WARMING:
         return S.WARMING, f"weights loaded after {age_s:.1f}s; warm-up running"
     if age_s > start_timeout_s:
         return S.FAILED, f"not ready after {age_s:.0f}s (start timeout {start_timeout_s:g}s)"
@@ -84,9 +85,13 @@ class EngineEndpoints:
 
 
 async def probe_ready(client: httpx.AsyncClient, url: str, run: RunStatus,
-                      timeout_s: float, ready_path: str = "/ready") -> Probe:
+                      timeout_s: float, ready_path: str = "/ready", instance_id: str | None = None) -> Probe:
     """``GET /ready``: 200 when ready; 503 with the engine's state while loading or warming.
-    A foreign server's ``ready_path`` counts only its status (refused while it starts)."""
+    A foreign server's ``ready_path`` counts only its status (refused while it starts).
+
+    An engine that names itself as another instance is not this one: the port was free
+    when it was chosen and another server took it first. That answer counts as none, so
+    this instance never gets traffic meant for it (its own server fails to bind and exits)."""
     if run.gone:
         return Probe(run)
     try:
@@ -96,11 +101,14 @@ async def probe_ready(client: httpx.AsyncClient, url: str, run: RunStatus,
     state, error = None, ""
     try:
         body = r.json()
-        state = body.get("state")
+        state = InstanceState.from_wire(body.get("state"))
         error = body.get("error") or ""
-    except ValueError:
-        pass
-    if state == "failed" and not error:
+        other = body.get("instance_id")
+    except (ValueError, AttributeError):
+        other = None
+    if instance_id and other and other != instance_id:
+        return Probe(run, error=f"its port is answered by another instance ({other})")
+    if state is S.FAILED and not error:
         try:
             error = (await client.get(f"{url}/health", timeout=timeout_s)).json().get("error") or ""
         except (httpx.HTTPError, ValueError):
@@ -135,7 +143,8 @@ class HttpProber:
         self._parsers: dict[str, MetricsLoadParser] = {}  # per instance: rates need the last scrape
 
     async def ready(self, handle: InstanceHandle, run: RunStatus) -> Probe:
-        return await probe_ready(self.client, handle.url, run, self.timeout_s, self.endpoints.ready_path)
+        return await probe_ready(self.client, handle.url, run, self.timeout_s, self.endpoints.ready_path,
+                                 handle.instance_id)
 
     async def load(self, handle: InstanceHandle) -> LoadReport | None:
         if self.endpoints.load_source == "load":

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
-from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.lifecycle import InstanceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,8 @@ class ScalePlan:
     revive: list[Hashable] = field(default_factory=list)
     cancel: list[Hashable] = field(default_factory=list)
     drain: list[Hashable] = field(default_factory=list)
+    # The capacity class of each start (see capacity_mix.py); empty: the pool's only class.
+    start_classes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:

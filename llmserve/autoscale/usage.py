@@ -6,6 +6,7 @@ counts. Both the live controller's event log (``/admin/autoscale/events``) and
 the simulator's instance lifetimes reduce to spans ``(start, end)``, with
 ``end`` None while the instance is still held, so one pair of functions prices
 both and a live run and a simulated one are compared on the same definition.
+:func:`dollars` prices the same spans at each instance's capacity class.
 """
 
 from __future__ import annotations
@@ -57,3 +58,23 @@ def peak_held(spans: Sequence[Span], t0: float, t1: float) -> int:
 def instance_seconds(events: Iterable[Mapping[str, Any]], t0: float, t1: float) -> float:
     """Instance-seconds held within ``[t0, t1]``, from the admin event log."""
     return held_seconds(spans_from_events(events).values(), t0, t1)
+
+
+def classes_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each instance's capacity class: the one it was launched in, on-demand after a
+    ``spot_fallback`` (refused spot is started on-demand); on-demand when unnamed."""
+    out: dict[str, str] = {}
+    for e in sorted(events, key=lambda e: e["seq"]):
+        if e["kind"] == "transition" and e["old"] is None:
+            out[e["instance_id"]] = (e.get("details") or {}).get("capacity_class", "on_demand")
+        elif e["kind"] == "spot_fallback":
+            out[e["instance_id"]] = e["new"]
+    return out
+
+
+def dollars(events: Sequence[Mapping[str, Any]], prices: Mapping[str, float], t0: float, t1: float) -> float:
+    """Money spent within ``[t0, t1]``, from the admin event log: each instance's held
+    time at its class's price per instance-hour."""
+    spans, classes = spans_from_events(events), classes_from_events(events)
+    return sum(held_seconds([span], t0, t1) * prices[classes.get(iid, "on_demand")]
+               for iid, span in spans.items()) / 3600.0

@@ -1,9 +1,17 @@
-"""Engine configuration: one typed object, validated once, passed down."""
+"""Engine configuration: one typed, frozen object, validated once, passed down.
+
+The command line is generated from these fields (``llmserve/flags.py``): a field's
+description is its ``--help``, its default the flag's default.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+import json
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmserve.flags import Flag
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")
@@ -11,14 +19,18 @@ _KV_ALIASES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16"
                "half": "fp16"}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16": "bf16",
                   "fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "w8a8"}
+KV_CAP_BYTES = 2 << 30  # the default pool's ceiling (see num_blocks_for)
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-@dataclass(slots=True)
-class SpeculativeConfig:
+class SpeculativeConfig(BaseModel):
     """vLLM-style ``speculative_config``."""
 
+    model_config = _FROZEN
+
     method: str = "ngram"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = Field(4, ge=1)
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None
@@ -37,84 +49,85 @@ class SpeculativeConfig:
     # make), num_speculative_tokens for a draft model (each guess is a forward pass).
     max_speculative_tokens: int | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max(cls, d: Any) -> Any:
+        if isinstance(d, dict) and d.get("max_speculative_tokens") is None:
+            k = d.get("num_speculative_tokens", 4)
+            d = {**d, "max_speculative_tokens": 2 * k if d.get("method", "ngram") == "ngram" else k}
+        return d
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpeculativeConfig":
         if self.method not in ("ngram", "draft"):
             raise ValueError(f"speculative method must be 'ngram' or 'draft', got {self.method!r}")
-        if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be at least 1")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.method == "draft" and not self.model:
             raise ValueError("draft speculation needs 'model'")
-        if self.max_speculative_tokens is None:
-            k = self.num_speculative_tokens
-            self.max_speculative_tokens = 2 * k if self.method == "ngram" else k
         if self.max_speculative_tokens < self.num_speculative_tokens:
             raise ValueError("max_speculative_tokens must be at least num_speculative_tokens")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
-        if d is None or isinstance(d, SpeculativeConfig):
-            return d
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown speculative_config keys: {sorted(unknown)}")
-        return cls(**d)
+        return self
 
 
-@dataclass(slots=True)
-class EngineConfig:
-    model: str = "SmolLM2-135M-Instruct"
-    # auto: int8 where the weights came from a block-quantised GGUF (nothing to lose) and
-    # the int8 kernel runs here, fp32 otherwise. Resolved by EngineCore.
-    dtype: str = "auto"
-    # The KV pool's element type. auto: fp16 with int8 weights (half the bytes each decode
-    # step's attention streams, twice the tokens per GiB; within the int8 tolerance), fp32
-    # otherwise (fp32 weights stay token-exact against transformers).
-    kv_cache_dtype: str = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None  # used when num_kv_blocks is not given
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    seed: int | None = None
-    threads: int | None = None
-    batch_min_share: float = 0.1
-    long_prefill_token_threshold: int = 0  # cap on a prompt chunk per step; 0: none
+class EngineConfig(BaseModel):
+    """The engine's settings, named as in ``vllm serve`` where the concept is the same."""
+
+    model_config = _FROZEN
+
+    model: str = Field("SmolLM2-135M-Instruct", description="model store name, .gguf file or Hugging Face folder")
+    model_store: str | None = Field(None, description="model store folder (LLMSERVE_MODEL_STORE sets the default)")
+    dtype: Annotated[str, Flag(choices=DTYPES)] = Field(
+        "auto", description="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
+                            "too (torch's dynamic int8; lossy on SmolLM2); auto = int8 for a block-quantised "
+                            "GGUF where the int8 kernel runs, else fp32")
+    kv_cache_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES)] = Field(
+        "auto", description="KV pool element type; auto = fp16 with int8 weights (half the bytes each decode "
+                            "step's attention streams), else fp32 (token-exact against transformers)")
+    max_num_seqs: int = Field(64, ge=1, description="requests in the running batch at most")
+    max_num_batched_tokens: int = Field(512, ge=1, description="tokens in one step at most")
+    max_model_len: int | None = Field(None, ge=1, description="context length (default: the model's)")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    num_kv_blocks: int | None = Field(None, ge=1, description="KV pool size in blocks")
+    kv_cache_memory_bytes: Annotated[int | None, Flag(name="--kv-cache-memory")] = Field(
+        None, gt=0, description="KV pool budget in bytes (used when --num-kv-blocks is not given)")
+    enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
+    speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
+        None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    seed: int | None = Field(None, description="seeds the engine's sampler")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance "
+                                                        "(default: the machine's cores, less the API process's)")
+    batch_min_share: float = Field(0.1, description="share of each step's budget batch requests always get")
+    long_prefill_token_threshold: int = Field(
+        0, description="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
     # A step with prompt tokens lasts about as long as an idle prefill of this many
     # tokens (measured online; SchedulerConfig says how); 0: token budgets only.
-    step_budget_tokens: int = 48
-    step_time_budget_s: float | None = None  # that time outright, overriding the above
-    speculative_config: SpeculativeConfig | dict | None = None
-    model_store: str | None = None
-    served_model_name: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    step_budget_tokens: int = Field(
+        48, description="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
+                        "(measured on this machine as it runs); 0: token budgets only")
+    step_time_budget_s: Annotated[float | None, Flag(name="--step-time-budget-ms", scale=1e-3)] = Field(
+        None, description="that step time outright, in ms (overrides --step-budget-tokens)")
+    # Set by the server from its own --served-model-name.
+    served_model_name: Annotated[str | None, Flag(skip=True)] = None
 
-    def __post_init__(self) -> None:
-        d = _DTYPE_ALIASES.get(str(self.dtype).lower())
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, v: Any) -> str:
+        d = _DTYPE_ALIASES.get(str(v).lower())
         if d is None:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        self.dtype = d
-        kv = _KV_ALIASES.get(str(self.kv_cache_dtype).lower())
+            raise ValueError(f"dtype must be one of {DTYPES}, got {v!r}")
+        return d
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_dtype(cls, v: Any) -> str:
+        kv = _KV_ALIASES.get(str(v).lower())
         if kv is None:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        self.kv_cache_dtype = kv
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError("num_kv_blocks must be at least 1")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
-            raise ValueError("kv_cache_memory_bytes must be positive")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError("threads must be at least 1")
-        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {v!r}")
+        return kv
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int) -> int:
         """Blocks in the pool: explicit, from a memory budget, or enough for a full batch.
@@ -131,5 +144,5 @@ class EngineConfig:
                 raise ValueError("kv_cache_memory_bytes is smaller than one KV block")
             return int(n)
         want_tokens = max(max_model_len, self.max_num_seqs * max_model_len // 4)
-        cap_tokens = (2 << 30) // kv_bytes_per_token
+        cap_tokens = KV_CAP_BYTES // kv_bytes_per_token
         return max(1, -(-min(want_tokens, cap_tokens) // bs))

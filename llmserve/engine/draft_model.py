@@ -9,21 +9,17 @@ target's accepted tokens, so a rejected guess is simply recomputed next time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from llmserve.engine.config import SpeculativeConfig
-from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.kv_cache import KVCacheManager, KVGeometry
+from llmserve.engine.proposer import Proposal
 from llmserve.engine.request import Request
 from llmserve.engine.runner import ModelRunner
-from llmserve.engine.sampler import SampleRow, draw, process
+from llmserve.engine.sampler import RowFn, draw, process
 from llmserve.engine.scheduler import ScheduledRequest, SchedulerOutput
-from llmserve.engine.spec_decode import Proposal
 from llmserve.models.llama import LlamaForCausalLM
-
-if TYPE_CHECKING:
-    from llmserve.engine.engine import EngineCore
 
 
 @dataclass
@@ -41,15 +37,18 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, engine: "EngineCore",
-                 model: LlamaForCausalLM | None = None) -> None:
+    """``geometry``: the target's KV pool, which the draft's own pool mirrors (so it holds every
+    request the target does); ``vocab_size``: the target's, which the draft must share."""
+
+    def __init__(self, config: SpeculativeConfig, geometry: KVGeometry, vocab_size: int, *,
+                 model_store: str | None = None, model: LlamaForCausalLM | None = None) -> None:
         if model is None:
-            model = _load_draft(config, engine)
-        if model.config.vocab_size != engine.model_config.vocab_size:
+            model = _load_draft(config, model_store)
+        if model.config.vocab_size != vocab_size:
             raise ValueError(f"draft model vocab {model.config.vocab_size} differs from the target's "
-                             f"{engine.model_config.vocab_size}: they must share a tokenizer")
-        kv = engine.kv
-        self.kv = KVCacheManager(kv.num_blocks, kv.block_size, enable_prefix_caching=False, watermark=0.0)
+                             f"{vocab_size}: they must share a tokenizer")
+        self.kv = KVCacheManager(geometry.num_blocks, geometry.block_size, enable_prefix_caching=False,
+                                 watermark=0.0)
         self.runner = ModelRunner(model, self.kv)
         self.shadows: dict[str, _Shadow] = {}
 
@@ -58,8 +57,7 @@ class DraftModelProposer:
         if sh is not None:
             self.kv.free(sh.request)
 
-    def propose(self, requests: list[Request], k: int, rows: Callable[[Request, list[int]], SampleRow]
-                ) -> dict[str, Proposal]:
+    def propose(self, requests: list[Request], k: int, rows: RowFn) -> dict[str, Proposal]:
         active: list[tuple[Request, _Shadow]] = []
         for r in requests:
             sh = self.shadows.get(r.request_id)
@@ -110,14 +108,11 @@ class DraftModelProposer:
         return {rid: Proposal(t, torch.stack(qs[rid])) for rid, t in tokens.items() if t}
 
 
-def _load_draft(config: SpeculativeConfig, engine: "EngineCore") -> LlamaForCausalLM:
-    from pathlib import Path
-
+def _load_draft(config: SpeculativeConfig, model_store: str | None) -> LlamaForCausalLM:
     from llmserve.models.loading import load_weights
-    from llmserve.models.store import default_store_dir, resolve
+    from llmserve.models.store import locate
     from llmserve.models.weights import linear_factory_for
 
-    store = Path(engine.config.model_store) if engine.config.model_store else default_store_dir()
-    source = resolve(str(config.model), store)
+    source, store = locate(str(config.model), model_store)
     mc, weights = load_weights(source, store)
     return LlamaForCausalLM(mc, weights, linear_factory_for("fp32"))

@@ -27,6 +27,14 @@ def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes) -> byte
     return h.digest()
 
 
+@dataclass(frozen=True, slots=True)
+class KVGeometry:
+    """The shape of a paged KV pool, for a second pool that mirrors it (a draft model's)."""
+
+    num_blocks: int
+    block_size: int
+
+
 @dataclass
 class _ReqBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
@@ -58,6 +66,10 @@ class KVCacheManager:
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
+
+    @property
+    def geometry(self) -> KVGeometry:
+        return KVGeometry(self.num_blocks, self.block_size)
 
     @property
     def num_free_blocks(self) -> int:

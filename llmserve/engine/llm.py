@@ -15,12 +15,9 @@ Prompt = str | list[int]
 
 
 def _source(config: EngineConfig):
-    from pathlib import Path
+    from llmserve.models.store import locate
 
-    from llmserve.models.store import default_store_dir, resolve
-
-    store = Path(config.model_store) if config.model_store else default_store_dir()
-    return resolve(config.model, store), store
+    return locate(config.model, config.model_store)
 
 
 def load_engine_tokenizer(config: EngineConfig):

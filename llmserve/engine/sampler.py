@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from llmserve.engine.outputs import TokenLogprob
+from llmserve.engine.resume import position_seed
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.ops import layer_ops
+
+if TYPE_CHECKING:
+    from llmserve.engine.request import Request
 
 
 @dataclass(slots=True)
@@ -35,6 +40,38 @@ class SampleRow:
     generator: torch.Generator | None
     # The grammar's allowed next tokens, a packed int32 bitmask row (engine/grammar.py); None: any.
     allowed: torch.Tensor | None = None
+
+
+class RowFn(Protocol):
+    """The row of ``req`` at the position after its output plus ``extra_output`` (draft tokens)."""
+
+    def __call__(self, req: "Request", extra_output: list[int] | None = None,
+                 allowed: torch.Tensor | None = None) -> SampleRow: ...
+
+
+class RowBuilder:
+    """Owns each seeded request's generator and builds its rows (a ``RowFn``).
+
+    A seeded request draws from its own generator, so its tokens do not depend on
+    what else shares the batch; the others share the sampler's.
+    """
+
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+
+    def add(self, req: "Request") -> None:
+        seed = req.sampling_params.seed
+        if seed is not None:
+            self._generators[req.request_id] = torch.Generator().manual_seed(seed)
+
+    def remove(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def row(self, req: "Request", extra_output: list[int] | None = None,
+            allowed: torch.Tensor | None = None) -> SampleRow:
+        out = req.output_token_ids + (extra_output or [])
+        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._generators.get(req.request_id),
+                         allowed)
 
 
 @dataclass(slots=True)
@@ -179,11 +216,18 @@ class Sampler:
         for i, row in enumerate(rows):
             try:
                 dist = process(logits[i], row)
-                tok = int(dist.argmax().item()) if row.params.greedy else draw(dist, row.generator or self.generator)
+                tok = int(dist.argmax().item()) if row.params.greedy else draw(dist, self._generator(row))
             except Exception as e:  # noqa: BLE001 - this row's own fault: its request fails, not the batch
                 tok, errors[i] = -1, str(e) or type(e).__name__
             tokens.append(tok)
         return tokens, errors
+
+    def _generator(self, row: SampleRow) -> torch.Generator:
+        """A seeded row's draw depends on (seed, position) alone, not on earlier draws, so a
+        stream resumed on another engine samples the same (engine/resume.py)."""
+        if row.generator is None or row.params.seed is None:
+            return self.generator
+        return row.generator.manual_seed(position_seed(row.params.seed, len(row.output_ids)))
 
     @staticmethod
     def describe(tok: int, row: SampleRow, logprobs: torch.Tensor | None) -> SampledToken:

@@ -10,74 +10,34 @@ never reaches the prefix cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from llmserve.engine.config import SpeculativeConfig
+from llmserve.engine.kv_cache import KVGeometry
 from llmserve.engine.outputs import TokenLogprob
+from llmserve.engine.proposer import NgramProposer, Proposer
 from llmserve.engine.request import Request
-from llmserve.engine.sampler import (NonFiniteError, SampleRow, Sampler, StepSamples, constrain, draw,
-                                     non_finite_rows, process)
+from llmserve.engine.sampler import (NonFiniteError, RowFn, Sampler, StepSamples, constrain, draw, non_finite_rows,
+                                     process)
 
 if TYPE_CHECKING:
-    from llmserve.engine.engine import EngineCore
+    from llmserve.engine.guided import GuidedDecoding
     from llmserve.engine.runner import RunOutput
     from llmserve.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
-@dataclass(slots=True)
-class Proposal:
-    tokens: list[int]
-    # Draft distributions the tokens were drawn from, one row per token; None means
-    # the proposer is deterministic (n-gram): treated as one-hot.
-    q: torch.Tensor | None = None
+def build_proposer(config: SpeculativeConfig, geometry: KVGeometry, vocab_size: int,
+                   model_store: str | None = None) -> Proposer:
+    """The proposer ``config.method`` names; a draft model is loaded from ``model_store``."""
+    if config.method == "ngram":
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    from llmserve.engine.draft_model import DraftModelProposer
 
-
-class Proposer(Protocol):
-    """Guesses the next tokens of decoding requests.
-
-    ``propose`` may return fewer than ``k`` tokens, or nothing, per request; it must
-    not change the requests. ``release`` drops any state kept for a request.
-    """
-
-    def propose(self, requests: list[Request], k: int, rows: Callable[[Request, list[int]], SampleRow]
-                ) -> dict[str, Proposal]: ...
-
-    def release(self, request_id: str) -> None: ...
-
-
-class NgramProposer:
-    """Prompt lookup: the longest recent suffix that occurred earlier; propose what followed it."""
-
-    def __init__(self, min_n: int, max_n: int) -> None:
-        self.min_n, self.max_n = min_n, max_n
-
-    def propose(self, requests, k, rows):
-        out = {}
-        for r in requests:
-            toks = find_ngram_continuation(r.all_token_ids, self.min_n, self.max_n, k)
-            if toks:
-                out[r.request_id] = Proposal(toks)
-        return out
-
-    def release(self, request_id: str) -> None:
-        pass
-
-
-def find_ngram_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """Tokens that followed the most recent earlier occurrence of the longest matching suffix."""
-    n_tok = len(tokens)
-    for n in range(min(max_n, n_tok - 1), min_n - 1, -1):
-        suffix = tokens[n_tok - n:]
-        # search right to left for the latest earlier match
-        for start in range(n_tok - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix:
-                follow = tokens[start + n:start + n + k]
-                if follow:
-                    return follow
-    return []
+    return DraftModelProposer(config, geometry, vocab_size, model_store=model_store)
 
 
 def rejection_sample(p_rows: list[torch.Tensor], drafts: list[int], q_rows: torch.Tensor | None,
@@ -142,17 +102,21 @@ class SpecCounters:
 class SpeculativeDecoder:
     """Proposes before the step, verifies after the forward pass; owns the counters."""
 
-    def __init__(self, config: SpeculativeConfig, engine: "EngineCore") -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, *, max_model_len: int, rows: RowFn,
+                 live_ids: Callable[[], Collection[str]], guided: Callable[[], GuidedDecoding | None],
+                 generator: torch.Generator) -> None:
+        """``rows`` builds a request's sampling rows; ``live_ids`` are the requests still unfinished
+        (state of the others is dropped); ``guided`` gives the grammar matchers (None until the first
+        structured-output request); ``generator`` is what unseeded requests draw from."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.k_max = config.max_speculative_tokens
-        self.engine = engine
-        if config.method == "ngram":
-            self.proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-        else:
-            from llmserve.engine.draft_model import DraftModelProposer
-
-            self.proposer = DraftModelProposer(config, engine)
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.rows = rows
+        self.live_ids = live_ids
+        self.guided = guided
+        self.generator = generator
         self.counters = SpecCounters(accepted_per_pos=[0] * self.k_max)
         self._accept: dict[str, _Acceptance] = {}
         self._q: dict[str, torch.Tensor | None] = {}
@@ -175,7 +139,7 @@ class SpeculativeDecoder:
         return self.counters.accepted_per_pos
 
     def propose(self, running: list[Request]) -> None:
-        live = set(self.engine.scheduler.requests)
+        live = set(self.live_ids())
         for rid in [r for r in self._accept if r not in live]:
             self._accept.pop(rid, None)
             self.proposer.release(rid)
@@ -192,13 +156,13 @@ class SpeculativeDecoder:
             if acc.paused_until > r.num_output_tokens:
                 continue
             room = min(acc.k, r.max_tokens - r.num_output_tokens - 1,
-                       self.engine.max_model_len - r.num_tokens - 1)
+                       self.max_model_len - r.num_tokens - 1)
             if room > 0:
                 want.append((r, room))
         if not want:
             return
-        props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.engine._row)
-        guided = self.engine.guided
+        props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.rows)
+        guided = self.guided()
         for r, room in want:
             prop = props.get(r.request_id)
             if prop and prop.tokens:
@@ -208,7 +172,7 @@ class SpeculativeDecoder:
                 r.spec_token_ids = tokens
                 self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
-    def verify(self, plan: "SchedulerOutput", run: "RunOutput", row_fn: Callable[..., SampleRow],
+    def verify(self, plan: SchedulerOutput, run: RunOutput,
                masks: dict[str, torch.Tensor] | None = None) -> StepSamples:
         """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone.
         ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
@@ -225,7 +189,7 @@ class SpeculativeDecoder:
             try:
                 if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
                     raise NonFiniteError("the model's logits are not finite")
-                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], row_fn, required,
+                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], required,
                                                         masks.get(rid))
             except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
                 out.failed[rid] = str(e) or type(e).__name__
@@ -234,17 +198,18 @@ class SpeculativeDecoder:
                 out.logprobs[rid] = lps
         return out
 
-    def _verify_one(self, s: "ScheduledRequest", logits: torch.Tensor, row_fn: Callable[..., SampleRow],
-                    required: float, mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
+    def _verify_one(self, s: ScheduledRequest, logits: torch.Tensor, required: float,
+                    mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
         req = s.request
         drafts = s.spec_token_ids
         params = req.sampling_params
         raw_logits = logits
-        base = row_fn(req, allowed=None if mask is None else mask[0])
-        gen = base.generator or self.engine.sampler.generator
+        base = self.rows(req, allowed=None if mask is None else mask[0])
+        gen = base.generator or self.generator
         fast = params.greedy and not params.needs_penalties
         if mask is not None or params.logit_bias or not fast:
-            rows = [base] + [row_fn(req, drafts[:j], None if mask is None else mask[j]) for j in range(1, len(logits))]
+            rows = [base] + [self.rows(req, drafts[:j], None if mask is None else mask[j])
+                             for j in range(1, len(logits))]
             logits = constrain(logits, rows)
         if fast:
             if logits is not raw_logits and non_finite_rows(logits):

@@ -36,15 +36,15 @@ def encode_request(req: Request, prompt_text: str | None) -> list:
         fields_["structured_outputs"] = asdict(sp.structured_outputs)
     return [req.request_id, req.prompt_token_ids, fields_,
             req.max_tokens, req.arrival_time, req.priority, req.cache_salt, sorted(req.eos_token_ids),
-            prompt_text]
+            prompt_text, req.output_token_ids]  # (output: a resumed stream's, engine/resume.py)
 
 
 def decode_request(m: list) -> tuple[Request, str | None]:
-    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text = m
+    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text, out = m
     if sp.get("structured_outputs") is not None:
         sp["structured_outputs"] = StructuredOutputsParams(**sp["structured_outputs"])
     req = Request(rid, ids, SamplingParams(**sp), max_tokens, arrival_time=arrival, priority=prio,
-                  cache_salt=salt, eos_token_ids=frozenset(eos))
+                  cache_salt=salt, eos_token_ids=frozenset(eos), all_token_ids=ids + out)
     return req, text
 
 

@@ -16,18 +16,18 @@ no admin key configured the whole API answers 404.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
+from llmserve.api.limits import bearer_token, find_key
 from llmserve.gateway.canary import InvalidTransition
 from llmserve.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway, ModelRuntime
+    from llmserve.gateway.runtime import Gateway, ModelRuntime
 
 CANARY_ACTIONS = ("start", "promote", "rollback", "pause", "resume")
 
@@ -56,10 +56,9 @@ def admin_guard(gw: Gateway) -> Callable[[Request], None]:
         if key is None:
             raise GatewayError(404, "the admin API is disabled (no admin_key configured)",
                                code="not_found")
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else \
-            request.headers.get("x-admin-key", "")
-        if not hmac.compare_digest(given.encode(), key.get_secret_value().encode()):
+        given = bearer_token(request.headers.get("authorization")) or \
+            request.headers.get("x-admin-key", "").encode()
+        if find_key(given, [key.get_secret_value().encode()]) is None:
             raise GatewayError(401, "a valid admin key is required", code="invalid_admin_key")
 
     return require_admin

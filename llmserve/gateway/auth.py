@@ -26,11 +26,11 @@ Only this priority reaches the instances: the proxy rewrites the body's
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from llmserve.gateway.errors import GatewayError
+from llmserve.api.errors import APIError  # the gateway's error type, without its HTTP responses
+from llmserve.api.limits import bearer_token, find_key
 from llmserve.priority import PriorityClass, PriorityRange
 
 
@@ -73,19 +73,15 @@ class ClientAuth:
 
     def __init__(self, keys: Mapping[str, Privileges], open_privileges: Privileges) -> None:
         self._keys = [(k.encode(), p) for k, p in keys.items()]
+        self._key_bytes = [k for k, _ in self._keys]
         self._open = open_privileges
 
     def identify(self, authorization: str | None) -> Privileges:
         """The client's privileges; 401 when keys are configured and none matches."""
         if not self._keys:
             return self._open
-        auth = authorization or ""
-        given = (auth[7:] if auth.lower().startswith("bearer ") else "").strip().encode()
-        found = None
-        for key, privileges in self._keys:  # no early exit: every key is compared
-            if hmac.compare_digest(given, key) and found is None:
-                found = privileges
+        found = find_key(bearer_token(authorization), self._key_bytes)
         if found is None:
-            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                               code="invalid_api_key")
-        return found
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                           code="invalid_api_key")
+        return self._keys[found][1]

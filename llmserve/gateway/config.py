@@ -240,6 +240,8 @@ class PollingConfig(_Strict):
 
 class RetryConfig(_Strict):
     max_attempts: int = Field(3, ge=1)  # tries per request, first included
+    # A stream broken after its first event goes on elsewhere (gateway/resume.py); 0: off.
+    max_resumes: int = Field(2, ge=0)
     budget: RetryBudgetConfig = RetryBudgetConfig()
 
 

@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse
 from llmserve.gateway.admin import admin_guard
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway
+    from llmserve.gateway.runtime import Gateway
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
@@ -20,9 +21,9 @@ class InstanceView:
 
     instance_id: str
     url: str = ""
-    ready: bool = True  # the last active /ready check passed
+    ready: bool = True  # the last active /ready check passed (health, not lifecycle)
     healthy: bool = True  # not ejected as an outlier
-    draining: bool = False  # marked draining by the pool's owner
+    state: InstanceState = InstanceState.READY  # starting, ready, or draining (the pool's owner said)
     breaker_available: bool = True  # circuit closed, or half-open with the probe free
     inflight: int = 0
     inflight_at_report: int = 0
@@ -33,7 +34,7 @@ class InstanceView:
         """Eligible for new requests, load aside."""
         if self.report is not None and (self.report.draining or not self.report.ready):
             return False
-        return self.ready and self.healthy and not self.draining and self.breaker_available
+        return self.ready and self.healthy and self.state is not InstanceState.DRAINING and self.breaker_available
 
     @property
     def _delta(self) -> int:

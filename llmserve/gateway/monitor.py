@@ -74,7 +74,7 @@ class Monitor:
             if isinstance(e, httpx.ConnectError) or inst.poll_failures >= 3:
                 if inst.ready:
                     log.warning("instance %s unreachable (%s): not ready", inst.instance_id, e)
-                inst.ready = False
+                pool.set_ready(inst, False)
             return
         inst.poll_failures = 0
         inst.report = report
@@ -110,10 +110,7 @@ class Monitor:
             ready = False
         if ready != inst.ready:
             log.info("instance %s is %s", inst.instance_id, "ready" if ready else "not ready")
-        inst.ready = ready
-        if ready:
-            inst.ever_ready = True
-            pool.pump()
+        pool.set_ready(inst, ready)
 
 
 def _check(status: int, inst: Instance, path: str) -> None:

@@ -11,6 +11,7 @@ small interface; all of it is safe to call from the event loop at any moment:
 - ``add_instance(url, instance_id=None, ready=False) -> Instance``
 - ``remove_instance(instance_id) -> Instance``  (in-flight requests finish)
 - ``set_draining(instance_id, draining=True)``   (no new requests)
+- ``set_ready(instance, ready)``                  (the monitor's ``/ready`` checks)
 - ``instances() -> list[Instance]``, ``get(instance_id)``
 - ``signals() -> PoolSignals``                    (queue depth, wait, in flight, totals)
 """
@@ -32,6 +33,7 @@ from llmserve.gateway.circuit import BreakerConfig, BreakerState, CircuitBreaker
 from llmserve.gateway.config import normalize_url
 from llmserve.gateway.health import OutlierConfig, OutlierDetector
 from llmserve.gateway.instance import InstanceView
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport, MetricsLoadParser
 from llmserve.priority import PriorityClass
 
@@ -65,13 +67,21 @@ class Outcome(enum.Enum):
 
 @dataclass(eq=False)
 class Instance:
-    """The live state of one upstream instance (owned by its pool)."""
+    """The live state of one upstream instance (owned by its pool).
+
+    ``state`` is its place in the lifecycle as this gateway knows it: ``starting``
+    until its first ``/ready`` pass (requests wait for a starting instance, and fail
+    fast when only failing ones are left), then ``ready``, or ``draining`` while its
+    owner keeps new requests away. ``ready`` is the last ``/ready`` check, and the
+    breaker and the outlier detector are its health: those come and go without the
+    instance moving in its lifecycle.
+    """
 
     instance_id: str
     url: str
     breaker: CircuitBreaker
     ready: bool = False
-    draining: bool = False
+    state: InstanceState = InstanceState.STARTING
     inflight: int = 0
     report: LoadReport | None = None
     inflight_at_report: int = 0
@@ -81,12 +91,11 @@ class Instance:
     ready_path: str = "/ready"  # "/health" for upstreams without /ready
     metrics_parser: MetricsLoadParser | None = None
     served: int = 0
-    ever_ready: bool = False  # starting instances make requests wait; failed ones do not
 
     def snapshot(self, now: float, ejected: bool, report_ttl_s: float) -> dict:
         return {
-            "instance_id": self.instance_id, "url": self.url, "ready": self.ready,
-            "draining": self.draining, "ejected": ejected, "inflight": self.inflight,
+            "instance_id": self.instance_id, "url": self.url, "ready": self.ready, "state": self.state.value,
+            "draining": self.state is InstanceState.DRAINING, "ejected": ejected, "inflight": self.inflight,
             "breaker": self.breaker.state(now).value, "served": self.served,
             "load_source": self.load_source,
             "report": (self.report.model_dump()
@@ -172,7 +181,7 @@ class Pool:
         if instance_id in self._instances:
             raise ValueError(f"instance id {instance_id!r} is already in pool {self.name}")
         inst = Instance(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready,
-                        ever_ready=ready)
+                        state=InstanceState.READY if ready else InstanceState.STARTING)
         self._instances[instance_id] = inst
         self.pump()
         return inst
@@ -187,8 +196,23 @@ class Pool:
         return inst
 
     def set_draining(self, instance_id: str, draining: bool = True) -> None:
-        self._instances[instance_id].draining = draining
+        """Draining, or back in service: ready if its last ``/ready`` check passed, else
+        starting again until one does."""
+        inst = self._instances[instance_id]
+        if draining:
+            inst.state = InstanceState.DRAINING
+        elif inst.state is InstanceState.DRAINING:
+            inst.state = InstanceState.READY if inst.ready else InstanceState.STARTING
         self.pump()
+
+    def set_ready(self, inst: Instance, ready: bool) -> None:
+        """What the last ``/ready`` check (or a refused poll) said; the first pass ends
+        the instance's start."""
+        inst.ready = ready
+        if ready:
+            if inst.state is InstanceState.STARTING:
+                inst.state = InstanceState.READY
+            self.pump()
 
     def instances(self) -> list[Instance]:
         return list(self._instances.values())
@@ -212,7 +236,7 @@ class Pool:
     def cold(self) -> bool:
         """No instance could take a request now (none, or none ready): a request
         queued now waits for a start (scale from zero) or a revival."""
-        return not any(i.ready and not i.draining for i in self._instances.values())
+        return not any(i.ready and i.state is not InstanceState.DRAINING for i in self._instances.values())
 
     def capacity_shortfall(self) -> str | None:
         """Why an elastic pool cannot be judged on its requests now, if it cannot: no
@@ -224,7 +248,7 @@ class Pool:
             return "has no ready instance (starting, warming or scaled to zero)"
         queued = len(self.admission)
         now = self._clock()
-        if queued and all(v.routable for v in self.views(now) if v.ready and not v.draining):
+        if queued and all(v.routable for v in self.views(now) if v.ready and v.state is not InstanceState.DRAINING):
             return f"queued for capacity ({queued} waiting)"
         return None
 
@@ -244,7 +268,7 @@ class Pool:
         fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
         return InstanceView(
             instance_id=i.instance_id, url=i.url, ready=i.ready,
-            healthy=not self.outlier.is_ejected(i.instance_id, now), draining=i.draining,
+            healthy=not self.outlier.is_ejected(i.instance_id, now), state=i.state,
             breaker_available=i.breaker.available(now), inflight=i.inflight,
             inflight_at_report=i.inflight_at_report if fresh else 0,
             report=i.report if fresh else None)
@@ -345,9 +369,9 @@ class Pool:
     def _broken(self, views: list[InstanceView]) -> bool:
         if not views or any(v.routable for v in views):
             return False
-        if self.can_grow and all(v.draining for v in views):
+        if self.can_grow and all(v.state is InstanceState.DRAINING for v in views):
             return False
-        return all(self._instances[v.instance_id].ever_ready for v in views)
+        return all(v.state is not InstanceState.STARTING for v in views)
 
     def _broken_message(self) -> str:
         return (f"no healthy instance in pool {self.name}: every instance is failing, "

@@ -6,12 +6,14 @@ instance of the same pool, within ``retry.max_attempts`` and the retry budget.
 A stream's response head goes out as soon as the first upstream's 200
 event-stream head is in (the client's set-up then overlaps the prefill); if that
 stream and every retry fail before a first event, the client gets one SSE error
-event instead of a status code. Once events flow, a failure ends the stream with
-an SSE error event. Streams are relayed event by event, so that error event never
-lands in the middle of a half-written one.
+event instead of a status code. Once events flow, a failure is resumed on
+another instance from the tokens the client has (``resume``), or else ends the
+stream with an SSE error event. Streams are relayed event by event, so that
+error event never lands in the middle of a half-written one.
 
 Around it: ``request`` reads and validates the body, ``recorder`` is where an
-outcome feeds metrics, canary stats and observers, ``relay`` ends a stream.
+outcome feeds metrics, canary stats and observers, ``resume`` relays a stream's
+events and resumes it, ``relay`` ends a stream.
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord
-from llmserve.gateway.relay import RelayResponse, end_stream, is_sse, last_event_end
+from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse
 from llmserve.gateway.request import (completion_tokens, disconnected, parse_request, prompt_chars,
                                       prompt_text, read_body)
+from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 
 if TYPE_CHECKING:
-    from llmserve.gateway.app import Gateway
+    from llmserve.gateway.runtime import Gateway, ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +60,15 @@ _RETURN_HEADERS = ("content-type", "x-request-id")
 class _Plan:
     """One request's attempts: where and what to send, and how the tries went."""
 
-    __slots__ = ("attempt", "content", "gone", "headers", "last", "path", "pool", "request", "route",
-                 "tried")
+    __slots__ = ("attempt", "content", "gone", "headers", "last", "path", "plain", "pool", "request",
+                 "resume", "route", "tried")
 
     def __init__(self, request: Request, pool: Pool, path: str, content: bytes,
                  headers: dict[str, str], route: RouteRequest) -> None:
         self.request, self.pool, self.path = request, pool, path
         self.content, self.headers, self.route = content, headers, route
+        self.plain = content  # for an instance that is not an llmserve engine (gateway/resume.py)
+        self.resume: ResumeState | None = None
         self.attempt = 0
         self.tried: list[str] = []
         self.last: GatewayError | Response | None = None
@@ -108,22 +113,22 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
-        ctx = RequestRecord(runtime, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
+        ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                        in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
         if gw.observers:
             chars = prompt_chars(parsed.body)
             for o in gw.observers:
                 o.on_arrival(parsed.model, version, t0, chars)
         try:
-            return await self._attempts(request, path, ctx)
+            return await self._attempts(request, path, runtime, ctx)
         except GatewayError as e:
             ctx.finish(e.status, error_kind=e.code, ok=e.status < 500 or e.code in (
                 "queue_timeout", "queue_full"))
             e.headers.setdefault(VERSION_HEADER, version)
             raise
 
-    async def _attempts(self, request: Request, path: str, ctx: RequestRecord) -> Response:
-        gw, rt = self.gw, ctx.runtime
+    async def _attempts(self, request: Request, path: str, rt: ModelRuntime, ctx: RequestRecord) -> Response:
+        gw = self.gw
         upstream_model = rt.upstream_models[ctx.version]
         body, priority = ctx.parsed.body, ctx.parsed.priority
         content = ctx.parsed.raw
@@ -147,7 +152,9 @@ class Proxy:
                                          prefix_cfg.block_chars * prefix_cfg.max_blocks),
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
-        plan = _Plan(request, rt.pools[ctx.version], path, content, headers, route)
+        resume, engine_content = open_resume(body, content, ctx.parsed.stream, gw.config.retry.max_resumes)
+        plan = _Plan(request, rt.pools[ctx.version], path, engine_content, headers, route)
+        plan.plain, plan.resume = content, resume
         if not ctx.parsed.stream:
             plan.gone = asyncio.ensure_future(request.receive())
         try:
@@ -208,20 +215,21 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     return None
-                gw.metrics.child(gw.metrics.retries, ctx.runtime.config.name, ctx.version).inc()
+                gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
             try:
-                lease = await self._acquire(plan, ctx)
+                lease = await self.acquire(plan, ctx)
             except GatewayError:
                 if plan.last is None:
                     raise
                 return None  # no instance for a retry: answer with the last failure
             inst = lease.instance
             ctx.instance = inst.instance_id
-            gw.metrics.child(gw.metrics.upstream, ctx.runtime.config.name, ctx.version,
+            gw.metrics.child(gw.metrics.upstream, ctx.model, ctx.version,
                              inst.instance_id).inc()
             try:
-                resp = await gw.upstream.post(f"{inst.url}{plan.path}", plan.content, plan.headers,
-                                              abandon=plan.gone)
+                resp = await gw.upstream.post(f"{inst.url}{plan.path}",
+                                              plan.content if is_engine(inst) else plan.plain,
+                                              plan.headers, abandon=plan.gone)
             except httpx.HTTPError as e:
                 plan.pool.release(lease, Outcome.FAILURE)
                 plan.last = GatewayError(502, f"upstream {inst.instance_id} failed: "
@@ -258,15 +266,10 @@ class Proxy:
         Until that event nothing but the head has reached the client, so a stream that
         ends or breaks before it is retried like a failed request."""
         while True:
-            resp, lease = current.resp, current.lease
-            chunks = resp.aiter_raw()
-            try:
-                first = await anext(chunks)
-            except (httpx.HTTPError, StopAsyncIteration) as e:
-                resp.close()
-                plan.pool.release(lease, Outcome.FAILURE)
-                plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} closed the "
-                                              f"stream before its first event ({type(e).__name__})",
+            opened = await first_bytes(current.resp, current.lease, plan.pool)
+            if isinstance(opened, str):
+                plan.last = GatewayError(502, f"upstream {current.lease.instance.instance_id} closed the "
+                                              f"stream before its first event ({opened})",
                                          code="upstream_broken")
                 got = await self._try_next(plan, ctx)
                 if got is not None and not is_sse(got[0]):
@@ -288,11 +291,12 @@ class Proxy:
                     return
                 current.resp, current.lease = got
                 continue
-            async for out in self._relay(first, chunks, resp, lease, plan.pool, ctx):
+            async for out in relay(self, plan, ctx, current, *opened):
                 yield out
             return
 
-    async def _acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
+    async def acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
+        """An instance of the plan's pool (queue, admission, breakers), not one tried if any other has room."""
         cold = plan.pool.can_grow and plan.pool.cold()
         try:
             waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
@@ -308,7 +312,7 @@ class Proxy:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.queued_s += lease.queued_s
         if cold:
-            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.runtime.config.name, ctx.version).observe(
+            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.model, ctx.version).observe(
                 lease.queued_s)
         return lease
 
@@ -358,43 +362,3 @@ class Proxy:
         out[UPSTREAM_HEADER] = ctx.instance or ""
         out[PRIORITY_HEADER] = str(ctx.parsed.priority)
         return out
-
-    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], resp: UpstreamResponse,
-                     lease: Lease, pool: Pool, ctx: RequestRecord) -> AsyncIterator[bytes]:
-        outcome, status, kind = Outcome.NEUTRAL, resp.status_code, None
-        buf = first
-        try:
-            while True:
-                end = last_event_end(buf)
-                if end:
-                    out, buf = buf[:end], buf[end:]
-                    if ctx.ttft_s is None:
-                        ctx.ttft_s = time.monotonic() - ctx.t0
-                        for o in self.gw.observers:
-                            o.on_first_token(ctx.runtime.config.name, ctx.version,
-                                             ctx.t0 + ctx.ttft_s, ctx.ttft_s)
-                    done = out.count(b"data: [DONE]")
-                    ctx.output_tokens += out.count(b"data: ") - done
-                    if done:
-                        # The client has the whole answer: a close from here on is no 499.
-                        outcome = Outcome.SUCCESS
-                    yield out
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                buf += chunk
-            if buf:
-                yield buf
-            outcome = Outcome.SUCCESS
-        except httpx.HTTPError as e:
-            outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
-            log.warning("upstream %s broke mid-stream (%s): %s", lease.instance.instance_id,
-                        ctx.request_id, e)
-            yield sse_error_event(
-                f"the upstream instance failed mid-stream ({type(e).__name__}); "
-                "the response is incomplete", code="upstream_broken")
-        finally:
-            end_stream(resp, lease, pool, ctx, outcome, status, kind)
-
-

@@ -4,16 +4,23 @@ client leaves, and the once-only accounting when a stream ends."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import Protocol
 
+import httpx
 from fastapi.responses import StreamingResponse
 
 from llmserve.gateway.pool import Lease, Outcome, Pool
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.upstream import UpstreamResponse
 
-if TYPE_CHECKING:
-    from llmserve.gateway.proxy import _Current
+
+class Current(Protocol):
+    """The upstream a stream relays now; the attempt loop may replace it before the
+    first event, so the response reads it only when the stream ends."""
+
+    resp: UpstreamResponse
+    lease: Lease
 
 
 def end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: RequestRecord,
@@ -40,7 +47,7 @@ class RelayResponse(StreamingResponse):
     anyio task group cost about as much CPU per request as the whole relay (its
     cancel even formats task reprs)."""
 
-    def __init__(self, body, *, current: _Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
+    def __init__(self, body, *, current: Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
         super().__init__(body, **kw)
         self._cleanup = (current, pool, ctx)
 
@@ -62,6 +69,18 @@ class RelayResponse(StreamingResponse):
             error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None:
             raise error
+
+
+async def first_bytes(resp: UpstreamResponse, lease: Lease, pool: Pool) -> tuple[bytes, AsyncIterator[bytes]] | str:
+    """A stream's first bytes and the rest; or, when it breaks or ends before them, why
+    (the upstream closed, its lease released as a failure)."""
+    chunks = resp.aiter_raw()
+    try:
+        return await anext(chunks), chunks
+    except (httpx.HTTPError, StopAsyncIteration) as e:
+        resp.close()
+        pool.release(lease, Outcome.FAILURE)
+        return type(e).__name__
 
 
 def last_event_end(buf: bytes) -> int:

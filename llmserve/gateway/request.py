@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from llmserve.api.limits import body_too_large, declared_over
 from llmserve.api.parse import load_json, validate
 from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
 from llmserve.gateway.auth import Privileges, grant_priority
@@ -33,10 +34,8 @@ class ParsedRequest:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing more than ``limit`` bytes without reading them all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
-                           code="body_too_large")
+    if declared_over(request.scope["headers"], limit):
+        raise body_too_large(limit)
     # Straight from the ASGI receive channel: Starlette's request.stream() wraps the
     # same loop in an async generator, which costs more than the rest of this function.
     receive = request.receive
@@ -48,8 +47,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise GatewayError(413, f"the request body is over the limit of {limit} bytes",
-                               code="body_too_large")
+            raise body_too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -65,6 +63,9 @@ def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat
     body = load_json(raw)
     if not isinstance(body, dict) or not body.get("model"):  # routing needs it; instances do not
         raise GatewayError(400, "'model' is required", param="model", code="missing_model")
+    if "resume_token_ids" in body:  # the gateway's own, for a stream it resumes (gateway/resume.py)
+        raise GatewayError(400, "resume_token_ids is not accepted from clients", param="resume_token_ids",
+                           code="unsupported_parameter")
     request = validate(body, _REQUEST_MODELS[path])
     user = request.user or headers.get("x-user-id") or None
     claimed = request.priority if request.priority is not None else headers.get("x-priority")

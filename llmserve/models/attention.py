@@ -88,5 +88,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def _decode_kernel():
-    """The compiled kernels, or None (no compiler, no AVX2, or LLMSERVE_NO_KERNELS set)."""
+    """The compiled kernels, or None (no compiler, no AVX2, or kernels.disable() called)."""
     return kernels.load()

@@ -10,9 +10,10 @@ int8 linear: too lossy for this model, see the README) or are slow on AVX2-only 
 with ``torch.utils.cpp_extension`` into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), so only the first
 start on a machine pays the ~1 min build; ``scripts/setup.sh`` does it at install
-time. Where they cannot be built, the CPU lacks AVX2/FMA/F16C or ``LLMSERVE_NO_KERNELS``
-is set, :func:`load` returns None: int8 layers run torch's fp32 product and decode
-attention gathers its context for SDPA (correct, slower).
+time. Where they cannot be built, the CPU lacks AVX2/FMA/F16C or :func:`disable` was
+called (the CLI does for ``LLMSERVE_NO_KERNELS``), :func:`load` returns None: int8
+layers run torch's fp32 product and decode attention gathers its context for SDPA
+(correct, slower).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def build_dir() -> Path:
 
     blob = b"".join(p.read_bytes() for p in files())
     digest = hashlib.sha256(blob + _FLAGS.encode() + torch.__version__.encode()).hexdigest()[:16]
+    # torch's own variable, resolved the way torch resolves it for its JIT builds
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     folder = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"llmserve_kernels_{digest}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,10 +75,20 @@ _FLAGS = "-O3 -mavx2 -mfma -mf16c -ffp-contract=off -fopenmp"
 _DONE = "llmserve-built"  # written once a build succeeded: the library can be imported as is
 
 
+_disabled = False
+
+
+def disable() -> None:
+    """Run without the kernels (torch's fp32 products): for comparisons and debugging."""
+    global _disabled
+    _disabled = True
+    load.cache_clear()
+
+
 @functools.cache
 def load():
     """The compiled module (``q4_linear``, ``paged_decode_attention``, ...), or None where it cannot be had."""
-    if os.environ.get("LLMSERVE_NO_KERNELS") or not cpu_supported():
+    if _disabled or not cpu_supported():
         return None
     try:
         folder = build_dir()

@@ -208,6 +208,12 @@ def resolve(name_or_path: str | Path, store_dir: Path | str | None = None) -> Pa
         "of a .gguf file or of a Hugging Face folder (config.json + *.safetensors).")
 
 
+def locate(name_or_path: str | Path, store_dir: Path | str | None = None) -> tuple[Path, Path]:
+    """The model's source (as :func:`resolve`) and the store folder its prepared weights
+    are cached in: what every engine that loads a model (the main one, a draft) needs."""
+    return resolve(name_or_path, store_dir), _store(store_dir)
+
+
 def list_models(store_dir: Path | str | None = None) -> list[StoredModel]:
     """The models pulled into the store, complete ones only."""
     store = _store(store_dir)

@@ -7,13 +7,14 @@ finish up to ``drain_timeout_s``) and the process exits 0; a second exits at onc
 An engine that dies while serving (its loop crashed, or a forward pass failed for
 the whole batch) fails the instance: ``/ready`` and ``/health`` answer 503 and
 ``/load`` says not ready, so the gateway stops routing to it and the controller
-replaces it. The process stays up to say why.
+replaces it. The process stays up to say why. ``/ready``, ``/health`` and ``/load``
+say which state it is in with the shared lifecycle words (:mod:`llmserve.lifecycle`):
+starting, warming, ready, draining, failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import sys
@@ -33,6 +34,7 @@ from llmserve.engine.core_client import ProcessEngine
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
@@ -43,14 +45,7 @@ from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, Deto
 from llmserve.server.serving import OpenAIServing
 
 log = logging.getLogger("llmserve.server")
-
-
-class State(enum.Enum):
-    LOADING = "loading"
-    WARMING = "warming"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
+S = InstanceState
 
 
 class Instance:
@@ -59,7 +54,7 @@ class Instance:
     def __init__(self, config: ServerConfig, build: Callable[[], EngineCore]) -> None:
         self.config = config
         self.build = build
-        self.state = State.LOADING
+        self.state = S.STARTING
         self.error: str | None = None
         self.engine: AsyncEngine | None = None
         self.serving: OpenAIServing | None = None
@@ -79,12 +74,12 @@ class Instance:
             self.engine = await built.connect() if isinstance(built, ProcessEngine) else AsyncEngine(built)
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             log.error("model load failed: %s", e)
-            self.state, self.error = State.FAILED, str(e)
+            self.state, self.error = S.FAILED, str(e)
             return
         self.model_name = (self.config.served_model_name or [self.engine.model_name])[0]
         self.serving = OpenAIServing(self.engine, self.config, self.model_name)
         self.metrics = EngineMetrics(self.engine, self.model_name)
-        self.state = State.WARMING
+        self.state = S.WARMING
         if self.config.warmup:
             try:
                 async for _ in self.engine.add_request([1, 2, 3, 4],
@@ -92,28 +87,28 @@ class Instance:
                     pass
             except Exception as e:  # noqa: BLE001
                 log.error("warm-up failed: %s", e)
-                self.state, self.error = State.FAILED, f"warm-up failed: {e}"
+                self.state, self.error = S.FAILED, f"warm-up failed: {e}"
                 return
-        if self.state is State.WARMING:
-            self.state = State.READY
+        if self.state is S.WARMING:
+            self.state = S.READY
             self.ready_after_s = time.monotonic() - self.started
             log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
                         self.model_name)
 
-    def check_engine(self) -> State:
+    def check_engine(self) -> InstanceState:
         """The state, failed first if the engine died since the last look."""
         eng = self.engine
-        if eng is not None and self.state in (State.WARMING, State.READY, State.DRAINING) and not eng.is_alive():
-            self.state, self.error = State.FAILED, eng.death or "the engine loop stopped"
+        if eng is not None and self.state in (S.WARMING, S.READY, S.DRAINING) and not eng.is_alive():
+            self.state, self.error = S.FAILED, eng.death or "the engine loop stopped"
             log.error("instance %s failed: %s", self.instance_id, self.error)
         return self.state
 
     def need_serving(self) -> OpenAIServing:
         self.check_engine()
-        if self.state is State.DRAINING:
+        if self.state is S.DRAINING:
             raise APIError(503, "the server is draining; retry on another instance", "service_unavailable",
                            headers={"Retry-After": "1"})
-        if self.serving is None or self.state is not State.READY:
+        if self.serving is None or self.state is not S.READY:
             raise APIError(503, f"the instance is not ready ({self.state.value})", "service_unavailable",
                            headers={"Retry-After": "1"})
         return self.serving
@@ -125,8 +120,8 @@ class Instance:
             snap = self.engine.load_snapshot()
         q, h = snap.get("prefix_cache_queries", 0), snap.get("prefix_cache_hits", 0)
         return LoadReport(
-            instance_id=self.instance_id, model=self.model_name, ready=self.state is State.READY,
-            draining=self.state is State.DRAINING, num_running=snap.get("num_running", 0),
+            instance_id=self.instance_id, model=self.model_name, state=self.state,
+            ready=self.state is S.READY, draining=self.state is S.DRAINING, num_running=snap.get("num_running", 0),
             num_waiting=snap.get("num_waiting", 0),
             num_waiting_by_priority=snap.get("num_waiting_by_priority", {}),
             kv_cache_usage=min(1.0, snap.get("kv_cache_usage", 0.0)),
@@ -169,15 +164,15 @@ def create_app(inst: Instance) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        alive = inst.check_engine() is not State.FAILED
+        alive = inst.check_engine() is not S.FAILED
         body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @app.get("/ready")
     async def ready():
-        ok = inst.check_engine() is State.READY
+        ok = inst.check_engine() is S.READY
         return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
-                             "error": inst.error},
+                             "error": inst.error, "instance_id": inst.instance_id},
                             status_code=200 if ok else 503)
 
     @app.get("/load")
@@ -247,22 +242,22 @@ class _DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - signal handler signature
         inst = self.inst
-        if inst.state is State.DRAINING or inst.state is State.FAILED or inst.serving is None:
-            if inst.state is State.DRAINING:
+        if inst.state is S.DRAINING or inst.state is S.FAILED or inst.serving is None:
+            if inst.state is S.DRAINING:
                 os._exit(1)  # second signal: stop now
             return super().handle_exit(sig, frame)
         log.warning("draining: %d requests in flight", inst.serving.in_flight)
-        inst.state = State.DRAINING
+        inst.state = S.DRAINING
         inst.serving.draining = True
         inst.drain_started = time.monotonic()
 
     async def on_tick(self, counter: int) -> bool:
         inst = self.inst
         inst.check_engine()
-        if inst.state is State.FAILED and (inst.engine is None or inst.drain_started is not None):
+        if inst.state is S.FAILED and (inst.engine is None or inst.drain_started is not None):
             self.exit_code = 1  # (a failed engine with no drain asked for stays up to say why)
             return True
-        if inst.state is State.DRAINING and inst.serving is not None:
+        if inst.state is S.DRAINING and inst.serving is not None:
             waited = time.monotonic() - (inst.drain_started or 0)
             if inst.serving.in_flight == 0 or waited > inst.config.drain_timeout_s:
                 return True
@@ -288,7 +283,7 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         loader.cancel()
         if inst.engine is not None:
             inst.engine.shutdown()
-        return 1 if inst.state is State.FAILED else server.exit_code  # type: ignore[attr-defined]
+        return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
 

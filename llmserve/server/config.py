@@ -5,31 +5,44 @@ or ``x-priority``); outside it, 400. The instance trusts any priority inside it
 from any key: it sits behind the gateway, which decides each client's priority
 (``gateway/auth.py``) and sends only that. Widen it (``--priority-range -10 10``)
 to match what the gateway's keys may send as integers.
+
+The command line is generated from these fields (``llmserve/flags.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
 from llmserve.priority import NAMED_RANGE, PriorityRange
 
 
-@dataclass(slots=True)
-class ServerConfig:
+def _priority_range(bounds: list[int]) -> PriorityRange:
+    return PriorityRange(*bounds)
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     host: str = "127.0.0.1"
-    port: int = 8001
-    api_keys: list[str] = field(default_factory=list)
-    priority_range: PriorityRange = NAMED_RANGE  # realtime (0) and batch (1) only
-    served_model_name: list[str] = field(default_factory=list)
+    port: int = Field(8001, gt=0, lt=65536)
+    api_keys: Annotated[list[str], Flag(name="--api-key", append=True)] = Field(
+        default_factory=list, description="accepted API key (repeatable; LLMSERVE_API_KEY adds one)")
+    priority_range: Annotated[PriorityRange, Flag(nargs=2, type=int, parse=_priority_range,
+                                                  metavar=("MIN", "MAX"))] = Field(
+        NAMED_RANGE, description="integer priorities accepted, lower runs first (default 0 1: realtime, batch)")
+    served_model_name: list[str] = Field(default_factory=list, description="names the model answers to")
     instance_id: str = ""
-    max_queued_requests: int = 256
+    max_queued_requests: int = Field(256, ge=1)
     max_queued_prompt_tokens: int = 1 << 20
-    max_n: int = 16
+    max_n: int = Field(16, ge=1)
     max_logprobs: int = 20
     max_tokens_limit: int | None = None
-    max_batch_prompts: int = 64
-    max_body_bytes: int = 4 << 20
+    max_batch_prompts: int = Field(64, ge=1)
+    max_body_bytes: int = Field(4 << 20, ge=1)
     # Connection-level limits (see llmserve/http_guard.py). The gateway forwards a few
     # small headers, so 16 KiB is far above any legitimate request's headers.
     max_header_bytes: int = 16 << 10
@@ -48,30 +61,27 @@ class ServerConfig:
     max_connections: int = 1024
     # Outputs a stream may have queued for a client that is not reading, per sequence,
     # before the request is aborted (each holds one step's delta: a token or a few).
-    stream_buffer_outputs: int = 256
+    stream_buffer_outputs: int = Field(256, ge=1)
     drain_timeout_s: float = 30.0
-    warmup: bool = True
+    warmup: bool = Field(True, description="run a warm-up generation before answering /ready 200")
     # The engine core in its own process (llmserve.engine.core_proc); False: in a thread
     # of the server process (one GIL for HTTP and the engine loop).
-    engine_process: bool = True
+    engine_process: Annotated[bool, Flag(name="--engine-in-thread", negate=True)] = Field(
+        True, description="run the engine core in a thread of the server process, not its own process")
     # Fault injection, for canary and failover tests: a share of generation requests
     # answered 500, and latency added before each.
-    fault_error_rate: float = 0.0
-    fault_latency_ms: float = 0.0
-    # Seconds to wait before loading the model: stands in for a slow cold start.
-    startup_delay_s: float = 0.0
+    fault_error_rate: float = Field(0.0, ge=0.0, le=1.0, description="testing: share of requests answered 500")
+    fault_latency_ms: float = Field(0.0, description="testing: latency added to each request")
+    fault_chunk_latency_ms: float = Field(0.0, description="testing: latency added before each streamed chunk "
+                                                           "(keeps a stream in flight)")
+    startup_delay_s: float = Field(0.0, description="seconds to wait before loading the model "
+                                                    "(simulates a slow cold start)")
     log_level: str = "warning"
 
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ValueError("port must be in 1..65535")
-        for name in ("max_queued_requests", "max_n", "max_batch_prompts", "max_body_bytes",
-                     "stream_buffer_outputs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+    @model_validator(mode="after")
+    def _limits(self) -> "ServerConfig":
         self.http_limits()  # validates the connection limits
-        if not 0.0 <= self.fault_error_rate <= 1.0:
-            raise ValueError("fault_error_rate must be in [0, 1]")
+        return self
 
     def http_limits(self) -> HttpLimits:
         return HttpLimits(max_header_bytes=self.max_header_bytes, max_url_bytes=self.max_url_bytes,

@@ -9,12 +9,12 @@ and URL size, read timeouts) are the HTTP protocol's: ``llmserve.http_guard``.
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmserve.api.errors import APIError, error_body
+from llmserve.api.errors import error_body
+from llmserve.api.limits import bearer_token, body_too_large, declared_over, find_key
 
 _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 
@@ -29,11 +29,7 @@ class ApiKeyAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.keys and scope["type"] == "http" and scope["path"].startswith(_KEYED_PATHS):
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            token = header.removeprefix(b"Bearer ").strip()
-            ok = False
-            for key in self.keys:  # compare with every key: no early exit, constant time each
-                ok |= hmac.compare_digest(token, key)
-            if not ok:
+            if find_key(bearer_token(header), self.keys) is None:
                 return await _send_json(send, 401, error_body("invalid or missing API key", "authentication_error",
                                                               None, "invalid_api_key"))
         await self.app(scope, receive, send)
@@ -48,11 +44,8 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await _send_json(send, 413, error_body(
-                    f"request body of {int(v)} bytes is over the limit of {self.limit}", "invalid_request_error",
-                    None, "request_too_large"))
+        if declared_over(scope.get("headers", []), self.limit):
+            return await _send_json(send, 413, body_too_large(self.limit).body())
         seen = 0
 
         async def limited() -> Message:
@@ -61,8 +54,7 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
-                    raise APIError(413, f"request body is over the limit of {self.limit} bytes",
-                                   code="request_too_large")
+                    raise body_too_large(self.limit)
             return msg
 
         await self.app(scope, limited, send)

@@ -22,6 +22,8 @@ class ResponseMeta:
     logprobs: bool
     tool_calls: bool = False  # parse the output for calls (tools offered, tool_choice not "none")
     parallel_tool_calls: bool = True
+    token_ids: bool = False  # return_token_ids: each choice carries its (new) token ids
+    resumed: list[int] | None = None  # output another instance streamed (server/resume.py)
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -37,14 +39,20 @@ class ChoiceWriter:
         self.parser = ToolCallParser(meta.parallel_tool_calls) if meta.tool_calls else None
         self.started = False
         self.text_offset = len(echo or "")
+        self.unsent_ids: list[int] = []  # token ids of outputs that made no chunk yet
+        if meta.resumed:  # the client has the first chunks (the role, the echo) already
+            self.started = True
+            if meta.logprobs and not meta.chat:
+                self.text_offset += sum(len(self._token_text(t)) for t in meta.resumed)
 
     # ---- whole ------------------------------------------------------------------------
     def final(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
         lp = self.logprobs(_visible(c.logprobs, out)) if self.meta.logprobs else None
+        ids = {"token_ids": list(c.token_ids)} if self.meta.token_ids else {}
         if not self.meta.chat:
             return {"index": self.index, "text": (self.echo or "") + c.text, "logprobs": lp,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, **ids}
         message: dict[str, Any] = {"role": "assistant", "content": c.text}
         calls: list[dict[str, Any]] = []
         if self.parser is not None:
@@ -56,11 +64,23 @@ class ChoiceWriter:
             if calls:
                 message["tool_calls"] = calls
         return {"index": self.index, "message": message, "logprobs": lp,
-                "finish_reason": self._finish_reason(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
+                "finish_reason": self._finish_reason(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason,
+                **ids}
 
     # ---- streamed ---------------------------------------------------------------------
     def chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
-        """The stream choices this output adds (none when it adds nothing a client sees)."""
+        """The stream choices this output adds (none when it adds nothing a client sees).
+
+        With ``token_ids``, the first choice carries every token id since the last chunk,
+        as its last key: the ids a client has are exactly those of the text it has."""
+        choices = self._chunks(out)
+        if self.meta.token_ids:
+            self.unsent_ids += out.outputs[0].delta_token_ids
+            if choices:
+                choices[0]["token_ids"], self.unsent_ids = self.unsent_ids, []
+        return choices
+
+    def _chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
         c = out.outputs[0]
         lps = _visible(c.delta_logprobs, out)
         lp = self.logprobs(lps) if self.meta.logprobs and lps else None
@@ -105,6 +125,9 @@ class ChoiceWriter:
         return "tool_calls" if called and reason == "stop" else reason
 
     # ---- logprobs ---------------------------------------------------------------------
+    def _token_text(self, token_id: int) -> str:
+        return self.tok.token_bytes(token_id).decode("utf-8", errors="replace")
+
     def logprobs(self, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if lps is None:
             return None
@@ -118,7 +141,7 @@ class ChoiceWriter:
                                 for lp in lps], "refusal": None}
         tokens, token_lps, tops, offsets = [], [], [], []
         for lp in lps:
-            s = tb(lp.token_id).decode("utf-8", errors="replace")
+            s = self._token_text(lp.token_id)
             tokens.append(s)
             token_lps.append(lp.logprob)
             # OpenAI always includes the sampled token: up to logprobs + 1 entries.

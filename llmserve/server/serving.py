@@ -30,6 +30,7 @@ from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.constraints import structured_outputs
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, sse, usage
+from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.server.tool_calls import render_messages
 
@@ -143,7 +144,8 @@ class OpenAIServing:
         except ValueError as e:
             raise APIError(400, str(e), param="priority", code="invalid_priority") from None
 
-    def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt) -> list[_Job]:
+    def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt,
+              resume: list[int] | None = None) -> list[_Job]:
         prio = self.priority(priority, raw)
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
@@ -152,7 +154,8 @@ class OpenAIServing:
                 job = _Job(pi, ids, [], [])
                 for ci, child in enumerate(fan_out(sp)):
                     rid = f"{base}-{pi}-{ci}"
-                    job.streams.append(self.engine.add_request(ids, child, rid, priority=prio, cache_salt=cache_salt))
+                    job.streams.append(self.engine.add_request(ids, child, rid, priority=prio, cache_salt=cache_salt,
+                                                               resume_token_ids=resume))
                     job.request_ids.append(rid)
                 jobs.append(job)
         except ContextLengthError as e:
@@ -231,11 +234,12 @@ class OpenAIServing:
     async def _serve(self, prompts: list[list[int]], sp: SamplingParams, r, raw: Request, *, chat: bool,
                      echo: list[str] | None = None):
         n_tokens = sum(len(p) for p in prompts)
+        resume = check_resume(r, len(prompts))
         self._admit(n_tokens)
         tracker = _Tracker(self, n_tokens)
         try:
             await self._inject_faults()
-            jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt)
+            jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt, resume)
         except BaseException:
             tracker.done()
             raise
@@ -244,7 +248,7 @@ class OpenAIServing:
         tool_calls = chat and r.tool_mode != "none"
         meta = ResponseMeta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
                             chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
-                            chat and r.parallel_tool_calls)
+                            chat and r.parallel_tool_calls, r.return_token_ids, resume)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",
@@ -305,6 +309,8 @@ class OpenAIServing:
                     yield sse(_engine_error(item).body())
                     continue
                 tracker.first_token()
+                if self.config.fault_chunk_latency_ms:
+                    await asyncio.sleep(self.config.fault_chunk_latency_ms / 1000)
                 if item.finished:
                     completion_tokens += len(item.outputs[0].token_ids)
                     if idx % meta.n == 0:

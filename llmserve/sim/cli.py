@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ import yaml
 from rich.console import Console
 
 from llmserve.autoscale import AutoscaleConfig, SLOConfig
+from llmserve.autoscale.capacity_mix import CapacityConfig
 from llmserve.autoscale.config import POLICY_NAMES
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
@@ -30,6 +31,8 @@ from llmserve.sim.traces import TRACE_NAMES, LengthDist, build_trace
 EXAMPLES = """\
 examples:
   llmserve simulate --trace diurnal --policy threshold,kpa,predictive,static --cold-start 120
+  llmserve simulate --trace diurnal --policy predictive --cold-start 120 --spot-max 64 \\
+      --reclaim-rate-per-h 0.05 --reclaim-notice-s 120      # on-demand base, spot burst
   llmserve simulate --calibrate steps.csv --profile cpu-smollm2 --write-profile my.json
 
 fidelity check (--fidelity): replay one compressed trace through a live
@@ -89,6 +92,16 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                    help="predictive: prior saturation tokens/s per instance (default: from the profile)")
     g.add_argument("--autoscale-config", default=None, metavar="YAML",
                    help="an autoscale section (policy parameters, bounds); flags above override it")
+
+    g = parser.add_argument_group("capacity classes (autoscale.capacity; cost in money beside instance-hours)")
+    g.add_argument("--on-demand-price", type=float, default=None, help="$ per on-demand instance-hour (default 1.00)")
+    g.add_argument("--spot-price", type=float, default=None, help="$ per spot instance-hour (default 0.35)")
+    g.add_argument("--spot-max", type=int, default=None, metavar="N",
+                   help="spot instances at most (default 0: no spot); the base (--min-instances) stays on-demand")
+    g.add_argument("--reclaim-rate-per-h", type=float, default=0.0,
+                   help="reclaim notices per spot instance-hour, seeded (0.05: 5%% of spot instances per hour)")
+    g.add_argument("--reclaim-notice-s", type=float, default=120.0, help="notice before a reclaimed instance "
+                   "is taken (default 120: AWS; GCP gives 30)")
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
@@ -174,7 +187,24 @@ def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleCo
     predictive = replace(base.predictive, capacity_tokens_per_s=prior,
                          lead_time_s=profile.cold_start_s + (args.tick or base.tick_s) + 5.0)
     # KPA's target is 70 % of the seats the instances report, live and here alike.
-    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive)
+    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive,
+                   capacity=capacity_from_args(args, base.capacity))
+
+
+def capacity_from_args(args: argparse.Namespace, base: CapacityConfig) -> CapacityConfig:
+    od, spot = base.on_demand, base.spot
+    if args.on_demand_price is not None:
+        od = replace(od, price_per_hour=args.on_demand_price)
+    if args.spot_price is not None:
+        spot = replace(spot, price_per_hour=args.spot_price)
+    if args.spot_max is not None:
+        spot = replace(spot, max_instances=args.spot_max)
+    return replace(base, on_demand=od, spot=spot)
+
+
+def sim_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(seed=args.seed, reclaim_rate_per_h=args.reclaim_rate_per_h,
+                     reclaim_notice_s=args.reclaim_notice_s)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -212,7 +242,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         profile = profile.with_cold_start(args.cold_start)
     trace = trace_from_args(args)
     autoscale = autoscale_from_args(args, profile, trace)
-    sim = SimConfig(seed=args.seed)
+    sim = sim_from_args(args)
     console.print(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s / 3600:.1f} h, "
                   f"peak {trace.peak_rps:.2f} req/s; profile {profile.name}, cold start {profile.cold_start_s:g}s")
 
@@ -236,7 +266,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         meta = {"argv": sys.argv[1:],
                 "trace": trace.name, "requests": len(trace), "profile": profile.name,
                 "cold_start_s": profile.cold_start_s, "static_instances": static_n,
-                "initial_instances": start, "slo": {"ttft_s": autoscale.slo.ttft_s, "e2e_s": autoscale.slo.e2e_s}}
+                "initial_instances": start, "slo": {"ttft_s": autoscale.slo.ttft_s, "e2e_s": autoscale.slo.e2e_s},
+                "capacity": asdict(autoscale.capacity), "reclaim_rate_per_h": sim.reclaim_rate_per_h,
+                "reclaim_notice_s": sim.reclaim_notice_s}
         write_summaries(summaries, out / "summary.json", meta)
         (out / "table.md").write_text(markdown_table(summaries))
         if not args.no_plots:

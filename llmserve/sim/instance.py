@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llmserve.autoscale.lifecycle import InstanceState, check_transition
+from llmserve.lifecycle import InstanceState, check_transition
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.sharing import BusyInstances
 

@@ -23,10 +23,13 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("e2e p99", "e2e_p99_s", "{:.1f}s"),
     ("inst-hours", "instance_hours", "{:.1f}"),
     ("vs static", "cost_ratio", "{:.1%}"),
+    ("cost", "cost_dollars", "${:.1f}"),
+    ("spot h", "spot_hours", "{:.1f}"),
+    ("reclaims", "reclaims", "{}"),
     ("mean", "mean_instances", "{:.1f}"),
     ("peak", "peak_instances", "{}"),
     ("scale events", "scale_events", "{}"),
-    ("rejected", "lost", "{}"),
+    ("lost", "lost", "{}"),
     ("sim wall", "wall_s", "{:.1f}s"),
     ("sim cpu", "cpu_s", "{:.1f}s"),
 )
@@ -34,7 +37,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 def _row(s: Summary, baseline_hours: float | None) -> list[str]:
     values = s.as_dict()
-    values["lost"] = s.rejected + s.expired
+    values["lost"] = s.rejected + s.expired + s.reclaimed
     values["cost_ratio"] = s.instance_hours / baseline_hours if baseline_hours else math.nan
     out = []
     for _, key, fmt in COLUMNS:

@@ -3,7 +3,9 @@
 The summary is what policies are compared on: SLO attainment counts every
 request of the trace (a rejected or expired request missed its SLO), latency
 percentiles cover completed requests, and cost is instance-hours billed over
-the trace's duration, cold starts and draining included.
+the trace's duration, cold starts and draining included, and the same hours in
+money at each capacity class's price (``autoscale.capacity``). A request cut at a
+spot reclaim's deadline (``RECLAIMED``) missed both SLOs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from llmserve.autoscale.usage import held_seconds
 if TYPE_CHECKING:
     from llmserve.sim.simulator import Simulator
 
-PENDING, COMPLETED, REJECTED, EXPIRED = 0, 1, 2, 3
+PENDING, COMPLETED, REJECTED, EXPIRED, RECLAIMED = 0, 1, 2, 3, 4
 
 TIMELINE_COLUMNS = ("t", "arrival_rps", "arrival_tokens_per_s", "ready", "coming", "draining", "desired",
                     "queued", "ttft_p99")
@@ -56,6 +58,10 @@ class Summary:
     duration_h: float
     wall_s: float
     cpu_s: float = float("nan")  # this process's CPU time: steadier than wall on a shared machine
+    cost_dollars: float = float("nan")
+    spot_hours: float = 0.0
+    reclaims: int = 0
+    reclaimed: int = 0  # requests cut at a reclaim's deadline
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -81,12 +87,15 @@ class SimResult:
     def build(cls, sim: "Simulator", wall_s: float, cpu_s: float = float("nan")) -> "SimResult":
         trace, slo = sim.trace, sim.autoscale.slo
         duration = trace.duration_s
-        lifetimes = [(i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]]
+        held = {i.id: (i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]}
+        lifetimes = list(held.values())
         seconds = held_seconds(lifetimes, 0.0, duration)
+        by_class = sim.capacity.held_hours(held, duration)
         timeline = np.array(sim.timeline, dtype=float) if sim.timeline else np.zeros((0, len(TIMELINE_COLUMNS)))
         n = max(len(trace), 1)
-        ttft_ok = np.nan_to_num(sim.ttft, nan=np.inf) <= slo.ttft_s
-        e2e_ok = np.nan_to_num(sim.e2e, nan=np.inf) <= slo.e2e_s
+        cut = sim.status == RECLAIMED
+        ttft_ok = (np.nan_to_num(sim.ttft, nan=np.inf) <= slo.ttft_s) & ~cut
+        e2e_ok = (np.nan_to_num(sim.e2e, nan=np.inf) <= slo.e2e_s) & ~cut
         provisioned = timeline[:, 3] + timeline[:, 4] if len(timeline) else np.zeros(1)
         in_day = timeline[:, 0] <= duration if len(timeline) else np.ones(1, bool)
         summary = Summary(
@@ -111,6 +120,10 @@ class SimResult:
             duration_h=duration / 3600.0,
             wall_s=wall_s,
             cpu_s=cpu_s,
+            cost_dollars=sim.capacity.dollars(by_class),
+            spot_hours=by_class["spot"],
+            reclaims=sim.capacity.reclaims,
+            reclaimed=int(np.sum(cut)),
         )
         return cls(summary, trace.arrival_s, sim.status.copy(), sim.ttft.copy(), sim.e2e.copy(), timeline,
                    list(sim.events), lifetimes)

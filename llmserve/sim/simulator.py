@@ -11,8 +11,8 @@ decision point:
   :class:`~llmserve.autoscale.collector.SignalCollector`, asks the real policy
   stack (:func:`~llmserve.autoscale.build_policy`) for a count, and applies
   :func:`~llmserve.autoscale.reconcile.plan_scaling`'s actions through the
-  lifecycle ``starting -> warming -> ready -> draining -> stopped``; a draining
-  instance stops only once its last request has finished.
+  lifecycle ``starting -> warming -> ready -> draining -> stopping -> stopped``; a
+  draining instance stops only once its last request has finished.
 
 Instance-hours are billed from an instance's start until it stops, over the
 trace's duration; requests still in flight when the trace ends are run to
@@ -30,21 +30,22 @@ import numpy as np
 
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.policy import ScalingPolicy
-from llmserve.autoscale.reconcile import InstanceStatus, plan_scaling
+from llmserve.autoscale.reconcile import InstanceStatus
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
+from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
+from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, RECLAIMED, REJECTED, SimResult
 from llmserve.sim.sharing import BusyInstances
-from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, REJECTED, SimResult
+from llmserve.sim.spot import SimCapacity
 from llmserve.sim.traces import Trace
 
 S = InstanceState
-_STEP, _LIFECYCLE, _TICK, _POLL = 0, 1, 2, 3
+_STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(slots=True)
@@ -57,12 +58,16 @@ class SimConfig:
     latency_window_s: float = 30.0
     output_tokens_prior: float = 200.0
     seed: int = 0
+    reclaim_rate_per_h: float = 0.0  # reclaim notices per spot instance-hour (0.05: 5 % per hour)
+    reclaim_notice_s: float = 120.0  # notice before the provider takes it (AWS: 120 s, GCP: 30 s)
 
     def __post_init__(self) -> None:
         if self.initial_instances < 0:
             raise ValueError("sim: initial_instances must be >= 0")
         if self.poll_interval_s <= 0 or self.signal_window_s <= 0 or self.latency_window_s <= 0:
             raise ValueError("sim: intervals and windows must be positive")
+        if self.reclaim_rate_per_h < 0 or self.reclaim_notice_s < 0:
+            raise ValueError("sim: reclaim_rate_per_h and reclaim_notice_s must be >= 0")
 
 
 class Simulator:
@@ -93,6 +98,10 @@ class Simulator:
         self.e2e = np.full(n, np.nan)
         self.timeline: list[tuple] = []
         self.events: list[tuple[float, int, int, str]] = []
+        c = self.cfg
+        self.capacity = SimCapacity(autoscale.capacity, autoscale.bounds.min_instances, c.reclaim_rate_per_h,
+                                    c.reclaim_notice_s, c.seed)
+        self.capacity.horizon_s = trace.duration_s
 
     # ---- event plumbing -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
@@ -103,10 +112,13 @@ class Simulator:
         self._push(inst.seg_end, _STEP, inst, inst.version)
 
     # ---- lifecycle (the controller's job) ------------------------------------------------------
-    def _new_instance(self, now: float, state: InstanceState) -> SimInstance:
+    def _new_instance(self, now: float, state: InstanceState, capacity_class: str = "on_demand") -> SimInstance:
         inst = SimInstance(self._next_id, self.profile, now, state, self.cores)
         self._next_id += 1
         self.instances[inst.id] = inst
+        notice_at = self.capacity.added(inst, capacity_class)
+        if notice_at is not None:
+            self._push(notice_at, _RECLAIM, inst)
         if state is S.READY:
             self.gateway.add_instance(inst, now)
         else:
@@ -126,6 +138,7 @@ class Simulator:
     def _stop(self, inst: SimInstance, now: float) -> None:
         if inst.in_flight:
             raise RuntimeError(f"instance {inst.id} stopped with {inst.in_flight} requests in flight")
+        inst.set_state(S.STOPPING, now)  # a simulated process exits at once
         inst.set_state(S.STOPPED, now)
         del self.instances[inst.id]
         self.stopped.append(inst)
@@ -137,14 +150,14 @@ class Simulator:
             self._stop(inst, now)
 
     def _apply(self, desired: int, now: float) -> None:
-        plan = plan_scaling(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since)
-                                      for i in self.instances.values()])
+        plan = self.capacity.plan(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since)
+                                            for i in self.instances.values()])
         for iid in plan.revive:
             inst = self.instances[iid]
             inst.set_state(S.READY, now)
             self.gateway.add_instance(inst, now)
-        for _ in range(plan.start):
-            self._new_instance(now, S.STARTING)
+        for c in self.capacity.start_classes(plan):
+            self._new_instance(now, S.STARTING, c)
         for iid in plan.cancel:
             self._stop(self.instances[iid], now)
         for iid in plan.drain:
@@ -223,8 +236,8 @@ class Simulator:
     def run(self) -> SimResult:
         wall, cpu = time.perf_counter(), time.process_time()
         cfg, trace = self.cfg, self.trace
-        for _ in range(cfg.initial_instances):
-            self._new_instance(0.0, S.READY)
+        for c in self.capacity.start_classes(self.capacity.plan(cfg.initial_instances, [])):
+            self._new_instance(0.0, S.READY, c)
         tick_s = self.autoscale.tick_s
         self._push(tick_s, _TICK)
         self._push(cfg.poll_interval_s, _POLL)
@@ -245,6 +258,12 @@ class Simulator:
                     self._step(a, now)
             elif kind == _LIFECYCLE:
                 self._lifecycle(a, b, now)
+            elif kind == _RECLAIM:
+                deadline = self.capacity.notice(self, a, now)
+                if deadline is not None:
+                    self._push(deadline, _TAKEN, a)
+            elif kind == _TAKEN:
+                self.capacity.deadline(self, a, now, RECLAIMED)
             elif kind == _POLL:
                 self.gateway.poll(now)
                 for rid in self.gateway.expire(now):

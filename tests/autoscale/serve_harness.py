@@ -20,7 +20,8 @@ import httpx
 from llmserve.percentiles import nearest_rank as collector_percentile
 from llmserve.autoscale.serve_process import ServeProcess
 
-__all__ = ["ADMIN", "FAST_GATEWAY", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile", "serve_config"]
+__all__ = ["ADMIN", "FAST_GATEWAY", "Load", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile",
+           "serve_config"]
 
 ADMIN = "admin-key-for-serve-tests-0123456789"
 FAST_GATEWAY = {"polling": {"load_interval_s": 0.1, "ready_interval_s": 0.5, "timeout_s": 2.0}}
@@ -35,6 +36,44 @@ def serve_config(model: Path | str, **over) -> dict:
     for k, v in over.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
     return cfg
+
+
+@dataclass
+class Load:
+    """Closed-loop clients sending ``body`` back to back until stopped; each answer kept
+    as (time, the version that served it, status), status 0 for a transport error."""
+
+    url: str
+    body: dict
+    clients: int = 2
+    timeout_s: float = 60.0
+    results: list[tuple[float, str | None, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.clients)]
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=self.timeout_s, trust_env=False) as c:
+            while not self._stop.is_set():
+                try:
+                    r = c.post("/v1/completions", json=self.body)
+                    self.results.append((time.time(), r.headers.get("x-llmserve-version"), r.status_code))
+                except httpx.HTTPError:
+                    self.results.append((time.time(), None, 0))
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=self.timeout_s + 10)
+
+    def failed(self, version: str | None = None) -> list[tuple[float, str | None, int]]:
+        return [r for r in self.results if (version is None or r[1] == version) and r[2] != 200]
 
 
 @dataclass
@@ -93,6 +132,11 @@ class Sampler:
                     bad.append(f"{s.time:.2f} {i['instance_id']} {i['state']} in_pool={i['in_pool']} "
                                f"served={i['served']}")
         return bad
+
+
+def settled_at(n: int):
+    """A pool predicate: ``n`` instances provisioned and none draining or stopping."""
+    return lambda p: p["provisioned"] == n and p["counts"]["draining"] == p["counts"]["stopping"] == 0
 
 
 # ---- figures of a run ---------------------------------------------------------------------------

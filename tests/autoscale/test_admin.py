@@ -82,14 +82,17 @@ def test_pools_instances_events_decisions_and_manual_scaling(served):
                        json={"instances": 1, "pool": "nope/v9"}).status_code == 404
     r = client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": None, "reason": "done"})
     assert r.status_code == 200 and r.json()["override"] is None
-    wait_for(client, lambda p: p["counts"]["ready"] == 1 and p["counts"]["draining"] == 0, what="back to one")
+    wait_for(client, lambda p: p["counts"]["ready"] == 1 and p["counts"]["draining"] == p["counts"]["stopping"] == 0,
+             what="back to one")
 
     metrics = client.get("/metrics").text
     assert 'llmserve:autoscale_manual_interventions_total{action="scale",model="tiny",version="v1"} 1.0' in metrics
     assert 'llmserve:autoscale_manual_interventions_total{action="clear",model="tiny",version="v1"} 1.0' in metrics
     assert 'llmserve:autoscale_instances{model="tiny",state="ready",version="v1"} 1.0' in metrics
-    assert 'llmserve:autoscale_transitions_total{from_state="draining",model="tiny",to_state="stopped",version="v1"} 1.0' \
-        in metrics
+    for old, new in (("draining", "stopping"), ("stopping", "stopped")):
+        assert (f'llmserve:autoscale_transitions_total{{from_state="{old}",model="tiny",to_state="{new}",version="v1"}} 1.0'
+                in metrics)
+    assert 'llmserve:autoscale_instances{model="tiny",state="stopping",version="v1"} 0.0' in metrics
     assert "llmserve:autoscale_cold_start_seconds_bucket" in metrics
     assert "llmserve:autoscale_instance_seconds_total" in metrics
 

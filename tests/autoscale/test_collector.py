@@ -3,7 +3,7 @@ from dataclasses import dataclass
 import pytest
 
 from llmserve.autoscale.collector import SignalCollector, percentile
-from llmserve.autoscale.lifecycle import InstanceState as S
+from llmserve.lifecycle import InstanceState as S
 
 
 @dataclass

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from llmserve.autoscale.lifecycle import InstanceState as S
+from llmserve.lifecycle import InstanceState as S
 from llmserve.priority import PriorityClass
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.pool import Outcome
@@ -50,7 +50,7 @@ async def ready_pool(ctl, provider, clock, n_steps: int = 2) -> None:
     for _ in range(n_steps):
         await step(ctl, clock)
         for e in provider.engines.values():
-            if e.state in ("loading", "warming"):
+            if e.state in ("starting", "warming"):
                 e.state = "ready"
     await step(ctl, clock)
 
@@ -118,7 +118,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     draining = [iid for iid, s in states(ctl).items() if s == "draining"]
     assert len(draining) == 1
     victim = draining[0]
-    assert pool.get(victim).draining
+    assert pool.get(victim).state is S.DRAINING
     # New requests avoid the draining instance.
     c = await pool.acquire(REQ, PriorityClass.REALTIME)
     assert c.instance.instance_id != victim
@@ -134,11 +134,12 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     assert victim not in ctl.instances and provider.stops == [victim]
     assert provider.engines[victim].sigterm_with_running == 0
     assert pool.get(victim) is None
-    assert transitions(ctl, victim)[-2:] == ["draining", "stopped"]
-    stop = next(e for e in ctl.history.events() if e["kind"] == "stop" and e["instance_id"] == victim)
-    assert stop["details"]["in_flight"] == 0
-    kinds = [e["kind"] for e in ctl.history.events() if e["instance_id"] == victim]
-    assert kinds.index("pool_remove") < kinds.index("stop")  # out of the balancer before the stop
+    assert transitions(ctl, victim)[-3:] == ["draining", "stopping", "stopped"]
+    stop = next(e for e in ctl.history.events() if e["new"] == "stopping" and e["instance_id"] == victim)
+    assert stop["old"] == "draining" and stop["details"]["in_flight"] == 0
+    kinds = [(e["kind"], e["new"]) for e in ctl.history.events() if e["instance_id"] == victim]
+    # out of the balancer before the stop
+    assert kinds.index(("pool_remove", "draining")) < kinds.index(("transition", "stopping"))
     pool.release(busy[[i for i in busy if i != victim][0]], Outcome.SUCCESS)
 
 
@@ -153,7 +154,7 @@ async def test_a_drain_that_never_ends_is_cut_at_the_drain_timeout():
     assert victim not in provider.stops
     await step(ctl, clock, 6.0)
     assert provider.stops == [victim]
-    stop = next(e for e in ctl.history.events() if e["kind"] == "stop")
+    stop = next(e for e in ctl.history.events() if e["new"] == "stopping")
     assert "drain timeout" in stop["reason"] and stop["details"]["in_flight"] == 1
     for x in leases:
         pool.release(x, Outcome.NEUTRAL)
@@ -262,7 +263,7 @@ async def test_scale_down_cancels_starting_instances_which_never_join_the_pool()
     assert states(ctl) == {"v1-1": "ready"}
     assert sorted(provider.stops) == ["v1-2", "v1-3"]
     assert [i.instance_id for i in pool.instances()] == ["v1-1"]
-    assert transitions(ctl, "v1-3") == ["starting", "stopped"]
+    assert transitions(ctl, "v1-3") == ["starting", "stopping", "stopped"]
 
 
 async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
@@ -277,7 +278,7 @@ async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
     assert states(ctl)[busy] == "draining"
     ctl.set_override(1, None, "back")
     await step(ctl, clock)
-    assert states(ctl)[busy] == "ready" and not pool.get(busy).draining
+    assert states(ctl)[busy] == "ready" and pool.get(busy).state is S.READY
     assert len(provider.engines) == 2  # nothing new started
     assert transitions(ctl, busy)[-2:] == ["draining", "ready"]
     pool.release(lease, Outcome.SUCCESS)
@@ -328,7 +329,7 @@ async def test_stop_drains_and_stops_everything_and_closes_the_provider():
     await ctl.stop()
     assert ctl.instances == {} and sorted(provider.stops) == ["v1-1", "v1-2"]
     assert provider.closed and pool.instances() == []
-    assert all(transitions(ctl, i)[-2:] == ["draining", "stopped"] for i in ("v1-1", "v1-2"))
+    assert all(transitions(ctl, i)[-3:] == ["draining", "stopping", "stopped"] for i in ("v1-1", "v1-2"))
 
 
 def test_history_returns_the_newest_entries_after_a_sequence_number():
@@ -360,3 +361,35 @@ async def test_the_pools_in_flight_count_is_the_gateways_own_when_reports_lag():
         t.cancel()
     for lease in leases:
         pool.release(lease, Outcome.SUCCESS)
+
+
+async def test_an_instance_whose_stop_is_under_way_is_stopping_billed_and_no_longer_capacity():
+    ctl, provider, pool, clock = make_controller(policy="static", static=2)
+    await ready_pool(ctl, provider, clock)
+    exited = asyncio.Event()
+    stop = provider.stop
+
+    async def slow_stop(handle, grace_s):
+        await exited.wait()  # the engine takes its time to exit
+        return await stop(handle, grace_s)
+
+    provider.stop = slow_stop
+    ctl.set_override(1, None, "scale down")
+    await ctl.step()  # drain starts (nothing in flight) ...
+    clock.t += 1.0
+    await ctl.step()  # ... and ends: the stop is sent, the process has not exited
+    victim = next(iid for iid, s in states(ctl).items() if s != "ready")
+    assert states(ctl)[victim] == "stopping" and pool.get(victim) is None
+    assert ctl.provisioned() == 1 and ctl.describe()["counts"]["stopping"] == 1
+    assert ctl.counts()[S.STOPPING] == 1 and ctl.counts()[S.DRAINING] == 0
+    assert ctl.signals(clock.t).draining == 1  # on its way out, for the policy as before
+    ctl.apply(ctl.plan(2), "load is back", clock.t)  # a stopping instance is not revived
+    assert states(ctl)[victim] == "stopping"
+    provider.engines[victim].state = "failed"  # what its probe says on the way out is not judged
+    clock.t += 1.0
+    await ctl.step()
+    assert states(ctl)[victim] == "stopping"
+    exited.set()
+    await settle(ctl)
+    assert victim not in ctl.instances and ctl.finished[-1].state is S.STOPPED
+    assert transitions(ctl, victim)[-3:] == ["draining", "stopping", "stopped"]

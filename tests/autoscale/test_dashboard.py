@@ -23,6 +23,8 @@ VIEW = """!document.getElementById("updates") ? null : JSON.stringify({
   updates: Number(document.getElementById('updates').textContent),
   ready: document.getElementById('count-ready').textContent,
   rows: [...document.querySelectorAll('#instances-table tbody tr')].map(r => [r.dataset.instance, r.dataset.state]),
+  classes: [...document.querySelectorAll('#instances-table tbody tr')].map(r => r.dataset.class),
+  cost: document.getElementById('cost').textContent,
   history: document.body.dataset.readyHistory || '',
   paths: document.querySelectorAll('#chart-instances path').length,
   events: [...document.querySelectorAll('#events li')].map(li => li.textContent.replace(/\\s+/g, ' ').trim()),
@@ -66,6 +68,7 @@ def test_dashboard_renders_and_updates_live_after_a_scaling_event(tmp_path):
                       30, "the running instance")
         assert first["ready"] == "1" and first["error"] == "" and "tiny/v1" in first["pool"]
         assert any("v1-1" in e and "ready" in e for e in first["events"])
+        assert first["classes"] == ["on_demand"] and first["cost"].endswith(" / 0.00")  # no spot configured
         browser.screenshot(tmp_path / "dashboard-1.png")
 
         serve.scale(2, "dashboard test")

@@ -94,6 +94,18 @@ def test_config_errors_name_the_key(change, key):
     assert key in error_of(data)
 
 
+def test_capacity_classes_are_per_pool_over_the_top_level():
+    data = deployment()
+    data["autoscale"]["capacity"] = {"spot": {"max_instances": 2, "price_per_hour": 0.3}}
+    data["models"][0]["versions"][1]["autoscale"]["capacity"] = {"spot": {"max_instances": 0}}
+    cfg = ServeConfig.model_validate(data)
+    v1, v2 = (cfg.autoscale_config(p).capacity for p in cfg.pools())
+    assert v1.spot_enabled and v1.spot.price_per_hour == 0.3
+    assert not v2.spot_enabled and v2.spot.price_per_hour == 0.3  # merged: only max_instances changed
+    data["models"][0]["versions"][1]["autoscale"]["capacity"] = {"spot": {"min_instances": 1, "max_instances": 1}}
+    assert "models[chat].versions[v2].autoscale" in error_of(data)
+
+
 def test_one_controller_per_pool_sharing_the_provider():
     cfg = ServeConfig.model_validate(deployment(
         lifecycle={"probe_interval_s": 0.05, "unready_grace_s": 600.0},

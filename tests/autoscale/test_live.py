@@ -25,7 +25,7 @@ from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import Sampler, ServeProcess, peak_ready, percentile, serve_config
+from .serve_harness import Sampler, ServeProcess, peak_ready, percentile, serve_config, settled_at
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +67,8 @@ def run_ramp(tmp_path, model, config: dict) -> dict:
             t0 = time.time()
             result = execute(bench_config(serve.url, model, trace))
             t_end = time.time()
-            serve.wait_until(lambda p: p["provisioned"] == 1 and p["counts"]["draining"] == 0
-                             and p["counts"]["ready"] == 1, 90, "the pool back at its minimum")
+            serve.wait_until(lambda p: settled_at(1)(p) and p["counts"]["ready"] == 1, 90,
+                             "the pool back at its minimum")
         return {"serve": serve, "result": result, "t0": t0, "t_end": t_end, "sampler": sampler,
                 "events": serve.events(), "instances": serve.instances(), "metrics": serve.metrics(),
                 "decisions": serve.decisions()}
@@ -114,7 +114,7 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
         peak = peak_ready(sampler.samples)
         assert peak >= 2, f"never scaled up: {run['decisions']}"
         final = serve.pool()
-        assert final["counts"] == {"starting": 0, "warming": 0, "ready": 1, "draining": 0}
+        assert final["counts"] == {"starting": 0, "warming": 0, "ready": 1, "draining": 0, "stopping": 0}
 
         # No traffic to a starting or warming instance.
         assert sampler.samples and sampler.violations() == []
@@ -132,7 +132,7 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
 
         # Every instance that served traffic and was stopped was drained first: nothing in
         # flight at the stop, and the engine exited 0 on SIGTERM.
-        drained = [e for e in events if e["kind"] == "stop" and e["old"] == "draining"]
+        drained = [e for e in events if e["new"] == "stopping" and e["old"] == "draining"]
         assert drained, "no instance was drained"
         for stop in drained:
             iid = stop["instance_id"]
@@ -149,7 +149,8 @@ def test_ramp_up_and_down_through_llmserve_serve(tmp_path):
         code = serve.stop()
     # uvicorn re-raises the SIGTERM it handled once shutdown is done, hence -15 as well as 0.
     assert code in (0, -signal.SIGTERM), serve.log()[-3000:]
-    assert re.search(r"stopping 1 instance\(s\)[\s\S]*draining -> stopped \(controller shutting down\)", serve.log())
+    assert re.search(r"stopping 1 instance\(s\)[\s\S]*draining -> stopping \(controller shutting down\)"
+                     r"[\s\S]*stopping -> stopped \(controller shutting down\)", serve.log())
     pids = [e["details"]["pid"] for e in run["events"] if e["kind"] == "started"]
     assert pids and not [pid for pid in pids if _alive(pid)], "engine processes outlived llmserve serve"
 

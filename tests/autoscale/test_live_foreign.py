@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from .serve_harness import ServeProcess, serve_config
+from .serve_harness import ServeProcess, serve_config, settled_at
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_foreign_engines_are_launched_probed_scaled_and_drained(serve):
     serve.wait_until(lambda p: all(i["load"] is not None for i in serve.instances(finished=False)), 30,
                      "load read from /metrics")
     serve.scale(1, "test: down")
-    serve.wait_until(lambda p: p["provisioned"] == 1 and p["counts"]["draining"] == 0, 60, "drained back to one")
+    serve.wait_until(settled_at(1), 60, "drained back to one")
     stopped = [i for i in serve.instances() if i["state"] == "stopped"]
     # "drained": the gateway had nothing in flight and the server's /metrics said nothing
     # ran or waited (the controller read them). uvicorn re-raises SIGTERM once it has

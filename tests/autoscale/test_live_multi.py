@@ -11,16 +11,14 @@ and its pool drains to zero. Requests routed to v1 never fail in either run.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import ServeProcess, serve_config
+from .serve_harness import Load, ServeProcess, serve_config
 
 pytestmark = pytest.mark.slow
 
@@ -47,40 +45,6 @@ def multi_config(v1_model, v2_model, v2_args=()) -> dict:
                    "max_ttft_p99_ratio": None, "max_e2e_p99_ratio": None},
     }]
     return cfg
-
-
-@dataclass
-class Load:
-    """Closed-loop anonymous clients (each request is split by the current weights)."""
-
-    url: str
-    results: list[tuple[float, str | None, int]] = field(default_factory=list)  # (time, version, status)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as c:
-            while not self._stop.is_set():
-                try:
-                    r = c.post("/v1/completions", json={"model": "chat", "prompt": "hello there", "max_tokens": 4})
-                    self.results.append((time.time(), r.headers.get("x-llmserve-version"), r.status_code))
-                except httpx.HTTPError:
-                    self.results.append((time.time(), None, 0))
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=70)
-
-    def failed(self, version: str) -> list[tuple[float, str | None, int]]:
-        return [r for r in self.results if r[1] == version and r[2] != 200]
 
 
 def watch(serve: ServeProcess, until, timeout: float, what: str) -> list[dict]:
@@ -115,7 +79,7 @@ def run(tmp_path, config: dict, settled) -> tuple[ServeProcess, Load, list[dict]
     try:
         serve.wait_ready(1, timeout=120, pool="chat/v1")
         assert serve.pool("chat/v2")["provisioned"] == 0  # scaled to zero until the canary's first request
-        with Load(serve.url) as load:
+        with Load(serve.url, {"model": "chat", "prompt": "hello there", "max_tokens": 4}, CLIENTS) as load:
             samples = watch(serve, settled, 240, "the rollout to settle")
             # Keep the clients going while the losing pool drains.
             samples += watch(serve, lambda s: s[LOSER[s["state"]]] == MIN[LOSER[s["state"]]], 90,

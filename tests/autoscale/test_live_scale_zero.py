@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import ServeProcess, serve_config
+from .serve_harness import ServeProcess, serve_config, settled_at
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def test_first_request_after_idle_waits_for_a_cold_start_and_succeeds(tmp_path):
     serve = ServeProcess(cfg, tmp_path)
     try:
         for round_ in range(2):
-            serve.wait_until(lambda p: p["provisioned"] == 0 and p["counts"]["draining"] == 0, 60,
+            serve.wait_until(settled_at(0), 60,
                              "the pool at zero")
             waited = first_request(serve)
             started = [i for i in serve.instances() if i["cold_start_s"] is not None]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import make_tiny_llama
 
-from .serve_harness import ServeProcess, serve_config
+from .serve_harness import ServeProcess, serve_config, settled_at
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_ray_provider_scales_to_two_actors_and_back(tmp_path):
         assert sum(served.values()) == 16 and min(served.values()) >= 1, served
 
         serve.scale(1, "back to one")
-        serve.wait_until(lambda p: p["provisioned"] == 1 and p["counts"]["draining"] == 0, 60, "back to one")
+        serve.wait_until(settled_at(1), 60, "back to one")
         events = serve.events()
         stopped = [e for e in events if e["new"] == "stopped"]
         assert len(stopped) == 1 and stopped[0]["details"]["exit_code"] == 0, stopped

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.autoscale.usage import held_seconds, instance_seconds, peak_held, spans_from_events
+from llmserve.autoscale.usage import (classes_from_events, dollars, held_seconds, instance_seconds, peak_held,
+                                     spans_from_events)
 
 
 def ev(seq, t, iid, old, new, kind="transition"):
@@ -45,3 +46,13 @@ def test_peak_counts_overlaps_within_the_window_only():
     # One instance replacing another at the same moment is never two held at once.
     assert peak_held([(0.0, 5.0), (5.0, 10.0)], 0.0, 10.0) == 1
     assert peak_held([], 0.0, 10.0) == 0
+
+
+def test_dollars_price_each_instance_at_its_class_and_a_spot_fallback_at_on_demand():
+    events = [dict(e, details={"capacity_class": "spot"}) if e["instance_id"] in "bd" and e["old"] is None else e
+              for e in EVENTS]
+    events.append(ev(9, 40.5, "d", "spot", "on_demand", kind="spot_fallback"))
+    assert classes_from_events(events) == {"a": "on_demand", "b": "spot", "c": "on_demand", "d": "on_demand"}
+    prices = {"on_demand": 3600.0, "spot": 1800.0}  # $ per hour: 1 and 0.5 per second
+    # a 50 s, c 2 s, d 10 s on-demand; b 20 s on spot
+    assert dollars(events, prices, 0.0, 50.0) == pytest.approx(50 + 2 + 10 + 20 * 0.5)

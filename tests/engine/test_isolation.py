@@ -68,7 +68,7 @@ def test_a_request_whose_logits_turn_nan_fails_alone(tiny, monkeypatch, case):
             from llmserve.models.llama import LlamaForCausalLM
 
             monkeypatch.setattr(draft_model, "_load_draft",
-                                lambda cfg, eng: LlamaForCausalLM(tiny.config, tiny.weights))
+                                lambda cfg, store: LlamaForCausalLM(tiny.config, tiny.weights))
     baseline = _run(tiny.engine(**opts), params)
     eng = tiny.engine(**opts)
     shared = poison_logits(eng, monkeypatch, lambda r: r.prompt_token_ids == POISON, after_tokens=3)

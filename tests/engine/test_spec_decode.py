@@ -9,7 +9,11 @@ import torch
 
 import llmserve.engine.draft_model as draft_model
 from llmserve.engine.sampling_params import SamplingParams
-from llmserve.engine.spec_decode import _Acceptance, find_ngram_continuation, rejection_sample
+from llmserve.engine.config import SpeculativeConfig
+from llmserve.engine.proposer import NgramProposer, find_ngram_continuation
+from llmserve.engine.request import Request
+from llmserve.engine.sampler import RowBuilder
+from llmserve.engine.spec_decode import SpeculativeDecoder, _Acceptance, rejection_sample
 from llmserve.models.llama import LlamaForCausalLM
 from tests.engine.conftest import make_tiny, run_to_completion
 from tests.engine.test_sampler import _chi2_ok
@@ -34,7 +38,7 @@ def setup():
 
 
 def _use_draft(monkeypatch, model):
-    monkeypatch.setattr(draft_model, "_load_draft", lambda cfg, eng: LlamaForCausalLM(model.config, model.weights))
+    monkeypatch.setattr(draft_model, "_load_draft", lambda cfg, store: LlamaForCausalLM(model.config, model.weights))
 
 
 @pytest.mark.parametrize("method,k", [("ngram", 1), ("ngram", 4), ("draft", 2), ("draft", 4)])
@@ -155,3 +159,34 @@ def test_seeded_sampling_with_speculation_is_reproducible(setup):
         eng.add_request("a", prompts[0], sp)
         outs.append(run_to_completion(eng)["a"])
     assert outs[0] == outs[1]
+
+
+class _Recording(NgramProposer):
+    def __init__(self) -> None:
+        super().__init__(1, 3)
+        self.released: list[str] = []
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
+
+
+def _decoding(rid: str, tokens: list[int], max_tokens: int) -> Request:
+    req = Request(rid, tokens, SamplingParams(max_tokens=max_tokens, temperature=0), max_tokens)
+    req.num_computed_tokens = req.num_tokens - 1
+    return req
+
+
+def test_the_decoder_needs_no_engine_and_respects_its_inputs():
+    proposer = _Recording()
+    live = {"a", "b"}
+    spec = SpeculativeDecoder(SpeculativeConfig(method="ngram", num_speculative_tokens=4), proposer,
+                              max_model_len=12, rows=RowBuilder().row, live_ids=lambda: live,
+                              guided=lambda: None, generator=torch.Generator())
+    a = _decoding("a", [1, 2, 3, 4, 5, 6, 1, 2], 6)  # the lookup would give 3 4 5 6
+    b = _decoding("b", [7, 8, 9, 7, 8], 3)
+    spec.propose([a, b])
+    assert a.spec_token_ids == [3, 4, 5]  # 12 - 8 - 1 positions left in the context
+    assert b.spec_token_ids == [9, 7]  # max_tokens 3: two drafts and the bonus token
+    live.discard("b")
+    spec.propose([a])
+    assert proposer.released == ["b"]

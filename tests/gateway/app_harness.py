@@ -8,8 +8,9 @@ from contextlib import contextmanager
 
 import httpx
 
-from llmserve.gateway.app import Gateway, create_app
+from llmserve.gateway.app import create_app
 from llmserve.gateway.config import GatewayConfig
+from llmserve.gateway.runtime import Gateway
 from llmserve.http_guard import uvicorn_options
 from .fake_upstream import Behaviour, ServerThread, make_app
 

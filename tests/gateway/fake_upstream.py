@@ -51,7 +51,7 @@ class Behaviour:
         self.rng = random.Random(self.seed)
 
 
-def _chunk(b: Behaviour, body: dict, text: str | None, finish: str | None) -> bytes:
+def _chunk(b: Behaviour, body: dict, text: str | None, finish: str | None, token: int | None = None) -> bytes:
     chat = "messages" in body
     if chat:
         choice = {"index": 0, "delta": {} if text is None else {"content": text},
@@ -60,6 +60,8 @@ def _chunk(b: Behaviour, body: dict, text: str | None, finish: str | None) -> by
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish}
         obj = "text_completion"
+    if body.get("return_token_ids"):  # like an llmserve engine: the chunk's ids, last
+        choice["token_ids"] = [] if token is None else [token]
     data = {"id": "cmpl-1", "object": obj, "model": body.get("model"), "choices": [choice],
             "system_fingerprint": b.instance_id}
     return b"data: " + json.dumps(data).encode() + b"\n\n"
@@ -96,10 +98,11 @@ def make_app(b: Behaviour) -> Starlette:
                 await asyncio.sleep(b.first_token_delay_s)
                 if b.first_token_gate is not None:
                     await asyncio.to_thread(b.first_token_gate.wait, 30)
-                for i in range(b.tokens):
-                    if b.break_after_tokens is not None and i >= b.break_after_tokens:
+                resumed = len(body.get("resume_token_ids") or [])  # (token i is "t{i} ", id i)
+                for i in range(resumed, b.tokens):
+                    if b.break_after_tokens is not None and i >= b.break_after_tokens and not resumed:
                         raise RuntimeError("injected mid-stream failure")
-                    yield _chunk(b, body, f"t{i} ", None)
+                    yield _chunk(b, body, f"t{i} ", None, i)
                     await asyncio.sleep(b.token_delay_s)
                 yield _chunk(b, body, None, "length")
                 yield b"data: [DONE]\n\n"

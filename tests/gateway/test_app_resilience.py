@@ -83,7 +83,8 @@ def test_instance_killed_mid_load_requests_retry_and_succeed():
 
 
 def test_stream_broken_mid_way_ends_with_an_error_event_not_silence():
-    with stack({"v1": [Behaviour("a", tokens=6, break_after_tokens=2)]}) as s:
+    # Not resumed (resuming is in test_app_resume.py): a resume would succeed on "a" itself.
+    with stack({"v1": [Behaviour("a", tokens=6, break_after_tokens=2)]}, retry={"max_resumes": 0}) as s:
         with s.client.stream("POST", "/v1/chat/completions", json={
                 "model": "chat", "stream": True,
                 "messages": [{"role": "user", "content": "hi"}]}) as r:

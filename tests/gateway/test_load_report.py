@@ -3,10 +3,11 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport, MetricsLoadParser, parse_prometheus_text
 
 DOC_EXAMPLE = {
-    "instance_id": "engine-8001", "model": "smollm2", "ready": True, "draining": False,
+    "instance_id": "engine-8001", "model": "smollm2", "ready": True, "draining": False, "state": "ready",
     "num_running": 3, "num_waiting": 2, "num_waiting_by_priority": {"0": 1, "1": 1},
     "kv_cache_usage": 0.42, "busy_fraction": 0.9, "tokens_per_s": 1500.0,
     "generation_tokens_per_s": 600.0, "max_num_seqs": 64, "prefix_cache_hit_rate": 0.3,
@@ -18,6 +19,20 @@ def test_load_report_round_trips_the_documented_fields():
     r = LoadReport.model_validate(DOC_EXAMPLE)
     assert r.model_dump() == DOC_EXAMPLE
     assert set(LoadReport.model_fields) == set(DOC_EXAMPLE)
+
+
+@pytest.mark.parametrize("word,state", [("draining", InstanceState.DRAINING), ("loading", InstanceState.STARTING),
+                                        ("booting", None), (None, None)])
+def test_the_state_is_read_into_the_lifecycle_enum_and_an_unknown_word_costs_nothing(word, state):
+    r = LoadReport.model_validate({**DOC_EXAMPLE, "state": word})
+    assert r.state is state and r.num_running == 3
+
+
+def test_a_report_without_a_state_is_an_older_engines_and_still_valid():
+    data = dict(DOC_EXAMPLE)
+    del data["state"]
+    assert LoadReport.model_validate(data).state is None
+    assert '"state":"ready"' in LoadReport.model_validate(DOC_EXAMPLE).model_dump_json()
 
 
 @pytest.mark.parametrize("field,value", [("kv_cache_usage", 1.5), ("busy_fraction", -0.1),

@@ -3,7 +3,8 @@ import sys
 
 MODULES = ["llmserve.load_report", "llmserve.gateway.config", "llmserve.gateway.version_router",
            "llmserve.gateway.canary", "llmserve.gateway.admission", "llmserve.gateway.balancer",
-           "llmserve.gateway.circuit", "llmserve.gateway.health", "llmserve.gateway.app"]
+           "llmserve.gateway.circuit", "llmserve.gateway.health", "llmserve.gateway.runtime",
+           "llmserve.gateway.app"]
 
 
 def test_the_gateway_never_imports_torch():

@@ -8,6 +8,7 @@ from llmserve.gateway.admission import AdmissionConfig, ClassLimits, Concurrency
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.pool import NoHealthyInstance, Outcome, Pool, QueueTimeout
+from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
 
 REQ = RouteRequest()
@@ -86,8 +87,8 @@ async def test_a_starting_instance_serves_waiters_once_ready():
     inst = p.add_instance("http://127.0.0.1:9001")
     waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
-    inst.ready = inst.ever_ready = True
-    p.pump()  # what the monitor does when /ready passes
+    p.set_ready(inst, True)  # what the monitor does when /ready passes
+    assert inst.state is InstanceState.READY
     assert (await asyncio.wait_for(waiting, 1)).instance is inst
 
 
@@ -188,3 +189,30 @@ async def test_capacity_shortfall_is_cold_or_a_queue_behind_healthy_instances_on
     waiting.cancel()
     p.get("a").ready = False
     assert "no ready instance" in p.capacity_shortfall()
+
+
+async def test_an_instance_is_starting_until_its_first_ready_pass_and_a_health_dip_is_no_lifecycle_move():
+    p = _pool()
+    inst = p.add_instance("http://127.0.0.1:9006", "a")
+    assert inst.state is InstanceState.STARTING and p.snapshot()[0]["state"] == "starting"
+    p.set_ready(inst, True)
+    assert inst.state is InstanceState.READY
+    p.set_ready(inst, False)  # unreachable for a moment: unhealthy, still a started instance
+    assert inst.state is InstanceState.READY and not inst.ready
+    p.set_draining("a")
+    assert inst.state is InstanceState.DRAINING and p.snapshot()[0]["draining"]
+    p.set_ready(inst, True)  # a /ready pass does not end a drain
+    assert inst.state is InstanceState.DRAINING
+    p.set_draining("a", False)
+    assert inst.state is InstanceState.READY
+
+
+async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_starting_again():
+    p = _pool()
+    inst = p.add_instance("http://127.0.0.1:9007", "a", ready=True)
+    p.set_draining("a")
+    p.set_ready(inst, False)
+    p.set_draining("a", False)
+    assert inst.state is InstanceState.STARTING  # requests wait for it rather than fail fast
+    p.set_ready(inst, True)
+    assert inst.state is InstanceState.READY

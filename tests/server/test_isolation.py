@@ -14,7 +14,6 @@ import json
 import httpx
 import pytest
 
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.autoscale.probe import judge, probe_ready
 from llmserve.autoscale.providers.base import RunState, RunStatus
 from llmserve.engine.config import EngineConfig
@@ -23,6 +22,7 @@ from llmserve.gateway.config import PollingConfig
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.upstream import UpstreamClient
+from llmserve.lifecycle import InstanceState
 from llmserve.server.app import Instance, create_app
 from llmserve.server.config import ServerConfig
 from tests.engine.faults import break_forward, poison_logits

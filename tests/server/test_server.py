@@ -193,6 +193,7 @@ def test_metrics_and_load_names(server):
         assert name in text, name
     load = httpx.get(server.url + "/load").json()
     assert load["ready"] is True and load["model"] == "tiny" and 0 <= load["busy_fraction"] <= 1
+    assert load["state"] == "ready"  # the shared lifecycle word (llmserve/lifecycle.py)
 
 
 def test_api_key_overload_and_ready_before_warmup(tiny_path, tmp_path):
@@ -209,6 +210,7 @@ def test_api_key_overload_and_ready_before_warmup(tiny_path, tmp_path):
                 continue
             if r.status_code == 503:
                 saw_not_ready = True
+                assert r.json()["state"] in ("starting", "warming")  # "loading" before the shared enum
                 assert httpx.get(ep.url + "/health").status_code == 200
             if r.status_code == 200:
                 break
@@ -250,7 +252,9 @@ def test_sigterm_drains_in_flight_streams(tiny_path, tmp_path):
     ep.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert ep.proc.poll() is None
-    assert httpx.get(ep.url + "/ready").status_code == 503
+    ready = httpx.get(ep.url + "/ready")
+    assert ready.status_code == 503 and ready.json()["state"] == "draining"
+    assert httpx.get(ep.url + "/load").json()["state"] == "draining"
     assert httpx.post(ep.url + "/v1/completions", json={"prompt": "x"}).status_code == 503
     t.join(timeout=60)
     assert ep.proc.wait(timeout=30) == 0

@@ -44,8 +44,12 @@ def test_the_cli_flag_sets_the_range():
     import argparse
 
     from llmserve.cli import add_server_args
+    from llmserve.flags import config_from
+    from llmserve.priority import NAMED_RANGE, PriorityRange
+    from llmserve.server.config import ServerConfig
 
     p = argparse.ArgumentParser()
     add_server_args(p)
-    assert p.parse_args(["--priority-range", "-10", "10"]).priority_range == [-10, 10]
-    assert p.parse_args([]).priority_range is None
+    wide = config_from(ServerConfig, p.parse_args(["--priority-range", "-10", "10"]))
+    assert wide.priority_range == PriorityRange(-10, 10)
+    assert config_from(ServerConfig, p.parse_args([])).priority_range == NAMED_RANGE

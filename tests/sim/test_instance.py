@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.lifecycle import InstanceState
 from llmserve.sim.instance import Seq, SimInstance
 from llmserve.sim.profile import InstanceProfile, StepModel
 

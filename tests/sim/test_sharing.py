@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmserve.autoscale.lifecycle import InstanceState
+from llmserve.lifecycle import InstanceState
 from llmserve.sim.instance import Seq, SimInstance
 from llmserve.sim.profile import InstanceProfile, StepModel
 from llmserve.sim.sharing import BusyInstances, CoreSharing, fit_api_share
@@ -81,6 +81,7 @@ def test_a_stopped_instance_is_no_longer_busy():
     a = SimInstance(0, _profile(sharing), 0.0, InstanceState.READY, cores)
     a.add(Seq(0, 8, 4), 0.0)
     a.set_state(InstanceState.DRAINING, 0.0)
+    a.set_state(InstanceState.STOPPING, 0.0)
     a.set_state(InstanceState.STOPPED, 0.0)
     assert cores.busy == set()
 

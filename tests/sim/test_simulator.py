@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig, StaticConfig
-from llmserve.autoscale.lifecycle import InstanceState
 from llmserve.gateway.admission import AdmissionConfig, ClassLimits
 from llmserve.gateway.balancer import Picker
+from llmserve.lifecycle import InstanceState
 from llmserve.sim.instance import SimInstance
 from llmserve.sim.profile import InstanceProfile, StepModel
 from llmserve.sim.results import COMPLETED, EXPIRED, PENDING, REJECTED

@@ -31,6 +31,9 @@ class InstanceSpec:
     # A foreign OpenAI-compatible server instead of ``llmserve engine``: its argv, with
     # ``{host}``, ``{port}`` and ``{instance_id}`` for the provider to fill in.
     command: tuple[str, ...] = ()
+    # "on_demand" or "spot" (autoscale/capacity_mix.py); a provider that cannot give
+    # spot raises SpotUnavailable, and the controller starts it on-demand instead.
+    capacity_class: str = "on_demand"
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -52,6 +55,10 @@ class InstanceHandle:
     ref: dict[str, Any] = field(default_factory=dict)
 
 
+class SpotUnavailable(RuntimeError):
+    """The provider has no spot capacity for this start (refused, or none offered)."""
+
+
 class RunState(str, enum.Enum):
     RUNNING = "running"    # the process or actor is alive (it may still be loading)
     EXITED = "exited"      # it ended; ``exit_code`` says how
@@ -64,6 +71,8 @@ class RunStatus:
     state: RunState
     exit_code: int | None = None
     detail: str = ""
+    # Unix time at which the provider will take the instance (a spot reclaim notice).
+    reclaim_at: float | None = None
 
     @property
     def gone(self) -> bool:
@@ -81,7 +90,11 @@ class InstanceProvider(Protocol):
     - ``stop`` asks the instance to drain and exit (SIGTERM for an engine), waits up
       to ``grace_s``, then forces it; it returns the exit code when there is one and
       is safe to call on an instance that is already gone;
-    - ``status`` never raises: a provider that cannot tell answers ``UNKNOWN``;
+    - ``status`` never raises: a provider that cannot tell answers ``UNKNOWN``; a
+      provider that learns the instance will be taken (a spot reclaim) says when in
+      ``reclaim_at``, and takes it then;
+    - a provider may offer ``reclaim(handle, notice_s)`` (the local one does, to
+      simulate reclaims): notice now, the instance killed after ``notice_s``;
     - ``log_tail`` is for people (failure reasons), best effort;
     - ``close`` stops whatever is left and releases the provider's own resources.
     """

@@ -12,6 +12,10 @@ By default instances are forked from a template process that has already
 imported torch and the server (``providers/template.py``): that is ~2.5 s of
 each start-up paid once. ``fork_from_template=False`` spawns a fresh
 interpreter per instance.
+
+Every start is granted whatever its capacity class; :meth:`LocalProvider.reclaim`
+simulates a spot reclaim (a notice, then SIGKILL at its deadline) for tests and
+benchmarks.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class LocalProvider:
         self.log_dir = Path(self.config.log_dir or tempfile.mkdtemp(prefix="llmserve-instances-"))
         self._procs: dict[str, subprocess.Popen | ForkedProcess] = {}
         self._ports: set[int] = set()
+        self._reclaim_at: dict[str, float] = {}  # unix deadline, by instance id
+        self._kills: dict[str, asyncio.TimerHandle] = {}
         self.template = Template(self.log_dir / "template.log") if self.config.fork_from_template else None
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
@@ -86,6 +92,28 @@ class LocalProvider:
             log.warning("template process could not fork (%s); spawning instead", e)
             return None
 
+    async def reclaim(self, handle: InstanceHandle, notice_s: float) -> float | None:
+        """Take the instance as a cloud takes a spot one: ``status`` reports the deadline
+        from now on, and SIGKILL comes at it (``notice_s`` 0: at once). The deadline, or
+        None when the instance is not running."""
+        iid = handle.instance_id
+        proc = self._procs.get(iid)
+        if proc is None or proc.poll() is not None or iid in self._reclaim_at:
+            return self._reclaim_at.get(iid)
+        self._reclaim_at[iid] = time.time() + notice_s
+        log.info("instance %s reclaimed, killed in %.1fs", iid, notice_s)
+        if notice_s <= 0:
+            proc.kill()
+        else:
+            self._kills[iid] = asyncio.get_running_loop().call_later(notice_s, self._kill, iid)
+        return self._reclaim_at[iid]
+
+    def _kill(self, instance_id: str) -> None:
+        self._kills.pop(instance_id, None)
+        proc = self._procs.get(instance_id)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         proc = self._procs.get(handle.instance_id)
         if proc is None:
@@ -99,7 +127,7 @@ class LocalProvider:
                 proc.kill()
                 while proc.poll() is None:
                     await asyncio.sleep(0.02)
-        self._procs.pop(handle.instance_id, None)
+        self._procs.pop(handle.instance_id, None)  # a reclaim's kill, still to come, finds nothing
         self._ports.discard(handle.ref.get("port", -1))
         return proc.returncode
 
@@ -108,14 +136,19 @@ class LocalProvider:
         if proc is None:
             return RunStatus(RunState.VANISHED, detail="not started by this provider")
         code = proc.poll()
+        at = self._reclaim_at.get(handle.instance_id)
         if code is None:
-            return RunStatus(RunState.RUNNING)
-        return RunStatus(RunState.EXITED, code, f"exited with code {code}")
+            return RunStatus(RunState.RUNNING, reclaim_at=at)
+        detail = f"exited with code {code}" + (" (reclaimed)" if at is not None else "")
+        return RunStatus(RunState.EXITED, code, detail, reclaim_at=at)
 
     async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
         return tail(Path(handle.ref.get("log", "")), lines)
 
     async def close(self) -> None:
+        for timer in self._kills.values():
+            timer.cancel()
+        self._kills.clear()
         procs = list(self._procs.items())
         for _, proc in procs:
             if proc.poll() is None:

@@ -1,0 +1,289 @@
+"""Mid-stream resume: a stream whose upstream breaks after its first event goes on,
+on another instance of the same version, from the tokens the client already has.
+
+llmserve instances are asked for each chunk's token ids (``return_token_ids``;
+stripped again unless the client asked for them itself), and the gateway keeps
+those of the events the client was sent. When the upstream breaks (the
+connection resets or closes before ``[DONE]``, or it reports its engine dead) the
+original body goes to another instance through the pool as usual (admission,
+breakers, the balancer; the instances tried are excluded) with
+``resume_token_ids``: that engine counts them as output already generated
+(``max_tokens`` still means the whole answer, as do stop strings, penalties and
+usage; engine/resume.py), and its text goes on exactly where the client's
+stopped. Its events get the client stream's ``id`` and ``created``; it sends no
+second role chunk or echo. Greedy and seeded streams come out as if unbroken.
+
+A stream is not resumed (it ends with an error event that says why) when it has
+several choices or prompts, is parsed for tool calls, came from an instance that
+is not an llmserve engine (one read through ``/metrics``: no token-id
+continuation), or has used its ``retry.max_resumes``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+import httpx
+
+from llmserve.gateway.errors import GatewayError, sse_error_event
+from llmserve.gateway.pool import Instance, Lease, Outcome, Pool
+from llmserve.gateway.recorder import RequestRecord
+from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
+
+if TYPE_CHECKING:
+    from llmserve.gateway.runtime import Gateway
+
+log = logging.getLogger(__name__)
+
+# The instance writes a chunk's ids as its choice's last key (server/responses.py), with
+# json.dumps' separators; a '"' after ', ' cannot be inside a JSON string. Found with
+# bytes.find: a regular expression costs ~10 us an event, several times the rest.
+_IDS_KEY = b', "token_ids": ['
+# A chunk's head: the stream's id, object and created (server/responses.py ResponseMeta).
+_HEAD = re.compile(rb'data: (\{"id": "[^"\\]*", "object": "[a-z._]*", "created": [0-9]+)')
+_DEAD = b'"code": "engine_dead"'  # the instance's engine died: an instance failure
+
+
+class Plan(Protocol):
+    """What resuming reads of a request's attempts (proxy's plan)."""
+
+    pool: Pool
+    path: str
+    content: bytes  # the body as llmserve instances get it
+    headers: dict[str, str]
+    tried: list[str]  # instance ids, excluded from the next pick
+    resume: ResumeState | None
+
+
+class Attempts(Protocol):
+    """The attempt loop a resume goes through (the proxy): the pool's queue, with admission."""
+
+    gw: Gateway
+
+    async def acquire(self, plan: Plan, ctx: RequestRecord) -> Lease: ...
+
+
+class UpstreamFailed(Exception):
+    """The upstream's stream broke without a transport error (see ``ResumeState.feed``)."""
+
+
+def not_resumable(body: dict) -> str | None:
+    """Why a stream with this body cannot be resumed, or None if it can."""
+    if (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
+        return "streams of n > 1 choices are not resumed"
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        return "streams of several prompts are not resumed"
+    if body.get("tools") and body.get("tool_choice") != "none":
+        return "streams parsed for tool calls are not resumed"
+    return None
+
+
+def is_engine(inst: Instance) -> bool:
+    """Whether an instance can continue a stream by token ids: an llmserve engine (it has ``/load``)."""
+    return inst.load_source == "load"
+
+
+def open_resume(body: dict, content: bytes, stream: bool, max_resumes: int) -> tuple[ResumeState | None, bytes]:
+    """A stream's resume state (None when resuming is off or it is no stream) and the body
+    for llmserve instances: asking for token ids when it will resume."""
+    if not stream or not max_resumes:
+        return None, content
+    state = ResumeState(body)
+    if state.why_not is not None or not state.strip:
+        return state, content
+    if "return_token_ids" in body:  # (false): the gateway's true must replace it
+        return state, json.dumps({**json.loads(content), "return_token_ids": True}).encode()
+    i = content.index(b"{") + 1  # a request body is an object with a model: a key follows
+    return state, content[:i] + b'"return_token_ids": true, ' + content[i:]
+
+
+def _take_ids(events: bytes, ids: list[int], strip: bool = True) -> tuple[bytes, int]:
+    """Append the token ids in ``events`` to ``ids``; the events without them if ``strip``,
+    and how many chunks had them."""
+    parts, found, at = [], 0, 0
+    while (i := events.find(_IDS_KEY, at)) >= 0:
+        j = events.index(b"]", i)
+        inner = events[i + len(_IDS_KEY):j]
+        if inner:
+            ids += map(int, inner.split(b",")) if b"," in inner else (int(inner),)
+        parts.append(events[at:i])
+        at, found = j + 1, found + 1
+    if not strip or not found:
+        return events, found
+    parts.append(events[at:])
+    return b"".join(parts), found
+
+
+class ResumeState:
+    """One stream's resume bookkeeping: the token ids the client has, its head, the resumes left."""
+
+    __slots__ = ("done", "head", "ids", "instance", "resumes", "strip", "upstream_head", "why_not")
+
+    def __init__(self, body: dict) -> None:
+        self.why_not = not_resumable(body)
+        self.strip = not body.get("return_token_ids")  # the ids are the gateway's, not the client's
+        self.ids: list[int] = []
+        self.head: bytes | None = None  # the client stream's chunk head
+        self.upstream_head: bytes | None = None  # the current upstream's, when it differs
+        self.resumes = 0
+        self.done = False
+        self.instance = ""
+
+    def start(self, inst: Instance) -> None:
+        """A new upstream's events follow (the first, or a resumed one)."""
+        self.upstream_head, self.instance = None, inst.instance_id
+        if self.why_not is None and not is_engine(inst):
+            self.why_not = (f"instance {inst.instance_id} is not an llmserve engine: it cannot continue "
+                            "a stream by token ids")
+
+    def feed(self, events: bytes) -> bytes:
+        """Whole events from the upstream, as the client gets them: token ids kept (and
+        stripped), the client's head restored. Raises ``UpstreamFailed`` after the events
+        before an engine-dead error event, which the client is not sent."""
+        failed = False
+        if _DEAD in events:
+            i = events.find(_DEAD)
+            events, failed = events[:events.rfind(b"data: ", 0, i)], True
+        if self.why_not is None:
+            events, found = _take_ids(events, self.ids, self.strip)
+            if found < events.count(b'"choices": [{'):  # an instance that ignores return_token_ids
+                self.why_not = f"instance {self.instance} sent chunks without their token ids"
+        elif self.strip and _IDS_KEY in events:
+            events = _take_ids(events, [])[0]
+        m = _HEAD.search(events) if self.upstream_head is None else None
+        if m is not None:
+            if self.head is None:
+                self.head = m.group(1)
+            self.upstream_head = m.group(1)
+        if self.head is not None and self.upstream_head not in (None, self.head):
+            events = events.replace(self.upstream_head, self.head)
+        if b"data: [DONE]" in events:
+            self.done = True
+        if failed:
+            raise UpstreamFailed("the instance reported its engine dead")
+        return events
+
+    def continuation(self, content: bytes) -> bytes:
+        """The request body that continues this stream from the ids the client has."""
+        body = json.loads(content)
+        return json.dumps({**body, "return_token_ids": True, "resume_token_ids": self.ids}).encode()
+
+
+async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current, first: bytes,
+                chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The client's stream from its first event on: relayed event by event, resumed on
+    another instance when the upstream breaks, else ended with an error event."""
+    state: ResumeState | None = plan.resume
+    outcome, status, kind = Outcome.NEUTRAL, current.resp.status_code, None
+    try:
+        while True:
+            if state is not None:
+                state.start(current.lease.instance)
+            try:
+                async for out in _events(proxy, ctx, first, chunks, state):
+                    if b"data: [DONE]" in out:
+                        outcome = Outcome.SUCCESS  # the client has it all: a close now is no 499
+                    yield out
+                outcome = Outcome.SUCCESS
+                return
+            except (httpx.HTTPError, UpstreamFailed) as e:
+                broke = f"the upstream instance failed mid-stream ({type(e).__name__})"
+                log.warning("upstream %s broke mid-stream (%s): %s", current.lease.instance.instance_id,
+                            ctx.request_id, e)
+                why = "resuming is off" if state is None else state.why_not
+                got = why if why is not None else await _resume(proxy, plan, ctx, current, state)
+                if isinstance(got, str):
+                    outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
+                    yield sse_error_event(f"{broke}; the response is incomplete and could not be resumed: "
+                                          f"{got}", code="upstream_broken")
+                    return
+                first, chunks = got
+    finally:
+        end_stream(current.resp, current.lease, plan.pool, ctx, outcome, status, kind)
+        if outcome is Outcome.FAILURE:  # (the broken upstream's lease was released when resuming)
+            ctx.finish(status, ok=False, error_kind=kind)
+
+
+async def _events(proxy: Attempts, ctx: RequestRecord, first: bytes, chunks: AsyncIterator[bytes],
+                  state: ResumeState | None) -> AsyncIterator[bytes]:
+    """One upstream's whole events; raises when it breaks (closing before ``[DONE]`` too,
+    when resuming: an instance killed at an event's end looks like a clean close)."""
+    buf = first
+    while True:
+        end = last_event_end(buf)
+        if end:
+            out, buf = buf[:end], buf[end:]
+            if ctx.ttft_s is None:
+                ctx.ttft_s = time.monotonic() - ctx.t0
+                for o in proxy.gw.observers:
+                    o.on_first_token(ctx.model, ctx.version, ctx.t0 + ctx.ttft_s, ctx.ttft_s)
+            if state is not None:
+                out = state.feed(out)
+            done = out.count(b"data: [DONE]")
+            ctx.output_tokens += out.count(b"data: ") - done
+            if out:
+                yield out
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        buf += chunk
+    if state is not None and not state.done:
+        raise UpstreamFailed("the stream ended before [DONE]")
+    if buf:
+        yield buf
+
+
+async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current,
+                  state: ResumeState) -> tuple[bytes, AsyncIterator[bytes]] | str:
+    """The next upstream's first bytes and the rest, continuing the stream; or why none is."""
+    gw = proxy.gw
+    plan.pool.release(current.lease, Outcome.FAILURE)
+    current.resp.close()
+    content = state.continuation(plan.content)
+    last = "no resume was tried"
+    while state.resumes < gw.config.retry.max_resumes:
+        state.resumes += 1
+        try:
+            lease = await proxy.acquire(plan, ctx)
+        except GatewayError as e:
+            return f"no instance to resume on: {e.message}"
+        inst = lease.instance
+        plan.tried.append(inst.instance_id)
+        ctx.instance = inst.instance_id
+        if not is_engine(inst):
+            plan.pool.release(lease, Outcome.NEUTRAL)
+            return f"instance {inst.instance_id} is not an llmserve engine: it cannot continue a stream by token ids"
+        try:
+            resp = await gw.upstream.post(f"{inst.url}{plan.path}", content, plan.headers)
+        except httpx.HTTPError as e:
+            plan.pool.release(lease, Outcome.FAILURE)
+            last = f"instance {inst.instance_id} failed: {type(e).__name__}: {e}"
+            continue
+        current.resp, current.lease = resp, lease  # from here the client's leaving frees this one
+        if resp.status_code != 200 or not is_sse(resp):
+            try:
+                body = (await resp.aread())[:300].decode("utf-8", "replace")
+            except httpx.HTTPError:
+                body = ""
+            resp.close()
+            refused = resp.status_code < 500  # it cannot continue this request: neither could the others
+            plan.pool.release(lease, Outcome.NEUTRAL if refused else Outcome.FAILURE)
+            last = f"instance {inst.instance_id} answered {resp.status_code} to the continuation: {body}"
+            if refused:
+                return last
+            continue
+        got = await first_bytes(resp, lease, plan.pool)
+        if isinstance(got, str):
+            last = f"instance {inst.instance_id} broke off before its first event ({got})"
+            continue
+        log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
+        gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
+        return got
+    return f"{state.resumes} resumes failed; last: {last}"

@@ -1,0 +1,245 @@
+"""The gateway's runtime: models, pools, routers, canaries and the monitor, with no HTTP.
+
+:class:`Gateway` owns them, starts and stops the polls, the canary ticks and the
+gateway services; ``app`` serves it over HTTP and the autoscaler reaches a pool
+with ``gateway.pool(model, version)`` (see ``pool.py`` for the pool's run-time
+interface). A :class:`ModelRuntime` is handed what its requests' records feed
+(the gateway's metrics and observers, its own window stats) rather than the
+gateway: nothing below the gateway reaches back up into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import suppress
+from dataclasses import asdict
+
+from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
+from llmserve.gateway.config import GatewayConfig, ModelConfig
+from llmserve.gateway.events import GatewayService, RequestObserver
+from llmserve.gateway.health import RetryBudget
+from llmserve.gateway.metrics import GatewayMetrics, gauge
+from llmserve.gateway.monitor import Monitor
+from llmserve.gateway.pool import Pool
+from llmserve.gateway.recorder import RecordSinks
+from llmserve.gateway.upstream import UpstreamClient
+from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.gateway.window_stats import WindowStats
+
+log = logging.getLogger(__name__)
+
+
+class ModelRuntime:
+    """One served model: its version router, one pool per version, its canary.
+
+    ``metrics`` and ``observers`` are the gateway's (``observers`` is its list itself,
+    so services that join later are seen); ``sinks`` adds this model's window stats."""
+
+    def __init__(self, config: ModelConfig, gateway_config: GatewayConfig, *,
+                 metrics: GatewayMetrics, observers: list[RequestObserver],
+                 rng: random.Random) -> None:
+        self.config = config
+        self.pools: dict[str, Pool] = {}
+        # Looked up on every request: a dict, not a scan of the config's list.
+        self.upstream_models = {v.name: v.upstream_model for v in config.versions}
+        self.upstream_auth = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}"
+                              for v in config.versions}
+        self.count_forced = config.canary is not None and config.canary.count_forced
+        for v in config.versions:
+            pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
+                        concurrency=config.concurrency, balancer=config.balancer,
+                        breaker=gateway_config.breaker, outlier=gateway_config.outlier,
+                        report_ttl_s=max(2.0, 8 * gateway_config.polling.load_interval_s),
+                        rng=random.Random(rng.random()))
+            for url in v.upstreams:
+                pool.add_instance(url)
+            self.pools[v.name] = pool
+        self.canary: CanaryAnalysis | None = None
+        self._not_judged: str | None = None
+        window = 60.0
+        if config.canary is not None:
+            self.canary = CanaryAnalysis(config.canary.version, config.canary.stable,
+                                         config.canary)
+            window = config.canary.interval_s
+        self.stats = WindowStats(window)
+        self.sinks = RecordSinks(config.name, metrics, self.stats, observers)
+        self.router = VersionRouter(self._weights(), salt=config.name,
+                                    rng=random.Random(rng.random()),
+                                    stickiness_window_s=config.stickiness_window_s)
+    def _weights(self) -> dict[str, float]:
+        base = self.config.base_weights
+        if self.canary is None:
+            return base
+        return with_weight(base, self.canary.canary, self.canary.weight)
+
+    def apply_weights(self) -> None:
+        self.router.set_weights(self._weights())
+
+    def tick(self, now: float) -> None:
+        if self.canary is None:
+            return
+        if self.canary.state is CanaryState.PROGRESSING:
+            # Remembered until the next check: one cold moment spoils the interval.
+            short = self.pools[self.canary.canary].capacity_shortfall()
+            self._not_judged = f"not judged: the canary pool {short}" if short else self._not_judged
+        d = self.canary.tick(now, self.stats.snapshot(self.canary.canary, now),
+                             self.stats.snapshot(self.canary.stable, now), self._not_judged)
+        if d.action is not Action.NONE:
+            self._not_judged = None
+        if d.action not in (Action.NONE, Action.SKIP) or d.reason.startswith("not judged"):
+            log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
+                     d.action.value, 100 * d.weight, d.reason)
+            self.apply_weights()
+
+    def canary_action(self, action: str, reason: str) -> None:
+        assert self.canary is not None
+        getattr(self.canary, action)(time.time(), reason)
+        log.info("canary %s/%s: %s by admin (%s)", self.config.name, self.canary.canary,
+                 action, reason)
+        self.apply_weights()
+
+    def describe(self) -> dict:
+        return {"name": self.config.name,
+                "versions": [{"name": v.name, "base_weight": v.weight,
+                              "weight": self.router.weights[v.name],
+                              "instances": len(self.pools[v.name].instances())}
+                             for v in self.config.versions],
+                "canary": None if self.canary is None else self.canary.status()}
+
+    def describe_pool(self, version: str) -> dict:
+        pool = self.pools[version]
+        queues = {p.name.lower(): asdict(s) for p, s in pool.queue_stats().items()}
+        return {"model": self.config.name, "version": version,
+                "weight": self.router.weights[version], "instances": pool.snapshot(),
+                "queues": queues}
+
+
+class Gateway:
+    """The models and what serves them all: the upstream client, the monitor, the
+    retry budget, metrics, request observers and services."""
+
+    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        rng = rng or random.Random()
+        self.metrics = GatewayMetrics(self._gauges)
+        self.retry_budget = RetryBudget(config.retry.budget)
+        self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
+        self.models = {m.name: ModelRuntime(m, config, metrics=self.metrics,
+                                            observers=self.observers, rng=rng)
+                       for m in config.models}
+        # Started after the gateway's own tasks, stopped before them (e.g. the elastic
+        # controller, which drains its instances while the proxy still works).
+        self.services: list[GatewayService] = []
+        self.upstream: UpstreamClient | None = None  # the request path and the polls
+        self.monitor: Monitor | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.started = False
+        self._starting: asyncio.Lock | None = None
+
+    def pool(self, model: str, version: str) -> Pool:
+        return self.models[model].pools[version]
+
+    def pools(self) -> Iterator[Pool]:
+        for rt in self.models.values():
+            yield from rt.pools.values()
+
+    async def ensure_started(self) -> None:
+        """Start once, on whichever comes first: the ASGI lifespan or the first request.
+
+        A host that never sends lifespan events (a Starlette ``Mount``, a server run
+        with ``lifespan="off"``) still gets the health polls and canary ticks."""
+        if self.started:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if not self.started:
+                await self.start()
+
+    async def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        lim = self.config.limits
+        self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
+                                       read_timeout=lim.request_timeout_s,
+                                       # under uvicorn's 5 s keep-alive: never reuse one the engine closed
+                                       keepalive_expiry=4.0)
+        self.monitor = Monitor(self.pools, self.upstream, self.config.polling)
+        now = time.time()
+        for rt in self.models.values():
+            if rt.canary is not None and rt.config.canary.auto_start:
+                rt.canary.start(now, "started with the gateway")
+                rt.apply_weights()
+        self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
+                       asyncio.create_task(self._canary_loop(), name="canary")]
+        for s in self.services:
+            await s.start()
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        for s in reversed(self.services):
+            try:
+                await s.stop()
+            except Exception:  # the gateway's own shutdown must still run
+                log.exception("stopping service %r failed", s)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await t
+        if self.monitor is not None:
+            self.monitor.close()
+        if self.upstream is not None:
+            await self.upstream.aclose()
+
+    async def _canary_loop(self) -> None:
+        intervals = [rt.config.canary.interval_s for rt in self.models.values()
+                     if rt.config.canary is not None]
+        if not intervals:
+            return
+        period = max(0.01, min(1.0, min(intervals) / 10))
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for rt in self.models.values():
+                try:
+                    rt.tick(now)
+                except Exception:  # one model's bug must not stop the others' rollouts
+                    log.exception("canary tick failed for %s", rt.config.name)
+
+    def ready(self) -> bool:
+        return any(v.routable for p in self.pools() for v in p.views(time.monotonic()))
+
+    def _gauges(self) -> Iterable:
+        depth = gauge("queue_depth", "Requests waiting in the gateway's queue",
+                      ["model", "version", "class"])
+        oldest = gauge("queue_oldest_wait_seconds", "Wait of the oldest queued request",
+                       ["model", "version", "class"])
+        weight = gauge("version_weight", "Share of traffic routed to each version",
+                       ["model", "version"])
+        inflight = gauge("instance_inflight", "Requests in flight to each instance",
+                         ["model", "version", "instance"])
+        ready = gauge("instance_ready", "1 if the instance passes /ready",
+                      ["model", "version", "instance"])
+        breaker = gauge("instance_breaker_open", "0 closed, 0.5 half-open, 1 open",
+                        ["model", "version", "instance"])
+        level = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
+        for name, rt in self.models.items():
+            for version, pool in rt.pools.items():
+                weight.add_metric([name, version], rt.router.weights[version])
+                for p, s in pool.queue_stats().items():
+                    depth.add_metric([name, version, p.name.lower()], s.depth)
+                    oldest.add_metric([name, version, p.name.lower()], s.oldest_wait_s)
+                for iid, state in pool.breaker_states().items():
+                    inst = pool.get(iid)
+                    inflight.add_metric([name, version, iid], inst.inflight)
+                    ready.add_metric([name, version, iid], float(inst.ready))
+                    breaker.add_metric([name, version, iid], level[state.value])
+        return [depth, oldest, weight, inflight, ready, breaker]

@@ -1,0 +1,68 @@
+"""The command line is generated from the config models: every field a flag, every
+default the model's own, every flag landing in its field in the field's units."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from llmserve.cli import build_parser, engine_config_from
+from llmserve.engine.config import EngineConfig
+from llmserve.flags import Flag, add_flags, config_from, flag_name
+from llmserve.priority import PriorityRange
+from llmserve.server.config import ServerConfig
+
+
+def _engine_args(*argv: str) -> argparse.Namespace:
+    return build_parser(["engine"]).parse_args(["engine", *argv])
+
+
+def test_no_flags_give_the_models_defaults(monkeypatch):
+    monkeypatch.delenv("LLMSERVE_MODEL_STORE", raising=False)
+    args = _engine_args()
+    assert engine_config_from(args) == EngineConfig()
+    assert config_from(ServerConfig, args) == ServerConfig()
+
+
+@pytest.mark.parametrize("model", [EngineConfig, ServerConfig])
+def test_every_field_is_a_flag_unless_marked(model):
+    p = argparse.ArgumentParser()
+    add_flags(p, model)
+    dests = {a.dest for a in p._actions}
+    for name, info in model.model_fields.items():
+        skip = any(isinstance(m, Flag) and m.skip for m in info.metadata)
+        assert (name in dests) != skip, name
+
+
+def test_flags_land_in_their_fields_in_the_fields_units():
+    args = _engine_args("--max-num-seqs", "7", "--kv-cache-memory", "1048576", "--no-enable-prefix-caching",
+                        "--step-time-budget-ms", "25", "--speculative-config", '{"num_speculative_tokens": 3}',
+                        "--dtype", "fp32", "--drain-timeout", "4", "--no-warmup", "--engine-in-thread",
+                        "--api-key", "a", "--api-key", "b", "--priority-range", "-3", "5",
+                        "--served-model-name", "x", "y", "--header-timeout", "2.5")
+    e = engine_config_from(args)
+    assert (e.max_num_seqs, e.kv_cache_memory_bytes, e.enable_prefix_caching, e.dtype) == (7, 1 << 20, False, "fp32")
+    assert e.step_time_budget_s == pytest.approx(0.025)
+    assert e.speculative_config.num_speculative_tokens == 3 and e.served_model_name == "x"
+    s = config_from(ServerConfig, args)
+    assert (s.drain_timeout_s, s.warmup, s.engine_process, s.header_timeout_s) == (4.0, False, False, 2.5)
+    assert s.api_keys == ["a", "b"] and s.priority_range == PriorityRange(-3, 5) and s.served_model_name == ["x", "y"]
+
+
+def test_invalid_values_are_refused_once_by_the_model():
+    with pytest.raises(ValueError):
+        engine_config_from(_engine_args("--max-num-seqs", "0"))
+    with pytest.raises(ValueError):
+        config_from(ServerConfig, _engine_args("--fault-error-rate", "1.5"))
+
+
+def test_configs_are_frozen():
+    with pytest.raises(ValueError):
+        EngineConfig().max_num_seqs = 3  # type: ignore[misc]
+
+
+def test_flag_names_follow_the_fields():
+    assert flag_name("drain_timeout_s", Flag()) == "--drain-timeout"
+    assert flag_name("max_num_seqs", Flag()) == "--max-num-seqs"
+    assert flag_name("kv_cache_memory_bytes", Flag(name="--kv-cache-memory")) == "--kv-cache-memory"
