@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, model_validator
+
 from llmserve.autoscale.probe import Probe
 from llmserve.autoscale.providers.base import InstanceHandle
 from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
-@dataclass(slots=True)
-class ControllerConfig:
+class ControllerConfig(BaseModel):
     """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     probe_interval_s: float = 0.5
     # Ready instances are asked too (less often): a process can outlive its engine.
@@ -33,7 +36,8 @@ class ControllerConfig:
     chars_per_token: float = 4.0
     output_tokens_prior: float = 128.0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> ControllerConfig:
         for name in ("probe_interval_s", "ready_probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
                      "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
             if not getattr(self, name) > 0:
@@ -41,6 +45,7 @@ class ControllerConfig:
         for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
+        return self
 
 
 @dataclass(eq=False, slots=True)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.autoscale.serve_config import ServeConfig, serve_file
 from llmserve.autoscale.usage import spans_from_events
 from llmserve.bench.tokenizer import load_tokenizer
 from llmserve.sim.fidelity import Row, SideFigures, compare, markdown, side_figures, table
@@ -70,8 +70,8 @@ class FidelitySettings:
 
 
 def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettings:
-    serve = ServeConfig.load(args.serve_config, {"model": args.model} if args.model else None)
-    data = serve.model_dump(mode="json", exclude_unset=True)  # what the user's YAML (and --model) set
+    data = serve_file(args.serve_config, {"model": args.model} if args.model else None)
+    serve = ServeConfig.model_validate(data)
     if serve.models is not None:
         raise ValueError("fidelity: the check replays one pool; give a single-model serve config, not models:")
     if not len(trace):

@@ -24,14 +24,16 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import SignalCollector
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus
+from llmserve.flags import Flag
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
 from llmserve.lifecycle import InstanceState
@@ -48,26 +50,31 @@ S = InstanceState
 _STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
 
 
-@dataclass(slots=True)
-class SimConfig:
+class SimConfig(BaseModel):
     """Simulator settings that are not the policy's, the trace's or the instance's."""
 
-    initial_instances: int = 1
-    poll_interval_s: float = 5.0
-    signal_window_s: float = 10.0
-    latency_window_s: float = 30.0
-    output_tokens_prior: float = 200.0
-    seed: int = 0
-    reclaim_rate_per_h: float = 0.0  # reclaim notices per spot instance-hour (0.05: 5 % per hour)
-    reclaim_notice_s: float = 120.0  # notice before the provider takes it (AWS: 120 s, GCP: 30 s)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
+    initial_instances: Annotated[int, Flag(skip=True)] = 1  # set per run (--initial-instances: a default)
+    poll_interval_s: float = Field(5.0, description="seconds between the gateway's load polls")
+    signal_window_s: float = Field(10.0, description="seconds of arrivals the scaling signals average")
+    latency_window_s: float = Field(30.0, description="seconds of latencies the scaling signals hold")
+    output_tokens_prior: float = Field(200.0, description="output tokens expected of a request before any ends")
+    seed: int = 0
+    reclaim_rate_per_h: float = Field(0.0, description="reclaim notices per spot instance-hour, seeded "
+                                                       "(0.05: one spot instance in 20 per hour)")
+    reclaim_notice_s: Annotated[float, Flag(name="--reclaim-notice-s")] = Field(
+        120.0, description="notice before a reclaimed instance is taken (AWS: 120 s; GCP gives 30)")
+
+    @model_validator(mode="after")
+    def _checked(self) -> SimConfig:
         if self.initial_instances < 0:
             raise ValueError("sim: initial_instances must be >= 0")
         if self.poll_interval_s <= 0 or self.signal_window_s <= 0 or self.latency_window_s <= 0:
             raise ValueError("sim: intervals and windows must be positive")
         if self.reclaim_rate_per_h < 0 or self.reclaim_notice_s < 0:
             raise ValueError("sim: reclaim_rate_per_h and reclaim_notice_s must be >= 0")
+        return self
 
 
 class Simulator:

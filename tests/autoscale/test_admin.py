@@ -118,10 +118,12 @@ def test_dashboard_page_and_data(served):
 
 
 def test_serve_config_is_validated_at_start():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match=r"autoscale\.bounds\.min_instance\n"):
         ServeConfig(autoscale={"bounds": {"min_instance": 1}})
-    with pytest.raises(ValueError, match="lifecycle"):
+    with pytest.raises(ValueError, match=r"lifecycle\.drain_timeout\n"):
         ServeConfig(lifecycle={"drain_timeout": 3})
+    with pytest.raises(ValueError, match=r"pool\.admision\n"):
+        ServeConfig(pool={"admision": {}})
     with pytest.raises(ValueError, match="engine_args"):
         ServeConfig(engine_args=["--port", "9000"])
     with pytest.raises(ValueError):

@@ -1,7 +1,5 @@
 """End-to-end properties of the simulator: queueing sanity, conservation, determinism, cost."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -153,6 +151,6 @@ def test_the_real_balancer_and_policy_stack_are_called(monkeypatch):
 
 def test_more_instances_never_hurt_latency_in_a_static_pool():
     trace = short_trace(high_rps=6.0)
-    att = [Simulator(trace, small_profile(), replace(static(n), slo=SLOConfig(ttft_s=0.5)),
+    att = [Simulator(trace, small_profile(), static(n).model_copy(update={"slo": SLOConfig(ttft_s=0.5)}),
                      SimConfig(initial_instances=n)).run().summary.ttft_attainment for n in (1, 2, 4)]
     assert att[0] < att[1] <= att[2]
