@@ -27,9 +27,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL, help="model store name, .gguf file or Hugging Face folder")
     g.add_argument("--model-store", default=_store_default(), help="model store folder")
     g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "w8a8", "auto"],
-                   help="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
-                        "too (torch's dynamic int8; lossy on SmolLM2); auto (default) = int8 for a "
+                   help="weight format: int8 = int8 weights, activations rounded per 32 (see "
+                        "--exact-activations); w8a8 = int8 activations per tensor (torch's dynamic int8; "
+                        "lossy on SmolLM2); auto (default) = int8 for a "
                         "block-quantised GGUF where the int8 kernel runs, else fp32")
+    g.add_argument("--exact-activations", action="store_true",
+                   help="int8 weights: fp32 prefill on fp32 weights kept in memory and two-byte activations "
+                        "in decode steps (greedy-equal to fp32 on the test chats; ~0.5 GB more for SmolLM2), "
+                        "instead of the int8 kernel on every row with one-byte activations where quality holds")
+    g.add_argument("--instances", type=int, default=1,
+                   help="engines sharing this machine: the default KV pool takes its share of the free memory")
     g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp32", "fp16"],
                    help="KV pool element type; auto (default) = fp16 with int8 weights, else fp32")
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -62,6 +69,7 @@ def engine_config_from(args: argparse.Namespace):
         model=args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, enable_prefix_caching=args.enable_prefix_caching,
+        instances=args.instances, exact_activations=args.exact_activations,
         speculative_config=args.speculative_config, seed=args.seed, threads=args.threads,
         batch_min_share=args.batch_min_share, model_store=args.model_store,
         long_prefill_token_threshold=args.long_prefill_token_threshold,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from llmserve.engine.kv_budget import default_kv_bytes
+
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")
 _KV_ALIASES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
@@ -78,6 +80,12 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None  # used when num_kv_blocks is not given
+    # Engines sharing this machine: the default KV pool takes its share of the free memory.
+    instances: int = 1
+    # int8 weights: the issue-7 path (fp32 weights kept for prefill GEMM, two-byte activations
+    # in decode steps) instead of the kernel on every row with one-byte activations where
+    # quality holds (benchmarks/results/activation_quality.md); ~0.5 GB more for SmolLM2.
+    exact_activations: bool = False
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     seed: int | None = None
@@ -109,6 +117,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be at least 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.instances < 1:
+            raise ValueError("instances must be at least 1")
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be at least 1")
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
@@ -116,11 +126,12 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int) -> int:
+    def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int, available: int | None = None) -> int:
         """Blocks in the pool: explicit, from a memory budget, or enough for a full batch.
 
         The default (no count, no budget) sizes the pool for ``max_num_seqs`` requests
-        of 1/4 context each, at least one full context, at most 2 GiB.
+        of 1/4 context each, at most this instance's share of the ``available`` memory
+        (``kv_budget``), at least one full context.
         """
         bs = self.block_size
         if self.num_kv_blocks is not None:
@@ -131,5 +142,5 @@ class EngineConfig:
                 raise ValueError("kv_cache_memory_bytes is smaller than one KV block")
             return int(n)
         want_tokens = max(max_model_len, self.max_num_seqs * max_model_len // 4)
-        cap_tokens = (2 << 30) // kv_bytes_per_token
+        cap_tokens = max(max_model_len, default_kv_bytes(available, self.instances) // kv_bytes_per_token)
         return max(1, -(-min(want_tokens, cap_tokens) // bs))

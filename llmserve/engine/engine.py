@@ -23,6 +23,7 @@ import torch
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
+from llmserve.engine.kv_budget import available_memory
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
@@ -72,8 +73,12 @@ class EngineCore:
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
         config.dtype = resolve_dtype(config.dtype, model_config.quantized_source)
-        factory = linear_factory_for(config.dtype, prepared_dir)
+        factory = linear_factory_for(config.dtype, prepared_dir, exact=config.exact_activations)
         self.model = LlamaForCausalLM(model_config, weights, factory)
+        if config.dtype == "int8" and not config.exact_activations:
+            from llmserve.models.quant import round_activations
+
+            round_activations(self.model)
         if isinstance(factory, PreparedCache):
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
@@ -82,7 +87,7 @@ class EngineCore:
             config.kv_cache_dtype = "fp16" if config.dtype == "int8" else "fp32"
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
-                                           self.max_model_len)
+                                           self.max_model_len, available_memory())
         self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)
         self.kv = KVCacheManager(num_blocks, config.block_size,
                                  enable_prefix_caching=config.enable_prefix_caching,

@@ -46,6 +46,9 @@ class _Layer:
         self.down: LinearLayer = linear(w[p + "mlp.down_proj.weight"])
 
 
+LINEAR_KINDS = ("qkv", "o", "gate_up", "down", "head")
+
+
 class LlamaForCausalLM:
     """Inference-only forward pass; holds no KV state of its own."""
 
@@ -69,8 +72,17 @@ class LlamaForCausalLM:
         if head is None or c.tie_word_embeddings:
             head = self.embed
         self.lm_head: LinearLayer = linear(head)
+        # a tied int8 head holds the embedding too: look rows up there, no fp32 copy
+        self._rows = getattr(self.lm_head, "rows", None) if head is self.embed else None
+        if self._rows is not None:
+            self.embed = None
         self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
         self.ops: TorchOps = layer_ops()
+
+    def linears_by_kind(self) -> dict[str, list[LinearLayer]]:
+        """Every matrix product of the model, by kind: what a per-kind format choice applies to."""
+        kinds = {k: [getattr(layer, k) for layer in self.layers] for k in LINEAR_KINDS[:-1]}
+        return {**kinds, "head": [self.lm_head]}
 
     def num_parameters(self) -> int:
         """Parameters a token's forward pass multiplies by (the tied head counted once)."""
@@ -83,7 +95,8 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm, for every input token."""
         ops, eps = self.ops, self.eps
-        x = self.embed.index_select(0, input_ids)  # the residual stream: a fresh tensor, updated in place
+        # the residual stream: a fresh tensor, updated in place
+        x = self._rows(input_ids) if self._rows is not None else self.embed.index_select(0, input_ids)
         delta = None  # what the previous sublayer adds to x
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \
