@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Flags that serve sets itself on every instance.
 RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
-                         "--startup-delay", "--model-store", "--api-key")
+                         "--instances", "--startup-delay", "--model-store", "--api-key")
 
 
 def check_engine_args(args: list[str]) -> list[str]:

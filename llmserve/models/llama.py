@@ -35,8 +35,9 @@ def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class _Layer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory) -> None:
         p = f"model.layers.{i}."
-        self.input_norm = w[p + "input_layernorm.weight"].float()
-        self.post_norm = w[p + "post_attention_layernorm.weight"].float()
+        # copies: a view would keep the whole memory-mapped weights file resident
+        self.input_norm = w[p + "input_layernorm.weight"].float().clone()
+        self.post_norm = w[p + "post_attention_layernorm.weight"].float().clone()
         self.qkv: LinearLayer = linear(torch.cat([w[p + "self_attn.q_proj.weight"],
                                                   w[p + "self_attn.k_proj.weight"],
                                                   w[p + "self_attn.v_proj.weight"]]))
@@ -67,7 +68,7 @@ class LlamaForCausalLM:
             raise ValueError(f"model weights lack {missing}")
         self.embed = weights["model.embed_tokens.weight"].float()
         self.layers = [_Layer(c, weights, i, linear) for i in range(c.num_hidden_layers)]
-        self.norm = weights["model.norm.weight"].float()
+        self.norm = weights["model.norm.weight"].float().clone()
         head = weights.get("lm_head.weight")
         if head is None or c.tie_word_embeddings:
             head = self.embed

@@ -200,7 +200,8 @@ def test_a_row_of_the_kernel_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(layer(x)[[0, 1, 150, 299]], alone)
 
 
-@pytest.mark.parametrize("n,k,make", [(13, 96, q4_1_like), (40, 64, q8_0_like), (8, 32, lambda n, k: torch.randn(n, k))])
+@pytest.mark.parametrize("n,k,make", [(13, 96, q4_1_like), (40, 64, q8_0_like),
+                                      (8, 32, lambda n, k: torch.randn(n, k))])
 def test_rows_are_those_of_the_dequantized_weights(n, k, make):
     packed = qlayout.pack(*quantize_groups(make(n, k)))
     index = torch.tensor([0, n - 1, 5, 5, 7 % n])
