@@ -103,10 +103,12 @@ class WeightOnlyInt8Linear:
     and quantises each row of ``x`` per 32 on the fly, into two bytes (``FINE``) or one
     (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``). It
     runs on every row count: each row is rounded and summed alone, so a row's result does
-    not depend on the batch around it, and it is faster than fp32 GEMM at prefill sizes
-    too (benchmarks/results/int8_kernel.md). The exact mode keeps the fp32 ``dense``
-    weights the codes came from (for GGUF-sourced weights the codes reproduce them
-    exactly) and sends more than ``SMALL_M`` rows (prefill chunks) to torch's fp32 GEMM
+    not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
+    weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product
+    ran at 0.4-0.8x torch's fp32 GEMM, the one-byte one at 0.75-1.7x (two runs on the
+    loaded 2-core machine, benchmarks/results/int8_kernel-prefill.md). The exact mode
+    keeps the fp32 ``dense`` weights the codes came from (for GGUF-sourced weights the
+    codes reproduce them exactly) and sends more than ``SMALL_M`` rows (prefill chunks) to torch's fp32 GEMM
     on them, so prompts are processed without activation rounding, at 4 bytes a weight.
     """
 
