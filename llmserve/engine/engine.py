@@ -34,6 +34,7 @@ from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.models.quant import round_activations
 from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,8 @@ class EngineCore:
         config.dtype = resolve_dtype(config.dtype, model_config.quantized_source)
         factory = linear_factory_for(config.dtype, prepared_dir, exact=config.exact_activations)
         self.model = LlamaForCausalLM(model_config, weights, factory)
-        if config.dtype == "int8" and not config.exact_activations:
-            from llmserve.models.quant import round_activations
-
-            round_activations(self.model)
+        if not config.exact_activations:
+            round_activations(self.model)  # one byte where quality holds (int8 layers only)
         if isinstance(factory, PreparedCache):
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
