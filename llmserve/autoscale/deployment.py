@@ -29,7 +29,7 @@ from llmserve.autoscale.config import AutoscaleConfig
 
 # Flags that serve sets itself on every instance.
 RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
-                         "--startup-delay", "--model-store", "--api-key")
+                         "--instances", "--startup-delay", "--model-store", "--api-key")
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -186,8 +186,11 @@ class ServeConfig(_Strict):
             return own
         from llmserve.engine.threads import available_cores, engine_threads
 
-        most = sum(self.autoscale_config(p).bounds.max_instances for p in self.pools())
-        return engine_threads(available_cores(), max(1, most))
+        return engine_threads(available_cores(), self.most_instances())
+
+    def most_instances(self) -> int:
+        """Instances every pool may run at once on this machine: what cores and the KV pools' memory are shared over."""
+        return max(1, sum(self.autoscale_config(p).bounds.max_instances for p in self.pools()))
 
     def instance_spec(self, instance_id: str, instance_key: str | None = None,
                       pool: PoolDeployment | None = None) -> InstanceSpec:
@@ -195,7 +198,8 @@ class ServeConfig(_Strict):
         env = (("LLMSERVE_API_KEY", instance_key or ""),)
         if pool.command:
             return InstanceSpec(instance_id, command=pool.command, env=env)
-        args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool))]
+        args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool)),
+                "--instances", str(self.most_instances())]
         if self.model_store:
             args += ["--model-store", self.model_store]
         if pool.cold_start_delay_s:
