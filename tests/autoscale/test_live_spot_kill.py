@@ -102,7 +102,9 @@ def test_streams_in_flight_on_a_reclaimed_spot_instance_complete_as_if_undisturb
                          "the killed instance replaced")
         rows = {i["instance_id"]: i for i in serve.instances()}
         assert rows[spot["instance_id"]]["state"] == "failed"
-        new = next(i for i in rows.values() if i["replaces"] == spot["instance_id"])
+        again = [i for i in rows.values() if i["replaces"] == spot["instance_id"]]
+        assert len(again) == 1, again
+        new = again[0]
         assert new["capacity_class"] == "spot" and new["state"] == "ready"
 
         # A notice shorter than the streams: they drain until the deadline's SIGKILL, then resume.
