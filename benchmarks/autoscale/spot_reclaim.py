@@ -111,7 +111,8 @@ def reclaim(serve: ServeProcess, load: Clients, ref: list[list[int]], notice_s: 
     rows = serve.instances()
     new = next(i for i in rows if i["replaces"] == sid)
     old = next(i for i in rows if i["instance_id"] == sid)
-    joined = next(e["time"] for e in serve.events() if e["kind"] == "pool_add" and e["instance_id"] == new["instance_id"])
+    joined = next(e["time"] for e in serve.events()
+                  if e["kind"] == "pool_add" and e["instance_id"] == new["instance_id"])
     after = resumes(serve)
     streams = load.done[first:]  # finished since the reclaim (those then in flight included)
     cut = [s for _, s in streams if on(s, spot) and s.t0 < kill and s.times and s.times[-1] > kill]
