@@ -111,10 +111,14 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fidelity", action="store_true",
                    help="replay the trace through a live `llmserve serve` and through the simulator; "
                    "print live vs sim (TTFT, e2e, instance-seconds, peak, scale-ups); --out writes "
-                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log")
+                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log (and calibration.csv)")
     g.add_argument("--serve-config", default=None, metavar="YAML",
                    help="fidelity: the YAML `llmserve serve --config` takes (default: serve's defaults)")
     g.add_argument("--model", default=None, help="fidelity: the model to serve (overrides the serve config's)")
+    g.add_argument("--fidelity-calibration", choices=("http", "http-before", "engine"), default="http",
+                   help="fidelity: measure the profile through serve's HTTP path with one and two instances busy "
+                   "(request overhead and core sharing fitted), before and after the live run (http, default: "
+                   "a shared machine's load moves) or before only; or the engine alone in this process (engine)")
     g.add_argument("--fidelity-profile", default=None, metavar="JSON",
                    help="fidelity: use this profile's step model and limits instead of measuring the engine "
                    "(its cold start is still replaced by the live one)")

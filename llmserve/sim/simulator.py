@@ -40,6 +40,7 @@ from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, RECLAIMED, REJECTED, SimResult
+from llmserve.sim.sharing import BusyInstances
 from llmserve.sim.spot import SimCapacity
 from llmserve.sim.traces import Trace
 
@@ -86,6 +87,7 @@ class Simulator:
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
         self.instances: dict[int, SimInstance] = {}  # not yet stopped
+        self.cores = BusyInstances(profile.sharing) if profile.sharing else None
         self.stopped: list[SimInstance] = []
         self._heap: list[tuple] = []
         self._seq = 0
@@ -111,7 +113,7 @@ class Simulator:
 
     # ---- lifecycle (the controller's job) ------------------------------------------------------
     def _new_instance(self, now: float, state: InstanceState, capacity_class: str = "on_demand") -> SimInstance:
-        inst = SimInstance(self._next_id, self.profile, now, state)
+        inst = SimInstance(self._next_id, self.profile, now, state, self.cores)
         self._next_id += 1
         self.instances[inst.id] = inst
         notice_at = self.capacity.added(inst, capacity_class)
@@ -203,13 +205,14 @@ class Simulator:
     def _step(self, inst: SimInstance, now: float) -> None:
         inst.end_segment(now)
         arrival = self.trace.arrival_s
+        seen = now + self.profile.request_overhead_s  # when the client gets it: latency outside the engine
         for s in inst.first_tokens:
-            ttft = now - arrival[s.rid]
+            ttft = seen - arrival[s.rid]
             self.ttft[s.rid] = ttft
             self.collector.record_first_token(now, ttft)
         for s in inst.finished:
-            self._finish(s.rid, COMPLETED, now)
-            self.collector.record_finish(now, now - arrival[s.rid], s.output)
+            self._finish(s.rid, COMPLETED, seen)
+            self.collector.record_finish(now, seen - arrival[s.rid], s.output)
         freed = bool(inst.finished)
         inst.first_tokens.clear()
         inst.finished.clear()
