@@ -199,6 +199,7 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                 why = "resuming is off" if state is None else state.why_not
                 got = why if why is not None else await _resume(proxy, plan, ctx, current, state)
                 if isinstance(got, str):
+                    resumed(proxy.gw, ctx, "not_resumable" if why is not None else "failed")
                     outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
                     yield sse_error_event(f"{broke}; the response is incomplete and could not be resumed: "
                                           f"{got}", code="upstream_broken")
@@ -238,6 +239,11 @@ async def _events(proxy: Attempts, ctx: RequestRecord, first: bytes, chunks: Asy
         raise UpstreamFailed("the stream ended before [DONE]")
     if buf:
         yield buf
+
+
+def resumed(gw: Gateway, ctx: RequestRecord, outcome: str) -> None:
+    """Count a mid-stream break by what came of it (``stream_resumes``)."""
+    gw.metrics.child(gw.metrics.resumes, ctx.model, ctx.version, outcome).inc()
 
 
 async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current,
@@ -285,5 +291,6 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
         gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
+        resumed(gw, ctx, "resumed")
         return got
     return f"{state.resumes} resumes failed; last: {last}"
