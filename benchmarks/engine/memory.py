@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 LLAMA_SERVER = Path.home() / ".cache/llama-server-11434/build/bin/llama-server"
 GGUF = Path.home() / ".cache/llmserve/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
-VARIANTS = {"int8 (default)": {"dtype": "int8"}, "int8, exact activations": {"dtype": "int8", "exact_activations": True},
-            "fp32": {"dtype": "fp32"}}
+VARIANTS = {"int8 (default)": {"dtype": "int8"}, "int8, lean (--prefill-weights int8)":
+            {"dtype": "int8", "prefill_weights": "int8"},
+            "int8, exact activations": {"dtype": "int8", "exact_activations": True}, "fp32": {"dtype": "fp32"}}
 
 
 def status(pid: int | str = "self") -> dict[str, int]:

@@ -7,7 +7,7 @@ description is its ``--help``, its default the flag's default.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -97,9 +97,14 @@ class EngineConfig(BaseModel):
     # in decode steps) instead of the kernel on every row with one-byte activations where
     # quality holds (benchmarks/results/activation_quality.md); ~0.5 GB more for SmolLM2.
     exact_activations: bool = Field(
-        False, description="int8 weights: fp32 prefill on fp32 weights kept in memory and two-byte activations "
-                           "in decode steps (greedy-equal to fp32; ~0.5 GB more for SmolLM2), instead of the "
-                           "int8 kernel on every row with one-byte activations where quality holds")
+        False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy-equal to "
+                           "fp32), instead of one-byte activations on the layer kinds where quality holds")
+    # Where prefill rows go with int8 weights. fp32 keeps the fp32 weights the codes came from
+    # (~0.5 GB for SmolLM2) because torch's GEMM beats our kernel at prefill row counts on AVX2
+    # (1.4-1.6x the c = 16 throughput through HTTP); int8 is the lean instance.
+    prefill_weights: Annotated[Literal["fp32", "int8"], Flag(choices=("fp32", "int8"))] = Field(
+        "fp32", description="int8 weights: prefill rows on kept fp32 weights (fast) or through the int8 kernel "
+                            "(no fp32 copies: ~0.55 GB less memory for SmolLM2, slower prefill)")
     enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
     speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
         None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')

@@ -61,7 +61,8 @@ class EngineCore:
         if kv_cache_dtype == "auto":
             kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
         self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
-        factory = linear_factory_for(config.dtype, prepared_dir, exact=config.exact_activations)
+        keep_fp32 = config.exact_activations or config.prefill_weights == "fp32"
+        factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32)
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if not config.exact_activations:
             round_activations(self.model)  # one byte where quality holds (int8 layers only)

@@ -64,3 +64,19 @@ def test_int8_on_q4_1_weights_is_greedy_equal_to_hf():
     done = run_to_completion(eng)
     for i, p in enumerate(prompts):
         assert done[str(i)] == t.hf_greedy(p, 12)
+
+
+def test_prefill_weights_choose_between_fp32_copies_and_the_lean_instance(tiny):
+    """Default: int8 layers keep fp32 copies for prefill rows (fast GEMM here); int8: none kept,
+    every row through the kernel; both generate."""
+    from llmserve.models import kernels
+    from llmserve.models.quant import WeightOnlyInt8Linear
+
+    if kernels.load() is None:
+        pytest.skip("without the kernels every int8 layer keeps fp32 weights")
+    for choice, kept in (("fp32", True), ("int8", False)):
+        eng = tiny.engine(dtype="int8", prefill_weights=choice, num_kv_blocks=64, block_size=4)
+        layers = [m for m in vars(eng.model.layers[0]).values() if isinstance(m, WeightOnlyInt8Linear)]
+        assert layers and all((layer.dense is not None) == kept for layer in layers), choice
+        eng.add_request("a", [3, 4, 5, 6], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert len(run_to_completion(eng)["a"]) == 4
