@@ -114,7 +114,7 @@ class Simulator:
         self.cfg = sim or SimConfig()
         self.label = label or autoscale.policy
         self.policy = policy or build_policy(autoscale)  # a given one: e.g. the oracle's schedule
-        self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
+        self.gateway = SimGateway(self._deliver, admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
         self.instances: dict[int, SimInstance] = {}  # not yet stopped
@@ -217,16 +217,12 @@ class Simulator:
 
     # ---- requests ---------------------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
-        gw = self.gateway
+        self.gateway.dispatch(now)
+
+    def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
         trace = self.trace
-        while True:
-            nxt = gw.next_dispatch(now)
-            if nxt is None:
-                return
-            rid, inst = nxt
-            seq = Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid]))
-            if inst.add(seq, now):
-                self._schedule(inst)
+        if inst.add(Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid])), now):
+            self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
         if self.status[rid] != PENDING:
