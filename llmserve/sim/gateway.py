@@ -88,10 +88,6 @@ class SimGateway:
     def remove_instance(self, inst: SimInstance) -> None:
         self._routed.pop(str(inst.id), None)
 
-    @property
-    def routable(self) -> list[SimInstance]:
-        return [r.inst for r in self._routed.values()]
-
     # ---- requests -----------------------------------------------------------------------------
     def offer(self, rid: int, priority: PriorityClass, now: float) -> bool:
         """Queue a request; False when the admission queue rejects it (the live gateway's 429)."""
