@@ -1,7 +1,7 @@
 """The one scaling step: policy, override and its expiry, restart back-off, plan."""
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, PoolSignals, StaticConfig, build_policy
-from llmserve.autoscale.lifecycle import InstanceState as S
+from llmserve.lifecycle import InstanceState as S
 from llmserve.autoscale.reconcile import InstanceStatus
 from llmserve.autoscale.scaling_step import Override, scaling_step
 

@@ -80,10 +80,10 @@ def age_engines(ctl: PoolController, provider: FakeProvider, now: float) -> None
     """The fake engines load, warm up and are ready on the simulated instance's schedule."""
     for inst in ctl.instances.values():
         engine = provider.engines.get(inst.id)
-        if engine is None or engine.state not in ("loading", "warming"):
+        if engine is None or engine.state == "ready":
             continue
         age = now - inst.created
-        engine.state = "ready" if age >= COLD_S else "warming" if age >= COLD_S - WARMUP_S else "loading"
+        engine.state = "ready" if age >= COLD_S else "warming" if age >= COLD_S - WARMUP_S else provider.initial_state
 
 
 async def live(tr: Trace) -> list[tuple[float, int, int]]:
