@@ -2,7 +2,7 @@
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, PoolSignals, StaticConfig, build_policy
 from llmserve.lifecycle import InstanceState as S
-from llmserve.autoscale.reconcile import InstanceStatus
+from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan
 from llmserve.autoscale.scaling_step import Override, scaling_step
 
 POLICY = build_policy(AutoscaleConfig(policy="threshold", bounds=BoundsConfig(
@@ -45,3 +45,13 @@ def test_a_static_pool_is_brought_to_its_count():
     statuses = ONE_READY + [InstanceStatus("b", S.READY, 0, 1.0), InstanceStatus("c", S.STARTING, 0, 9.0)]
     step = scaling_step(policy, policy.initial_state(), PoolSignals(now=10.0, ready=2, starting=1), statuses)
     assert step.desired == 1 and step.plan.cancel == ["c"] and step.plan.drain == ["b"]
+
+
+def test_the_planner_is_the_callers_and_held_starts_take_their_classes_along():
+    def by_class(desired, instances):  # what capacity_mix.plan_mix returns for a spot burst
+        return ScalePlan(start=desired - len(instances), start_classes=("spot",) * (desired - len(instances)))
+
+    step = scaling_step(POLICY, POLICY.initial_state(), ctx(), ONE_READY, planner=by_class)
+    assert step.plan.start_classes == ("spot", "spot")
+    held = scaling_step(POLICY, POLICY.initial_state(), ctx(), ONE_READY, start_not_before=11.0, planner=by_class)
+    assert held.plan.start == 0 and held.plan.start_classes == () and held.held_starts == 2
