@@ -1,4 +1,4 @@
-"""The controller's record of one instance, its lifecycle timing, and manual overrides.
+"""The controller's record of one instance and its lifecycle timing.
 
 Plain data: the controller (:mod:`llmserve.autoscale.controller`) is the only
 code that changes a :class:`ManagedInstance`.
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from llmserve.autoscale.collector import CHARS_PER_TOKEN, LATENCY_WINDOW_S, OUTPUT_TOKENS_PRIOR, SIGNAL_WINDOW_S
 from llmserve.autoscale.probe import Probe
 from llmserve.autoscale.providers.base import InstanceHandle
 from llmserve.lifecycle import InstanceState
@@ -31,10 +32,10 @@ class ControllerConfig(BaseModel):
     unready_grace_s: float = 20.0
     restart_backoff_s: float = 2.0
     max_restart_backoff_s: float = 120.0
-    signal_window_s: float = 10.0
-    latency_window_s: float = 30.0
-    chars_per_token: float = 4.0
-    output_tokens_prior: float = 128.0
+    signal_window_s: float = SIGNAL_WINDOW_S
+    latency_window_s: float = LATENCY_WINDOW_S
+    chars_per_token: float = CHARS_PER_TOKEN
+    output_tokens_prior: float = OUTPUT_TOKENS_PRIOR
 
     @model_validator(mode="after")
     def _checked(self) -> ControllerConfig:
@@ -70,13 +71,3 @@ class ManagedInstance:
     last_load: LoadReport | None = None
     capacity_class: str = "on_demand"  # or "spot" (capacity_mix.py)
     reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """A manual instance count in force until ``until`` (monotonic; None: until cleared)."""
-
-    instances: int
-    until: float | None
-    reason: str
-    set_wall: float

@@ -163,14 +163,15 @@ def check_lengths(trace: Trace, max_model_len: int) -> None:
 
 # ---- 3. the simulation ------------------------------------------------------------------------------
 def simulate_like(serve: ServeConfig, trace: Trace, profile: InstanceProfile, initial: int,
-                  seed: int) -> SimResult:
-    """The simulator set up as serve is: policy, gateway, controller windows, initial pool."""
+                  seed: int, prompt_chars_per_token: float | None = None) -> SimResult:
+    """The simulator set up as serve is: policy, gateway, controller signals, initial pool.
+    ``prompt_chars_per_token``: what the live prompts had, so the simulated policy
+    sees the live controller's prompt-token estimate (default: the controller's ratio)."""
     gateway = serve.gateway_config(ADMIN_KEY_PLACEHOLDER)
     pool = gateway.models[0]
     ctrl = serve.controller_config()
-    sim = SimConfig(initial_instances=initial, poll_interval_s=gateway.polling.load_interval_s,
-                    signal_window_s=ctrl.signal_window_s, latency_window_s=ctrl.latency_window_s,
-                    output_tokens_prior=ctrl.output_tokens_prior, seed=seed)
+    sim = SimConfig.like(ctrl, initial_instances=initial, poll_interval_s=gateway.polling.load_interval_s,
+                         prompt_chars_per_token=prompt_chars_per_token or ctrl.chars_per_token, seed=seed)
     return Simulator(trace, profile, serve.autoscale_config(), sim, pool.admission, pool.concurrency,
                      pool.balancer, label="sim").run()
 
@@ -209,12 +210,16 @@ def live_checks(live: LiveRun, trace: Trace, serve: ServeConfig) -> dict[str, An
         "outputs_not_trace_length": wrong_output,
         "send_lag_p99_s": percentile(np.array(lag), 99) if lag else math.nan,
         "server_minus_trace_prompt_tokens_mean": float(np.mean(server_prompt)) if server_prompt else math.nan,
-        # The live controller counts prompt tokens as characters / chars_per_token; the simulator
-        # knows them exactly. A mismatch here skews the live demand signal, not the simulated one.
-        "prompt_chars_per_token": live.prompt_chars / max(1, int(trace.prompt_tokens.sum())),
+        # The live controller counts prompt tokens as characters / chars_per_token, and the simulator
+        # is given this ratio to make the same estimate. A mismatch skews both demand signals alike.
+        "prompt_chars_per_token": prompt_chars_per_token(live, trace),
         "controller_chars_per_token": serve.controller_config().chars_per_token,
         "serve_exit_code": live.exit_code,
     }
+
+
+def prompt_chars_per_token(live: LiveRun, trace: Trace) -> float:
+    return live.prompt_chars / max(1, int(trace.prompt_tokens.sum()))
 
 
 def redacted(serve_dict: dict[str, Any]) -> dict[str, Any]:
@@ -286,7 +291,7 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     profile = replace(profile, cold_start_s=cold, warmup_s=warm)
     log(f"live: {sum(r.success for r in live.records)} of {len(live.records)} completed; cold starts "
         f"{', '.join(f'{s.cold_start_s:.1f}' for s in ups)}s -> simulated {cold:.1f}s (warm-up {warm:.1f}s)")
-    res = simulate_like(serve, trace, profile, live.ready_at_start, st.seed)
+    res = simulate_like(serve, trace, profile, live.ready_at_start, st.seed, prompt_chars_per_token(live, trace))
     live_fig, live_ttft, live_e2e = live_figures(live, trace)
     sim_fig = sim_figures(res, trace)
     rows = compare(live_fig, sim_fig)
@@ -295,7 +300,7 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     if not 0.8 <= ratio <= 1.25:
         log(f"note: prompts had {checks['prompt_chars_per_token']:.2f} characters per token; the live controller "
             f"assumes {checks['controller_chars_per_token']:g} (lifecycle.chars_per_token), so its demand signal "
-            f"was {1 / ratio:.2f}x the true prompt tokens, the simulator's exact")
+            f"was {1 / ratio:.2f}x the true prompt tokens (the simulator's too: it makes the same estimate)")
     title = (f"fidelity: {trace.name}, {len(trace)} requests over {trace.duration_s:.0f}s, "
              f"policy {serve.autoscale_config().policy}, model {serve.served_name}")
     (Console() if sys.stdout.isatty() else Console(width=120)).print(table(rows, title))

@@ -136,14 +136,14 @@ def test_cold_start_delays_new_capacity(monkeypatch):
 
 def test_the_real_balancer_and_policy_stack_are_called(monkeypatch):
     picks = []
-    original = Picker.pick
+    original = Picker.choose
 
-    def pick(self, request, instances, exclude=()):
-        result = original(self, request, instances, exclude)
-        picks.append(result.instance is not None)
-        return result
+    def choose(self, request, candidates):
+        chosen = original(self, request, candidates)
+        picks.append(chosen in candidates)
+        return chosen
 
-    monkeypatch.setattr(Picker, "pick", pick)
+    monkeypatch.setattr(Picker, "choose", choose)  # what the live pool's dispatcher calls
     trace = short_trace()
     res = Simulator(trace, small_profile(), static(2), SimConfig(initial_instances=2)).run()
     assert sum(picks) == int(np.sum(res.status == COMPLETED)) == len(trace)
