@@ -138,7 +138,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if ecfg.threads is None:  # one instance alone here: its cores, less the API process's where that is cheap
         from llmserve.engine.threads import available_cores, engine_threads
 
-        ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores())})
+        ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores(), ecfg.instances)})
     return run_server(ecfg, scfg)
 
 

@@ -5,7 +5,9 @@ The model is the one source of a setting's name, type, default and help: a field
 field ending ``_s`` (seconds) drops the suffix (``--drain-timeout``). Where a flag's
 name or unit differs from the field (vLLM's ``--kv-cache-memory`` for
 ``kv_cache_memory_bytes``, milliseconds on the command line), a :class:`Flag` in the
-field's ``Annotated`` metadata says so.
+field's ``Annotated`` metadata says so. A ``Literal`` field's values are its choices;
+a field holding a nested model (a section: ``AutoscaleConfig.bounds``) is no flag, its
+own fields are (``add_flags(group, BoundsConfig)``).
 
 Flags default to "not given" (``argparse.SUPPRESS``), so :func:`config_from` passes
 only what the user typed and every default comes from the model itself.
@@ -17,7 +19,7 @@ import argparse
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,15 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+def _is_flag(info) -> bool:
+    """Not marked ``skip``, and not a section (a nested model without a :class:`Flag`)."""
+    spec = next((m for m in info.metadata if isinstance(m, Flag)), None)
+    if spec is not None:
+        return not spec.skip
+    base = _base_type(info.annotation)
+    return not (isinstance(base, type) and issubclass(base, BaseModel))
+
+
 def flag_name(field: str, spec: Flag) -> str:
     if spec.name:
         return spec.name
@@ -59,15 +70,17 @@ def flag_name(field: str, spec: Flag) -> str:
     return "--" + stem.replace("_", "-")
 
 
-def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset()) -> None:
-    """Add one flag per field of ``model`` to an argparse parser or group."""
+def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset(),
+              defaults: Mapping[str, Any] | None = None) -> None:
+    """Add one flag per field of ``model`` to an argparse parser or group. ``defaults``:
+    the ones the caller puts under what is given, in place of the model's in the help."""
     for field, info in model.model_fields.items():
         spec = _flag_of(info)
-        if spec.skip or field in skip:
+        if not _is_flag(info) or field in skip:
             continue
         kw: dict[str, Any] = dict(dest=field, default=argparse.SUPPRESS)
         help_ = info.description or ""
-        default = info.get_default(call_default_factory=True)
+        default = (defaults or {}).get(field, info.get_default(call_default_factory=True))
         base = _base_type(info.annotation)
         if base is bool and spec.negate:
             kw.update(action="store_false")
@@ -79,12 +92,14 @@ def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset
                 kw["action"] = "append"
             elif spec.nargs is not None:
                 kw["nargs"] = spec.nargs
-            elif typing.get_origin(base) is list:
+            elif typing.get_origin(base) is list and spec.parse is None:  # parse: one value, its own shape
                 kw["nargs"] = "+"
             kw["type"] = spec.type or _scalar_type(base)
-            if spec.choices:
-                kw["choices"] = spec.choices
-            kw["metavar"] = spec.metavar or flag_name(field, spec)[2:].upper().replace("-", "_")
+            choices = spec.choices or (typing.get_args(base) if typing.get_origin(base) is typing.Literal else None)
+            if choices:
+                kw["choices"] = choices
+            if spec.metavar or not choices:  # else argparse shows the choices
+                kw["metavar"] = spec.metavar or flag_name(field, spec)[2:].upper().replace("-", "_")
             if default not in (None, [], ""):
                 shown = default / spec.scale if spec.scale else default
                 help_ = f"{help_} (default: {shown})".strip()
@@ -97,16 +112,21 @@ def _scalar_type(base: Any) -> Callable[[str], Any]:
         return item
     if base in (int, float, str):
         return base
+    if typing.get_origin(base) is typing.Literal:
+        return type(typing.get_args(base)[0])
     if typing.get_origin(base) is dict or base is dict:
         return json.loads
     return str
 
 
-def given(model: type[BaseModel], args: argparse.Namespace) -> dict[str, Any]:
-    """The fields of ``model`` whose flags were given, converted to the field's units."""
+def given(model: type[BaseModel], args: argparse.Namespace, *,
+          skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The fields of ``model`` whose flags were given, converted to the field's units
+    (a field that is no flag, or skipped as in :func:`add_flags`, is never read, whatever
+    else sets that name)."""
     out: dict[str, Any] = {}
     for field, info in model.model_fields.items():
-        if not hasattr(args, field):
+        if not hasattr(args, field) or not _is_flag(info) or field in skip:
             continue
         value, spec = getattr(args, field), _flag_of(info)
         if spec.scale is not None and value is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from llmserve.cli import build_parser, engine_config_from
 from llmserve.engine.config import EngineConfig
-from llmserve.flags import Flag, add_flags, config_from, flag_name
+from llmserve.flags import Flag, add_flags, config_from, flag_name, given
 from llmserve.priority import PriorityRange
 from llmserve.server.config import ServerConfig
 
@@ -66,3 +66,33 @@ def test_flag_names_follow_the_fields():
     assert flag_name("drain_timeout_s", Flag()) == "--drain-timeout"
     assert flag_name("max_num_seqs", Flag()) == "--max-num-seqs"
     assert flag_name("kv_cache_memory_bytes", Flag(name="--kv-cache-memory")) == "--kv-cache-memory"
+
+
+def test_a_section_is_no_flag_and_a_literal_field_takes_only_its_values():
+    from llmserve.autoscale.config import AutoscaleConfig
+
+    p = argparse.ArgumentParser()
+    add_flags(p, AutoscaleConfig)
+    assert {a.dest for a in p._actions} - {"help"} == {"policy", "tick_s"}  # slo, bounds...: their own flags
+    assert given(AutoscaleConfig, p.parse_args(["--policy", "kpa", "--tick", "0.5"])) == {"policy": "kpa",
+                                                                                        "tick_s": 0.5}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--policy", "magic"])
+
+
+def test_a_skipped_field_is_never_read_from_the_namespace():
+    from llmserve.autoscale.config import AutoscaleConfig
+    from llmserve.sim.simulator import SimConfig
+
+    ns = argparse.Namespace(policy="kpa,static", initial_instances=None, seed=3)
+    assert given(AutoscaleConfig, ns, skip=frozenset({"policy"})) == {}
+    assert given(SimConfig, ns) == {"seed": 3}  # initial_instances is Flag(skip=True): set per run
+
+
+def test_the_help_shows_the_defaults_the_caller_applies():
+    from llmserve.autoscale.config import BoundsConfig
+
+    p = argparse.ArgumentParser()
+    add_flags(p, BoundsConfig, defaults={"max_instances": 4})
+    assert "at most (default: 4)" in " ".join(p.format_help().split())
+    assert given(BoundsConfig, p.parse_args([])) == {}  # and passes nothing it was not given

@@ -15,6 +15,7 @@ pass by pass in one process:
   bandwidth, the floor of a memory-bound product) and copying them (memcpy: read + write).
 
     python benchmarks/engine/int8_kernel.py [--quick] [--threads 1] [--rows 1,4,16,64] [--reps 9]
+    python benchmarks/engine/int8_kernel.py --prefill --rows 48,128,256,512 --reps 3   # fp32 vs the kernel
 
 Writes benchmarks/results/int8_kernel[-threadsN][-quick].{md,json} (N when not 1). Ratios are within one run; the
 machine is shared, so absolute times move between runs.
@@ -41,6 +42,7 @@ from llmserve.models.qlayout import PackedWeights, pack
 from llmserve.models.quant import quantize_groups
 
 OLD_SOURCE = "llmserve/models/csrc/w8_linear.cpp"
+PREFILL = ("fp32 F.linear", "new", "new, one-byte activations")
 
 
 def old_kernel(rev: str):
@@ -78,10 +80,12 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,16,64")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--baseline", default="a4d94cb", help="the commit whose w8_linear is 'old'")
+    ap.add_argument("--prefill", action="store_true",
+                    help="fp32 and the layer's two products (two- and one-byte activations) only: prefill row counts")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reps = 3 if args.quick else args.reps
-    new_kernel, old = kernels.load(), old_kernel(args.baseline)
+    new_kernel, old = kernels.load(), None if args.prefill else old_kernel(args.baseline)
     assert new_kernel is not None, "the kernels did not build"
     info = machine()
     mats = model_matrices(load())
@@ -120,6 +124,8 @@ def main() -> None:
         variants["read the new bytes"] = lambda: [t.sum() for t in new_words]
         variants["memcpy of the old bytes"] = lambda: [d.copy_(s) for s, d in old_copy]
         variants["memcpy of the new bytes"] = lambda: [d.copy_(s) for s, d in new_copy]
+        if args.prefill:
+            variants = {k: v for k, v in variants.items() if k in PREFILL}
         times: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(reps):
             for name, f in variants.items():
@@ -127,7 +133,7 @@ def main() -> None:
                 f()
                 times[name].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
-        base, fp32 = med["old: int8 codes, fp32 activations"], med["fp32 F.linear"]
+        base, fp32 = med.get("old: int8 codes, fp32 activations", float("nan")), med["fp32 F.linear"]
         for name, t in med.items():
             rows_out.append([m, name, t * 1e3, min(times[name]) * 1e3, base / t, fp32 / t])
         data["rows"][m] = {"seconds": times}
@@ -136,7 +142,8 @@ def main() -> None:
     note = (f"{len(layers)} matrices, {bits.count(4)} with 4-bit codes, {bits.count(8)} with 8-bit; bytes streamed "
             f"per pass: old {mb['old']:.1f} MB, new {mb['new']:.1f} MB, fp32 {mb['fp32']:.1f} MB. "
             f"{reps} passes per variant, interleaved; ratios from medians.")
-    name = "int8_kernel" + (f"-threads{args.threads}" if args.threads != 1 else "")
+    name = "int8_kernel" + ("-prefill" if args.prefill else "") \
+        + (f"-threads{args.threads}" if args.threads != 1 else "")
     md, _ = write_results(name, args.quick, command_line(), info,
                           [("Every linear layer of the model, one pass", note + "\n\n" + table)], data)
     print(note)

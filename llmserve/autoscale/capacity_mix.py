@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 
@@ -42,22 +44,24 @@ def _check(ok: bool, name: str, msg: str) -> None:
         raise ValueError(f"autoscale config: capacity.{name} {msg}")
 
 
-@dataclass(slots=True)
-class ClassConfig:
+class ClassConfig(BaseModel):
     """One capacity class: its price and its bounds (``None``: no bound beyond the pool's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     price_per_hour: float = 1.0
     min_instances: int | None = None  # on_demand: the base (None: bounds.min_instances); spot: 0
     max_instances: int | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> ClassConfig:
         _check(self.price_per_hour >= 0, "price_per_hour", f"must be >= 0, got {self.price_per_hour}")
         _check(self.min_instances is None or self.min_instances >= 0, "min_instances", "must be >= 0")
         _check(self.max_instances is None or self.max_instances >= (self.min_instances or 0), "max_instances",
                "must be >= min_instances")
+        return self
 
 
-@dataclass(slots=True)
 class SpotConfig(ClassConfig):
     """Spot: a typical 65 % discount, and none unless the file asks (``max_instances: 0``)."""
 
@@ -65,21 +69,24 @@ class SpotConfig(ClassConfig):
     max_instances: int | None = 0
 
 
-@dataclass(slots=True)
-class CapacityConfig:
+class CapacityConfig(BaseModel):
     """The pool's capacity classes. The default holds no spot: every instance on-demand."""
 
-    on_demand: ClassConfig = field(default_factory=ClassConfig)
-    spot: SpotConfig = field(default_factory=SpotConfig)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    on_demand: ClassConfig = ClassConfig()
+    spot: SpotConfig = SpotConfig()
     # A spot instance not ready this long after its start is replaced on on-demand.
     spot_start_timeout_s: float = 300.0
     # After a refusal or a slow start, no new spot instance for this long.
     spot_backoff_s: float = 600.0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> CapacityConfig:
         _check(self.spot_start_timeout_s > 0, "spot_start_timeout_s", "must be positive")
         _check(self.spot_backoff_s >= 0, "spot_backoff_s", "must be >= 0")
         _check(not self.spot.min_instances, "spot.min_instances", "must be 0: the base is on_demand.min_instances")
+        return self
 
     @property
     def spot_enabled(self) -> bool:

@@ -12,6 +12,17 @@ the prompt's actual length is known, but summing actual prompt lengths makes
 the rate jump with every long prompt, while what fills an instance's batch
 seats is how many requests arrive and how long they hold a seat (mostly
 decode), which the mean describes better.
+
+One set of defaults for every caller (the live controller, the simulator, the
+fidelity check): :data:`OUTPUT_TOKENS_PRIOR` stands in for the mean output
+length until the first request finishes, and :func:`estimate_prompt_tokens`
+turns a prompt's characters into tokens. The gateway does not tokenize (it would
+need each model's tokenizer on the request path), so live prompts are counted
+as characters / :data:`CHARS_PER_TOKEN`. The simulator knows each prompt's
+exact tokens, but it feeds the policy the same estimate, from the characters
+the live gateway would see for that prompt: the policy must see the demand the
+live one would, including the estimate's error on text that is not 4
+characters a token, or the simulator predicts a different controller.
 """
 
 from __future__ import annotations
@@ -22,6 +33,16 @@ from typing import Iterable, Mapping, Protocol
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import InstanceState
 from llmserve.percentiles import nearest_rank as percentile
+
+SIGNAL_WINDOW_S = 10.0  # arrival rates
+LATENCY_WINDOW_S = 30.0  # TTFT and e2e percentiles: longer, a p99 needs samples
+OUTPUT_TOKENS_PRIOR = 128.0  # mean output tokens assumed until a request finishes
+CHARS_PER_TOKEN = 4.0  # characters of prompt text per token, for the estimate
+
+
+def estimate_prompt_tokens(chars: float, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    """The prompt tokens a policy is told of, from the prompt's characters (at least 1)."""
+    return max(1, round(chars / chars_per_token))
 
 
 class InstanceLoad(Protocol):
@@ -43,8 +64,8 @@ class SignalCollector:
     recording began (default: the first snapshot).
     """
 
-    def __init__(self, window_s: float = 10.0, latency_window_s: float = 30.0,
-                 output_tokens_prior: float = 256.0, output_tokens_tau: int = 200,
+    def __init__(self, window_s: float = SIGNAL_WINDOW_S, latency_window_s: float = LATENCY_WINDOW_S,
+                 output_tokens_prior: float = OUTPUT_TOKENS_PRIOR, output_tokens_tau: int = 200,
                  start: float | None = None) -> None:
         if window_s <= 0 or latency_window_s <= 0:
             raise ValueError("signal collector: windows must be positive")

@@ -1,16 +1,20 @@
 """Typed configuration for the scaling policies and the bounds wrapped around them.
 
-One object, :class:`AutoscaleConfig`, is built once (from YAML, CLI flags or a
-test) and passed down. The live controller and the capacity simulator both hand
-it to :func:`llmserve.autoscale.build_policy`, so they run the exact same stack.
+One frozen object, :class:`AutoscaleConfig`, is validated once (``model_validate``
+of a YAML section, CLI flags or a test) and passed down; unknown keys are errors.
+The live controller and the capacity simulator both hand it to
+:func:`llmserve.autoscale.build_policy`, so they run the exact same stack. The
+``llmserve serve`` and ``llmserve simulate`` flags are generated from these fields.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Literal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale.capacity_mix import CapacityConfig
+from llmserve.flags import Flag
 
 PolicyName = Literal["threshold", "kpa", "predictive", "static"]
 POLICY_NAMES: tuple[str, ...] = ("threshold", "kpa", "predictive", "static")
@@ -22,20 +26,32 @@ def _check(ok: bool, name: str, msg: str) -> None:
         raise ValueError(f"autoscale config: {name} {msg}")
 
 
-@dataclass(slots=True)
-class SLOConfig:
+class _Config(BaseModel):
+    """Frozen, unknown keys refused; each section checks itself after its fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="after")
+    def _validated(self):
+        self._check_values()
+        return self
+
+    def _check_values(self) -> None:
+        pass
+
+
+class SLOConfig(_Config):
     """Latency targets seen at the gateway: what every policy is trying to keep."""
 
-    ttft_s: float = 2.0
-    e2e_s: float = 60.0
+    ttft_s: Annotated[float, Flag(name="--ttft-slo")] = Field(2.0, description="TTFT SLO, seconds")
+    e2e_s: Annotated[float, Flag(name="--e2e-slo")] = Field(60.0, description="end-to-end SLO, seconds")
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.ttft_s > 0, "slo.ttft_s", f"must be positive, got {self.ttft_s}")
         _check(self.e2e_s > 0, "slo.e2e_s", f"must be positive, got {self.e2e_s}")
 
 
-@dataclass(slots=True)
-class BoundsConfig:
+class BoundsConfig(_Config):
     """Limits applied around any policy (see :mod:`llmserve.autoscale.bounds`).
 
     Scale-up reacts fast (a short cooldown) and scale-down slowly (the maximum
@@ -43,14 +59,14 @@ class BoundsConfig:
     while a spare one only costs money, and flapping costs both.
     """
 
-    min_instances: int = 1
-    max_instances: int = 64
-    scale_up_cooldown_s: float = 15.0
-    scale_down_window_s: float = 300.0
-    max_step_up: int = 8
-    max_step_down: int = 2
+    min_instances: int = Field(1, description="instances at least (0: scale to zero)")
+    max_instances: int = Field(64, description="instances at most")
+    scale_up_cooldown_s: float = Field(15.0, description="seconds between scale-ups")
+    scale_down_window_s: float = Field(300.0, description="scale down to the most wanted over this many seconds")
+    max_step_up: int = Field(8, description="instances added in one decision at most")
+    max_step_down: int = Field(2, description="instances removed in one decision at most")
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.min_instances >= 0, "bounds.min_instances", f"must be >= 0, got {self.min_instances}")
         _check(self.max_instances >= max(1, self.min_instances), "bounds.max_instances",
                f"must be >= max(1, min_instances), got {self.max_instances}")
@@ -60,8 +76,7 @@ class BoundsConfig:
         _check(self.max_step_down >= 1, "bounds.max_step_down", f"must be >= 1, got {self.max_step_down}")
 
 
-@dataclass(slots=True)
-class ThresholdConfig:
+class ThresholdConfig(_Config):
     """The classic reactive baseline.
 
     ``metric`` picks the utilisation signal: ``busy`` (share of wall time in
@@ -77,7 +92,7 @@ class ThresholdConfig:
     max_queue_per_instance: float = 0.5
     latency_step: int = 1
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(0 < self.scale_down_utilisation < self.scale_up_utilisation <= 1.0, "threshold",
                "needs 0 < scale_down_utilisation < scale_up_utilisation <= 1")
         _check(self.scale_down_utilisation <= self.target_utilisation <= self.scale_up_utilisation,
@@ -86,8 +101,7 @@ class ThresholdConfig:
         _check(self.latency_step >= 1, "threshold.latency_step", "must be >= 1")
 
 
-@dataclass(slots=True)
-class KPAConfig:
+class KPAConfig(_Config):
     """Knative Pod Autoscaler defaults: 60 s stable window, 6 s panic window, panic at 2x.
 
     ``target_concurrency`` per instance, when unset, is ``target_utilisation`` (Knative's
@@ -103,7 +117,7 @@ class KPAConfig:
     max_scale_up_rate: float = 1000.0
     max_scale_down_rate: float = 2.0
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.target_concurrency is None or self.target_concurrency > 0, "kpa.target_concurrency",
                "must be positive")
         _check(0 < self.target_utilisation <= 1, "kpa.target_utilisation", "must be in (0, 1]")
@@ -115,8 +129,7 @@ class KPAConfig:
         _check(self.max_scale_down_rate > 1.0, "kpa.max_scale_down_rate", "must be > 1")
 
 
-@dataclass(slots=True)
-class PredictiveConfig:
+class PredictiveConfig(_Config):
     """Forecast-driven policy (see :mod:`llmserve.autoscale.predictive`).
 
     ``lead_time_s`` is how far ahead capacity must be started: the cold start plus
@@ -152,7 +165,7 @@ class PredictiveConfig:
     fallback_fill: float = 0.8
     fallback_step_fraction: float = 0.25
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.lead_time_s >= 0, "predictive.lead_time_s", "must be >= 0")
         _check(self.level_tau_s > 0 and self.trend_tau_s > 0, "predictive.*_tau_s", "must be positive")
         _check(self.season_period_s > 0, "predictive.season_period_s", "must be positive")
@@ -171,51 +184,29 @@ class PredictiveConfig:
                "must be in (0, 1]")
 
 
-@dataclass(slots=True)
-class StaticConfig:
+class StaticConfig(_Config):
     """A fixed pool: the baseline that every elastic policy is priced against."""
 
     instances: int = 1
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.instances >= 0, "static.instances", f"must be >= 0, got {self.instances}")
 
 
-@dataclass(slots=True)
-class AutoscaleConfig:
+class AutoscaleConfig(_Config):
     """Everything a pool's scaling stack needs; ``policy`` names the one in charge."""
 
-    policy: PolicyName = "predictive"
-    tick_s: float = 2.0
-    slo: SLOConfig = field(default_factory=SLOConfig)
-    bounds: BoundsConfig = field(default_factory=BoundsConfig)
-    threshold: ThresholdConfig = field(default_factory=ThresholdConfig)
-    kpa: KPAConfig = field(default_factory=KPAConfig)
-    predictive: PredictiveConfig = field(default_factory=PredictiveConfig)
-    static: StaticConfig = field(default_factory=StaticConfig)
-    capacity: CapacityConfig = field(default_factory=CapacityConfig)  # on-demand and spot
+    policy: PolicyName = Field("predictive", description="the scaling policy")
+    tick_s: float = Field(2.0, description="seconds between scaling decisions")
+    slo: SLOConfig = SLOConfig()
+    bounds: BoundsConfig = BoundsConfig()
+    threshold: ThresholdConfig = ThresholdConfig()
+    kpa: KPAConfig = KPAConfig()
+    predictive: PredictiveConfig = PredictiveConfig()
+    static: StaticConfig = StaticConfig()
+    capacity: CapacityConfig = CapacityConfig()  # on-demand and spot
 
-    def __post_init__(self) -> None:
+    def _check_values(self) -> None:
         _check(self.policy in POLICY_NAMES, "policy", f"must be one of {POLICY_NAMES}, got {self.policy!r}")
         _check(self.tick_s > 0, "tick_s", f"must be positive, got {self.tick_s}")
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AutoscaleConfig":
-        """Build from a nested dictionary (a YAML section); unknown keys are errors."""
-        return _from_dict(cls, d)
-
-
-def _from_dict(cls: type, d: dict[str, Any]) -> Any:
-    known = {f.name: f for f in fields(cls)}
-    unknown = set(d) - set(known)
-    if unknown:
-        raise ValueError(f"autoscale config: unknown keys for {cls.__name__}: {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    defaults = cls()
-    for name, value in d.items():
-        current = getattr(defaults, name)
-        if is_dataclass(current) and isinstance(value, dict):
-            kwargs[name] = _from_dict(type(current), value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)

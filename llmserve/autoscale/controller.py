@@ -41,16 +41,18 @@ import httpx
 
 from llmserve.autoscale.build import build_policy
 from llmserve.autoscale.capacity_actions import CapacityActions
-from llmserve.autoscale.collector import SignalCollector
+from llmserve.autoscale.collector import SignalCollector, estimate_prompt_tokens
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.controller_views import ControllerViews
 from llmserve.autoscale.instance_actions import InstanceActions
 from llmserve.autoscale.history import History
-from llmserve.autoscale.managed import ControllerConfig, ManagedInstance, Override
+from llmserve.autoscale.managed import ControllerConfig, ManagedInstance
 from llmserve.autoscale.metrics import AutoscaleMetrics
 from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Probe, Prober, judge, path
 from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, RunStatus
+from llmserve.autoscale.capacity_mix import ON_DEMAND
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
+from llmserve.autoscale.scaling_step import Override, Planner, scaling_step
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.gateway.pool import Pool
 from llmserve.lifecycle import InstanceState
@@ -173,7 +175,7 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
     # ---- request observer ---------------------------------------------------------------
     def on_arrival(self, model: str, version: str, t: float, prompt_chars: int) -> None:
         if model == self.model and version == self.version:
-            self.collector.record_arrival(t, max(1, round(prompt_chars / self.config.chars_per_token)))
+            self.collector.record_arrival(t, estimate_prompt_tokens(prompt_chars, self.config.chars_per_token))
 
     def on_first_token(self, model: str, version: str, t: float, ttft_s: float) -> None:
         if model == self.model and version == self.version:
@@ -287,32 +289,32 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
         """Decide and reconcile (synchronous: starts and stops run as tasks)."""
         ctx = self.signals(now)
         self.last_signals = ctx
-        decision = self.policy.decide(ctx, self.policy_state)
-        self.policy_state = decision.state
-        desired, reason, source = decision.desired, decision.reason, "policy"
-        override = self._active_override(now)
-        if override is not None:
-            desired = override.instances
-            reason = f"manual override to {desired} ({override.reason}); policy wanted {decision.desired}"
-            source = "manual"
+        step = scaling_step(self.policy, self.policy_state, ctx, self.statuses(), self._active_override(now),
+                            self._start_not_before, self.planner())
+        self.policy_state = step.state
         wall = self.wall()
-        provisioned = ctx.provisioned
-        self.desired = desired
-        self.history.decision(wall, provisioned, desired, reason, source, decision.desired)
-        self.history.sample(self._sample(wall, ctx, desired))
-        if desired != provisioned:
+        self.desired = step.desired
+        self.history.decision(wall, step.provisioned, step.desired, step.reason, step.source, step.policy_desired)
+        self.history.sample(self._sample(wall, ctx, step.desired))
+        if step.changes:
             if self.metrics is not None:
-                direction = "up" if desired > provisioned else "down"
-                self.metrics.decisions.labels(self.model, self.version, direction, source).inc()
-            log.info("%s: %d -> %d (%s)", self.key, provisioned, desired, reason)
-        self.apply(self.plan(desired), reason, now)
+                direction = "up" if step.desired > step.provisioned else "down"
+                self.metrics.decisions.labels(self.model, self.version, direction, step.source).inc()
+            log.info("%s: %d -> %d (%s)", self.key, step.provisioned, step.desired, step.reason)
+        if step.held_starts:
+            log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, step.held_starts,
+                     self._start_not_before - now)
+        self.apply(step.plan, step.reason, now)
 
-    def plan(self, desired: int) -> ScalePlan:
-        statuses = [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
-                    for i in self.instances.values() if i.state is not S.STOPPING and i.reclaim_at is None]
-        if self.autoscale.capacity.spot_enabled:
-            return self._plan_mix(desired, statuses)
-        return plan_scaling(desired, statuses)
+    def statuses(self) -> list[InstanceStatus]:
+        """What reconciliation sees: instances not on their way out (stopping, or under
+        a reclaim notice: its replacement is already on its way)."""
+        return [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
+                for i in self.instances.values() if i.state is not S.STOPPING and i.reclaim_at is None]
+
+    def planner(self) -> Planner:
+        """Which instances to act on: by capacity class when spot is on."""
+        return self._plan_mix if self.autoscale.capacity.spot_enabled else plan_scaling
 
     def apply(self, plan: ScalePlan, reason: str, now: float) -> None:
         for iid in plan.revive:
@@ -327,17 +329,12 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
             self._transition(inst, S.DRAINING, reason)
             inst.drain_started = now
             self.pool.set_draining(iid, True)
-        starts = plan.start
-        if starts and now < self._start_not_before:
-            log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, starts,
-                     self._start_not_before - now)
-            starts = 0
-        for c in (plan.start_classes or ("on_demand",) * starts)[:starts]:
+        for c in (plan.start_classes or (ON_DEMAND,) * plan.start)[:plan.start]:
             self._launch(reason, now, capacity_class=c)
 
     def _active_override(self, now: float) -> Override | None:
         o = self.override
-        if o is not None and o.until is not None and now >= o.until:
+        if o is not None and not o.in_force(now):
             self.history.event(self.wall(), "-", "override", f"{o.instances}", "expired", o.reason)
             self.override = o = None
         return o

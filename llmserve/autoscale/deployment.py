@@ -25,9 +25,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmserve.autoscale.config import AutoscaleConfig
+
 # Flags that serve sets itself on every instance.
 RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
-                         "--startup-delay", "--model-store", "--api-key")
+                         "--instances", "--startup-delay", "--model-store", "--api-key")
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def check_engine_args(args: list[str]) -> list[str]:
@@ -109,7 +118,7 @@ class PoolDeployment:
     source: str  # what --model gets
     weight: float
     engine_args: tuple[str, ...]
-    autoscale: dict[str, Any]  # the merged dict; AutoscaleConfig.from_dict reads it
+    autoscale: AutoscaleConfig  # the file's, with the version's own keys merged over it
     threads_per_instance: int | None
     cold_start_delay_s: float
     command: tuple[str, ...] = ()  # a foreign server's argv ({host}, {port} left for the provider)
@@ -127,14 +136,24 @@ def served_name_of(model: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name
 
 
-def pools_of(models: list[ModelDeployment], autoscale: dict[str, Any], engine_args: tuple[str, ...],
-             threads: int | None, cold_start_delay_s: float, merge) -> list[PoolDeployment]:
+def merged_autoscale(base: AutoscaleConfig, over: dict[str, Any], where: str) -> AutoscaleConfig:
+    """``over`` (a version's partial ``autoscale``) deep-merged over ``base``, validated."""
+    if not over:
+        return base
+    try:
+        return AutoscaleConfig.model_validate(deep_merge(base.model_dump(), over))
+    except ValueError as e:
+        raise ValueError(f"{where}.autoscale: {e}") from None
+
+
+def pools_of(models: list[ModelDeployment], autoscale: AutoscaleConfig, engine_args: tuple[str, ...],
+             threads: int | None, cold_start_delay_s: float) -> list[PoolDeployment]:
     """Every pool of a ``models:`` list, with the top-level defaults applied (the
     top-level engine flags first: a version's own come later and win)."""
     out = []
     for m in models:
         for v in m.versions:
-            auto = merge(autoscale, v.autoscale)
+            auto = merged_autoscale(autoscale, v.autoscale, f"models[{m.name}].versions[{v.name}]")
             if v.command is not None:
                 argv = tuple(a.replace("{model}", v.model or m.name) for a in shlex.split(v.command))
                 out.append(PoolDeployment(m.name, v.name, v.model or v.command, m.weight(v), (), auto, None, 0.0,

@@ -1,4 +1,4 @@
-"""The controller's record of one instance, its lifecycle timing, and manual overrides.
+"""The controller's record of one instance and its lifecycle timing.
 
 Plain data: the controller (:mod:`llmserve.autoscale.controller`) is the only
 code that changes a :class:`ManagedInstance`.
@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from llmserve.autoscale.collector import CHARS_PER_TOKEN, LATENCY_WINDOW_S, OUTPUT_TOKENS_PRIOR, SIGNAL_WINDOW_S
 from llmserve.autoscale.probe import Probe
 from llmserve.autoscale.providers.base import InstanceHandle
 from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
-@dataclass(slots=True)
-class ControllerConfig:
+class ControllerConfig(BaseModel):
     """Lifecycle timing; the scaling policy's own settings are in ``AutoscaleConfig``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     probe_interval_s: float = 0.5
     # Ready instances are asked too (less often): a process can outlive its engine.
@@ -28,12 +32,13 @@ class ControllerConfig:
     unready_grace_s: float = 20.0
     restart_backoff_s: float = 2.0
     max_restart_backoff_s: float = 120.0
-    signal_window_s: float = 10.0
-    latency_window_s: float = 30.0
-    chars_per_token: float = 4.0
-    output_tokens_prior: float = 128.0
+    signal_window_s: float = SIGNAL_WINDOW_S
+    latency_window_s: float = LATENCY_WINDOW_S
+    chars_per_token: float = CHARS_PER_TOKEN
+    output_tokens_prior: float = OUTPUT_TOKENS_PRIOR
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> ControllerConfig:
         for name in ("probe_interval_s", "ready_probe_interval_s", "probe_timeout_s", "start_timeout_s", "stop_grace_s",
                      "signal_window_s", "latency_window_s", "chars_per_token", "output_tokens_prior"):
             if not getattr(self, name) > 0:
@@ -41,6 +46,7 @@ class ControllerConfig:
         for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
+        return self
 
 
 @dataclass(eq=False, slots=True)
@@ -65,13 +71,3 @@ class ManagedInstance:
     last_load: LoadReport | None = None
     capacity_class: str = "on_demand"  # or "spot" (capacity_mix.py)
     reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """A manual instance count in force until ``until`` (monotonic; None: until cleared)."""
-
-    instances: int
-    until: float | None
-    reason: str
-    set_wall: float

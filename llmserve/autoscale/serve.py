@@ -15,70 +15,41 @@ import argparse
 import functools
 import logging
 import secrets
-import shlex
 import sys
 from typing import Any
 
+from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
 from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.autoscale.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
+from llmserve.flags import add_flags, given
 
 log = logging.getLogger(__name__)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Flags generated from the serve file's fields (``llmserve/flags.py``); a flag wins over the file."""
     p.add_argument("--config", default=None, help="serve YAML (see docs/serve.example.yaml); flags override it")
-    p.add_argument("--host", default=None, help="gateway address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="gateway port (default 8000)")
-    p.add_argument("--model", default=None, help="model store name, .gguf file or HF folder "
-                                                 "(default SmolLM2-135M-Instruct)")
-    p.add_argument("--model-store", default=None)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--min-instances", type=int, default=None)
-    p.add_argument("--max-instances", type=int, default=None)
-    p.add_argument("--policy", default=None, choices=["predictive", "threshold", "kpa", "static"])
-    p.add_argument("--tick", type=float, default=None, help="seconds between scaling decisions")
-    p.add_argument("--cold-start-delay", type=float, default=None,
-                   help="testing: each instance waits this long before loading (a slow cold start)")
-    p.add_argument("--threads-per-instance", type=int, default=None,
-                   help="torch CPU threads per instance (default: CPUs / max instances)")
-    p.add_argument("--engine-args", default=None,
-                   help='flags for every instance, one string: --engine-args "--max-num-seqs 16"')
-    p.add_argument("--provider", default=None, choices=["local", "ray"])
-    p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local runtime)")
-    p.add_argument("--admin-key", default=None, help="admin API and dashboard key (default: random, printed)")
-    p.add_argument("--log-dir", default=None, help="instances' logs (default: a temporary folder)")
-    p.add_argument("--log-level", default=None, choices=["critical", "error", "warning", "info", "debug"])
+    add_flags(p, ServeConfig)
+    add_flags(p.add_argument_group("provider"), ProviderSettings)
+    g = p.add_argument_group("autoscale (the file's autoscale section)")
+    add_flags(g, AutoscaleConfig)
+    add_flags(g, BoundsConfig, defaults=SERVE_AUTOSCALE_DEFAULTS["bounds"])
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The flags that were given, as a nested dict shaped like the YAML."""
-    o: dict[str, Any] = {}
-    for flag in ("host", "port", "model", "model_store", "served_model_name", "admin_key", "log_level",
-                 "threads_per_instance"):
-        v = getattr(args, flag, None)
-        if v is not None:
-            o[flag] = v
-    if args.cold_start_delay is not None:
-        o["cold_start_delay_s"] = args.cold_start_delay
-    if args.engine_args is not None:
-        o["engine_args"] = shlex.split(args.engine_args)
-    auto: dict[str, Any] = {}
-    bounds = {k: v for k, v in (("min_instances", args.min_instances), ("max_instances", args.max_instances))
-              if v is not None}
+    o = given(ServeConfig, args)
+    auto: dict[str, Any] = given(AutoscaleConfig, args)
+    bounds = given(BoundsConfig, args)
     if bounds:
         auto["bounds"] = bounds
-    if args.policy is not None:
-        auto["policy"] = args.policy
-        if args.policy == "static" and args.min_instances is not None:
-            auto["static"] = {"instances": args.min_instances}
-    if args.tick is not None:
-        auto["tick_s"] = args.tick
+    if auto.get("policy") == "static" and "min_instances" in bounds:
+        auto["static"] = {"instances": bounds["min_instances"]}
     if auto:
         o["autoscale"] = auto
-    provider = {k: v for k, v in (("kind", args.provider), ("ray_address", args.ray_address),
-                                  ("log_dir", args.log_dir)) if v is not None}
+    provider = given(ProviderSettings, args)
     if provider:
         o["provider"] = provider
     return o

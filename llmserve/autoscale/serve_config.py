@@ -16,20 +16,21 @@ the single-model keys are a one-version deployment. Both become the same list of
 from __future__ import annotations
 
 import secrets
+import shlex
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, pools_of,
-                                           served_name_of)
+from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, deep_merge,
+                                           pools_of, served_name_of)
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
-from llmserve.gateway.config import GatewayConfig
+from llmserve.flags import Flag
+from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # Single-model keys that ``models:`` replaces (a version says its own).
@@ -44,11 +45,9 @@ SERVE_AUTOSCALE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def _fields(m: BaseModel) -> dict[str, Any]:
+    """A model's fields, values as they are (validating them again leaves them so)."""
+    return {k: getattr(m, k) for k in type(m).model_fields}
 
 
 class _Strict(BaseModel):
@@ -58,49 +57,63 @@ class _Strict(BaseModel):
 class ProviderSettings(_Strict):
     """Where instances run. ``ray_*`` apply to ``kind: ray`` only."""
 
-    kind: Literal["local", "ray"] = "local"
-    log_dir: str | None = None
-    fork_from_template: bool = True  # local: fork instances from a pre-imported template process
-    ray_address: str | None = None  # None: start a local Ray runtime
-    ray_num_cpus: float = Field(1.0, ge=0.0)  # per instance
-    ray_num_gpus: float = Field(0.0, ge=0.0)  # per instance, on GPU clusters
-    ray_bind_host: str | None = None  # None: loopback on a local runtime, else each node's address
-    ray_local_num_cpus: int | None = Field(None, ge=1)
+    kind: Annotated[Literal["local", "ray"], Flag(name="--provider")] = Field("local",
+                                                                           description="where instances run")
+    log_dir: str | None = Field(None, description="instances' logs (default: a temporary folder)")
+    fork_from_template: bool = Field(True, description="local: fork instances from a pre-imported template process")
+    ray_address: str | None = Field(None, description="an existing Ray cluster (default: a local runtime)")
+    ray_num_cpus: float = Field(1.0, ge=0.0, description="ray: CPUs per instance")
+    ray_num_gpus: float = Field(0.0, ge=0.0, description="ray: GPUs per instance, on GPU clusters")
+    ray_bind_host: str | None = Field(None, description="ray: the address engines listen on "
+                                                        "(default: loopback on a local runtime, else each node's)")
+    ray_local_num_cpus: int | None = Field(None, ge=1, description="ray: a local runtime's CPUs (default: all)")
 
 
 class ServeConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    model: str = DEFAULT_MODEL
-    model_store: str | None = None
-    served_model_name: str | None = None
-    version: str = "v1"
-    engine_args: list[str] = Field(default_factory=list)
-    threads_per_instance: int | None = Field(None, ge=1)
-    cold_start_delay_s: float = Field(0.0, ge=0.0)  # testing: --startup-delay for each instance
-    admin_key: str | None = None  # None: a random key, printed at start
+    host: str = Field("127.0.0.1", description="gateway address")
+    port: int = Field(8000, ge=1, le=65535, description="gateway port")
+    model: str = Field(DEFAULT_MODEL, description="model store name, .gguf file or HF folder")
+    model_store: str | None = Field(None, description="model store folder")
+    served_model_name: str | None = Field(None, description="the name clients ask for (default: the model's)")
+    version: Annotated[str, Flag(skip=True)] = "v1"
+    engine_args: Annotated[list[str], Flag(type=str, parse=shlex.split)] = Field(
+        default_factory=list, description='flags for every instance, one string: --engine-args "--max-num-seqs 16"')
+    threads_per_instance: int | None = Field(
+        None, ge=1, description="torch CPU threads per instance (default: CPUs / max instances)")
+    cold_start_delay_s: float = Field(
+        0.0, ge=0.0, description="testing: each instance waits this long before loading (a slow cold start)")
+    admin_key: str | None = Field(None, description="admin API and dashboard key (default: random, printed)")
     # The key instances require (the gateway and the controller's probes send it).
     # None: a random one per pool with the ray provider, none for local subprocesses.
-    instance_api_key: str | None = Field(None, min_length=8)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # Not a flag: argv is visible to every local user.
+    instance_api_key: Annotated[str | None, Flag(skip=True)] = Field(None, min_length=8)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="serve's log level")
     provider: ProviderSettings = ProviderSettings()
-    autoscale: dict[str, Any] = Field(default_factory=dict)
-    lifecycle: dict[str, Any] = Field(default_factory=dict)
-    gateway: dict[str, Any] = Field(default_factory=dict)
-    pool: dict[str, Any] = Field(default_factory=dict)
+    # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
+    autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)
+    lifecycle: ControllerConfig = ControllerConfig()
+    gateway: GatewaySettings = GatewaySettings()
+    pool: PoolSettings = PoolSettings()  # admission, concurrency, balancer
     # Several models and versions, one pool each; engine_args, autoscale,
     # threads_per_instance and cold_start_delay_s above are then every pool's defaults.
-    models: list[ModelDeployment] | None = Field(None, min_length=1)
+    models: Annotated[list[ModelDeployment] | None, Flag(skip=True)] = Field(None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serve_defaults(cls, d: Any) -> Any:
+        if isinstance(d, dict) and isinstance(d.get("autoscale", {}), dict):
+            d = {**d, "autoscale": deep_merge(SERVE_AUTOSCALE_DEFAULTS, d.get("autoscale", {}))}
+        return d
 
     @field_validator("engine_args")
     @classmethod
     def _engine_args(cls, args: list[str]) -> list[str]:
         return check_engine_args(args)
 
-    @field_validator("gateway")
+    @field_validator("gateway", mode="before")
     @classmethod
-    def _gateway(cls, d: dict[str, Any]) -> dict[str, Any]:
-        if "models" in d:
+    def _gateway(cls, d: Any) -> Any:
+        if isinstance(d, dict) and "models" in d:
             raise ValueError("gateway: models are set by serve (models, or model, version and pool)")
         return d
 
@@ -114,14 +127,8 @@ class ServeConfig(_Strict):
             served = [m.name for m in self.models]
             if len(set(served)) != len(served):
                 raise ValueError(f"models: names must be unique, got {served}")
-        # Build the nested configs once now, so every mistake shows at start.
-        for p in self.pools():
-            try:
-                self.autoscale_config(p)
-            except ValueError as e:
-                where = "autoscale" if self.models is None else f"models[{p.model}].versions[{p.version}].autoscale"
-                raise ValueError(f"{where}: {e}") from None
-        self.controller_config()
+        # Merge the versions' autoscale and build the gateway's config once now, so every
+        # mistake shows at start.
         self.gateway_config("x" * 16)
         return self
 
@@ -132,22 +139,17 @@ class ServeConfig(_Strict):
 
     def pools(self) -> list[PoolDeployment]:
         """Every elastic pool this file asks for, in file order."""
-        auto = deep_merge(SERVE_AUTOSCALE_DEFAULTS, self.autoscale)
         if self.models is None:
-            return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args), auto,
-                                   self.threads_per_instance, self.cold_start_delay_s)]
-        return pools_of(self.models, auto, tuple(self.engine_args), self.threads_per_instance,
-                        self.cold_start_delay_s, deep_merge)
+            return [PoolDeployment(self.served_name, self.version, self.model, 1.0, tuple(self.engine_args),
+                                   self.autoscale, self.threads_per_instance, self.cold_start_delay_s)]
+        return pools_of(self.models, self.autoscale, tuple(self.engine_args), self.threads_per_instance,
+                        self.cold_start_delay_s)
 
     def autoscale_config(self, pool: PoolDeployment | None = None) -> AutoscaleConfig:
-        return AutoscaleConfig.from_dict((pool or self.pools()[0]).autoscale)
+        return (pool or self.pools()[0]).autoscale
 
     def controller_config(self) -> ControllerConfig:
-        known = {f.name for f in fields(ControllerConfig)}
-        unknown = set(self.lifecycle) - known
-        if unknown:
-            raise ValueError(f"lifecycle: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        return ControllerConfig(**self.lifecycle)
+        return self.lifecycle
 
     def instance_key(self, generate: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> str | None:
         """The API key of this pool's instances: the configured one; else a fresh one
@@ -160,8 +162,7 @@ class ServeConfig(_Strict):
     def gateway_config(self, admin_key: str, instance_key: str | None | dict[str, str | None] = None
                        ) -> GatewayConfig:
         """``instance_key``: one key for every pool, or a dict by pool key (``model/version``)."""
-        g = dict(self.gateway)
-        auth = {**g.pop("auth", {}), "admin_key": admin_key}
+        auth = AuthConfig.model_validate({**_fields(self.gateway.auth), "admin_key": admin_key})
 
         def version(p: PoolDeployment) -> dict[str, Any]:
             key = instance_key.get(p.key) if isinstance(instance_key, dict) else instance_key
@@ -170,12 +171,12 @@ class ServeConfig(_Strict):
 
         pools = self.pools()
         if self.models is None:
-            models = [{"name": self.served_name, "versions": [version(pools[0])], **self.pool}]
+            models = [{"name": self.served_name, "versions": [version(pools[0])], **_fields(self.pool)}]
         else:
             models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name],
                        "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
-                       **deep_merge(self.pool, m.pool)} for m in self.models]
-        return GatewayConfig.model_validate({"models": models, "auth": auth, **g})
+                       **deep_merge(self.pool.model_dump(), m.pool)} for m in self.models]
+        return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 
     def threads(self, pool: PoolDeployment | None = None) -> int:
         """Torch threads per instance: the pool's own setting, else the machine's cores
@@ -185,8 +186,11 @@ class ServeConfig(_Strict):
             return own
         from llmserve.engine.threads import available_cores, engine_threads
 
-        most = sum(self.autoscale_config(p).bounds.max_instances for p in self.pools())
-        return engine_threads(available_cores(), max(1, most))
+        return engine_threads(available_cores(), self.most_instances())
+
+    def most_instances(self) -> int:
+        """Instances every pool may run at once on this machine: what cores and the KV pools' memory are shared over."""
+        return max(1, sum(self.autoscale_config(p).bounds.max_instances for p in self.pools()))
 
     def instance_spec(self, instance_id: str, instance_key: str | None = None,
                       pool: PoolDeployment | None = None) -> InstanceSpec:
@@ -194,7 +198,8 @@ class ServeConfig(_Strict):
         env = (("LLMSERVE_API_KEY", instance_key or ""),)
         if pool.command:
             return InstanceSpec(instance_id, command=pool.command, env=env)
-        args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool))]
+        args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool)),
+                "--instances", str(self.most_instances())]
         if self.model_store:
             args += ["--model-store", self.model_store]
         if pool.cold_start_delay_s:
@@ -205,10 +210,16 @@ class ServeConfig(_Strict):
 
     @classmethod
     def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:
-        data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}: expected a mapping at the top level")
-        return cls.model_validate(deep_merge(data, overrides or {}))
+        return cls.model_validate(serve_file(path, overrides))
+
+
+def serve_file(path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The file's mapping (none: empty) with ``overrides`` merged over it, as written:
+    what a child ``llmserve serve`` is given to read the same configuration."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+    return deep_merge(data, overrides or {})

@@ -7,10 +7,11 @@ description is its ``--help``, its default the flag's default.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmserve.engine.kv_budget import default_kv_bytes
 from llmserve.flags import Flag
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
@@ -19,7 +20,6 @@ _KV_ALIASES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16"
                "half": "fp16"}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16": "bf16",
                   "fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "w8a8"}
-KV_CAP_BYTES = 2 << 30  # the default pool's ceiling (see num_blocks_for)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -91,6 +91,20 @@ class EngineConfig(BaseModel):
     num_kv_blocks: int | None = Field(None, ge=1, description="KV pool size in blocks")
     kv_cache_memory_bytes: Annotated[int | None, Flag(name="--kv-cache-memory")] = Field(
         None, gt=0, description="KV pool budget in bytes (used when --num-kv-blocks is not given)")
+    instances: int = Field(1, ge=1, description="engines sharing this machine: the default KV pool takes its "
+                                                "share of the free memory, and threads their share of the cores")
+    # int8 weights: the issue-7 path (fp32 weights kept for prefill GEMM, two-byte activations
+    # in decode steps) instead of the kernel on every row with one-byte activations where
+    # quality holds (benchmarks/results/activation_quality.md); ~0.5 GB more for SmolLM2.
+    exact_activations: bool = Field(
+        False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy-equal to "
+                           "fp32), instead of one-byte activations on the layer kinds where quality holds")
+    # Where prefill rows go with int8 weights. fp32 keeps the fp32 weights the codes came from
+    # (~0.5 GB for SmolLM2) because torch's GEMM beats our kernel at prefill row counts on AVX2
+    # (1.4-1.6x the c = 16 throughput through HTTP); int8 is the lean instance.
+    prefill_weights: Annotated[Literal["fp32", "int8"], Flag(choices=("fp32", "int8"))] = Field(
+        "fp32", description="int8 weights: prefill rows on kept fp32 weights (fast) or through the int8 kernel "
+                            "(no fp32 copies: ~0.55 GB less memory for SmolLM2, slower prefill)")
     enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
     speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
         None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
@@ -129,11 +143,12 @@ class EngineConfig(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
 
-    def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int) -> int:
+    def num_blocks_for(self, kv_bytes_per_token: int, max_model_len: int, available: int | None = None) -> int:
         """Blocks in the pool: explicit, from a memory budget, or enough for a full batch.
 
         The default (no count, no budget) sizes the pool for ``max_num_seqs`` requests
-        of 1/4 context each, at least one full context, at most 2 GiB.
+        of 1/4 context each, at most this instance's share of the ``available`` memory
+        (``kv_budget``), at least one full context.
         """
         bs = self.block_size
         if self.num_kv_blocks is not None:
@@ -144,5 +159,5 @@ class EngineConfig(BaseModel):
                 raise ValueError("kv_cache_memory_bytes is smaller than one KV block")
             return int(n)
         want_tokens = max(max_model_len, self.max_num_seqs * max_model_len // 4)
-        cap_tokens = KV_CAP_BYTES // kv_bytes_per_token
+        cap_tokens = max(max_model_len, default_kv_bytes(available, self.instances) // kv_bytes_per_token)
         return max(1, -(-min(want_tokens, cap_tokens) // bs))

@@ -23,6 +23,7 @@ import torch
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
+from llmserve.engine.kv_budget import available_memory
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.output_processor import Ended, OutputProcessor
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
@@ -35,6 +36,7 @@ from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.models.quant import round_activations
 from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
@@ -59,15 +61,18 @@ class EngineCore:
         if kv_cache_dtype == "auto":
             kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
         self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
-        factory = linear_factory_for(config.dtype, prepared_dir)
+        keep_fp32 = config.exact_activations or config.prefill_weights == "fp32"
+        factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32)
         self.model = LlamaForCausalLM(model_config, weights, factory)
+        if not config.exact_activations:
+            round_activations(self.model)  # one byte where quality holds (int8 layers only)
         if isinstance(factory, PreparedCache):
             factory.save()
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
-                                           self.max_model_len)
+                                           self.max_model_len, available_memory())
         self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)
         self.kv = KVCacheManager(num_blocks, config.block_size,
                                  enable_prefix_caching=config.enable_prefix_caching,

@@ -82,16 +82,21 @@ class CanarySettings(CanaryConfig):
     count_forced: bool = False
 
 
-class ModelConfig(_Strict):
+class PoolSettings(_Strict):
+    """How one model's requests are admitted, capped and balanced (``pool:`` in serve's file)."""
+
+    admission: AdmissionConfig = AdmissionConfig()
+    concurrency: ConcurrencyConfig = ConcurrencyConfig()
+    balancer: BalancerConfig = BalancerConfig()
+
+
+class ModelConfig(PoolSettings):
     name: str  # the served model name clients put in "model"
     versions: list[VersionConfig] = Field(min_length=1)
     canary: CanarySettings | None = None
     # Seconds a user stays on the version they were routed to while weights move
     # (the rule: gateway/version_router.py); 0: pure weighted hashing, no memory.
     stickiness_window_s: float = Field(0.0, ge=0.0)
-    admission: AdmissionConfig = AdmissionConfig()
-    concurrency: ConcurrencyConfig = ConcurrencyConfig()
-    balancer: BalancerConfig = BalancerConfig()
 
     @field_validator("name")
     @classmethod
@@ -245,14 +250,19 @@ class RetryConfig(_Strict):
     budget: RetryBudgetConfig = RetryBudgetConfig()
 
 
-class GatewayConfig(_Strict):
-    models: list[ModelConfig] = Field(min_length=1)
+class GatewaySettings(_Strict):
+    """Everything but the models (``gateway:`` in serve's file, which sets the models itself)."""
+
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     polling: PollingConfig = PollingConfig()
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
     outlier: OutlierConfig = OutlierConfig()
+
+
+class GatewayConfig(GatewaySettings):
+    models: list[ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:

@@ -45,6 +45,10 @@ class GatewayMetrics:
                                 ["model", "version", "instance"], registry=self.registry)
         self.retries = Counter(f"{P}retries", "Attempts retried on another instance",
                                ["model", "version"], registry=self.registry)
+        self.resumes = Counter(f"{P}stream_resumes", "Streams whose upstream broke mid-way, by outcome: "
+                               "resumed on another instance, not_resumable (ended with an error event: "
+                               "resuming is off or cannot continue it) or failed (no instance could)",
+                               ["model", "version", "outcome"], registry=self.registry)
         self.routed = Counter(f"{P}routed", "Version choices, by reason",
                               ["model", "version", "reason"], registry=self.registry)
         self.registry.register(_Gauges(gauges))

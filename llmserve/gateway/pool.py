@@ -23,14 +23,15 @@ import enum
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, ClassStats,
-                                        ConcurrencyConfig, Rejected)
+                                        ConcurrencyConfig, Rejected, Ticket)
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
 from llmserve.gateway.circuit import BreakerConfig, BreakerState, CircuitBreaker
 from llmserve.gateway.config import normalize_url
+from llmserve.gateway.dispatch import Dispatcher, Stop
 from llmserve.gateway.health import OutlierConfig, OutlierDetector
 from llmserve.gateway.instance import InstanceView
 from llmserve.lifecycle import InstanceState
@@ -119,6 +120,9 @@ class _Waiter:
     request: RouteRequest
     exclude: frozenset[str] = field(default_factory=frozenset)
 
+    def withdrawn(self) -> bool:
+        return self.future.done()  # cancelled, or failed while it waited
+
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
@@ -159,6 +163,7 @@ class Pool:
         self.name = name
         self.admission: AdmissionQueue[_Waiter] = AdmissionQueue(admission)
         self.picker = Picker(balancer, concurrency, rng=rng)
+        self._dispatcher = Dispatcher(self.admission, self.picker, self.views, self._commit, self._broken)
         self.outlier = OutlierDetector(outlier)
         self._breaker_config = breaker or BreakerConfig()
         self._report_ttl_s = report_ttl_s
@@ -339,34 +344,20 @@ class Pool:
         if now is None:
             now = self._clock()
         self._expire(now)
-        while len(self.admission):
-            if views is None:
-                views = self.views(now)
-            candidates, _ = self.picker.candidates(views)
-            if not candidates and self._broken(views):
-                for e in self.admission.expire(float("inf")):
-                    if not e.entry.item.future.done():
-                        e.entry.item.future.set_exception(
-                            NoHealthyInstance(self._broken_message()))
-                break
-            entry = self.admission.next_to_dispatch(now, bool(candidates))
-            if entry is None:
-                break
-            waiter = entry.item
-            if waiter.future.done():
-                continue
-            pick = self.picker.pick(waiter.request, views, exclude=waiter.exclude)
-            if pick.instance is None:  # only excluded instances have room: try one again
-                pick = self.picker.pick(waiter.request, views)
-            inst = self._instances[pick.instance.instance_id]
-            inst.breaker.acquire(now)
-            inst.inflight += 1
-            inst.served += 1
-            waiter.future.set_result(Lease(inst, now - entry.enqueued_at))
-            views = None  # the dispatch changed an instance's load
+        if self._dispatcher.run(now, views) is Stop.BROKEN:
+            for e in self.admission.expire(float("inf")):
+                if not e.entry.item.future.done():
+                    e.entry.item.future.set_exception(NoHealthyInstance(self._broken_message()))
         self._expire(now)
 
-    def _broken(self, views: list[InstanceView]) -> bool:
+    def _commit(self, entry: Ticket[_Waiter], view: InstanceView, now: float) -> None:
+        inst = self._instances[view.instance_id]
+        inst.breaker.acquire(now)
+        inst.inflight += 1
+        inst.served += 1
+        entry.item.future.set_result(Lease(inst, now - entry.enqueued_at))
+
+    def _broken(self, views: Sequence[InstanceView]) -> bool:
         if not views or any(v.routable for v in views):
             return False
         if self.can_grow and all(v.state is InstanceState.DRAINING for v in views):

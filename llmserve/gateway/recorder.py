@@ -1,5 +1,5 @@
 """One request's record: the single place the request path feeds the gateway's metrics
-(routing, attempts, retries, queue and cold-start waits, the outcome), the canary
+(routing, attempts, retries, resumes, queue and cold-start waits, the outcome), the canary
 analysis's window statistics and the request observers (the autoscaler).
 
 A record is given those three as :class:`RecordSinks` by its model's runtime: it
@@ -31,7 +31,7 @@ class RecordSinks:
 
 class RequestRecord:
     """One request's bookkeeping; the proxy tells it what happened (routed, waited, sent,
-    retried, first token, finished) and it feeds the sinks."""
+    retried, resumed, first token, finished) and it feeds the sinks."""
 
     __slots__ = ("done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
                  "request_id", "sinks", "t0", "ttft_s", "version")
@@ -74,6 +74,12 @@ class RequestRecord:
         """Another attempt after a failed one, or a resumed stream."""
         m = self.sinks.metrics
         m.child(m.retries, self.model, self.version).inc()
+
+    def resumed(self, outcome: str) -> None:
+        """The stream's upstream broke mid-way: ``resumed``, ``not_resumable`` or ``failed``
+        (``stream_resumes``)."""
+        m = self.sinks.metrics
+        m.child(m.resumes, self.model, self.version, outcome).inc()
 
     def first_token(self) -> None:
         """The first event reaches the client (once)."""

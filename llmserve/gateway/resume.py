@@ -263,6 +263,7 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                 why = "resuming is off" if state is None else state.why_not
                 got = why if why is not None else await _resume(proxy, plan, ctx, current, state)
                 if isinstance(got, str):
+                    ctx.resumed("not_resumable" if why is not None else "failed")
                     outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
                     yield sse_error_event(f"{broke}; the response is incomplete and could not be resumed: "
                                           f"{got}", code="upstream_broken")
@@ -318,5 +319,6 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
         ctx.retried()
+        ctx.resumed("resumed")
         return got
     return f"{state.resumes} resumes failed; last: {last}"

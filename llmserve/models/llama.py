@@ -35,8 +35,9 @@ def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class _Layer:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory) -> None:
         p = f"model.layers.{i}."
-        self.input_norm = w[p + "input_layernorm.weight"].float()
-        self.post_norm = w[p + "post_attention_layernorm.weight"].float()
+        # copies: a view would keep the whole memory-mapped weights file resident
+        self.input_norm = w[p + "input_layernorm.weight"].float().clone()
+        self.post_norm = w[p + "post_attention_layernorm.weight"].float().clone()
         self.qkv: LinearLayer = linear(torch.cat([w[p + "self_attn.q_proj.weight"],
                                                   w[p + "self_attn.k_proj.weight"],
                                                   w[p + "self_attn.v_proj.weight"]]))
@@ -44,6 +45,9 @@ class _Layer:
         self.gate_up: LinearLayer = linear(torch.cat([w[p + "mlp.gate_proj.weight"],
                                                       w[p + "mlp.up_proj.weight"]]))
         self.down: LinearLayer = linear(w[p + "mlp.down_proj.weight"])
+
+
+LINEAR_KINDS = ("qkv", "o", "gate_up", "down", "head")
 
 
 class LlamaForCausalLM:
@@ -64,13 +68,22 @@ class LlamaForCausalLM:
             raise ValueError(f"model weights lack {missing}")
         self.embed = weights["model.embed_tokens.weight"].float()
         self.layers = [_Layer(c, weights, i, linear) for i in range(c.num_hidden_layers)]
-        self.norm = weights["model.norm.weight"].float()
+        self.norm = weights["model.norm.weight"].float().clone()
         head = weights.get("lm_head.weight")
         if head is None or c.tie_word_embeddings:
             head = self.embed
         self.lm_head: LinearLayer = linear(head)
+        # a tied int8 head holds the embedding too: look rows up there, no fp32 copy
+        self._rows = getattr(self.lm_head, "rows", None) if head is self.embed else None
+        if self._rows is not None:
+            self.embed = None
         self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
         self.ops: TorchOps = layer_ops()
+
+    def linears_by_kind(self) -> dict[str, list[LinearLayer]]:
+        """Every matrix product of the model, by kind: what a per-kind format choice applies to."""
+        kinds = {k: [getattr(layer, k) for layer in self.layers] for k in LINEAR_KINDS[:-1]}
+        return {**kinds, "head": [self.lm_head]}
 
     def num_parameters(self) -> int:
         """Parameters a token's forward pass multiplies by (the tied head counted once)."""
@@ -83,7 +96,8 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm, for every input token."""
         ops, eps = self.ops, self.eps
-        x = self.embed.index_select(0, input_ids)  # the residual stream: a fresh tensor, updated in place
+        # the residual stream: a fresh tensor, updated in place
+        x = self._rows(input_ids) if self._rows is not None else self.embed.index_select(0, input_ids)
         delta = None  # what the previous sublayer adds to x
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \

@@ -2,11 +2,11 @@
 
 - ``int8`` (:class:`WeightOnlyInt8Linear`): a code per weight and an affine map per 32
   weights (GGUF's Q4_1 / Q8_0 levels held exactly), stored as 4-bit codes where the
-  matrix is on 16 levels, else 8-bit (``qlayout``). Up to ``SMALL_M`` rows our AVX2
-  kernel (``kernels``) quantises the activations per 32 too and multiplies in integers,
-  llama.cpp style; per-32 scales follow this model's outlier channels closely enough
-  (perplexity +0.1 %), where one scale per tensor does not (``w8a8``). More rows use
-  torch's fp32 GEMM on the fp32 weights, exactly.
+  matrix is on 16 levels, else 8-bit (``qlayout``). Our AVX2 kernel (``kernels``)
+  quantises the activations per 32 too and multiplies in integers, llama.cpp style;
+  per-32 scales follow this model's outlier channels closely enough, where one scale per
+  tensor does not (``w8a8``). The exact mode sends prefill rows to torch's fp32 GEMM on
+  the fp32 weights instead, and keeps those.
 - ``w8a8`` (:class:`Int8Linear`): int8 weights per output channel, activations quantised
   per tensor on the fly (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack
   on Arm). It loses far too much on SmolLM2 (perplexity +359 %).
@@ -99,17 +99,20 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 class WeightOnlyInt8Linear:
     """``y = x @ W.T`` with ``W = code * scale + offset`` per 32-weight group.
 
-    Up to ``SMALL_M`` rows (decode steps, bound by the bytes the weights stream) our AVX2
-    kernel reads the packed codes (``qlayout``: 4 bits a weight for a Q4 source) and
-    quantises each row of ``x`` per 32 on the fly. More rows (prefill chunks) go to
-    torch's fp32 GEMM on the fp32 weights the codes came from (the model holds them
-    anyway; for GGUF-sourced weights the codes reproduce them exactly), so prompts are
-    processed without activation rounding. The kernel is faster at every row count
-    measured (1.2x fp32 at 2,048 rows, 2-3x up to 64; benchmarks/engine/int8_kernel.py);
-    the bound is where its gain stops paying for rounding the activations.
+    Our AVX2 kernel reads the packed codes (``qlayout``: 4 bits a weight for a Q4 source)
+    and quantises each row of ``x`` per 32 on the fly, into two bytes (``FINE``) or one
+    (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``). It
+    runs on every row count: each row is rounded and summed alone, so a row's result does
+    not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
+    weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product
+    ran at 0.4-0.8x torch's fp32 GEMM, the one-byte one at 0.75-1.7x (two runs on the
+    loaded 2-core machine, benchmarks/results/int8_kernel-prefill.md). The exact mode
+    keeps the fp32 ``dense`` weights the codes came from (for GGUF-sourced weights the
+    codes reproduce them exactly) and sends more than ``SMALL_M`` rows (prefill chunks) to torch's fp32 GEMM
+    on them, so prompts are processed without activation rounding, at 4 bytes a weight.
     """
 
-    SMALL_M = 64  # decode steps up to max_num_seqs' default; the kernel was 2.0-2.4x fp32 at 64 rows
+    SMALL_M = 64  # exact mode: the kernel for decode steps up to max_num_seqs' default
     FINE = True
 
     def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None) -> None:
@@ -117,21 +120,32 @@ class WeightOnlyInt8Linear:
         self.out_features, self.in_features = packed.out_features, packed.in_features
         kernel = kernels.load()
         self._product = None if kernel is None else kernel.q4_linear if packed.bits == 4 else kernel.q8_linear
-        self.dense = dense if dense is not None else self.dequantized()
+        # without the kernel the fp32 product is all there is
+        self.dense = dense if dense is not None or self._product is not None else self.dequantized()
 
     @classmethod
-    def from_float(cls, w: torch.Tensor) -> "WeightOnlyInt8Linear":
+    def from_float(cls, w: torch.Tensor, exact: bool = False) -> "WeightOnlyInt8Linear":
+        """``exact``: keep ``w`` in fp32 for the rows above ``SMALL_M``."""
         if w.shape[1] % GROUP:
             raise ValueError(f"int8 weights need an input size divisible by {GROUP}, got {w.shape[1]}")
-        return cls(pack(*quantize_groups(w)), dense=w.float().contiguous())
+        return cls(pack(*quantize_groups(w)), dense=w.float().contiguous() if cls.keeps_source(exact) else None)
+
+    @staticmethod
+    def keeps_source(exact: bool) -> bool:
+        """Whether a layer keeps its source weights in fp32: in exact mode, and without the kernel."""
+        return exact or kernels.load() is None
 
     def dequantized(self) -> torch.Tensor:
         return self.packed.dequantized()
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows of ``W``: the lookup of an embedding tied to this head."""
+        return self.dense.index_select(0, index) if self.dense is not None else self.packed.rows(index)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()
-        if self._product is not None and x2.shape[0] <= self.SMALL_M:
+        if self._product is not None and (self.dense is None or x2.shape[0] <= self.SMALL_M):
             p = self.packed
             y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, self.FINE)
         else:
@@ -139,5 +153,21 @@ class WeightOnlyInt8Linear:
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def int8_factory() -> LinearFactory:
-    return WeightOnlyInt8Linear.from_float
+# The layer kinds whose activations round into one byte by default: those meeting issue 21's
+# bar together (teacher-forced top-1 >= 98 % of fp32, perplexity <= +0.5 %, on held-out
+# text; benchmarks/results/activation_quality.md). On SmolLM2 that is o and down (98.6 %,
+# +0.14 %); gate_up passes alone (98.3 %) but not beside either (97.6 %), qkv and the head
+# fail alone (97.9 %, 96.9 %). The others keep two bytes.
+ONE_BYTE_KINDS = frozenset({"o", "down"})
+
+
+def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS) -> None:
+    """One-byte activations on the int8 layers of the ``one_byte`` kinds, two on the rest."""
+    for kind, layers in model.linears_by_kind().items():
+        for layer in layers:
+            if isinstance(layer, WeightOnlyInt8Linear):
+                layer.FINE = kind not in one_byte
+
+
+def int8_factory(exact: bool = False) -> LinearFactory:
+    return lambda w: WeightOnlyInt8Linear.from_float(w, exact)

@@ -33,8 +33,9 @@ def resolve_dtype(dtype: str, quantized_source: bool) -> str:
     return "fp32"
 
 
-def linear_factory_for(dtype: str, prepared: Path | None = None) -> LinearFactory:
-    """The factory for ``dtype``; with ``prepared`` (a folder), an int8 form is cached there."""
+def linear_factory_for(dtype: str, prepared: Path | None = None, exact: bool = False) -> LinearFactory:
+    """The factory for ``dtype``; with ``prepared`` (a folder), an int8 form is cached there;
+    ``exact``: int8 layers keep their fp32 weights for prefill (``WeightOnlyInt8Linear``)."""
     if dtype == "fp32":
         return dense_factory(torch.float32)
     if dtype == "bf16":
@@ -43,8 +44,9 @@ def linear_factory_for(dtype: str, prepared: Path | None = None) -> LinearFactor
         from llmserve.models.quant import int8_factory
 
         # a subfolder: the converted model's loader reads every *.safetensors beside it
-        return PreparedCache(prepared / "int8" / f"v{PREPARED_FORMAT}.safetensors", int8_factory()) \
-            if prepared is not None else int8_factory()
+        factory = int8_factory(exact)
+        return PreparedCache(prepared / "int8" / f"v{PREPARED_FORMAT}.safetensors", factory, exact) \
+            if prepared is not None else factory
     if dtype == "w8a8":
         from llmserve.models.quant import w8a8_factory
 
@@ -56,9 +58,10 @@ class PreparedCache:
     """Wraps the int8 factory: layers come from the cache file in call order (the model
     builds them in a fixed order) and a miss quantises; ``save`` writes what was built."""
 
-    def __init__(self, path: Path, factory: LinearFactory) -> None:
+    def __init__(self, path: Path, factory: LinearFactory, exact: bool = False) -> None:
         self.path = path
         self.factory = factory
+        self.exact = exact
         self.built: list[LinearLayer] = []
         self.cached: dict[str, torch.Tensor] = {}
         self.hits = 0
@@ -84,7 +87,8 @@ class PreparedCache:
         fields = {name: self.cached.get(f"{i}.{name}") for name in ("codes", "scale", "offset")}
         packed = PackedWeights.from_tensors(fields, tuple(w.shape))
         if packed is not None:
-            layer: LinearLayer = WeightOnlyInt8Linear(packed, dense=w.float().contiguous())
+            keep = WeightOnlyInt8Linear.keeps_source(self.exact)
+            layer: LinearLayer = WeightOnlyInt8Linear(packed, dense=w.float().contiguous() if keep else None)
             self.hits += 1
         else:
             layer = self.factory(w)

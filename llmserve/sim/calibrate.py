@@ -39,6 +39,36 @@ class FitReport:
     mean_abs_rel_error: float
 
 
+def nonneg_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, FitReport]:
+    """Least squares ``y ~ x @ coef`` with every coefficient >= 0; column 0 is the fixed cost.
+
+    A coefficient the plain fit makes negative is fixed at zero and the rest refitted.
+    """
+    k = x.shape[1]
+    active = [True] * k
+    coef = np.zeros(k)
+    for _ in range(k):
+        cols = [j for j in range(k) if active[j]]
+        sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        coef = np.zeros(k)
+        coef[cols] = sol
+        negative = [j for j in cols if coef[j] < 0]
+        if not negative:
+            break
+        # The fixed cost per step stays: every step takes time, and on a noisy machine
+        # a fit that explains it away leaves no step model at all. Drop a slope instead.
+        slopes = [j for j in cols if j != 0]
+        drop = [j for j in negative if j != 0] or [min(slopes, key=lambda j: coef[j])] if slopes else []
+        if not drop:
+            break
+        active[min(drop, key=lambda j: coef[j])] = False
+    coef = np.maximum(coef, 0.0)
+    resid = y - x @ coef
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else 1.0
+    return coef, FitReport(len(y), r2, float(np.sqrt(np.mean(resid ** 2))), float(np.mean(np.abs(resid) / y)))
+
+
 def fit_step_model(measurements: Iterable[Sequence[float]]) -> tuple[StepModel, FitReport]:
     """Non-negative least squares over rows ``(prefill_tokens, decode_seqs, sum_context, seconds)``."""
     rows = np.asarray(list(measurements), dtype=float)
@@ -50,30 +80,7 @@ def fit_step_model(measurements: Iterable[Sequence[float]]) -> tuple[StepModel, 
     if np.any(rows < 0) or np.any(rows[:, 3] <= 0):
         raise ValueError("calibrate: counts must be >= 0 and seconds > 0")
     x = np.column_stack([np.ones(len(rows)), rows[:, :3]])
-    y = rows[:, 3]
-    active = [True] * 4
-    coef = np.zeros(4)
-    for _ in range(4):
-        cols = [k for k in range(4) if active[k]]
-        sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-        coef = np.zeros(4)
-        coef[cols] = sol
-        negative = [k for k in cols if coef[k] < 0]
-        if not negative:
-            break
-        # The fixed cost per step stays: every step takes time, and on a noisy machine
-        # a fit that explains it away leaves no step model at all. Drop a slope instead.
-        slopes = [k for k in cols if k != 0]
-        drop = [k for k in negative if k != 0] or [min(slopes, key=lambda k: coef[k])] if slopes else []
-        if not drop:
-            break
-        active[min(drop, key=lambda k: coef[k])] = False
-    coef = np.maximum(coef, 0.0)
-    pred = x @ coef
-    resid = y - pred
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(resid ** 2)) / ss_tot if ss_tot > 0 else 1.0
-    report = FitReport(len(rows), r2, float(np.sqrt(np.mean(resid ** 2))), float(np.mean(np.abs(resid) / y)))
+    coef, report = nonneg_fit(x, rows[:, 3])
     model = StepModel(base_s=float(coef[0]), per_prefill_token_s=float(coef[1]),
                       per_decode_seq_s=float(coef[2]), per_context_token_s=float(coef[3]))
     return model, report

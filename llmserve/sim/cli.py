@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import yaml
 from rich.console import Console
 
-from llmserve.autoscale import AutoscaleConfig, SLOConfig
-from llmserve.autoscale.capacity_mix import CapacityConfig
+from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
+from llmserve.autoscale.deployment import deep_merge
+from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
 from llmserve.sim.plots import write_plots
@@ -47,6 +48,11 @@ come from the serve config: the pool flags are not used.
       --base-rps 0.004 --high-rps 0.03 --time-scale 150 \\
       --prompt-len 24:0.5 --output-len 16:0.5 --out DIR
 """
+
+
+# The simulator judges e2e over 5 minutes (the library's default, 60 s, is the live gateway's).
+SIM_SLO = {"e2e_s": 300.0}
+NOT_AUTOSCALE_FLAGS = frozenset({"policy"})  # --policy: a list of them, oracle too
 
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +89,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                    help="static pool size, or 'auto': the smallest meeting the TTFT SLO in the peak hour")
     g.add_argument("--initial-instances", type=int, default=None,
                    help="elastic pools' size at t=0 (default: what the peak-sized pool needs at t=0)")
-    g.add_argument("--min-instances", type=int, default=1)
-    g.add_argument("--max-instances", type=int, default=64)
-    g.add_argument("--tick", type=float, default=None, help="controller tick in seconds (default 2)")
-    g.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
-    g.add_argument("--e2e-slo", type=float, default=300.0, help="seconds")
+    add_flags(g, BoundsConfig)
+    add_flags(g, AutoscaleConfig, skip=NOT_AUTOSCALE_FLAGS)
+    add_flags(g, SLOConfig, defaults=SIM_SLO)
     g.add_argument("--capacity-prior", type=float, default=None,
                    help="predictive: prior saturation tokens/s per instance (default: from the profile)")
     g.add_argument("--autoscale-config", default=None, metavar="YAML",
@@ -98,10 +102,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--spot-price", type=float, default=None, help="$ per spot instance-hour (default 0.35)")
     g.add_argument("--spot-max", type=int, default=None, metavar="N",
                    help="spot instances at most (default 0: no spot); the base (--min-instances) stays on-demand")
-    g.add_argument("--reclaim-rate-per-h", type=float, default=0.0,
-                   help="reclaim notices per spot instance-hour, seeded (0.05: 5%% of spot instances per hour)")
-    g.add_argument("--reclaim-notice-s", type=float, default=120.0, help="notice before a reclaimed instance "
-                   "is taken (default 120: AWS; GCP gives 30)")
+
+    # --seed (the trace's) seeds the simulator too.
+    add_flags(parser.add_argument_group("simulator"), SimConfig, skip=frozenset({"seed"}))
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
@@ -111,10 +114,14 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fidelity", action="store_true",
                    help="replay the trace through a live `llmserve serve` and through the simulator; "
                    "print live vs sim (TTFT, e2e, instance-seconds, peak, scale-ups); --out writes "
-                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log")
+                   "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log (and calibration.csv)")
     g.add_argument("--serve-config", default=None, metavar="YAML",
                    help="fidelity: the YAML `llmserve serve --config` takes (default: serve's defaults)")
     g.add_argument("--model", default=None, help="fidelity: the model to serve (overrides the serve config's)")
+    g.add_argument("--fidelity-calibration", choices=("http", "http-before", "engine"), default="http",
+                   help="fidelity: measure the profile through serve's HTTP path with one and two instances busy "
+                   "(request overhead and core sharing fitted), before and after the live run (http, default: "
+                   "a shared machine's load moves) or before only; or the engine alone in this process (engine)")
     g.add_argument("--fidelity-profile", default=None, metavar="JSON",
                    help="fidelity: use this profile's step model and limits instead of measuring the engine "
                    "(its cold start is still replaced by the live one)")
@@ -172,35 +179,31 @@ def _trace_from_args(args: argparse.Namespace):
 
 
 def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleConfig:
-    base = AutoscaleConfig()
-    if args.autoscale_config:
-        base = AutoscaleConfig.from_dict(yaml.safe_load(Path(args.autoscale_config).read_text()) or {})
-    bounds = replace(base.bounds, min_instances=args.min_instances, max_instances=args.max_instances)
-    slo = SLOConfig(ttft_s=args.ttft_slo, e2e_s=args.e2e_slo)
+    """The simulator's defaults, under --autoscale-config's file, under the flags given."""
+    file = (yaml.safe_load(Path(args.autoscale_config).read_text()) or {}) if args.autoscale_config else {}
+    flags = {**given(AutoscaleConfig, args, skip=NOT_AUTOSCALE_FLAGS), "slo": given(SLOConfig, args),
+             "bounds": given(BoundsConfig, args), "capacity": capacity_from_args(args)}
+    d = deep_merge(deep_merge({"slo": SIM_SLO}, file), flags)
+    tick_s = AutoscaleConfig.model_validate(d).tick_s
     mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 300.0
     mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 200.0
     prior = args.capacity_prior or profile.saturation_tokens_per_s(mean_p, mean_o)
-    predictive = replace(base.predictive, capacity_tokens_per_s=prior,
-                         lead_time_s=profile.cold_start_s + (args.tick or base.tick_s) + 5.0)
     # KPA's target is 70 % of the seats the instances report, live and here alike.
-    return replace(base, tick_s=args.tick or base.tick_s, slo=slo, bounds=bounds, predictive=predictive,
-                   capacity=capacity_from_args(args, base.capacity))
+    return AutoscaleConfig.model_validate(deep_merge(d, {"predictive": {
+        "capacity_tokens_per_s": prior, "lead_time_s": profile.cold_start_s + tick_s + 5.0}}))
 
 
-def capacity_from_args(args: argparse.Namespace, base: CapacityConfig) -> CapacityConfig:
-    od, spot = base.on_demand, base.spot
-    if args.on_demand_price is not None:
-        od = replace(od, price_per_hour=args.on_demand_price)
-    if args.spot_price is not None:
-        spot = replace(spot, price_per_hour=args.spot_price)
-    if args.spot_max is not None:
-        spot = replace(spot, max_instances=args.spot_max)
-    return replace(base, on_demand=od, spot=spot)
+def capacity_from_args(args: argparse.Namespace) -> dict:
+    """The capacity flags given, shaped like ``autoscale.capacity``."""
+    def some(**kw) -> dict:
+        return {k: v for k, v in kw.items() if v is not None}
+
+    return {"on_demand": some(price_per_hour=args.on_demand_price),
+            "spot": some(price_per_hour=args.spot_price, max_instances=args.spot_max)}
 
 
 def sim_from_args(args: argparse.Namespace) -> SimConfig:
-    return SimConfig(seed=args.seed, reclaim_rate_per_h=args.reclaim_rate_per_h,
-                     reclaim_notice_s=args.reclaim_notice_s)
+    return SimConfig(**given(SimConfig, args))
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -263,7 +266,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 "trace": trace.name, "requests": len(trace), "profile": profile.name,
                 "cold_start_s": profile.cold_start_s, "static_instances": static_n,
                 "initial_instances": start, "slo": {"ttft_s": autoscale.slo.ttft_s, "e2e_s": autoscale.slo.e2e_s},
-                "capacity": asdict(autoscale.capacity), "reclaim_rate_per_h": sim.reclaim_rate_per_h,
+                "capacity": autoscale.capacity.model_dump(), "reclaim_rate_per_h": sim.reclaim_rate_per_h,
                 "reclaim_notice_s": sim.reclaim_notice_s}
         write_summaries(summaries, out / "summary.json", meta)
         (out / "table.md").write_text(markdown_table(summaries))

@@ -9,7 +9,6 @@ TTFT SLO during the busiest hour (:func:`size_static_for_peak`).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -61,8 +60,8 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
 
     def ok(n: int) -> bool:
         if n not in tried:
-            cfg = replace(autoscale, policy="static", static=StaticConfig(instances=n))
-            res = Simulator(peak, profile, cfg, replace(sim or SimConfig(), initial_instances=n),
+            cfg = autoscale.model_copy(update={"policy": "static", "static": StaticConfig(instances=n)})
+            res = Simulator(peak, profile, cfg, (sim or SimConfig()).model_copy(update={"initial_instances": n}),
                             label=f"static-{n}").run()
             tried[n] = res.summary.ttft_attainment
             if log:
@@ -101,10 +100,10 @@ def run_policies(trace: Trace, profile: InstanceProfile, base: AutoscaleConfig, 
     start = initial if initial is not None else initial_instances(trace, static_n, base.bounds.min_instances)
     results = []
     for name in policies:
-        cfg = replace(base, policy=name, static=StaticConfig(instances=static_n))
+        cfg = base.model_copy(update={"policy": name, "static": StaticConfig(instances=static_n)})
         label = f"static-{static_n}" if name == "static" else name
         n0 = static_n if name == "static" else start
-        res = Simulator(trace, profile, cfg, replace(sim, initial_instances=n0), label=label).run()
+        res = Simulator(trace, profile, cfg, sim.model_copy(update={"initial_instances": n0}), label=label).run()
         if log:
             s = res.summary
             log(f"{label}: {s.ttft_attainment:.2%} within TTFT SLO, {s.instance_hours:.1f} instance-hours "

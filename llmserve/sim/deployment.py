@@ -67,9 +67,8 @@ def simulate_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfi
         if p.command:
             raise ValueError(f"{p.key}: a foreign command version has no instance profile to simulate")
         auto = serve.autoscale_config(p)
-        sim = SimConfig(initial_instances=auto.bounds.min_instances, poll_interval_s=gateway.polling.load_interval_s,
-                        signal_window_s=ctrl.signal_window_s, latency_window_s=ctrl.latency_window_s,
-                        output_tokens_prior=ctrl.output_tokens_prior, seed=seed)
+        sim = SimConfig.like(ctrl, initial_instances=auto.bounds.min_instances,
+                             poll_interval_s=gateway.polling.load_interval_s, seed=seed)
         out[p.key] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency, cfg.balancer,
                                label=p.key).run()
     return out

@@ -2,11 +2,16 @@
 
 The steps, each reusing the code that does it elsewhere:
 
-1. the instance profile: the serve config's engine (same model, engine flags and
-   threads per instance) is built in this process and its steps measured
-   (:func:`llmserve.engine.calibration.measure_steps`) and fitted
-   (:func:`llmserve.sim.calibrate.calibrate`); batch and KV limits are the
-   engine's own; or ``--fidelity-profile`` gives a profile JSON instead;
+1. the instance profile: by default measured through serve's HTTP path, as a
+   client sees it (:mod:`llmserve.sim.http_measure`: the serve config's pool,
+   fixed at one and then two busy instances, bursts of streaming requests) and
+   fitted with a request overhead and core sharing
+   (:mod:`llmserve.sim.http_calibration`), measured before and again after the
+   live run and fitted to both (``http-before``: before only); ``engine``
+   measures the engine alone in this process instead
+   (:func:`llmserve.engine.calibration.measure_steps`,
+   :func:`llmserve.sim.calibrate.calibrate`); batch and KV limits are the
+   engine's own either way; or ``--fidelity-profile`` gives a profile JSON;
 2. the live replay (:mod:`llmserve.sim.live_replay`): serve as a child process,
    the trace sent by the bench client, the event log read back;
 3. the simulation: the serve config's very ``AutoscaleConfig``, gateway settings
@@ -27,7 +32,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +40,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.autoscale.serve_config import ServeConfig, serve_file
 from llmserve.autoscale.usage import spans_from_events
 from llmserve.bench.tokenizer import load_tokenizer
 from llmserve.sim.fidelity import Row, SideFigures, compare, markdown, side_figures, table
@@ -58,18 +63,21 @@ class FidelitySettings:
     seed: int
     profile_path: str | None
     out: Path | None
+    # "http": through serve's HTTP path before and after the live run (default); "http-before": before
+    # only (half the time); "engine": the engine alone in this process
+    calibration: str = "http"
     request_timeout_s: float = 600.0
 
 
 def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettings:
-    serve = ServeConfig.load(args.serve_config, {"model": args.model} if args.model else None)
-    data = serve.model_dump(mode="json", exclude_unset=True)  # what the user's YAML (and --model) set
+    data = serve_file(args.serve_config, {"model": args.model} if args.model else None)
+    serve = ServeConfig.model_validate(data)
     if serve.models is not None:
         raise ValueError("fidelity: the check replays one pool; give a single-model serve config, not models:")
     if not len(trace):
         raise ValueError("fidelity: the trace has no requests")
     return FidelitySettings(data, serve, trace, args.seed, args.fidelity_profile,
-                            Path(args.out) if args.out else None)
+                            Path(args.out) if args.out else None, args.fidelity_calibration)
 
 
 # ---- 1. the instance profile ---------------------------------------------------------------------
@@ -94,24 +102,54 @@ def model_source(serve: ServeConfig) -> Path:
     return resolve(engine_cfg.model, engine_cfg.model_store or default_store_dir())
 
 
-def measure_profile(serve: ServeConfig, log: Callable[[str], None]) -> tuple[InstanceProfile, int]:
-    """A profile fitted to this machine's engine steps; returns it and the engine's max model length."""
-    from llmserve.engine.calibration import measure_steps
+def engine_template(serve: ServeConfig) -> tuple[InstanceProfile, int, object]:
+    """A profile with the serve engine's own batch and KV limits (step model to be fitted), its max
+    model length, and the engine (built here, as each instance builds it)."""
     from llmserve.engine.llm import build_engine
-    from llmserve.sim.calibrate import calibrate
 
     engine = build_engine(engine_config_for(serve))
     ec = engine.config
-    log(f"measuring engine steps: {serve.model}, {serve.threads()} thread(s), max_num_seqs {ec.max_num_seqs}, "
-        f"max_num_batched_tokens {ec.max_num_batched_tokens}")
-    rows = measure_steps(engine)
     template = InstanceProfile(f"measured-{serve.served_name}", StepModel(1.0, 0.0, 0.0, 0.0),
                                max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                kv_capacity_tokens=engine.kv.num_blocks * ec.block_size, cold_start_s=0.0,
                                warmup_s=0.0)
-    profile, fit = calibrate(rows, template)
+    return template, engine.max_model_len, engine
+
+
+def measure_profile(serve: ServeConfig, log: Callable[[str], None]) -> tuple[InstanceProfile, int]:
+    """A profile fitted to this machine's engine steps, the engine alone in this process."""
+    from llmserve.engine.calibration import measure_steps
+    from llmserve.sim.calibrate import calibrate
+
+    template, max_len, engine = engine_template(serve)
+    log(f"measuring engine steps: {serve.model}, {serve.threads()} thread(s), max_num_seqs "
+        f"{template.max_num_seqs}, max_num_batched_tokens {template.max_num_batched_tokens}")
+    profile, fit = calibrate(measure_steps(engine), template)
     log(f"fitted {fit.n} steps: r2 {fit.r2:.3f}, mean abs rel error {fit.mean_abs_rel_error:.1%}; {profile.step}")
-    return profile, engine.max_model_len
+    return profile, max_len
+
+
+def measure_profile_http(serve_dict: dict[str, Any], serve: ServeConfig, tok, workdir: Path, *, seed: int = 0,
+                         earlier: Sequence = (), log: Callable[[str], None] = print
+                         ) -> tuple[InstanceProfile, int, list]:
+    """A profile fitted to what a client sees through serve's HTTP path, one and two instances busy.
+
+    ``earlier`` observations (a measurement before the live run, when this one is after it) are
+    fitted with the new ones, so load that moved on a shared machine is averaged over both."""
+    from llmserve.engine.threads import available_cores
+    from llmserve.sim.http_calibration import fit_http
+    from llmserve.sim.http_measure import measure_http
+
+    template, max_len, engine = engine_template(serve)
+    del engine  # only its limits are needed: the instances measured are serve's own
+    shared = serve.autoscale_config().bounds.max_instances > 1
+    obs = [*earlier, *measure_http(serve_dict, serve.served_name, tok, workdir, shared=shared, seed=seed,
+                                   log=log)]
+    fit = fit_http(obs, template, available_cores(), serve.threads())
+    p = fit.profile
+    log(f"fitted {fit.report.n} HTTP rows: r2 {fit.report.r2:.3f}, mean abs rel error "
+        f"{fit.report.mean_abs_rel_error:.1%}; {p.step}; request overhead {p.request_overhead_s:.3f}s; {p.sharing}")
+    return p, max_len, obs
 
 
 def check_lengths(trace: Trace, max_model_len: int) -> None:
@@ -125,14 +163,15 @@ def check_lengths(trace: Trace, max_model_len: int) -> None:
 
 # ---- 3. the simulation ------------------------------------------------------------------------------
 def simulate_like(serve: ServeConfig, trace: Trace, profile: InstanceProfile, initial: int,
-                  seed: int) -> SimResult:
-    """The simulator set up as serve is: policy, gateway, controller windows, initial pool."""
+                  seed: int, prompt_chars_per_token: float | None = None) -> SimResult:
+    """The simulator set up as serve is: policy, gateway, controller signals, initial pool.
+    ``prompt_chars_per_token``: what the live prompts had, so the simulated policy
+    sees the live controller's prompt-token estimate (default: the controller's ratio)."""
     gateway = serve.gateway_config(ADMIN_KEY_PLACEHOLDER)
     pool = gateway.models[0]
     ctrl = serve.controller_config()
-    sim = SimConfig(initial_instances=initial, poll_interval_s=gateway.polling.load_interval_s,
-                    signal_window_s=ctrl.signal_window_s, latency_window_s=ctrl.latency_window_s,
-                    output_tokens_prior=ctrl.output_tokens_prior, seed=seed)
+    sim = SimConfig.like(ctrl, initial_instances=initial, poll_interval_s=gateway.polling.load_interval_s,
+                         prompt_chars_per_token=prompt_chars_per_token or ctrl.chars_per_token, seed=seed)
     return Simulator(trace, profile, serve.autoscale_config(), sim, pool.admission, pool.concurrency,
                      pool.balancer, label="sim").run()
 
@@ -171,12 +210,16 @@ def live_checks(live: LiveRun, trace: Trace, serve: ServeConfig) -> dict[str, An
         "outputs_not_trace_length": wrong_output,
         "send_lag_p99_s": percentile(np.array(lag), 99) if lag else math.nan,
         "server_minus_trace_prompt_tokens_mean": float(np.mean(server_prompt)) if server_prompt else math.nan,
-        # The live controller counts prompt tokens as characters / chars_per_token; the simulator
-        # knows them exactly. A mismatch here skews the live demand signal, not the simulated one.
-        "prompt_chars_per_token": live.prompt_chars / max(1, int(trace.prompt_tokens.sum())),
+        # The live controller counts prompt tokens as characters / chars_per_token, and the simulator
+        # is given this ratio to make the same estimate. A mismatch skews both demand signals alike.
+        "prompt_chars_per_token": prompt_chars_per_token(live, trace),
         "controller_chars_per_token": serve.controller_config().chars_per_token,
         "serve_exit_code": live.exit_code,
     }
+
+
+def prompt_chars_per_token(live: LiveRun, trace: Trace) -> float:
+    return live.prompt_chars / max(1, int(trace.prompt_tokens.sum()))
 
 
 def redacted(serve_dict: dict[str, Any]) -> dict[str, Any]:
@@ -215,13 +258,18 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     # The profile is measured with one engine on the machine and live runs several plus the
     # gateway and the client: on a shared machine the load average says how far apart they were.
     machine: dict[str, Any] = {"cpus": os.cpu_count(), "load_1m_before_calibration": os.getloadavg()[0]}
+    tok = load_tokenizer(model_source(serve))
+    observations: list = []
     if st.profile_path:
         profile, max_len = load_profile(st.profile_path), None
-    else:
+    elif st.calibration == "engine":
         profile, max_len = measure_profile(serve, log)
+    else:
+        with tempfile.TemporaryDirectory(prefix="llmserve-calibration-") as tmp:
+            profile, max_len, observations = measure_profile_http(st.serve_dict, serve, tok, Path(tmp),
+                                                                   seed=st.seed, log=log)
     if max_len is not None:
         check_lengths(trace, max_len)
-    tok = load_tokenizer(model_source(serve))
     log(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s:.1f}s, peak {trace.peak_rps:.2f} req/s; "
         f"policy {serve.autoscale_config().policy}")
     # A scratch folder: serve's YAML there holds the admin key, which must not land in --out.
@@ -233,12 +281,17 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     log(f"load average (1 min) on {machine['cpus']} CPUs: {machine['load_1m_before_calibration']:.1f} before "
         f"calibration, {machine['load_1m_before_live']:.1f} before and {machine['load_1m_after_live']:.1f} "
         "after the live run")
+    if observations and st.calibration == "http":  # measured again after, and fitted to both
+        with tempfile.TemporaryDirectory(prefix="llmserve-calibration-") as tmp:
+            profile, _, observations = measure_profile_http(st.serve_dict, serve, tok, Path(tmp), seed=st.seed + 1,
+                                                            earlier=observations, log=log)
+        machine["load_1m_after_calibration"] = os.getloadavg()[0]
     ups = startups(live.events)
     cold, warm = typical_startup(ups, live.t0, live.t0 + trace.duration_s)
     profile = replace(profile, cold_start_s=cold, warmup_s=warm)
     log(f"live: {sum(r.success for r in live.records)} of {len(live.records)} completed; cold starts "
         f"{', '.join(f'{s.cold_start_s:.1f}' for s in ups)}s -> simulated {cold:.1f}s (warm-up {warm:.1f}s)")
-    res = simulate_like(serve, trace, profile, live.ready_at_start, st.seed)
+    res = simulate_like(serve, trace, profile, live.ready_at_start, st.seed, prompt_chars_per_token(live, trace))
     live_fig, live_ttft, live_e2e = live_figures(live, trace)
     sim_fig = sim_figures(res, trace)
     rows = compare(live_fig, sim_fig)
@@ -247,7 +300,7 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
     if not 0.8 <= ratio <= 1.25:
         log(f"note: prompts had {checks['prompt_chars_per_token']:.2f} characters per token; the live controller "
             f"assumes {checks['controller_chars_per_token']:g} (lifecycle.chars_per_token), so its demand signal "
-            f"was {1 / ratio:.2f}x the true prompt tokens, the simulator's exact")
+            f"was {1 / ratio:.2f}x the true prompt tokens (the simulator's too: it makes the same estimate)")
     title = (f"fidelity: {trace.name}, {len(trace)} requests over {trace.duration_s:.0f}s, "
              f"policy {serve.autoscale_config().policy}, model {serve.served_name}")
     (Console() if sys.stdout.isatty() else Console(width=120)).print(table(rows, title))
@@ -266,6 +319,10 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
                                       for d in live.decisions if d["time"] >= live.t0],
                              "sim": [(round(t, 2), a, b, why) for t, a, b, why in res.events]}}
         save_profile(profile, st.out / "profile.json")
+        if observations:
+            from llmserve.sim.http_measure import write_observations
+
+            write_observations(st.out / "calibration.csv", observations)
         (st.out / "serve.log").write_text(live.serve_log)
         for p in write_outputs(st.out, doc, rows, trace, live_ttft, live_e2e, res):
             log(f"wrote {p}")

@@ -1,9 +1,10 @@
 """The simulated gateway: llmserve's own admission queues and balancer, fed by the simulator.
 
 Nothing here decides anything: :class:`~llmserve.gateway.admission.AdmissionQueue`
-holds requests until an instance has room, and
-:class:`~llmserve.gateway.balancer.Picker` chooses the instance, exactly as in the
-live gateway. This module only does what the live gateway's I/O layer does: it
+holds requests until an instance has room, and the live pool's own
+:class:`~llmserve.gateway.dispatch.Dispatcher` pops them and has the
+:class:`~llmserve.gateway.balancer.Picker` choose the instance, in the live
+order. This module only does what the live gateway's I/O layer does: it
 keeps each instance's last load report and its own in-flight count, and turns
 them into the :class:`~llmserve.gateway.instance.InstanceView` s the picker reads.
 
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 
-from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, Admitted, ConcurrencyConfig
+from llmserve.gateway.admission import AdmissionConfig, AdmissionQueue, Admitted, ConcurrencyConfig, Ticket
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
+from llmserve.gateway.dispatch import Dispatcher
 from llmserve.gateway.instance import InstanceView
 from llmserve.load_report import LoadReport
 from llmserve.priority import PriorityClass
@@ -28,6 +31,22 @@ from llmserve.sim.instance import SimInstance
 # balancer (the prefix scorer finds nothing); one RouteRequest serves them all.
 _ROUTE = RouteRequest()
 PRIORITIES = (PriorityClass.REALTIME, PriorityClass.BATCH)
+Deliver = Callable[[int, SimInstance, float], None]
+
+
+class _Request:
+    """A queued simulated request, as the dispatcher reads it: no retries to steer
+    (nothing excluded) and no client that goes away."""
+
+    __slots__ = ("rid",)
+    request = _ROUTE
+    exclude: tuple[str, ...] = ()
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+
+    def withdrawn(self) -> bool:
+        return False
 
 
 class _Routed:
@@ -47,12 +66,14 @@ class _Routed:
 class SimGateway:
     """Admission, balancing and load reports for one simulated pool."""
 
-    def __init__(self, admission: AdmissionConfig | None = None, concurrency: ConcurrencyConfig | None = None,
-                 balancer: BalancerConfig | None = None, seed: int = 0, model: str = "sim",
-                 rate_window_s: float = 10.0) -> None:
-        self.admission: AdmissionQueue[int] = AdmissionQueue(admission or AdmissionConfig())
+    def __init__(self, deliver: Deliver, admission: AdmissionConfig | None = None,
+                 concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
+                 seed: int = 0, model: str = "sim", rate_window_s: float = 10.0) -> None:
+        self.admission: AdmissionQueue[_Request] = AdmissionQueue(admission or AdmissionConfig())
         self.picker = Picker(balancer or BalancerConfig(), concurrency or ConcurrencyConfig(),
                              random.Random(seed))
+        self._deliver = deliver  # (request id, instance, now): the simulator starts it there
+        self._dispatcher = Dispatcher(self.admission, self.picker, self._views, self._commit)
         self.model = model
         self.rate_window_s = rate_window_s
         self._routed: dict[str, _Routed] = {}
@@ -67,14 +88,10 @@ class SimGateway:
     def remove_instance(self, inst: SimInstance) -> None:
         self._routed.pop(str(inst.id), None)
 
-    @property
-    def routable(self) -> list[SimInstance]:
-        return [r.inst for r in self._routed.values()]
-
     # ---- requests -----------------------------------------------------------------------------
     def offer(self, rid: int, priority: PriorityClass, now: float) -> bool:
         """Queue a request; False when the admission queue rejects it (the live gateway's 429)."""
-        if isinstance(self.admission.offer(rid, priority, now), Admitted):
+        if isinstance(self.admission.offer(_Request(rid), priority, now), Admitted):
             self.queued += 1
             return True
         return False
@@ -82,25 +99,24 @@ class SimGateway:
     def queue_depth(self) -> dict[str, int]:
         return {p.name.lower(): self.admission.depth(p) for p in PRIORITIES}
 
-    def next_dispatch(self, now: float) -> tuple[int, SimInstance] | None:
-        """The next queued request and the instance the picker sends it to, or None."""
-        if not self.queued:
-            return None
+    def dispatch(self, now: float) -> None:
+        """Send what the queue holds to instances with room, as the live pool does."""
+        if self.queued:
+            self._dispatcher.run(now)
+
+    def _views(self, now: float) -> list[InstanceView]:
         views = []
         for r in self._routed.values():
             if r.view is None:
                 r.view = self._view(r)
             views.append(r.view)
-        res = self.picker.pick(_ROUTE, views)
-        if res.instance is None:
-            return None
-        ticket = self.admission.next_to_dispatch(now, True)
-        if ticket is None:  # everything left had expired; expire() will collect it
-            return None
+        return views
+
+    def _commit(self, ticket: Ticket[_Request], view: InstanceView, now: float) -> None:
         self.queued -= 1
-        r = self._routed[res.instance.instance_id]
+        r = self._routed[view.instance_id]
         r.view = None
-        return ticket.item, r.inst
+        self._deliver(ticket.item.rid, r.inst, now)
 
     def changed(self, inst: SimInstance) -> None:
         """The instance's in-flight count changed (a request finished): rebuild its view."""
@@ -110,7 +126,7 @@ class SimGateway:
 
     def expire(self, now: float) -> list[int]:
         """Requests past their queue deadline (the live gateway answers 503)."""
-        gone = [e.entry.item for e in self.admission.expire(now)]
+        gone = [e.entry.item.rid for e in self.admission.expire(now)]
         self.queued -= len(gone)
         return gone
 

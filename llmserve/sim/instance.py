@@ -17,6 +17,11 @@ the real engine would have admitted it.
 
 KV capacity is reserved per sequence for its prompt plus output when admitted,
 so no preemption is modelled: the scheduler simply admits fewer.
+
+With a profile's core sharing (:mod:`llmserve.sim.sharing`), instances share
+one :class:`~llmserve.sim.sharing.BusyInstances` tally, and each segment's steps
+are stretched by the slowdown for the instances busy when it is planned (one
+that becomes busy or idle mid-segment changes the next segment, not this one).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections import deque
 
 from llmserve.lifecycle import InstanceState, check_transition
 from llmserve.sim.profile import InstanceProfile
+from llmserve.sim.sharing import BusyInstances
 
 IDLE, PENDING, MIXED, DECODE = 0, 1, 2, 3
 
@@ -54,10 +60,11 @@ class SimInstance:
 
     __slots__ = ("id", "profile", "state", "since", "created", "stopped_at", "running", "waiting",
                  "kv_reserved", "kind", "seg_start", "seg_steps", "seg_end", "seg_n", "seg_ctx0",
-                 "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "_a", "_b", "_c",
-                 "_d")
+                 "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "cores", "_a", "_b",
+                 "_c", "_d")
 
-    def __init__(self, iid: int, profile: InstanceProfile, now: float, state: InstanceState) -> None:
+    def __init__(self, iid: int, profile: InstanceProfile, now: float, state: InstanceState,
+                 cores: BusyInstances | None = None) -> None:
         self.id = iid
         self.profile = profile
         self.state = state
@@ -76,8 +83,20 @@ class SimInstance:
         self.busy_total = 0.0
         self.first_tokens: list[Seq] = []
         self.finished: list[Seq] = []
-        s = profile.step
-        self._a, self._b, self._c, self._d = s.base_s, s.per_prefill_token_s, s.per_decode_seq_s, s.per_context_token_s
+        self.cores = cores
+        self._time_steps(1.0)
+
+    def _time_steps(self, slowdown: float) -> None:
+        """Step coefficients for the next segment: the profile's, stretched by core sharing."""
+        s = self.profile.step
+        self._a, self._b = s.base_s * slowdown, s.per_prefill_token_s * slowdown
+        self._c, self._d = s.per_decode_seq_s * slowdown, s.per_context_token_s * slowdown
+
+    def _mark(self, busy: bool) -> None:
+        if self.cores is not None:
+            self.cores.mark(self.id, busy)
+            if busy:
+                self._time_steps(self.cores.slowdown())
 
     # ---- lifecycle -----------------------------------------------------------------
     def set_state(self, new: InstanceState, now: float) -> None:
@@ -86,6 +105,7 @@ class SimInstance:
         self.since = now
         if not new.billed:
             self.stopped_at = now
+            self._mark(False)
 
     @property
     def in_flight(self) -> int:
@@ -200,7 +220,9 @@ class SimInstance:
         if not needs_prefill and not (self.waiting and self._can_admit(self.waiting[0])):
             if not running:
                 self.kind = IDLE
+                self._mark(False)
                 return False
+            self._mark(True)
             self.kind = DECODE
             self.seg_start = now
             self.seg_n = len(running)
@@ -210,6 +232,7 @@ class SimInstance:
             self.version += 1
             return True
 
+        self._mark(True)
         decode = ctx = prefill = 0
         for s in running:
             if s.prefilled == s.prompt:

@@ -105,7 +105,7 @@ def replay_live(trace: Trace, serve_config: dict[str, Any], tok: Tokenizer, work
     cfg = ServeConfig.model_validate(serve_config)
     min_n = cfg.autoscale_config().bounds.min_instances
     requests = trace_requests(trace, tok, seed)
-    keys = cfg.gateway.get("auth", {}).get("api_keys") or [None]
+    keys = [k.get_secret_value() for k in cfg.gateway.auth.api_keys] or [None]
     serve = ServeProcess(serve_config, workdir)
     try:
         log(f"llmserve serve on {serve.url} (log {serve.log_path}); waiting for {min_n} ready instance(s)")

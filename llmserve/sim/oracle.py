@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -79,14 +79,14 @@ def oracle(trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig, s
     sim = sim or SimConfig()
     lead = profile.cold_start_s + autoscale.tick_s
     # No bounds: the oracle's schedule is the decision (min 0 lets a silent bin go).
-    cfg = replace(autoscale, bounds=BoundsConfig(min_instances=0, max_instances=10_000))
+    cfg = autoscale.model_copy(update={"bounds": BoundsConfig(min_instances=0, max_instances=10_000)})
     slo = autoscale.slo.ttft_s
     counts = fluid_counts(trace, profile, bin_s)
     bins = len(counts)
 
     def run(c: list[int]) -> SimResult:
         policy = SchedulePolicy(tuple(c), bin_s, lead)
-        return Simulator(trace, profile, cfg, replace(sim, initial_instances=c[0]), label="oracle",
+        return Simulator(trace, profile, cfg, sim.model_copy(update={"initial_instances": c[0]}), label="oracle",
                          policy=policy).run()
 
     def say(what: str, r: SimResult) -> None:

@@ -18,7 +18,15 @@ Profile JSON::
      "per_decode_seq_s": .., "per_context_token_s": ..},
      "max_num_seqs": 128, "max_num_batched_tokens": 4096,
      "kv_capacity_tokens": 400000, "cold_start_s": 120, "warmup_s": 10,
+     "request_overhead_s": 0.05, "sharing": {"cores": 2, "threads": 1, "api_share": 0.2},
      "source": "what the numbers come from"}
+
+``request_overhead_s`` is latency a client sees outside the engine's steps
+(gateway, HTTP, tokenising, the first SSE event); ``sharing`` slows every step
+while several instances on one machine are busy (:mod:`llmserve.sim.sharing`).
+Both are optional and fitted through the HTTP path
+(:mod:`llmserve.sim.http_calibration`); without them an instance is the engine
+alone with a core to itself.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from llmserve.sim.sharing import CoreSharing
 
 BUILTIN_PROFILES = ("cpu-smollm2", "h100-8b")
 DEFAULT_PROFILE = "cpu-smollm2"
@@ -65,6 +75,8 @@ class InstanceProfile:
     kv_capacity_tokens: int = 1 << 20
     cold_start_s: float = 60.0
     warmup_s: float = 5.0
+    request_overhead_s: float = 0.0
+    sharing: CoreSharing | None = None
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -78,6 +90,8 @@ class InstanceProfile:
             raise ValueError(f"profile {self.name}: kv_capacity_tokens must be >= 1")
         if not 0 <= self.warmup_s <= self.cold_start_s:
             raise ValueError(f"profile {self.name}: need 0 <= warmup_s <= cold_start_s")
+        if self.request_overhead_s < 0:
+            raise ValueError(f"profile {self.name}: request_overhead_s must be >= 0")
 
     def with_cold_start(self, cold_start_s: float) -> "InstanceProfile":
         """The same instance with another cold start (warm-up keeps its share)."""
@@ -104,21 +118,24 @@ class InstanceProfile:
 
     def to_json(self) -> str:
         d = asdict(self)
-        if not d["extra"]:
-            d.pop("extra")
+        for key in ("extra", "sharing", "request_overhead_s"):
+            if not d[key]:
+                d.pop(key)  # absent: the engine alone, as profiles without them always were
         return json.dumps(d, indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InstanceProfile":
         d = dict(d)
         known = {"name", "step", "max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens",
-                 "cold_start_s", "warmup_s", "source", "extra"}
+                 "cold_start_s", "warmup_s", "request_overhead_s", "sharing", "source", "extra"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"profile: unknown keys {sorted(unknown)}")
         if "step" not in d or "name" not in d:
             raise ValueError("profile: needs 'name' and 'step'")
         d["step"] = StepModel(**d["step"])
+        if d.get("sharing") is not None:
+            d["sharing"] = CoreSharing(**d["sharing"])
         return cls(**d)
 
 

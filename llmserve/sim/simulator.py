@@ -8,11 +8,11 @@ decision point:
 - instances run continuous batching a segment of steps at a time
   (:mod:`llmserve.sim.instance`);
 - every ``tick_s`` the controller builds :class:`PoolSignals` with the real
-  :class:`~llmserve.autoscale.collector.SignalCollector`, asks the real policy
-  stack (:func:`~llmserve.autoscale.build_policy`) for a count, and applies
-  :func:`~llmserve.autoscale.reconcile.plan_scaling`'s actions through the
-  lifecycle ``starting -> warming -> ready -> draining -> stopping -> stopped``; a
-  draining instance stops only once its last request has finished.
+  :class:`~llmserve.autoscale.collector.SignalCollector` and takes the live
+  controller's own :func:`~llmserve.autoscale.scaling_step.scaling_step` (policy
+  stack, override, plan); only carrying the plan out is simulated, through the
+  lifecycle ``starting -> warming -> ready -> draining -> stopping -> stopped``;
+  a draining instance stops only once its last request has finished.
 
 Instance-hours are billed from an instance's start until it stops, over the
 trace's duration; requests still in flight when the trace ends are run to
@@ -24,14 +24,18 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale import AutoscaleConfig, build_policy
-from llmserve.autoscale.collector import SignalCollector
+from llmserve.autoscale.collector import (CHARS_PER_TOKEN, LATENCY_WINDOW_S, OUTPUT_TOKENS_PRIOR, SIGNAL_WINDOW_S,
+                                          SignalCollector, estimate_prompt_tokens)
 from llmserve.autoscale.policy import ScalingPolicy
-from llmserve.autoscale.reconcile import InstanceStatus
+from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan
+from llmserve.autoscale.scaling_step import Override, scaling_step
+from llmserve.flags import Flag
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
 from llmserve.lifecycle import InstanceState
@@ -40,33 +44,61 @@ from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, RECLAIMED, REJECTED, SimResult
+from llmserve.sim.sharing import BusyInstances
 from llmserve.sim.spot import SimCapacity
 from llmserve.sim.traces import Trace
+
+if TYPE_CHECKING:
+    from llmserve.autoscale.managed import ControllerConfig
 
 S = InstanceState
 _STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
 
 
-@dataclass(slots=True)
-class SimConfig:
-    """Simulator settings that are not the policy's, the trace's or the instance's."""
+class SimConfig(BaseModel):
+    """Simulator settings that are not the policy's, the trace's or the instance's.
 
-    initial_instances: int = 1
-    poll_interval_s: float = 5.0
-    signal_window_s: float = 10.0
-    latency_window_s: float = 30.0
-    output_tokens_prior: float = 200.0
+    The signal settings mean what they mean in the live ``ControllerConfig`` and
+    default to the same values. ``prompt_chars_per_token`` is how many characters
+    the trace's prompts would have per token: the simulator feeds the policy the
+    estimate the live gateway makes from those characters, not the exact count.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_instances: Annotated[int, Flag(skip=True)] = 1  # set per run (--initial-instances: a default)
+    poll_interval_s: float = Field(5.0, description="seconds between the gateway's load polls")
+    signal_window_s: float = Field(SIGNAL_WINDOW_S, description="seconds of arrivals the scaling signals average")
+    latency_window_s: float = Field(LATENCY_WINDOW_S, description="seconds of latencies the scaling signals hold")
+    output_tokens_prior: float = Field(OUTPUT_TOKENS_PRIOR,
+                                       description="output tokens expected of a request before any ends")
+    chars_per_token: float = Field(CHARS_PER_TOKEN, description="prompt characters the controller counts as a token")
+    prompt_chars_per_token: float = Field(CHARS_PER_TOKEN, description="characters the trace's prompts have per "
+                                          "token (the live gateway's estimate is made from them)")
     seed: int = 0
-    reclaim_rate_per_h: float = 0.0  # reclaim notices per spot instance-hour (0.05: 5 % per hour)
-    reclaim_notice_s: float = 120.0  # notice before the provider takes it (AWS: 120 s, GCP: 30 s)
+    reclaim_rate_per_h: float = Field(0.0, description="reclaim notices per spot instance-hour, seeded "
+                                                       "(0.05: one spot instance in 20 per hour)")
+    reclaim_notice_s: Annotated[float, Flag(name="--reclaim-notice-s")] = Field(
+        120.0, description="notice before a reclaimed instance is taken (AWS: 120 s; GCP gives 30)")
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> SimConfig:
         if self.initial_instances < 0:
             raise ValueError("sim: initial_instances must be >= 0")
         if self.poll_interval_s <= 0 or self.signal_window_s <= 0 or self.latency_window_s <= 0:
             raise ValueError("sim: intervals and windows must be positive")
         if self.reclaim_rate_per_h < 0 or self.reclaim_notice_s < 0:
             raise ValueError("sim: reclaim_rate_per_h and reclaim_notice_s must be >= 0")
+        if self.chars_per_token <= 0 or self.prompt_chars_per_token <= 0:
+            raise ValueError("sim: characters per token must be positive")
+        return self
+
+    @classmethod
+    def like(cls, ctrl: ControllerConfig, **kw: object) -> "SimConfig":
+        """The signal settings of a live controller's config; ``kw`` sets the rest."""
+        return cls(signal_window_s=ctrl.signal_window_s, latency_window_s=ctrl.latency_window_s,
+                   output_tokens_prior=ctrl.output_tokens_prior, chars_per_token=ctrl.chars_per_token,
+                   **kw)  # type: ignore[arg-type]
 
 
 class Simulator:
@@ -82,10 +114,11 @@ class Simulator:
         self.cfg = sim or SimConfig()
         self.label = label or autoscale.policy
         self.policy = policy or build_policy(autoscale)  # a given one: e.g. the oracle's schedule
-        self.gateway = SimGateway(admission, concurrency, balancer, seed=self.cfg.seed)
+        self.gateway = SimGateway(self._deliver, admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
         self.instances: dict[int, SimInstance] = {}  # not yet stopped
+        self.cores = BusyInstances(profile.sharing) if profile.sharing else None
         self.stopped: list[SimInstance] = []
         self._heap: list[tuple] = []
         self._seq = 0
@@ -100,6 +133,7 @@ class Simulator:
         self.capacity = SimCapacity(autoscale.capacity, autoscale.bounds.min_instances, c.reclaim_rate_per_h,
                                     c.reclaim_notice_s, c.seed)
         self.capacity.horizon_s = trace.duration_s
+        self.override: Override | None = None  # a manual count, as an operator sets it live
 
     # ---- event plumbing -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
@@ -111,7 +145,7 @@ class Simulator:
 
     # ---- lifecycle (the controller's job) ------------------------------------------------------
     def _new_instance(self, now: float, state: InstanceState, capacity_class: str = "on_demand") -> SimInstance:
-        inst = SimInstance(self._next_id, self.profile, now, state)
+        inst = SimInstance(self._next_id, self.profile, now, state, self.cores)
         self._next_id += 1
         self.instances[inst.id] = inst
         notice_at = self.capacity.added(inst, capacity_class)
@@ -147,9 +181,7 @@ class Simulator:
         if inst.in_flight == 0:
             self._stop(inst, now)
 
-    def _apply(self, desired: int, now: float) -> None:
-        plan = self.capacity.plan(desired, [InstanceStatus(i.id, i.state, i.in_flight, i.since)
-                                            for i in self.instances.values()])
+    def _apply(self, plan: ScalePlan, now: float) -> None:
         for iid in plan.revive:
             inst = self.instances[iid]
             inst.set_state(S.READY, now)
@@ -168,30 +200,29 @@ class Simulator:
         counts = {s: 0 for s in S}
         for i in self.instances.values():
             counts[i.state] += 1
+        # In flight to every instance not yet stopped, draining ones too: the live pool's count.
         ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts,
-                                      sum(i.in_flight for i in self.gateway.routable))
-        decision = self.policy.decide(ctx, state)
-        before = ctx.provisioned
-        if decision.desired != before:
-            self.events.append((now, before, decision.desired, decision.reason))
-            self._apply(decision.desired, now)
+                                      sum(i.in_flight for i in self.instances.values()))
+        if self.override is not None and not self.override.in_force(now):
+            self.override = None
+        statuses = [InstanceStatus(i.id, i.state, i.in_flight, i.since) for i in self.instances.values()]
+        step = scaling_step(self.policy, state, ctx, statuses, self.override, planner=self.capacity.plan)
+        if step.changes:
+            self.events.append((now, step.provisioned, step.desired, step.reason))
+            self._apply(step.plan, now)
         self.timeline.append((now, ctx.arrival_rate, ctx.arrival_tokens_per_s, ctx.ready, ctx.coming,
-                              ctx.draining, decision.desired, ctx.queued,
+                              ctx.draining, step.desired, ctx.queued,
                               ctx.ttft_p99 if ctx.ttft_p99 is not None else np.nan))
-        return decision.state
+        return step.state
 
     # ---- requests ---------------------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
-        gw = self.gateway
+        self.gateway.dispatch(now)
+
+    def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
         trace = self.trace
-        while True:
-            nxt = gw.next_dispatch(now)
-            if nxt is None:
-                return
-            rid, inst = nxt
-            seq = Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid]))
-            if inst.add(seq, now):
-                self._schedule(inst)
+        if inst.add(Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid])), now):
+            self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
         if self.status[rid] != PENDING:
@@ -203,13 +234,14 @@ class Simulator:
     def _step(self, inst: SimInstance, now: float) -> None:
         inst.end_segment(now)
         arrival = self.trace.arrival_s
+        seen = now + self.profile.request_overhead_s  # when the client gets it: latency outside the engine
         for s in inst.first_tokens:
-            ttft = now - arrival[s.rid]
+            ttft = seen - arrival[s.rid]
             self.ttft[s.rid] = ttft
             self.collector.record_first_token(now, ttft)
         for s in inst.finished:
-            self._finish(s.rid, COMPLETED, now)
-            self.collector.record_finish(now, now - arrival[s.rid], s.output)
+            self._finish(s.rid, COMPLETED, seen)
+            self.collector.record_finish(now, seen - arrival[s.rid], s.output)
         freed = bool(inst.finished)
         inst.first_tokens.clear()
         inst.finished.clear()
@@ -222,7 +254,9 @@ class Simulator:
             self._dispatch(now)
 
     def _arrive(self, rid: int, now: float) -> None:
-        self.collector.record_arrival(now, int(self.trace.prompt_tokens[rid]))
+        cfg = self.cfg
+        chars = int(self.trace.prompt_tokens[rid]) * cfg.prompt_chars_per_token
+        self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token))
         priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
         if not self.gateway.offer(rid, priority, now):
             self._finish(rid, REJECTED, now)

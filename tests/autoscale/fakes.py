@@ -114,7 +114,7 @@ def make_controller(*, min_instances: int = 1, max_instances: int = 4, policy: s
     provider = FakeProvider(initial_state=initial_state)
     pool = Pool("m/v1", concurrency=ConcurrencyConfig(fixed=4), clock=clock)
     n = min_instances if static is None else static
-    auto = AutoscaleConfig(policy=policy, tick_s=1.0, static=StaticConfig(n),
+    auto = AutoscaleConfig(policy=policy, tick_s=1.0, static=StaticConfig(instances=n),
                            bounds=BoundsConfig(min_instances=min_instances, max_instances=max_instances,
                                                scale_up_cooldown_s=0.0, scale_down_window_s=0.0),
                           **({"capacity": capacity} if capacity is not None else {}))

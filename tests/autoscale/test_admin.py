@@ -118,10 +118,12 @@ def test_dashboard_page_and_data(served):
 
 
 def test_serve_config_is_validated_at_start():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match=r"autoscale\.bounds\.min_instance\n"):
         ServeConfig(autoscale={"bounds": {"min_instance": 1}})
-    with pytest.raises(ValueError, match="lifecycle"):
+    with pytest.raises(ValueError, match=r"lifecycle\.drain_timeout\n"):
         ServeConfig(lifecycle={"drain_timeout": 3})
+    with pytest.raises(ValueError, match=r"pool\.admision\n"):
+        ServeConfig(pool={"admision": {}})
     with pytest.raises(ValueError, match="engine_args"):
         ServeConfig(engine_args=["--port", "9000"])
     with pytest.raises(ValueError):
@@ -133,7 +135,9 @@ def test_serve_config_is_validated_at_start():
     spec = cfg.instance_spec("v1-7")
     assert cfg.served_name == "SmolLM2"
     assert spec.engine_args == ("--model", "/x/SmolLM2.gguf", "--served-model-name", "SmolLM2", "--threads", "3",
-                                "--startup-delay", "2.5", "--max-num-seqs", "8")
+                                "--instances", str(cfg.most_instances()), "--startup-delay", "2.5",
+                                "--max-num-seqs", "8")
+    assert cfg.most_instances() == cfg.autoscale_config().bounds.max_instances  # one pool
     assert cfg.autoscale_config().policy == "predictive"  # the default policy
 
 

@@ -97,9 +97,9 @@ def test_a_lost_spot_instance_is_replaced_on_spot_unless_spot_is_refused():
 
 
 def test_the_file_keeps_spot_defaults_it_does_not_name_and_refuses_a_spot_base():
-    cap = AutoscaleConfig.from_dict({"capacity": {"spot": {"max_instances": 8}}}).capacity
+    cap = AutoscaleConfig.model_validate({"capacity": {"spot": {"max_instances": 8}}}).capacity
     assert cap.spot.price_per_hour == 0.35 and cap.on_demand.price_per_hour == 1.0 and cap.spot_enabled
     with pytest.raises(ValueError, match="spot.min_instances"):
-        AutoscaleConfig.from_dict({"capacity": {"spot": {"min_instances": 1, "max_instances": 4}}})
+        AutoscaleConfig.model_validate({"capacity": {"spot": {"min_instances": 1, "max_instances": 4}}})
     with pytest.raises(ValueError, match="price_per_hour"):
-        AutoscaleConfig.from_dict({"capacity": {"on_demand": {"price_per_hour": -1}}})
+        AutoscaleConfig.model_validate({"capacity": {"on_demand": {"price_per_hour": -1}}})

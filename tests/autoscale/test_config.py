@@ -5,8 +5,8 @@ from llmserve.autoscale.config import PredictiveConfig, StaticConfig, ThresholdC
 from llmserve.autoscale.signals import PoolSignals
 
 
-def test_from_dict_builds_nested_sections():
-    cfg = AutoscaleConfig.from_dict({"policy": "kpa", "bounds": {"max_instances": 7},
+def test_model_validate_builds_nested_sections():
+    cfg = AutoscaleConfig.model_validate({"policy": "kpa", "bounds": {"max_instances": 7},
                                      "kpa": {"target_concurrency": 4}})
     assert cfg.policy == "kpa" and cfg.bounds.max_instances == 7 and cfg.kpa.target_concurrency == 4
     assert cfg.bounds.min_instances == 1  # default keeps scale-to-zero off
@@ -16,7 +16,7 @@ def test_from_dict_builds_nested_sections():
                                  {"bounds": {"bogus": 1}}, {"tick_s": 0}])
 def test_invalid_config_is_rejected(bad):
     with pytest.raises(ValueError):
-        AutoscaleConfig.from_dict(bad)
+        AutoscaleConfig.model_validate(bad)
 
 
 def test_threshold_band_must_be_ordered():

@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from llmserve.autoscale.reconcile import plan_scaling
 from llmserve.lifecycle import InstanceState as S
 from llmserve.priority import PriorityClass
 from llmserve.gateway.balancer import RouteRequest
@@ -383,7 +384,7 @@ async def test_an_instance_whose_stop_is_under_way_is_stopping_billed_and_no_lon
     assert ctl.provisioned() == 1 and ctl.describe()["counts"]["stopping"] == 1
     assert ctl.counts()[S.STOPPING] == 1 and ctl.counts()[S.DRAINING] == 0
     assert ctl.signals(clock.t).draining == 1  # on its way out, for the policy as before
-    ctl.apply(ctl.plan(2), "load is back", clock.t)  # a stopping instance is not revived
+    ctl.apply(plan_scaling(2, ctl.statuses()), "load is back", clock.t)  # a stopping instance is not revived
     assert states(ctl)[victim] == "stopping"
     provider.engines[victim].state = "failed"  # what its probe says on the way out is not judged
     clock.t += 1.0

@@ -143,7 +143,7 @@ def test_bounds_hold_under_a_spike(name):
 def test_predictive_falls_back_when_the_capacity_prior_is_wrong():
     """Prior says 4000 tok/s per instance; the truth is 1000: latency and queue take over."""
     cfg = config("predictive")
-    cfg.predictive.capacity_tokens_per_s = 4000.0
+    cfg = cfg.model_copy(update={"predictive": cfg.predictive.model_copy(update={"capacity_tokens_per_s": 4000.0})})
     plant = run(build_policy(cfg), lambda t: 4000.0, 1800, plant=Plant(ready=1))
     reasons = [r for _, _, r in plant.desired_log]
     assert any(r.startswith("fallback") for r in reasons)

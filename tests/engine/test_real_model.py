@@ -20,10 +20,11 @@ def hf_model(smollm2_path):
     return m.eval()
 
 
-@pytest.fixture(scope="module", params=["fp32", "int8"])
+@pytest.fixture(scope="module", params=["fp32", "int8 exact", "int8"])
 def llm(request, smollm2_path, model_store):
+    """fp32; int8's lossless path (fp32 prefill, two-byte decode activations); int8's default."""
     return LLM(str(smollm2_path), model_store=str(model_store), max_num_seqs=8, num_kv_blocks=256,
-               dtype=request.param)
+               dtype=request.param.split()[0], exact_activations=request.param.endswith("exact"))
 
 
 def test_auto_picks_int8_for_the_q4_gguf(smollm2_path, model_store):
@@ -47,21 +48,27 @@ def test_logits_match_transformers(llm, hf_model):
     top = out.outputs[0].logprobs[0].top
     ref_lp = torch.log_softmax(ref, -1)
     assert [t for t, _ in top] == torch.topk(ref_lp, 5).indices.tolist()
-    # int8 rounds the decode rows' activations per 32 values (llama.cpp's Q8 scheme): the
-    # top 5 stay the same, their logprobs move by a few thousandths
-    tol = 2e-3 if eng.config.dtype == "fp32" else 1.5e-2
+    # int8 rounds activations per 32 values (llama.cpp's Q8 scheme): exact mode only the
+    # decode rows', into two bytes: logprobs move by a few thousandths; the default every
+    # row's, o and down into one byte: up to ~0.07 here (its bar is top-1 agreement and
+    # perplexity, test_int8_default_meets_the_quality_bar_on_held_out_text). The top 5 stay.
+    cfg = eng.config
+    tol = 2e-3 if cfg.dtype == "fp32" else 1.5e-2 if cfg.exact_activations else 0.1
     for t, lp in top:
         assert lp == pytest.approx(float(ref_lp[t]), abs=tol)
 
 
 def test_greedy_chat_equals_transformers(llm, hf_model):
+    if llm.engine.config.dtype == "int8" and not llm.engine.config.exact_activations:
+        pytest.skip("int8's default rounds activations: held to the quality bar instead (below)")
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     ids = llm.get_tokenizer().encode_chat(msgs)
     with torch.no_grad():
         ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
     out = llm.chat(msgs, SamplingParams(max_tokens=24, temperature=0))[0]
     n = len(out.token_ids)
-    # int8 holds this file's Q4_1 / Q8_0 weights exactly; only summation order differs.
+    # int8 holds this file's Q4_1 / Q8_0 weights exactly; exact mode prefills in fp32 and
+    # rounds decode activations into two bytes: greedy-equal on this chat.
     assert out.token_ids == ref[:n]
     assert "Paris" in out.text
 
@@ -93,3 +100,31 @@ def test_a_poisoned_request_fails_alone(llm, monkeypatch):
     assert shared and all(len(b) == 4 for b in shared)
     assert [finals[f"poisoned{i}"].token_ids for i in range(3)] == [baseline[f"base{i}"].token_ids for i in range(3)]
     assert eng.kv.usage == 0.0
+
+
+def test_int8_default_meets_the_quality_bar_on_held_out_text(smollm2_path, model_store):
+    """Issue 21's bar for the shipped int8 configuration (the kernel on every row, one-byte
+    activations on ONE_BYTE_KINDS, fp16 KV): teacher-forced top-1 >= 98 % of fp32's and
+    perplexity within +0.5 %, on text no calibration used (benchmarks/activation_quality.py)."""
+    import math
+    import os
+    from pathlib import Path
+
+    from llmserve.models import kernels
+    from llmserve.models.llama import LlamaForCausalLM
+    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.perplexity import teacher_forced
+    from llmserve.models.quant import round_activations
+    from llmserve.models.weights import linear_factory_for
+
+    if kernels.load() is None:
+        pytest.skip("no int8 kernel here")
+    mc, w = load_weights(smollm2_path, model_store)
+    text = (Path(os.__file__).parent / "idlelib" / "NEWS2x.txt").read_text()
+    ids = load_tokenizer(smollm2_path, model_store).encode(text)[:1025]
+    ref_nll, ref_top = teacher_forced(LlamaForCausalLM(mc, w, linear_factory_for("fp32")), ids)
+    model = LlamaForCausalLM(mc, w, linear_factory_for("int8"))
+    round_activations(model)
+    nll, top = teacher_forced(model, ids, kv_dtype=torch.float16)
+    assert float((top == ref_top).double().mean()) >= 0.98
+    assert math.exp(float(nll.mean())) <= 1.005 * math.exp(float(ref_nll.mean()))

@@ -4,10 +4,18 @@ engines is in test_gateway_resume.py)."""
 
 import json
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from .app_harness import sse_events, stack
 from .fake_upstream import Behaviour
 
 CHAT = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def resumes(s) -> dict[str, float]:
+    """``stream_resumes_total`` by outcome."""
+    return {x.labels["outcome"]: x.value for f in text_string_to_metric_families(s.client.get("/metrics").text)
+            for x in f.samples if x.name == "llmserve:gateway_stream_resumes_total"}
 
 
 def _stream(s, body: dict) -> list[str]:
@@ -28,6 +36,7 @@ def test_a_stream_broken_mid_way_goes_on_on_another_instance_from_where_the_clie
         assert first.bodies[0]["return_token_ids"] is True
         assert second.bodies[0]["resume_token_ids"] == [0, 1, 2]
         assert {k: v for k, v in second.bodies[0].items() if k != "resume_token_ids"} == first.bodies[0]
+        assert resumes(s) == {"resumed": 1}
 
 
 def test_a_foreign_instance_gets_no_engine_fields_and_a_stream_it_breaks_says_why_it_is_not_resumed():
@@ -38,6 +47,29 @@ def test_a_foreign_instance_gets_no_engine_fields_and_a_stream_it_breaks_says_wh
         assert error["code"] == "upstream_broken" and "could not be resumed" in error["message"]
         assert "is not an llmserve engine" in error["message"]
         assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == ["t0 ", "t1 "]
+        assert resumes(s) == {"not_resumable": 1}
+
+
+def test_a_stream_no_instance_can_continue_ends_with_an_error_event_and_counts_as_failed():
+    a = Behaviour("a", tokens=6, break_after_tokens=2)
+    with stack({"v1": [a]}) as s:
+        a.bodies = _Refusing(a)
+        error = json.loads(_stream(s, CHAT)[-1])["error"]
+        assert "answered 400 to the continuation" in error["message"]
+        assert resumes(s) == {"failed": 1}
+
+
+class _Refusing(list):
+    """A fake's request log that makes the fake refuse continuations (400)."""
+
+    def __init__(self, b: Behaviour) -> None:
+        super().__init__()
+        self.b = b
+
+    def append(self, body: dict) -> None:
+        if "resume_token_ids" in body:
+            self.b.error_rate, self.b.error_status = 1.0, 400
+        super().append(body)
 
 
 def test_a_stream_is_not_resumed_on_a_foreign_instance():

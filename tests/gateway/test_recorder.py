@@ -42,6 +42,7 @@ def test_a_request_feeds_every_counter_through_its_record():
     rec.sent("i1")
     rec.retried()
     rec.sent("i2")
+    rec.resumed("resumed")
     rec.first_token()
     rec.first_token()  # once
     rec.output_tokens = 3
@@ -50,6 +51,7 @@ def test_a_request_feeds_every_counter_through_its_record():
     assert _value(m, "upstream_requests_total", model="m", version="v1", instance="i1") == 1
     assert _value(m, "upstream_requests_total", model="m", version="v1", instance="i2") == 1
     assert _value(m, "retries_total", model="m", version="v1") == 1
+    assert _value(m, "stream_resumes_total", model="m", version="v1", outcome="resumed") == 1
     assert _value(m, "cold_start_wait_seconds_sum", model="m", version="v1") == 0.25
     assert _value(m, "queue_time_seconds_sum", model="m", version="v1", **{"class": "realtime"}) == 0.25
     assert rec.instance == "i2" and rec.ttft_s is not None and rec.counts_tokens

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from llmserve.models import kernels, qlayout
+from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import GROUP, WeightOnlyInt8Linear, quantize_groups
 from llmserve.models.weights import PREPARED_FORMAT, PreparedCache, linear_factory_for
 
@@ -169,20 +170,61 @@ def test_a_16_level_group_stays_on_the_min_max_grid():
     assert WeightOnlyInt8Linear.from_float(w).packed.bits == 4
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 16, 64, 65, 200])
-def test_dispatch_kernel_up_to_small_m_then_fp32_source_weights(rows):
+def test_dispatch_kernel_on_every_row_or_up_to_small_m_then_fp32_source_weights(rows, exact):
     torch.manual_seed(rows)
     w = q4_1_like(72, 96)
-    layer = WeightOnlyInt8Linear.from_float(w)
+    layer = WeightOnlyInt8Linear.from_float(w, exact=exact)
+    assert (layer.dense is not None) == (exact or layer._product is None)  # no fp32 copy unless needed
     x = torch.randn(rows, 96)
     got = layer(x.reshape(1, rows, 96))  # leading dimensions are kept
     assert got.shape == (1, rows, 72)
-    if layer._product is not None and rows <= layer.SMALL_M:
+    if layer._product is not None and (rows <= layer.SMALL_M or not exact):
         torch.testing.assert_close(got[0].double(), kernel_reference(layer, x), rtol=1e-4, atol=1e-4)
         exact = F.linear(x, w)  # activation rounding only
         torch.testing.assert_close(got[0], exact, rtol=0, atol=1e-3 * exact.abs().max().item())
     else:
         torch.testing.assert_close(got[0], F.linear(x, w))
+
+
+@needs_kernel
+def test_a_row_of_the_kernel_does_not_depend_on_the_rows_beside_it():
+    """Each row is rounded and summed alone: a prompt's rows give the same results in a
+    512-row prefill chunk as one at a time (prefix caching and chunking stay consistent)."""
+    layer = WeightOnlyInt8Linear.from_float(q4_1_like(40, 128))
+    x = torch.randn(300, 128)
+    for fine in (True, False):
+        layer.FINE = fine
+        alone = torch.cat([layer(x[i:i + 1]) for i in (0, 1, 150, 299)])
+        assert torch.equal(layer(x)[[0, 1, 150, 299]], alone)
+
+
+@pytest.mark.parametrize("n,k,make", [(13, 96, q4_1_like), (40, 64, q8_0_like),
+                                      (8, 32, lambda n, k: torch.randn(n, k))])
+def test_rows_are_those_of_the_dequantized_weights(n, k, make):
+    packed = qlayout.pack(*quantize_groups(make(n, k)))
+    index = torch.tensor([0, n - 1, 5, 5, 7 % n])
+    assert torch.equal(packed.rows(index), packed.dequantized()[index])
+
+
+def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():
+    from llmserve.models.llama import LINEAR_KINDS
+    from llmserve.models.quant import ONE_BYTE_KINDS, round_activations
+    from tests.engine.conftest import make_tiny
+
+    t = make_tiny(seed=1, tie=True)
+    ids = torch.tensor([3, 9, 3, 60])
+    ref = t.weights["model.embed_tokens.weight"].float()[ids]
+    for exact in (False, True):
+        model = LlamaForCausalLM(t.config, t.weights, linear_factory_for("int8", exact=exact))
+        assert model.embed is None  # one copy: the head's (its fp32 weights in exact mode, else its codes)
+        assert (model.lm_head.dense is None) != exact
+        assert torch.equal(model._rows(ids), ref if exact else model.lm_head.dequantized()[ids])
+    round_activations(model)
+    kinds = model.linears_by_kind()
+    assert set(kinds) == set(LINEAR_KINDS)
+    assert all(layer.FINE == (kind not in ONE_BYTE_KINDS) for kind, ls in kinds.items() for layer in ls)
 
 
 def test_without_the_kernel_the_layer_is_the_fp32_product(monkeypatch):

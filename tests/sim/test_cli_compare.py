@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pytest
 
-from dataclasses import replace
 
 from llmserve.autoscale import AutoscaleConfig, SLOConfig, StaticConfig
 from llmserve.sim.cli import add_simulate_args, run_simulate
@@ -37,8 +36,8 @@ def test_static_sizing_finds_the_smallest_pool_meeting_the_slo():
     assert results[n] >= 0.99
     t0, t1 = peak_window(tr, 120.0)
     if n - 1 not in results and n > 1:
-        res = Simulator(tr.window(t0, t1), PROFILE, replace(cfg, policy="static", static=StaticConfig(instances=n - 1)),
-                        SimConfig(initial_instances=n - 1)).run()
+        fewer = cfg.model_copy(update={"policy": "static", "static": StaticConfig(instances=n - 1)})
+        res = Simulator(tr.window(t0, t1), PROFILE, fewer, SimConfig(initial_instances=n - 1)).run()
         results[n - 1] = res.summary.ttft_attainment
     assert n == 1 or results[n - 1] < 0.99  # one fewer is not enough
     assert initial_instances(tr, n, 1) == max(1, int(np.ceil(n * tr.rate_rps[0] / tr.peak_rps)))
@@ -83,3 +82,23 @@ def test_cli_calibrate_writes_a_profile(tmp_path):
     assert run_simulate(parse(["--calibrate", str(csv), "--write-profile", str(out)])) == 0
     fitted = json.loads(out.read_text())
     assert fitted["step"]["per_decode_seq_s"] == pytest.approx(2e-3, rel=1e-6)
+
+
+def test_pool_flags_override_the_autoscale_file_and_defaults_fill_the_rest(tmp_path):
+    from llmserve.sim.cli import autoscale_from_args, sim_from_args
+
+    f = tmp_path / "auto.yaml"
+    f.write_text("policy: kpa\nbounds: {max_instances: 9, scale_down_window_s: 60}\nslo: {ttft_s: 0.5}\n")
+    tr = small_ramp()
+    a = autoscale_from_args(parse(["--autoscale-config", str(f)]), PROFILE, tr)
+    assert (a.bounds.min_instances, a.bounds.max_instances, a.bounds.scale_down_window_s) == (1, 9, 60.0)
+    assert (a.slo.ttft_s, a.slo.e2e_s, a.tick_s) == (0.5, 300.0, 2.0)  # the simulator's e2e SLO under the file
+    b = autoscale_from_args(parse(["--autoscale-config", str(f), "--max-instances", "5", "--tick", "4",
+                                   "--ttft-slo", "1.5", "--spot-max", "3"]), PROFILE, tr)
+    assert (b.bounds.max_instances, b.bounds.scale_down_window_s, b.tick_s, b.slo.ttft_s) == (5, 60.0, 4.0, 1.5)
+    assert b.capacity.spot.max_instances == 3 and b.capacity.spot.price_per_hour == 0.35
+    assert b.predictive.lead_time_s == PROFILE.cold_start_s + 4.0 + 5.0
+    s = sim_from_args(parse(["--seed", "7", "--reclaim-notice-s", "30", "--poll-interval", "1"]))
+    assert (s.seed, s.reclaim_notice_s, s.poll_interval_s, s.reclaim_rate_per_h) == (7, 30.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="bounds.max_instances"):
+        autoscale_from_args(parse(["--min-instances", "6", "--max-instances", "5"]), PROFILE, tr)

@@ -1,7 +1,5 @@
 """The oracle: a schedule with perfect knowledge of the trace, to price policies against."""
 
-from dataclasses import replace
-
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig, StaticConfig
 from llmserve.sim.oracle import SchedulePolicy, fluid_counts, oracle
 from llmserve.sim.simulator import SimConfig, Simulator
@@ -32,7 +30,7 @@ def test_the_oracle_meets_the_target_for_less_than_a_pool_sized_for_the_crowd():
     counts = fluid_counts(trace, profile, 60.0)
     peak = max(counts)
     assert peak >= 4 * counts[0]  # the crowd needs several times the base
-    static_cfg = replace(cfg, policy="static", static=StaticConfig(instances=peak),
-                         bounds=BoundsConfig(min_instances=1, max_instances=100))
+    static_cfg = cfg.model_copy(update={"policy": "static", "static": StaticConfig(instances=peak),
+                                        "bounds": BoundsConfig(min_instances=1, max_instances=100)})
     fixed = Simulator(trace, profile, static_cfg, SimConfig(initial_instances=peak)).run()
     assert best.summary.instance_hours < 0.8 * fixed.summary.instance_hours

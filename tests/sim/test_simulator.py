@@ -1,7 +1,5 @@
 """End-to-end properties of the simulator: queueing sanity, conservation, determinism, cost."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -138,14 +136,14 @@ def test_cold_start_delays_new_capacity(monkeypatch):
 
 def test_the_real_balancer_and_policy_stack_are_called(monkeypatch):
     picks = []
-    original = Picker.pick
+    original = Picker.choose
 
-    def pick(self, request, instances, exclude=()):
-        result = original(self, request, instances, exclude)
-        picks.append(result.instance is not None)
-        return result
+    def choose(self, request, candidates):
+        chosen = original(self, request, candidates)
+        picks.append(chosen in candidates)
+        return chosen
 
-    monkeypatch.setattr(Picker, "pick", pick)
+    monkeypatch.setattr(Picker, "choose", choose)  # what the live pool's dispatcher calls
     trace = short_trace()
     res = Simulator(trace, small_profile(), static(2), SimConfig(initial_instances=2)).run()
     assert sum(picks) == int(np.sum(res.status == COMPLETED)) == len(trace)
@@ -153,6 +151,6 @@ def test_the_real_balancer_and_policy_stack_are_called(monkeypatch):
 
 def test_more_instances_never_hurt_latency_in_a_static_pool():
     trace = short_trace(high_rps=6.0)
-    att = [Simulator(trace, small_profile(), replace(static(n), slo=SLOConfig(ttft_s=0.5)),
+    att = [Simulator(trace, small_profile(), static(n).model_copy(update={"slo": SLOConfig(ttft_s=0.5)}),
                      SimConfig(initial_instances=n)).run().summary.ttft_attainment for n in (1, 2, 4)]
     assert att[0] < att[1] <= att[2]

@@ -26,8 +26,9 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import (engine_argv, engine_command, foreign_command, free_port, spawn,
@@ -37,8 +38,9 @@ from llmserve.autoscale.providers.template import ForkedProcess, Template, Templ
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class LocalProviderConfig:
+class LocalProviderConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     host: str = "127.0.0.1"
     log_dir: str | None = None  # None: a fresh temporary folder
     fork_from_template: bool = True

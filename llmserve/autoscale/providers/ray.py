@@ -25,10 +25,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import engine_command, foreign_command, free_port, spawn, tail, terminate
@@ -36,27 +37,30 @@ from llmserve.autoscale.providers.process import engine_command, foreign_command
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class RayProviderConfig:
+class RayProviderConfig(BaseModel):
     """``address``: an existing cluster (``"auto"``, ``"ray://head:10001"``); None starts
     a local runtime. ``bind_host``: the address engines listen on; None decides by
     the runtime (:func:`engine_host`)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     address: str | None = None
     num_cpus: float = 1.0
     num_gpus: float = 0.0
-    resources: dict[str, float] = field(default_factory=dict)
+    resources: dict[str, float] = Field(default_factory=dict)
     bind_host: str | None = None
     log_dir: str | None = None  # on each node; None: a temporary folder there
     local_num_cpus: int | None = None  # a local runtime's CPU count (None: all)
     namespace: str = "llmserve"
     call_timeout_s: float = 10.0
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _checked(self) -> RayProviderConfig:
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("ray provider: num_cpus and num_gpus must be >= 0")
         if self.call_timeout_s <= 0:
             raise ValueError("ray provider: call_timeout_s must be positive")
+        return self
 
 
 def is_loopback(host: str) -> bool:

@@ -118,8 +118,19 @@ class Picker:
         cands, why_not = self.candidates(instances, exclude)
         if not cands:
             return PickResult(None, why_not)
+        chosen, scores = self._choose(request, cands)
+        by_id = {c.instance_id: s for s, c in zip(scores, cands)} if scores is not None else {}
+        return PickResult(chosen, None, by_id)
+
+    def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> InstanceView:
+        """Of ``candidates`` (non-empty, from :meth:`candidates`), the one for the request
+        (the scorers are told). For a caller that filtered already: nothing is filtered again."""
+        return self._choose(request, candidates)[0]
+
+    def _choose(self, request: RouteRequest,
+                cands: Sequence[InstanceView]) -> tuple[InstanceView, list[float] | None]:
         if len(cands) == 1:  # nothing to compare (one instance has room): skip scoring
-            chosen, by_id = cands[0], {}
+            chosen, scores = cands[0], None
         else:
             scores = self.score(request, cands)
             best = max(scores)
@@ -129,7 +140,6 @@ class Picker:
                 chosen = max((a, b), key=lambda sc: (sc[0], -sc[1].est_load))[1]
             else:
                 chosen = near[0][1]
-            by_id = {c.instance_id: s for s, c in zip(scores, cands)}
         for scorer, _ in self.scorers:
             scorer.on_picked(request, chosen)
-        return PickResult(chosen, None, by_id)
+        return chosen, scores

@@ -1,0 +1,85 @@
+"""``llmserve serve``'s file is validated when it is loaded: a misspelt key in any
+section is an error that names the key by its path."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from llmserve.autoscale.serve_config import ServeConfig
+
+
+def load(tmp_path, data: dict, overrides: dict | None = None) -> ServeConfig:
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return ServeConfig.load(path, overrides)
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"autoscale": {"bounds": {"max_instanses": 3}}}, "autoscale.bounds.max_instanses"),
+    ({"autoscale": {"predictive": {"lead_time": 30}}}, "autoscale.predictive.lead_time"),
+    ({"autoscale": {"polcy": "kpa"}}, "autoscale.polcy"),
+    ({"lifecycle": {"drain_timeout": 3}}, "lifecycle.drain_timeout"),
+    ({"gateway": {"retry": {"max_attempt": 2}}}, "gateway.retry.max_attempt"),
+    ({"pool": {"balancer": {"bogus": 1}}}, "pool.balancer.bogus"),
+])
+def test_a_misspelt_key_fails_at_load_naming_it(tmp_path, data, key):
+    with pytest.raises(ValidationError) as e:
+        load(tmp_path, data)
+    assert f"{key}\n" in str(e.value) and "Extra inputs are not permitted" in str(e.value)
+
+
+def test_a_misspelt_key_in_a_version_names_the_version(tmp_path):
+    data = {"models": [{"name": "chat", "versions": [
+        {"name": "v1", "model": "/m/a", "autoscale": {"kpa": {"panic_windw_s": 3}}}]}]}
+    with pytest.raises(ValidationError) as e:
+        load(tmp_path, data)
+    assert "models[chat].versions[v1].autoscale" in str(e.value) and "kpa.panic_windw_s" in str(e.value)
+
+
+def test_a_bad_value_is_refused_at_load_with_its_check(tmp_path):
+    with pytest.raises(ValidationError, match="autoscale config: bounds.max_instances must be >= max"):
+        load(tmp_path, {"autoscale": {"bounds": {"min_instances": 5, "max_instances": 2}}})
+
+
+def test_sections_are_typed_with_serve_defaults_under_the_file(tmp_path):
+    cfg = load(tmp_path, {"autoscale": {"bounds": {"max_instances": 6}}, "lifecycle": {"drain_timeout_s": 3}},
+               {"autoscale": {"tick_s": 0.5}})
+    auto = cfg.autoscale_config()
+    assert auto.bounds.max_instances == 6 and auto.tick_s == 0.5
+    assert auto.bounds.scale_down_window_s == 120.0  # serve's default, not the library's 300
+    assert auto.predictive.lead_time_s == 30.0 and auto.predictive.level_tau_s == 120.0
+    assert cfg.controller_config().drain_timeout_s == 3
+    with pytest.raises(ValidationError):  # frozen: validated once, never changed after
+        auto.tick_s = 1.0
+
+
+def test_a_version_overrides_merge_over_the_top_level(tmp_path):
+    data = {"autoscale": {"policy": "kpa", "bounds": {"max_instances": 6}, "kpa": {"stable_window_s": 30}},
+            "models": [{"name": "chat", "versions": [
+                {"name": "v1", "model": "/m/a"},
+                {"name": "v2", "model": "/m/b", "autoscale": {"bounds": {"min_instances": 0},
+                                                              "kpa": {"panic_window_s": 3}}}]}]}
+    v1, v2 = (p.autoscale for p in load(tmp_path, data).pools())
+    assert (v1.bounds.min_instances, v1.bounds.max_instances, v1.kpa.panic_window_s) == (1, 6, 6.0)
+    assert (v2.bounds.min_instances, v2.bounds.max_instances, v2.policy) == (0, 6, "kpa")
+    assert (v2.kpa.stable_window_s, v2.kpa.panic_window_s) == (30.0, 3.0)
+
+
+def test_flags_override_the_file_and_leave_the_rest(tmp_path):
+    import argparse
+
+    from llmserve.autoscale.serve import add_serve_args, overrides_from_args
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    args = p.parse_args(["--max-instances", "6", "--policy", "kpa", "--engine-args", "--max-num-seqs 8",
+                         "--provider", "ray", "--scale-down-window", "30"])
+    cfg = load(tmp_path, {"port": 9000, "autoscale": {"bounds": {"min_instances": 2, "max_instances": 3}}},
+               overrides_from_args(args))
+    b = cfg.autoscale.bounds
+    assert (b.min_instances, b.max_instances, b.scale_down_window_s, cfg.autoscale.policy) == (2, 6, 30.0, "kpa")
+    assert cfg.engine_args == ["--max-num-seqs", "8"] and cfg.provider.kind == "ray" and cfg.port == 9000
+    with pytest.raises(SystemExit):
+        p.parse_args(["--log-level", "loud"])
