@@ -118,13 +118,18 @@ def gateway_yaml(path: Path, engine_url: str, fake_url: str) -> None:
 
 
 # ---- the trivial upstream (its own process) ---------------------------------------------
-def fake_events(chunks: int) -> list[bytes]:
-    """What a fast engine would stream: ``chunks`` one-token events, usage, [DONE]."""
+def fake_events(chunks: int, token_ids: bool = False) -> list[bytes]:
+    """What a fast engine would stream: ``chunks`` one-token events, usage, [DONE]; with
+    ``token_ids`` each chunk carries its id, as an engine asked for ``return_token_ids``
+    writes it (the gateway asks when it may resume a stream)."""
     out = []
     for i in range(chunks):
+        choice = {"index": 0, "text": f" tok{i}", "logprobs": None,
+                  "finish_reason": "length" if i == chunks - 1 else None}
+        if token_ids:
+            choice["token_ids"] = [1000 + i]
         ev = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": FAKE,
-              "choices": [{"index": 0, "text": f" tok{i}", "logprobs": None,
-                           "finish_reason": "length" if i == chunks - 1 else None}]}
+              "choices": [choice]}
         out.append(b"data: " + json.dumps(ev).encode() + b"\n\n")
     usage = {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": FAKE,
              "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": chunks,
@@ -138,7 +143,7 @@ def serve_fake(port: int, chunks: int, gap_s: float = 0.0) -> None:
     """A bare ASGI app (no framework routing) so the upstream costs as little as it can."""
     import uvicorn
 
-    events = fake_events(chunks)
+    events, with_ids = fake_events(chunks), fake_events(chunks, token_ids=True)
     sse = [(b"content-type", b"text/event-stream; charset=utf-8")]
     js = [(b"content-type", b"application/json")]
     ok = json.dumps({"status": "ok"}).encode()
@@ -178,7 +183,7 @@ def serve_fake(port: int, chunks: int, gap_s: float = 0.0) -> None:
                 await send({"type": "http.response.body", "body": whole})
                 return
             await send({"type": "http.response.start", "status": 200, "headers": sse})
-            for ev in events:
+            for ev in with_ids if b'"return_token_ids": true' in body else events:
                 await send({"type": "http.response.body", "body": ev, "more_body": True})
                 await asyncio.sleep(gap_s)  # one write per event, as an engine's steps give
             await send({"type": "http.response.body", "body": b""})
@@ -545,7 +550,8 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
                (f"{args.ceiling_requests} non-streaming completions per run (one JSON answer) "
                 if args.ceiling_json else
                 f"{args.ceiling_requests} streamed completions per run ({args.ceiling_chunks} token events + "
-                "usage + [DONE])") + f" over {args.ceiling_concurrency} keep-alive connections from a separate "
+                f"usage + [DONE], {args.ceiling_gap_ms:g} ms apart; each chunk with its token id when the gateway asks for them, as an engine "
+                "does)") + f" over {args.ceiling_concurrency} keep-alive connections from a separate "
                "driver process; CPU ms per request of each process over the run.", ""]
         rows = [[r["round"], r["target"], r["requests_per_s"], r["latency_p50_ms"], r["latency_p99_ms"],
                  "-" if r["own_gateway_cpu_ms"] is None else r["own_gateway_cpu_ms"],
@@ -602,7 +608,7 @@ def main_run(args: argparse.Namespace) -> None:
                                  "--no-enable-prefix-caching"], logdir, f"http://127.0.0.1:{e_port}/ready")
         procs.append(engine)
         fake = Proc("fake", [sys.executable, __file__, "_fake", "--port", str(f_port),
-                             "--chunks", str(args.ceiling_chunks)], logdir, f"http://127.0.0.1:{f_port}/ready")
+                             "--chunks", str(args.ceiling_chunks), "--gap-ms", str(args.ceiling_gap_ms)], logdir, f"http://127.0.0.1:{f_port}/ready")
         procs.append(fake)
         cfg = logdir / "gateway.yaml"
         gateway_yaml(cfg, f"http://127.0.0.1:{e_port}", f"http://127.0.0.1:{f_port}")
@@ -675,6 +681,8 @@ def main() -> None:
     p.add_argument("--ceiling-concurrency", type=int, default=64)
     p.add_argument("--ceiling-requests", type=int, default=4000)
     p.add_argument("--ceiling-chunks", type=int, default=4, help="token events per fake stream")
+    p.add_argument("--ceiling-gap-ms", type=float, default=0.0,
+                   help="pause between the fake's events (> 0: one event per read, as from an engine)")
     p.add_argument("--ceiling-json", action="store_true",
                    help="the ceiling with non-streaming requests (whole JSON answers)")
     p.add_argument("--profile", action="store_true", help="py-spy over the gateway in one more ceiling run")

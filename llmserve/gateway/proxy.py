@@ -11,9 +11,10 @@ another instance from the tokens the client has (``resume``), or else ends the
 stream with an SSE error event. Streams are relayed event by event, so that
 error event never lands in the middle of a half-written one.
 
-Around it: ``request`` reads and validates the body, ``recorder`` is where an
-outcome feeds metrics, canary stats and observers, ``resume`` relays a stream's
-events and resumes it, ``relay`` ends a stream.
+Around it: ``request`` reads and validates the body, ``recorder`` is the one place
+the request feeds metrics, canary stats and observers (this module only tells it
+what happened), ``resume`` relays a stream's events and resumes it, ``relay`` ends
+a stream. The proxy holds only the runtime pieces it uses (:class:`Runtime`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 from fastapi import Request
@@ -38,15 +39,17 @@ from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord
-from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse
-from llmserve.gateway.request import (completion_tokens, disconnected, parse_request, prompt_chars,
-                                      prompt_text, read_body)
+from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
+from llmserve.gateway.request import completion_tokens, disconnected, parse_request, prompt_text, read_body
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 
 if TYPE_CHECKING:
-    from llmserve.gateway.runtime import Gateway, ModelRuntime
+    from llmserve.gateway.config import GatewayConfig
+    from llmserve.gateway.health import RetryBudget
+    from llmserve.gateway.runtime import ModelRuntime
+    from llmserve.gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +89,33 @@ class _Current:
         self.resp, self.lease = resp, lease
 
 
+class Runtime(Protocol):
+    """What the request path uses of the gateway (``runtime.Gateway`` is one): the
+    models to route to, the retry budget, the upstream client (set when the gateway
+    starts) and the config's limits and retry settings. Metrics and observers are
+    reached through each model's record sinks (``recorder``), not from here."""
+
+    config: GatewayConfig
+    models: dict[str, ModelRuntime]
+    retry_budget: RetryBudget
+    upstream: UpstreamClient | None
+
+
 class Proxy:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Runtime) -> None:
         self.gw = gateway
         # Request ids: a random per-process prefix and a counter (uuid4 per request is a
         # urandom call; ids need to be unique, not secret).
         self._id_prefix = uuid.uuid4().hex[:16]
         self._ids = itertools.count()
+
+    @property
+    def max_resumes(self) -> int:  # (resume.Attempts)
+        return self.gw.config.retry.max_resumes
+
+    @property
+    def upstream(self) -> UpstreamClient:  # (resume.Attempts)
+        return self.gw.upstream
 
     def _request_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids):016x}"
@@ -112,13 +135,9 @@ class Proxy:
         except UnknownVersion as e:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
-        gw.metrics.child(gw.metrics.routed, parsed.model, version, decision.reason.value).inc()
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
-                       in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
-        if gw.observers:
-            chars = prompt_chars(parsed.body)
-            for o in gw.observers:
-                o.on_arrival(parsed.model, version, t0, chars)
+                            in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
+        ctx.arrived(decision.reason.value)
         try:
             return await self._attempts(request, path, runtime, ctx)
         except GatewayError as e:
@@ -152,7 +171,7 @@ class Proxy:
                                          prefix_cfg.block_chars * prefix_cfg.max_blocks),
                              ctx.parsed.user)
         gw.retry_budget.record_request(time.monotonic())
-        resume, engine_content = open_resume(body, content, ctx.parsed.stream, gw.config.retry.max_resumes)
+        resume, engine_content = open_resume(body, content, ctx.parsed.stream, self.max_resumes)
         plan = _Plan(request, rt.pools[ctx.version], path, engine_content, headers, route)
         plan.plain, plan.resume = content, resume
         if not ctx.parsed.stream:
@@ -168,7 +187,6 @@ class Proxy:
 
     async def _answer(self, plan: _Plan, ctx: RequestRecord) -> Response:
         """Attempts until one answers: a relayed stream, or a whole response."""
-        gw = self.gw
         while True:
             got = await self._try_next(plan, ctx)
             if got is None:
@@ -182,9 +200,9 @@ class Proxy:
                 current = _Current(resp, lease)
                 headers_out = self._headers(resp, ctx)
                 headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-                return RelayResponse(self._stream(plan, ctx, current), current=current,
-                                      pool=plan.pool, ctx=ctx, status_code=resp.status_code,
-                                      headers=headers_out)
+                return RelayResponse(lambda: self._open(plan, ctx, current), current=current,
+                                     pool=plan.pool, ctx=ctx, status_code=resp.status_code,
+                                     headers=headers_out)
             try:
                 body = await resp.aread()
             except httpx.HTTPError as e:
@@ -198,7 +216,7 @@ class Proxy:
             finally:
                 resp.close()  # before the answer is whole, this closes the connection: the engine stops
             plan.pool.release(lease, Outcome.SUCCESS)
-            if gw.observers and resp.status_code == 200:
+            if ctx.counts_tokens and resp.status_code == 200:
                 ctx.output_tokens = completion_tokens(body)
             ctx.finish(resp.status_code, ok=True)
             return Response(body, resp.status_code, headers=self._headers(resp, ctx))
@@ -215,7 +233,7 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     return None
-                gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
+                ctx.retried()
             try:
                 lease = await self.acquire(plan, ctx)
             except GatewayError:
@@ -223,9 +241,7 @@ class Proxy:
                     raise
                 return None  # no instance for a retry: answer with the last failure
             inst = lease.instance
-            ctx.instance = inst.instance_id
-            gw.metrics.child(gw.metrics.upstream, ctx.model, ctx.version,
-                             inst.instance_id).inc()
+            ctx.sent(inst.instance_id)
             try:
                 resp = await gw.upstream.post(f"{inst.url}{plan.path}",
                                               plan.content if is_engine(inst) else plan.plain,
@@ -261,7 +277,7 @@ class Proxy:
             last.message = f"{len(plan.tried)} attempts failed; last: {last.message}"
         raise last
 
-    async def _stream(self, plan: _Plan, ctx: RequestRecord, current: _Current) -> AsyncIterator[bytes]:
+    async def _open(self, plan: _Plan, ctx: RequestRecord, current: _Current) -> AsyncIterator[bytes]:
         """The client's stream: the first upstream that delivers a first event, relayed.
         Until that event nothing but the head has reached the client, so a stream that
         ends or breaks before it is retried like a failed request."""
@@ -286,14 +302,11 @@ class Proxy:
                     message = last.message if isinstance(last, GatewayError) else \
                         f"upstream answered {last.status_code}"
                     ctx.finish(502, ok=False, error_kind="upstream_broken")
-                    yield sse_error_event(f"{len(plan.tried)} attempts failed; last: {message}",
-                                          code="upstream_broken")
-                    return
+                    return one_event(sse_error_event(f"{len(plan.tried)} attempts failed; last: {message}",
+                                                     code="upstream_broken"))
                 current.resp, current.lease = got
                 continue
-            async for out in relay(self, plan, ctx, current, *opened):
-                yield out
-            return
+            return relay(self, plan, ctx, current, *opened)
 
     async def acquire(self, plan: _Plan, ctx: RequestRecord) -> Lease:
         """An instance of the plan's pool (queue, admission, breakers), not one tried if any other has room."""
@@ -306,14 +319,11 @@ class Proxy:
                                code="queue_full",
                                headers={"retry-after": str(e.rejected.retry_after_s)}) from None
         except QueueTimeout as e:
-            ctx.queued_s += e.waited_s
+            ctx.waited(e.waited_s, cold=False)
             raise GatewayError(503, str(e), code="queue_timeout") from None
         except NoHealthyInstance as e:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
-        ctx.queued_s += lease.queued_s
-        if cold:
-            self.gw.metrics.child(self.gw.metrics.cold_wait, ctx.model, ctx.version).observe(
-                lease.queued_s)
+        ctx.waited(lease.queued_s, cold)
         return lease
 
     @staticmethod

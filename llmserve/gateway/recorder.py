@@ -1,5 +1,6 @@
-"""One request's record: the single place its outcome feeds the gateway's metrics, the
-canary analysis's window statistics and the request observers (the autoscaler).
+"""One request's record: the single place the request path feeds the gateway's metrics
+(routing, attempts, retries, resumes, queue and cold-start waits, the outcome), the canary
+analysis's window statistics and the request observers (the autoscaler).
 
 A record is given those three as :class:`RecordSinks` by its model's runtime: it
 needs them, not the runtime, so the recorder knows nothing of the gateway above it."""
@@ -29,7 +30,8 @@ class RecordSinks:
 
 
 class RequestRecord:
-    """Per-request bookkeeping for metrics and canary stats."""
+    """One request's bookkeeping; the proxy tells it what happened (routed, waited, sent,
+    retried, resumed, first token, finished) and it feeds the sinks."""
 
     __slots__ = ("done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
                  "request_id", "sinks", "t0", "ttft_s", "version")
@@ -45,6 +47,52 @@ class RequestRecord:
         self.queued_s = 0.0
         self.output_tokens = 0
         self.done = False
+
+    def arrived(self, reason: str) -> None:
+        """Routed to this record's version for ``reason``: counted, and told to the observers."""
+        m = self.sinks.metrics
+        m.child(m.routed, self.model, self.version, reason).inc()
+        if self.sinks.observers:
+            chars = prompt_chars(self.parsed.body)
+            for o in self.sinks.observers:
+                o.on_arrival(self.model, self.version, self.t0, chars)
+
+    def waited(self, queued_s: float, cold: bool) -> None:
+        """A queue wait for an instance; ``cold``: its pool had no ready instance then."""
+        self.queued_s += queued_s
+        if cold:
+            m = self.sinks.metrics
+            m.child(m.cold_wait, self.model, self.version).observe(queued_s)
+
+    def sent(self, instance: str) -> None:
+        """An attempt (the first or a retry) goes to ``instance``."""
+        self.instance = instance
+        m = self.sinks.metrics
+        m.child(m.upstream, self.model, self.version, instance).inc()
+
+    def retried(self) -> None:
+        """Another attempt after a failed one, or a resumed stream."""
+        m = self.sinks.metrics
+        m.child(m.retries, self.model, self.version).inc()
+
+    def resumed(self, outcome: str) -> None:
+        """The stream's upstream broke mid-way: ``resumed``, ``not_resumable`` or ``failed``
+        (``stream_resumes``)."""
+        m = self.sinks.metrics
+        m.child(m.resumes, self.model, self.version, outcome).inc()
+
+    def first_token(self) -> None:
+        """The first event reaches the client (once)."""
+        if self.ttft_s is not None:
+            return
+        self.ttft_s = time.monotonic() - self.t0
+        for o in self.sinks.observers:
+            o.on_first_token(self.model, self.version, self.t0 + self.ttft_s, self.ttft_s)
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether anyone reads ``output_tokens`` (an observer's ``on_finish``)."""
+        return bool(self.sinks.observers)
 
     def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
         """Record the request's outcome once; ``ok`` is False only for upstream faults."""
@@ -69,3 +117,22 @@ class RequestRecord:
         for o in sinks.observers:
             o.on_finish(self.model, self.version, self.t0 + e2e, e2e, self.output_tokens,
                         ok and status < 400)
+
+
+def prompt_chars(body: dict) -> int:
+    """Characters of prompt text in a request, for arrival-size signals."""
+    if isinstance(body.get("messages"), list):
+        total = 0
+        for m in body["messages"]:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                total += len(c)
+            elif isinstance(c, list):
+                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+        return total
+    p = body.get("prompt")
+    if isinstance(p, str):
+        return len(p)
+    if isinstance(p, list):
+        return sum(len(x) if isinstance(x, str | list) else 1 for x in p)
+    return 0

@@ -4,11 +4,11 @@ client leaves, and the once-only accounting when a stream ends."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import httpx
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response
 
 from llmserve.gateway.pool import Lease, Outcome, Pool
 from llmserve.gateway.recorder import RequestRecord
@@ -36,24 +36,40 @@ def end_stream(resp: UpstreamResponse, lease: Lease, pool: Pool, ctx: RequestRec
         ctx.finish(status, error_kind=kind, ok=outcome is Outcome.SUCCESS)
 
 
-class RelayResponse(StreamingResponse):
-    """A streaming response that frees its upstream slot even when the client is gone
-    before the body starts: then the relay generator never runs, so its own
-    ``finally`` never does either.
+class RelayResponse(Response):
+    """A streamed response that frees its upstream slot even when the client is gone
+    before the body starts: then the relay never runs, so its own ``finally`` never
+    does either.
 
-    Like Starlette's, it streams while listening for the client's disconnect and
-    cancels the stream when the client leaves (the relay then closes the upstream,
-    so the engine stops generating), but with two plain asyncio tasks: Starlette's
-    anyio task group cost about as much CPU per request as the whole relay (its
-    cancel even formats task reprs)."""
+    Like Starlette's ``StreamingResponse``, it streams while listening for the
+    client's disconnect and cancels the stream when the client leaves (the relay then
+    closes the upstream, so the engine stops generating), but with two plain asyncio
+    tasks: Starlette's anyio task group cost about as much CPU per request as the whole
+    relay (its cancel even formats task reprs). ``opening`` is awaited once the head is
+    out and gives the body's iterator (the relay itself, so each event passes one
+    generator, not a wrapper around it)."""
 
-    def __init__(self, body, *, current: Current, pool: Pool, ctx: RequestRecord, **kw) -> None:
-        super().__init__(body, **kw)
+    def __init__(self, opening: Callable[[], Awaitable[AsyncIterator[bytes]]], *, current: Current, pool: Pool,
+                 ctx: RequestRecord, status_code: int, headers: Mapping[str, str]) -> None:
+        self.status_code, self.background = status_code, None
+        self.init_headers(headers)
+        self._open = opening
         self._cleanup = (current, pool, ctx)
 
+    async def _send_body(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in await self._open():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _gone(receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
     async def __call__(self, scope, receive, send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
-        gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        stream = asyncio.ensure_future(self._send_body(send))
+        gone = asyncio.ensure_future(self._gone(receive))
         try:
             await asyncio.wait((stream, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -69,6 +85,11 @@ class RelayResponse(StreamingResponse):
             error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None:
             raise error
+
+
+async def one_event(event: bytes) -> AsyncIterator[bytes]:
+    """A body of one event (a stream that failed before its first one)."""
+    yield event
 
 
 async def first_bytes(resp: UpstreamResponse, lease: Lease, pool: Pool) -> tuple[bytes, AsyncIterator[bytes]] | str:

@@ -1,5 +1,5 @@
 """What the gateway reads of a request: its body (capped), the typed request with its
-granted priority, and the text and sizes that affinity and the autoscaler's signals use.
+granted priority, and the text that prefix affinity uses.
 
 Validated with the instance's own models (llmserve.api), so a bad request is a 400
 at the gateway and never reaches, retries on or trips the breakers of an instance.
@@ -121,22 +121,3 @@ async def disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def prompt_chars(body: dict) -> int:
-    """Characters of prompt text in a request, for arrival-size signals."""
-    if isinstance(body.get("messages"), list):
-        total = 0
-        for m in body["messages"]:
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                total += len(c)
-            elif isinstance(c, list):
-                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
-        return total
-    p = body.get("prompt")
-    if isinstance(p, str):
-        return len(p)
-    if isinstance(p, list):
-        return sum(len(x) if isinstance(x, str | list) else 1 for x in p)
-    return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -36,7 +35,7 @@ from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 
 if TYPE_CHECKING:
-    from llmserve.gateway.runtime import Gateway
+    from llmserve.gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +43,8 @@ log = logging.getLogger(__name__)
 # json.dumps' separators; a '"' after ', ' cannot be inside a JSON string. Found with
 # bytes.find: a regular expression costs ~10 us an event, several times the rest.
 _IDS_KEY = b', "token_ids": ['
+_IDS_LEN = len(_IDS_KEY)
+_DONE = b"data: [DONE]"
 # A chunk's head: the stream's id, object and created (server/responses.py ResponseMeta).
 _HEAD = re.compile(rb'data: (\{"id": "[^"\\]*", "object": "[a-z._]*", "created": [0-9]+)')
 _DEAD = b'"code": "engine_dead"'  # the instance's engine died: an instance failure
@@ -61,9 +62,14 @@ class Plan(Protocol):
 
 
 class Attempts(Protocol):
-    """The attempt loop a resume goes through (the proxy): the pool's queue, with admission."""
+    """The attempt loop a resume goes through (the proxy): the pool's queue, with
+    admission; the upstream client; how many resumes a stream may have."""
 
-    gw: Gateway
+    @property
+    def max_resumes(self) -> int: ...
+
+    @property
+    def upstream(self) -> UpstreamClient: ...
 
     async def acquire(self, plan: Plan, ctx: RequestRecord) -> Lease: ...
 
@@ -109,7 +115,7 @@ def _take_ids(events: bytes, ids: list[int], strip: bool = True) -> tuple[bytes,
     parts, found, at = [], 0, 0
     while (i := events.find(_IDS_KEY, at)) >= 0:
         j = events.index(b"]", i)
-        inner = events[i + len(_IDS_KEY):j]
+        inner = events[i + _IDS_LEN:j]
         if inner:
             ids += map(int, inner.split(b",")) if b"," in inner else (int(inner),)
         parts.append(events[at:i])
@@ -142,10 +148,37 @@ class ResumeState:
             self.why_not = (f"instance {inst.instance_id} is not an llmserve engine: it cannot continue "
                             "a stream by token ids")
 
-    def feed(self, events: bytes) -> bytes:
+    def feed(self, events: bytes, datas: int | None = None) -> bytes:
         """Whole events from the upstream, as the client gets them: token ids kept (and
         stripped), the client's head restored. Raises ``UpstreamFailed`` after the events
-        before an engine-dead error event, which the client is not sent."""
+        before an engine-dead error event, which the client is not sent. ``datas``: how
+        often ``data: `` occurs in ``events`` (the relay counts it anyway).
+
+        Nearly every buffer is one token chunk with its ids: that one costs two scans
+        (the relay's count and the ids' key) instead of one per question below."""
+        if datas is None:
+            datas = events.count(b"data: ")
+        if datas == 1 and self.why_not is None and self.upstream_head is not None:
+            i = events.find(_IDS_KEY)
+            if i >= 0:
+                # One data event with the ids' key is a chunk (the key cannot be inside a JSON
+                # string): neither an error nor [DONE], and its head is this upstream's.
+                j = events.index(b"]", i)
+                if events.find(_IDS_KEY, j) < 0:
+                    inner = events[i + _IDS_LEN:j]
+                    if b"," in inner:
+                        self.ids += map(int, inner.split(b","))
+                    elif inner:
+                        self.ids.append(int(inner))
+                    if self.strip:
+                        events = events[:i] + events[j + 1:]
+                    if self.upstream_head != self.head:
+                        events = events.replace(self.upstream_head, self.head)
+                    return events
+        return self._feed(events)
+
+    def _feed(self, events: bytes) -> bytes:
+        """``feed`` for any buffer: several events, an error, [DONE], a first chunk."""
         failed = False
         if _DEAD in events:
             i = events.find(_DEAD)
@@ -163,7 +196,7 @@ class ResumeState:
             self.upstream_head = m.group(1)
         if self.head is not None and self.upstream_head not in (None, self.head):
             events = events.replace(self.upstream_head, self.head)
-        if b"data: [DONE]" in events:
+        if _DONE in events:
             self.done = True
         if failed:
             raise UpstreamFailed("the instance reported its engine dead")
@@ -178,7 +211,10 @@ class ResumeState:
 async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current, first: bytes,
                 chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The client's stream from its first event on: relayed event by event, resumed on
-    another instance when the upstream breaks, else ended with an error event."""
+    another instance when the upstream breaks, else ended with an error event.
+
+    One upstream's events are relayed in this loop itself, not in a nested generator:
+    each generator level costs every event a resume and a yield."""
     state: ResumeState | None = plan.resume
     outcome, status, kind = Outcome.NEUTRAL, current.resp.status_code, None
     try:
@@ -186,10 +222,38 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
             if state is not None:
                 state.start(current.lease.instance)
             try:
-                async for out in _events(proxy, ctx, first, chunks, state):
-                    if b"data: [DONE]" in out:
-                        outcome = Outcome.SUCCESS  # the client has it all: a close now is no 499
-                    yield out
+                buf, more = first, chunks.__anext__
+                while True:
+                    if buf.endswith(b"\n\n"):  # the common case: upstreams write whole events
+                        out, buf = buf, b""
+                    else:
+                        end = last_event_end(buf)
+                        out, buf = buf[:end], buf[end:]
+                    if out:
+                        if ctx.ttft_s is None:
+                            ctx.first_token()
+                        datas = out.count(b"data: ")
+                        if state is not None:
+                            out = state.feed(out, datas)
+                            done = state.done
+                        else:
+                            done = _DONE in out
+                        if done:
+                            outcome = Outcome.SUCCESS  # the client has it all: a close now is no 499
+                            datas -= out.count(_DONE)
+                        ctx.output_tokens += datas
+                        if out:
+                            yield out
+                    try:
+                        buf += await more()
+                    except StopAsyncIteration:
+                        break
+                # Closing before [DONE] is a break when resuming: an instance killed at an
+                # event's end looks like a clean close.
+                if state is not None and not state.done:
+                    raise UpstreamFailed("the stream ended before [DONE]")
+                if buf:
+                    yield buf
                 outcome = Outcome.SUCCESS
                 return
             except (httpx.HTTPError, UpstreamFailed) as e:
@@ -199,7 +263,7 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                 why = "resuming is off" if state is None else state.why_not
                 got = why if why is not None else await _resume(proxy, plan, ctx, current, state)
                 if isinstance(got, str):
-                    resumed(proxy.gw, ctx, "not_resumable" if why is not None else "failed")
+                    ctx.resumed("not_resumable" if why is not None else "failed")
                     outcome, status, kind = Outcome.FAILURE, 502, "stream_broken"
                     yield sse_error_event(f"{broke}; the response is incomplete and could not be resumed: "
                                           f"{got}", code="upstream_broken")
@@ -211,50 +275,14 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
             ctx.finish(status, ok=False, error_kind=kind)
 
 
-async def _events(proxy: Attempts, ctx: RequestRecord, first: bytes, chunks: AsyncIterator[bytes],
-                  state: ResumeState | None) -> AsyncIterator[bytes]:
-    """One upstream's whole events; raises when it breaks (closing before ``[DONE]`` too,
-    when resuming: an instance killed at an event's end looks like a clean close)."""
-    buf = first
-    while True:
-        end = last_event_end(buf)
-        if end:
-            out, buf = buf[:end], buf[end:]
-            if ctx.ttft_s is None:
-                ctx.ttft_s = time.monotonic() - ctx.t0
-                for o in proxy.gw.observers:
-                    o.on_first_token(ctx.model, ctx.version, ctx.t0 + ctx.ttft_s, ctx.ttft_s)
-            if state is not None:
-                out = state.feed(out)
-            done = out.count(b"data: [DONE]")
-            ctx.output_tokens += out.count(b"data: ") - done
-            if out:
-                yield out
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        buf += chunk
-    if state is not None and not state.done:
-        raise UpstreamFailed("the stream ended before [DONE]")
-    if buf:
-        yield buf
-
-
-def resumed(gw: Gateway, ctx: RequestRecord, outcome: str) -> None:
-    """Count a mid-stream break by what came of it (``stream_resumes``)."""
-    gw.metrics.child(gw.metrics.resumes, ctx.model, ctx.version, outcome).inc()
-
-
 async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Current,
                   state: ResumeState) -> tuple[bytes, AsyncIterator[bytes]] | str:
     """The next upstream's first bytes and the rest, continuing the stream; or why none is."""
-    gw = proxy.gw
     plan.pool.release(current.lease, Outcome.FAILURE)
     current.resp.close()
     content = state.continuation(plan.content)
     last = "no resume was tried"
-    while state.resumes < gw.config.retry.max_resumes:
+    while state.resumes < proxy.max_resumes:
         state.resumes += 1
         try:
             lease = await proxy.acquire(plan, ctx)
@@ -262,12 +290,12 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
         plan.tried.append(inst.instance_id)
-        ctx.instance = inst.instance_id
+        ctx.instance = inst.instance_id  # (not an attempt in the upstream counter: a resume is counted as a retry)
         if not is_engine(inst):
             plan.pool.release(lease, Outcome.NEUTRAL)
             return f"instance {inst.instance_id} is not an llmserve engine: it cannot continue a stream by token ids"
         try:
-            resp = await gw.upstream.post(f"{inst.url}{plan.path}", content, plan.headers)
+            resp = await proxy.upstream.post(f"{inst.url}{plan.path}", content, plan.headers)
         except httpx.HTTPError as e:
             plan.pool.release(lease, Outcome.FAILURE)
             last = f"instance {inst.instance_id} failed: {type(e).__name__}: {e}"
@@ -290,7 +318,7 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             last = f"instance {inst.instance_id} broke off before its first event ({got})"
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
-        gw.metrics.child(gw.metrics.retries, ctx.model, ctx.version).inc()
-        resumed(gw, ctx, "resumed")
+        ctx.retried()
+        ctx.resumed("resumed")
         return got
     return f"{state.resumes} resumes failed; last: {last}"

@@ -71,3 +71,36 @@ def test_the_body_for_engines_asks_for_ids_only_when_it_will_resume():
     for stream, resumes, body in ((False, 2, {}), (True, 0, {}), (True, 2, {"n": 3})):
         raw = json.dumps({"model": "m", **body}).encode()
         assert open_resume(json.loads(raw), raw, stream, resumes)[1] == raw
+
+
+def _fed(buffers: list[bytes], body: dict, resumed_at: int | None = None) -> tuple[bytes, ResumeState]:
+    st = ResumeState(body)
+    st.start(ENGINE)
+    out = b""
+    for i, buf in enumerate(buffers):
+        if i == resumed_at:
+            st.start(ENGINE)
+        out += st.feed(buf)
+    return out, st
+
+
+@pytest.mark.parametrize("body", [{"model": "m"}, {"model": "m", "return_token_ids": True}])
+def test_event_by_event_as_an_engine_writes_them_is_the_same_as_one_buffer(body):
+    """A buffer holding one token chunk takes feed's short path; the client must get what
+    the general path gives, the resumed upstream's head replaced, ids kept or stripped."""
+    first = [event("cmpl-1", 10, "a", [1]), event("cmpl-1", 10, "b", [2, 3]), event("cmpl-1", 10, "", [])]
+    resumed = [event("cmpl-2", 20, "c", [4]), event("cmpl-2", 20, 'text with "data: " in it', [5]),
+               event("cmpl-2", 20, "d", [6]), b"data: [DONE]\n\n"]
+    one_by_one, st = _fed(first + resumed, body, resumed_at=len(first))
+    whole_first, ref = _fed([b"".join(first), b"".join(resumed)], body, resumed_at=1)
+    assert one_by_one == whole_first
+    assert st.ids == ref.ids == [1, 2, 3, 4, 5, 6] and st.done and st.why_not is None
+    expect = [event("cmpl-1", 10, t, ids if body.get("return_token_ids") else None)
+              for t, ids in (("a", [1]), ("b", [2, 3]), ("", []), ("c", [4]),
+                             ('text with "data: " in it', [5]), ("d", [6]))]
+    assert one_by_one == b"".join(expect) + b"data: [DONE]\n\n"
+
+
+def test_a_lone_chunk_without_ids_after_the_first_still_stops_resuming():
+    out, st = _fed([event("c", 1, "a", [1]), event("c", 1, "b", None)], {"model": "m"})
+    assert "without their token ids" in st.why_not and st.ids == [1]

@@ -1,0 +1,71 @@
+"""The request recorder: the one place a request feeds the gateway's metrics, the
+canary's window stats and the observers."""
+
+from types import SimpleNamespace
+
+from llmserve.gateway.metrics import GatewayMetrics
+from llmserve.gateway.recorder import RecordSinks, RequestRecord, prompt_chars
+from llmserve.gateway.window_stats import WindowStats
+from llmserve.priority import PriorityClass
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def on_arrival(self, model, version, t, chars):
+        self.seen.append(("arrival", model, version, chars))
+
+    def on_first_token(self, model, version, t, ttft_s):
+        self.seen.append(("first_token", model, version))
+
+    def on_finish(self, model, version, t, e2e_s, output_tokens, ok):
+        self.seen.append(("finish", model, version, output_tokens, ok))
+
+
+def _record(observers: list) -> tuple[RequestRecord, GatewayMetrics]:
+    metrics = GatewayMetrics(lambda: [])
+    sinks = RecordSinks("m", metrics, WindowStats(60.0), observers)
+    parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=PriorityClass.REALTIME)
+    return RequestRecord(sinks, "v1", parsed, 0.0, "r1"), metrics
+
+
+def _value(metrics: GatewayMetrics, name: str, **labels) -> float | None:
+    return metrics.registry.get_sample_value(f"llmserve:gateway_{name}", labels)
+
+
+def test_a_request_feeds_every_counter_through_its_record():
+    obs = Observer()
+    rec, m = _record([obs])
+    rec.arrived("weight")
+    rec.waited(0.25, cold=True)
+    rec.sent("i1")
+    rec.retried()
+    rec.sent("i2")
+    rec.resumed("resumed")
+    rec.first_token()
+    rec.first_token()  # once
+    rec.output_tokens = 3
+    rec.finish(200, ok=True)
+    assert _value(m, "routed_total", model="m", version="v1", reason="weight") == 1
+    assert _value(m, "upstream_requests_total", model="m", version="v1", instance="i1") == 1
+    assert _value(m, "upstream_requests_total", model="m", version="v1", instance="i2") == 1
+    assert _value(m, "retries_total", model="m", version="v1") == 1
+    assert _value(m, "stream_resumes_total", model="m", version="v1", outcome="resumed") == 1
+    assert _value(m, "cold_start_wait_seconds_sum", model="m", version="v1") == 0.25
+    assert _value(m, "queue_time_seconds_sum", model="m", version="v1", **{"class": "realtime"}) == 0.25
+    assert rec.instance == "i2" and rec.ttft_s is not None and rec.counts_tokens
+    assert obs.seen == [("arrival", "m", "v1", 5), ("first_token", "m", "v1"), ("finish", "m", "v1", 3, True)]
+
+
+def test_a_warm_wait_is_no_cold_start_and_no_observers_means_no_token_count():
+    rec, m = _record([])
+    rec.waited(0.5, cold=False)
+    assert _value(m, "cold_start_wait_seconds_count", model="m", version="v1") is None
+    assert rec.queued_s == 0.5 and not rec.counts_tokens
+
+
+def test_prompt_chars_counts_text_of_chats_and_prompts():
+    assert prompt_chars({"messages": [{"content": "ab"}, {"content": [{"text": "cde"}]}]}) == 5
+    assert prompt_chars({"prompt": ["ab", [1, 2, 3], 7]}) == 2 + 3 + 1
+    assert prompt_chars({}) == 0
