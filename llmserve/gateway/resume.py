@@ -75,7 +75,14 @@ class Attempts(Protocol):
 
 
 class UpstreamFailed(Exception):
-    """The upstream's stream broke without a transport error (see ``ResumeState.feed``)."""
+    """The upstream's stream broke without a transport error (see ``ResumeState.feed``).
+
+    ``pending``: the events that came before the break in the same buffer; their ids are
+    already counted as the client's, so the relay must send them before resuming."""
+
+    def __init__(self, message: str, pending: bytes = b"") -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 def not_resumable(body: dict) -> str | None:
@@ -199,7 +206,7 @@ class ResumeState:
         if _DONE in events:
             self.done = True
         if failed:
-            raise UpstreamFailed("the instance reported its engine dead")
+            raise UpstreamFailed("the instance reported its engine dead", pending=events)
         return events
 
     def continuation(self, content: bytes) -> bytes:
@@ -257,6 +264,10 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                 outcome = Outcome.SUCCESS
                 return
             except (httpx.HTTPError, UpstreamFailed) as e:
+                pending = e.pending if isinstance(e, UpstreamFailed) else b""
+                if pending:  # tokens before an engine-dead event in the same buffer: the client's
+                    ctx.output_tokens += pending.count(b"data: ")
+                    yield pending
                 broke = f"the upstream instance failed mid-stream ({type(e).__name__})"
                 log.warning("upstream %s broke mid-stream (%s): %s", current.lease.instance.instance_id,
                             ctx.request_id, e)

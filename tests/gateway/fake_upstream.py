@@ -22,6 +22,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 
+DEAD_EVENT = (b'data: {"error": {"message": "the engine failed", "type": "service_unavailable", '
+              b'"param": null, "code": "engine_dead"}}\n\n')
+
+
 @dataclass
 class Behaviour:
     instance_id: str
@@ -32,6 +36,8 @@ class Behaviour:
     error_status: int = 500
     error_code: str | None = None  # e.g. request_failed: the engine failed that request alone
     break_after_tokens: int | None = None
+    # the engine-dead error event written in the same buffer as this many tokens' last one
+    dead_after_tokens: int | None = None
     first_token_gate: threading.Event | None = None  # the first token waits for it
     has_load: bool = True
     has_ready: bool = True
@@ -102,6 +108,9 @@ def make_app(b: Behaviour) -> Starlette:
                 for i in range(resumed, b.tokens):
                     if b.break_after_tokens is not None and i >= b.break_after_tokens and not resumed:
                         raise RuntimeError("injected mid-stream failure")
+                    if b.dead_after_tokens is not None and i == b.dead_after_tokens - 1 and not resumed:
+                        yield _chunk(b, body, f"t{i} ", None, i) + DEAD_EVENT
+                        return
                     yield _chunk(b, body, f"t{i} ", None, i)
                     await asyncio.sleep(b.token_delay_s)
                 yield _chunk(b, body, None, "length")

@@ -39,6 +39,20 @@ def test_a_stream_broken_mid_way_goes_on_on_another_instance_from_where_the_clie
         assert resumes(s) == {"resumed": 1}
 
 
+def test_tokens_in_the_same_buffer_as_an_engine_dead_event_reach_the_client_before_the_resume():
+    """Their ids count as the client's, so the resumed instance starts after them: were
+    their text dropped, the client's stream would have a gap."""
+    a, b = (Behaviour(n, tokens=8, dead_after_tokens=3) for n in "ab")
+    with stack({"v1": [a, b]}) as s:
+        events = _stream(s, CHAT)
+        assert events[-1] == "[DONE]" and not any("engine_dead" in e for e in events)
+        texts = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-1]]
+        assert "".join(t or "" for t in texts) == "".join(f"t{i} " for i in range(8))
+        resumed = next(x for x in (a, b) if x.bodies and "resume_token_ids" in x.bodies[-1])
+        assert resumed.bodies[-1]["resume_token_ids"] == [0, 1, 2]
+        assert resumes(s) == {"resumed": 1}
+
+
 def test_a_foreign_instance_gets_no_engine_fields_and_a_stream_it_breaks_says_why_it_is_not_resumed():
     with stack({"v1": [Behaviour("vllm", tokens=6, break_after_tokens=2, has_load=False)]}) as s:
         events = _stream(s, CHAT)

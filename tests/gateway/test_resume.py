@@ -44,9 +44,10 @@ def test_an_engine_dead_event_is_not_forwarded_and_breaks_the_stream():
     st.start(ENGINE)
     dead = b'data: {"error": {"message": "the engine failed", "type": "service_unavailable", ' \
            b'"param": null, "code": "engine_dead"}}\n\n'
-    with pytest.raises(UpstreamFailed):
+    with pytest.raises(UpstreamFailed) as failed:
         st.feed(event("c", 1, "a", [3]) + dead + b"data: [DONE]\n\n")
     assert st.ids == [3] and not st.done
+    assert failed.value.pending == event("c", 1, "a", None)  # the client's: sent before resuming
 
 
 def test_what_makes_a_stream_not_resumable():
