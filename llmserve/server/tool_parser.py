@@ -72,9 +72,8 @@ class ToolCallParser:
             if not self._in_call:
                 i = self._buf.find(OPEN)
                 if i < 0:
-                    keep = _partial_suffix(self._buf, OPEN)
-                    self._text(self._buf[:len(self._buf) - keep], events)
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    ready, self._buf = _held_back(self._buf, OPEN)
+                    self._text(ready, events)
                     return events
                 self._text(self._buf[:i], events)
                 self._buf, self._in_call, self._block = self._buf[i + len(OPEN):], True, ""
@@ -84,9 +83,8 @@ class ToolCallParser:
                     self.calls.append(_Call(""))  # past the first with parallel off: read, not sent
             j = self._buf.find(CLOSE)
             if j < 0:
-                keep = _partial_suffix(self._buf, CLOSE)
-                self._grow(self._buf[:len(self._buf) - keep], events)
-                self._buf = self._buf[len(self._buf) - keep:]
+                ready, self._buf = _held_back(self._buf, CLOSE)
+                self._grow(ready, events)
                 return events
             self._grow(self._buf[:j], events)
             self._buf, self._in_call = self._buf[j + len(CLOSE):], False
@@ -158,12 +156,12 @@ class ToolCallParser:
         return sum(1 for c in self.calls if c.id) - 1
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of ``text`` that could begin ``tag``."""
+def _held_back(text: str, tag: str) -> tuple[str, str]:
+    """``text`` split before its longest end that could begin ``tag``: (ready, held back)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):
-            return n
-    return 0
+            return text[:-n], text[-n:]
+    return text, ""
 
 
 class _ValueEnd:
