@@ -164,9 +164,20 @@ def test_tokenize_detokenize(server):
     assert httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}).status_code == 400
 
 
-def test_disconnect_aborts_and_frees_kv(server):
+def test_disconnect_aborts_and_frees_kv(tmp_path):
+    # Its own engine with a long context: 4,000 tokens take seconds, so the request is
+    # still running when the client leaves, however slow the machine (200 could finish first).
+    model = make_tiny_llama(tmp_path / "model", max_position_embeddings=4096)
+    server = start_engine(model, tmp_path, "--served-model-name", "tiny")
+    try:
+        _disconnect_aborts_and_frees_kv(server)
+    finally:
+        server.stop()
+
+
+def _disconnect_aborts_and_frees_kv(server):
     aborted = metric(server, "vllm:request_success_total", 'finished_reason="abort"')
-    body = {"prompt": "go", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    body = {"prompt": "go", "max_tokens": 4000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as resp:
         seen = 0
         for line in resp.iter_lines():
