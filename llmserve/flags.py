@@ -10,7 +10,8 @@ a field holding a nested model (a section: ``AutoscaleConfig.bounds``) is no fla
 own fields are (``add_flags(group, BoundsConfig)``).
 
 Flags default to "not given" (``argparse.SUPPRESS``), so :func:`config_from` passes
-only what the user typed and every default comes from the model itself.
+only what the user typed and every default comes from the model itself; a bad value
+is refused once, by the model, and :func:`flag_error` names it by its flag.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,11 @@ class Flag:
     negate: bool = False             # a bool field set False by a single flag ("--engine-in-thread")
     append: bool = False             # repeatable flag, one item each ("--api-key K --api-key L")
     nargs: int | str | None = None
+    const: Any = None                # nargs="?": the value of the bare flag ("--plot" alone)
     type: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     metavar: tuple[str, ...] | str | None = None
+    show: Callable[[Any], Any] | None = None  # the default as the help writes it, in the flag's syntax
 
 
 def _flag_of(info) -> Flag:
@@ -80,7 +83,8 @@ def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset
             continue
         kw: dict[str, Any] = dict(dest=field, default=argparse.SUPPRESS)
         help_ = info.description or ""
-        default = (defaults or {}).get(field, info.get_default(call_default_factory=True))
+        default = (defaults or {}).get(field, None if info.is_required()
+                                       else info.get_default(call_default_factory=True))
         base = _base_type(info.annotation)
         if base is bool and spec.negate:
             kw.update(action="store_false")
@@ -92,6 +96,8 @@ def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset
                 kw["action"] = "append"
             elif spec.nargs is not None:
                 kw["nargs"] = spec.nargs
+                if spec.const is not None:
+                    kw["const"] = spec.const
             elif typing.get_origin(base) is list and spec.parse is None:  # parse: one value, its own shape
                 kw["nargs"] = "+"
             kw["type"] = spec.type or _scalar_type(base)
@@ -100,8 +106,12 @@ def add_flags(group, model: type[BaseModel], *, skip: frozenset[str] = frozenset
                 kw["choices"] = choices
             if spec.metavar or not choices:  # else argparse shows the choices
                 kw["metavar"] = spec.metavar or flag_name(field, spec)[2:].upper().replace("-", "_")
-            if default not in (None, [], ""):
-                shown = default / spec.scale if spec.scale else default
+            shown = default
+            if default is not None and spec.show:
+                shown = spec.show(default)
+            elif default is not None and spec.scale:
+                shown = default / spec.scale
+            if shown not in (None, [], ""):
                 help_ = f"{help_} (default: {shown})".strip()
         group.add_argument(flag_name(field, spec), help=help_ or None, **kw)
 
@@ -140,3 +150,18 @@ def given(model: type[BaseModel], args: argparse.Namespace, *,
 def config_from(model: type[BaseModel], args: argparse.Namespace, **overrides: Any):
     """``model`` built from the given flags (and ``overrides``), validated once."""
     return model(**{**given(model, args), **overrides})
+
+
+def flag_error(e: ValidationError, *models: type[BaseModel]) -> str:
+    """``e`` in one line, each bad value named by its flag (``--num-prompts: ...``):
+    pydantic's own text is several lines per error and names the field."""
+    flags = {f: flag_name(f, _flag_of(info)) for m in models for f, info in m.model_fields.items()
+             if _is_flag(info)}
+    out = []
+    for err in e.errors(include_url=False):
+        loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")
+        if err["type"] != "value_error":  # a constraint's message leaves the value out
+            msg = f"{msg}, got {err['input']!r}"
+        where = flags.get(loc[0], ".".join(map(str, loc))) if loc else ""  # type: ignore[call-overload]
+        out.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(out)

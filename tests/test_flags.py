@@ -4,12 +4,14 @@ default the model's own, every flag landing in its field in the field's units.""
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
 
 import pytest
+from pydantic import BaseModel, Field, ValidationError
 
 from llmserve.cli import build_parser, engine_config_from
 from llmserve.engine.config import EngineConfig
-from llmserve.flags import Flag, add_flags, config_from, flag_name, given
+from llmserve.flags import Flag, add_flags, config_from, flag_error, flag_name, given
 from llmserve.priority import PriorityRange
 from llmserve.server.config import ServerConfig
 
@@ -96,3 +98,31 @@ def test_the_help_shows_the_defaults_the_caller_applies():
     add_flags(p, BoundsConfig, defaults={"max_instances": 4})
     assert "at most (default: 4)" in " ".join(p.format_help().split())
     assert given(BoundsConfig, p.parse_args([])) == {}  # and passes nothing it was not given
+
+
+class _Run(BaseModel):
+    name: str = Field(description="what to send")  # required: no default to show
+    plot: Annotated[str | None, Flag(nargs="?", const="", metavar="PNG")] = None
+    rates: Annotated[tuple[float, ...], Flag(name="--rates", type=str, show=lambda r: ",".join(map(str, r)),
+                                             parse=lambda s: tuple(float(x) for x in s.split(",")))] = (1.0, 2.0)
+    count: int = Field(1, ge=1)
+
+
+def test_an_optional_value_a_required_field_and_a_default_in_the_flags_syntax():
+    p = argparse.ArgumentParser()
+    add_flags(p, _Run)
+    assert given(_Run, p.parse_args(["--plot"])) == {"plot": ""}  # the bare flag: its const
+    assert given(_Run, p.parse_args(["--plot", "a.png"])) == {"plot": "a.png"}
+    assert given(_Run, p.parse_args([])) == {}
+    assert config_from(_Run, p.parse_args(["--rates", "3,4.5"]), name="m").rates == (3.0, 4.5)
+    text = " ".join(p.format_help().split())
+    assert "--name NAME what to send --plot [PNG] --rates RATES (default: 1.0,2.0)" in text
+
+
+def test_a_validation_error_is_one_line_naming_each_flag():
+    p = argparse.ArgumentParser()
+    add_flags(p, _Run)
+    with pytest.raises(ValidationError) as e:
+        config_from(_Run, p.parse_args(["--count", "0"]), name="m", rates="x")
+    why = flag_error(e.value, _Run)
+    assert why == "--rates: Input should be a valid tuple, got 'x'; --count: Input should be greater than or equal to 1, got 0"

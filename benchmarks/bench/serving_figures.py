@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -52,18 +52,19 @@ class Suite:
 
 SUITES: dict[str, Suite] = {
     "concurrency": Suite(
-        [(f"random 256/128 c={c}", DatasetConfig("random", random_input_len=256, random_output_len=128),
+        [(f"random 256/128 c={c}", DatasetConfig(name="random", random_input_len=256, random_output_len=128),
           LoadConfig(num_prompts=max(16, 4 * c), max_concurrency=c)) for c in (1, 16, 64)],
         [("default", [])],
     ),
     "shared-prefix": Suite(
-        [("shared-prefix 8x512+32, 64 out", DatasetConfig("shared-prefix", num_prefixes=8, prefix_len=512,
+        [("shared-prefix 8x512+32, 64 out", DatasetConfig(name="shared-prefix", num_prefixes=8, prefix_len=512,
                                                          question_len=32, output_len=64),
           LoadConfig(num_prompts=128, max_concurrency=16))],
         [("prefix caching on", ["--enable-prefix-caching"]), ("prefix caching off", ["--no-enable-prefix-caching"])],
     ),
     "input-grounded": Suite(
-        [("input-grounded rewrite 256/256", DatasetConfig("input-grounded", grounded_input_len=256, output_len=256),
+        [("input-grounded rewrite 256/256",
+          DatasetConfig(name="input-grounded", grounded_input_len=256, output_len=256),
           LoadConfig(num_prompts=64, max_concurrency=16))],
         [("no speculation", []), ("ngram k=4", ["--speculative-config", NGRAM])],
     ),
@@ -125,10 +126,11 @@ def run_suite(name: str, base_url: str, model: str, label: str, args: argparse.N
     for i, (run_name, dataset, load) in enumerate(SUITES[name].runs):
         # A new seed per run: a run repeating an earlier run's prompts on the same
         # server would find them in its prefix cache.
-        load = replace(load, seed=args.seed + i, num_prompts=max(1, round(load.num_prompts * args.scale)))
+        load = load.model_copy(update={"seed": args.seed + i,
+                                       "num_prompts": max(1, round(load.num_prompts * args.scale))})
         cfg = BenchConfig(
-            endpoint=EndpointConfig(base_url, model, args.endpoint, ignore_eos=True),
-            dataset=replace(dataset, tokenizer=args.tokenizer), load=load, percentiles=(50.0, 90.0, 99.0),
+            endpoint=EndpointConfig(base_url=base_url, model=model, endpoint=args.endpoint, ignore_eos=True),
+            dataset=dataset.model_copy(update={"tokenizer": args.tokenizer}), load=load, percentiles=(50.0, 90.0, 99.0),
             label=f"{run_name} [{label}]", server_metrics="",
         )
         result = execute(cfg)

@@ -177,7 +177,7 @@ def offline(core: EngineCore, reqs: list[SampleRequest], conc: int, tag: str) ->
 
 def over_http(server: Server, reqs: list[SampleRequest], warm: list[SampleRequest], conc: int,
               tok: Any) -> dict[str, Any]:
-    cfg = EndpointConfig(server.url + "/v1", first_served_model(server.url + "/v1", None), "completions",
+    cfg = EndpointConfig(base_url=server.url + "/v1", model=first_served_model(server.url + "/v1", None),
                          ignore_eos=True)
     cpu0, scpu0 = time.process_time(), server.cpu_seconds()
     outcome = asyncio.run(run_requests(cfg, reqs, [0.0] * len(reqs), conc, warm, tok, show_progress=False))

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.gateway.config import CanarySettings, PoolSettings
 
 # Flags that serve sets itself on every instance.
 RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
@@ -90,11 +91,13 @@ class VersionDeployment(_Strict):
 class ModelDeployment(_Strict):
     name: str  # the served model name clients put in "model"
     versions: list[VersionDeployment] = Field(min_length=1)
-    canary: dict[str, Any] | None = None  # the gateway's CanarySettings, checked by its config
+    canary: CanarySettings | None = None
     # Seconds a user stays on the version they were routed to while weights move
     # (see gateway/version_router.py); 0: pure weighted hashing.
     stickiness_window_s: float = Field(600.0, ge=0.0)
-    pool: dict[str, Any] = Field(default_factory=dict)  # admission, concurrency, balancer
+    # The model's own keys over the file's top-level pool: ServeConfig merges them
+    # before this is validated, so a misspelt key fails here, at models[i].pool.
+    pool: PoolSettings = PoolSettings()
 
     @model_validator(mode="after")
     def _names(self) -> ModelDeployment:
@@ -106,7 +109,7 @@ class ModelDeployment(_Strict):
     def weight(self, v: VersionDeployment) -> float:
         if v.weight is not None:
             return v.weight
-        return 0.0 if self.canary is not None and self.canary.get("version") == v.name else 1.0
+        return 0.0 if self.canary is not None and self.canary.version == v.name else 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,18 @@ def _fields(m: BaseModel) -> dict[str, Any]:
     return {k: getattr(m, k) for k in type(m).model_fields}
 
 
+def _models_over_pool(models: list[Any], top: Any) -> list[Any]:
+    """Each model's ``pool`` keys deep-merged over the file's top-level ``pool`` (as
+    validated: a mapping it sets replaces the default one, as in the gateway's file).
+    A top-level pool that does not validate is left for its own error."""
+    try:
+        base = (top if isinstance(top, PoolSettings) else PoolSettings.model_validate(top or {})).model_dump()
+    except ValueError:
+        return models
+    return [{**m, "pool": deep_merge(base, m.get("pool") or {})}
+            if isinstance(m, dict) and isinstance(m.get("pool", {}), dict) else m for m in models]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -103,6 +115,8 @@ class ServeConfig(_Strict):
     def _serve_defaults(cls, d: Any) -> Any:
         if isinstance(d, dict) and isinstance(d.get("autoscale", {}), dict):
             d = {**d, "autoscale": deep_merge(SERVE_AUTOSCALE_DEFAULTS, d.get("autoscale", {}))}
+        if isinstance(d, dict) and isinstance(d.get("models"), list):
+            d = {**d, "models": _models_over_pool(d["models"], d.get("pool"))}
         return d
 
     @field_validator("engine_args")
@@ -175,7 +189,7 @@ class ServeConfig(_Strict):
         else:
             models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name],
                        "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
-                       **deep_merge(self.pool.model_dump(), m.pool)} for m in self.models]
+                       **_fields(m.pool)} for m in self.models]
         return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 
     def threads(self, pool: PoolDeployment | None = None) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -20,74 +19,31 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from llmserve.bench import datasets
 from llmserve.bench.arrivals import load_rate_trace, plan_arrivals
-from llmserve.bench.client import ENDPOINT_PATHS, EndpointConfig
-from llmserve.bench.config import DATASET_NAMES, BenchConfig, DatasetConfig, LoadConfig
-from llmserve.bench.metrics import SLO, summarize, summarize_by_priority
+from llmserve.bench.client import EndpointConfig
+from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
+from llmserve.bench.metrics import summarize, summarize_by_priority
 from llmserve.bench.report import BenchResult, load_result, render_compare, render_result, save_result
 from llmserve.bench.runner import run_requests
 from llmserve.bench.server_metrics import default_metrics_url
 from llmserve.bench.tokenizer import Tokenizer, load_tokenizer
+from llmserve.flags import add_flags, config_from, flag_error, given
+
+
+# The flag groups, in the help's order; every flag is generated from its model's fields.
+FLAG_GROUPS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("target", EndpointConfig), ("load", LoadConfig), ("dataset", DatasetConfig), ("results", BenchConfig))
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     """Add the bench flags, and the ``compare A.json B.json`` sub-command, to ``parser``."""
-    g = parser.add_argument_group("target")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="API root, e.g. http://127.0.0.1:8000/v1")
-    g.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
-    g.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="completions")
-    g.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    g.add_argument("--ignore-eos", action="store_true", help="send ignore_eos so output lengths are exact")
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
-
-    g = parser.add_argument_group("load")
-    g.add_argument("--num-prompts", type=int, default=1000)
-    g.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests/s; inf (default) sends all at once, else Poisson/gamma arrivals")
-    g.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the gaps: 1 Poisson, <1 burstier, >1 more regular")
-    g.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
-    g.add_argument("--rate-trace", default=None, metavar="CSV",
-                   help="rate over time (rows 'time_s,rate', linear between rows); replaces --request-rate")
-    g.add_argument("--num-warmups", type=int, default=0, help="requests sent first and not counted")
-    g.add_argument("--seed", type=int, default=0)
-
-    g = parser.add_argument_group("dataset")
-    g.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
-    g.add_argument("--dataset-path", default=None, help="jsonl prompts, or the source text for input-grounded")
-    g.add_argument("--tokenizer", default=None,
-                   help="the model's tokenizer (HF folder or .gguf file) for exact token counts")
-    g.add_argument("--random-input-len", type=int, default=1024)
-    g.add_argument("--random-output-len", type=int, default=128)
-    g.add_argument("--random-range-ratio", type=float, default=0.0)
-    g.add_argument("--output-len", type=int, default=128,
-                   help="max_tokens for shared-prefix, multi-turn, input-grounded and jsonl")
-    g.add_argument("--num-prefixes", type=int, default=10, help="shared-prefix: distinct system prompts")
-    g.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens per system prompt")
-    g.add_argument("--question-len", type=int, default=32, help="shared-prefix: tokens per question")
-    g.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
-    g.add_argument("--turn-user-len", type=int, default=64, help="multi-turn: tokens per user turn")
-    g.add_argument("--grounded-input-len", type=int, default=512, help="input-grounded: passage tokens")
-    g.add_argument("--grounded-task", choices=sorted(datasets.GROUNDED_INSTRUCTIONS), default="rewrite")
-    g.add_argument("--batch-share", type=float, default=0.0,
-                   help="share of requests sent with \"priority\": \"batch\"")
-
-    g = parser.add_argument_group("results")
-    g.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
-                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000")
-    g.add_argument("--metric-percentiles", default="90,99", help="comma-separated, e.g. 50,90,99,99.9")
-    g.add_argument("--save-result", default=None, metavar="FILE", help="write config, requests and summary as JSON")
-    g.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
-                   help="write a PNG (default: beside --save-result, else bench.png)")
-    g.add_argument("--server-metrics", nargs="?", const="", default=None, metavar="URL",
-                   help="read the server's /metrics counters before and after the run and show them "
-                        "beside the bench's counts (default URL: the base URL's /metrics)")
-    g.add_argument("--label", default=None, help="a name for this run in results and comparisons")
-    g.add_argument("--disable-tqdm", action="store_true")
-
+    for title, model in FLAG_GROUPS:
+        add_flags(parser.add_argument_group(title), model)
     sub = parser.add_subparsers(dest="bench_command", required=False, metavar="{compare}")
     cmp_parser = sub.add_parser("compare", help="print two saved results side by side with ratios")
     cmp_parser.add_argument("result_a")
@@ -96,32 +52,20 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags into a typed configuration (raises ValueError on bad values)."""
-    model = args.model or first_served_model(args.base_url, args.api_key)
-    plot = args.plot
-    if plot == "":
-        plot = str(Path(args.save_result).with_suffix(".png")) if args.save_result else "bench.png"
-    return BenchConfig(
-        endpoint=EndpointConfig(args.base_url, model, args.endpoint, args.api_key, args.ignore_eos, args.timeout),
-        dataset=DatasetConfig(
-            args.dataset_name, args.dataset_path, args.tokenizer, args.output_len,
-            args.random_input_len, args.random_output_len, args.random_range_ratio,
-            args.num_prefixes, args.prefix_len, args.question_len, args.turns, args.turn_user_len,
-            args.grounded_input_len, args.grounded_task, args.batch_share,
-        ),
-        load=LoadConfig(args.num_prompts, args.request_rate, args.burstiness, args.max_concurrency,
-                        args.rate_trace, args.num_warmups, args.seed),
-        percentiles=tuple(float(p) for p in args.metric_percentiles.split(",") if p.strip()),
-        slo=SLO.parse(args.goodput),
-        save_result=args.save_result,
-        plot=plot,
-        show_progress=not args.disable_tqdm,
-        label=args.label,
-        server_metrics=args.server_metrics,
-    )
+    endpoint = given(EndpointConfig, args)
+    if not endpoint.get("model"):
+        probe = EndpointConfig(**{**endpoint, "model": "-"})  # the URL is checked before it is called
+        endpoint["model"] = first_served_model(probe.base_url, probe.api_key)
+    results = given(BenchConfig, args)
+    if results.get("plot") == "":  # --plot without a file
+        save = results.get("save_result")
+        results["plot"] = str(Path(save).with_suffix(".png")) if save else "bench.png"
+    return BenchConfig(endpoint=EndpointConfig(**endpoint), dataset=config_from(DatasetConfig, args),
+                       load=config_from(LoadConfig, args), **results)
 
 
 def first_served_model(base_url: str, api_key: str | None) -> str:
-    url = EndpointConfig(base_url, "-").api_root
+    url = EndpointConfig(base_url=base_url, model="-").api_root
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(trust_env=False, timeout=30) as c:
         resp = c.get(url + "/models", headers=headers)
@@ -213,7 +157,8 @@ def run_bench(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         plan = prepare(cfg)
     except (ValueError, OSError, httpx.HTTPError) as e:
-        console.print(f"[red]llmserve bench: {e}[/red]")
+        why = flag_error(e, *(m for _, m in FLAG_GROUPS)) if isinstance(e, ValidationError) else str(e)
+        console.print(f"[red]llmserve bench: {escape(why)}[/red]", soft_wrap=True)  # one line, however long
         return 2
     console.print(f"Sending {len(plan.offsets)} requests to {cfg.endpoint.url} (model {cfg.endpoint.model}); "
                   f"token counts {plan.tokenizer.description}")

@@ -13,44 +13,45 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmserve.bench.datasets import DEFAULT_PRIORITY, SampleRequest
 from llmserve.bench.records import ErrorKind, OutputCountSource, RequestRecord
+from llmserve.flags import Flag
 
 Endpoint = Literal["completions", "chat"]
 ENDPOINT_PATHS: dict[str, str] = {"completions": "/completions", "chat": "/chat/completions"}
 
 
-@dataclass(slots=True, frozen=True)
-class EndpointConfig:
+class EndpointConfig(BaseModel):
     """Where and how requests are sent.
 
     ``base_url`` is the API root (``http://127.0.0.1:8000/v1``); a URL with no path
     gets ``/v1`` appended, so ``http://127.0.0.1:8000`` works too.
     """
 
-    base_url: str
-    model: str
-    endpoint: Endpoint = "completions"
-    api_key: str | None = None
-    ignore_eos: bool = False
-    timeout_s: float = 600.0
-    temperature: float = 0.0
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.endpoint not in ENDPOINT_PATHS:
-            raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}, got {self.endpoint!r}")
-        parts = urlsplit(self.base_url)
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="API root (a URL with no path gets /v1)")
+    model: str = Field(description="model name to send (default: the first of GET /v1/models)")
+    endpoint: Annotated[Endpoint, Flag(choices=tuple(sorted(ENDPOINT_PATHS)))] = "completions"
+    api_key: str | None = Field(None, description="sent as 'Authorization: Bearer KEY'")
+    ignore_eos: bool = Field(False, description="send ignore_eos so output lengths are exact")
+    timeout_s: float = Field(600.0, gt=0.0, description="per-request limit in seconds")
+    temperature: Annotated[float, Flag(skip=True)] = 0.0  # greedy, like vLLM's bench
+    extra_body: Annotated[dict[str, Any], Flag(skip=True)] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"base URL must be http(s)://host:port[/path], got {self.base_url!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be > 0 s, got {self.timeout_s}")
+            raise ValueError(f"base URL must be http(s)://host:port[/path], got {url!r}")
+        return url
 
     @property
     def api_root(self) -> str:

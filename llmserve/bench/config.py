@@ -3,100 +3,112 @@
 A result file is only comparable with another if it says exactly what load and
 data produced it, so the whole configuration (and how token counts were made)
 goes into the JSON.
+
+The models are also the command line: ``llmserve bench``'s flags (named as in
+``vllm bench serve``) are generated from their fields (:mod:`llmserve.flags`), so a
+flag's name, default and help are written here once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.bench.client import EndpointConfig
+from llmserve.bench.datasets import GROUNDED_INSTRUCTIONS
 from llmserve.bench.metrics import SLO
+from llmserve.flags import Flag
 
 DatasetName = Literal["random", "shared-prefix", "multi-turn", "input-grounded", "jsonl"]
-DATASET_NAMES: tuple[str, ...] = ("random", "shared-prefix", "multi-turn", "input-grounded", "jsonl")
 
 
-@dataclass(slots=True)
-class DatasetConfig:
-    name: DatasetName = "random"
-    path: str | None = None
-    tokenizer: str | None = None
-    output_len: int = 128  # every dataset but random (which has its own)
-    random_input_len: int = 1024
-    random_output_len: int = 128
-    random_range_ratio: float = 0.0
-    num_prefixes: int = 10
-    prefix_len: int = 512
-    question_len: int = 32
-    turns: int = 4
-    turn_user_len: int = 64
-    grounded_input_len: int = 512
-    grounded_task: str = "rewrite"
-    batch_share: float = 0.0
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.name not in DATASET_NAMES:
-            raise ValueError(f"dataset must be one of {DATASET_NAMES}, got {self.name!r}")
+
+class DatasetConfig(_Frozen):
+    name: Annotated[DatasetName, Flag(name="--dataset-name")] = "random"
+    path: Annotated[str | None, Flag(name="--dataset-path")] = Field(
+        None, description="jsonl prompts, or the source text for input-grounded")
+    tokenizer: str | None = Field(
+        None, description="the model's tokenizer (HF folder or .gguf file) for exact token counts")
+    output_len: int = Field(128, ge=1, description="max_tokens for shared-prefix, multi-turn, input-grounded "
+                            "and jsonl")  # random has its own
+    random_input_len: int = Field(1024, ge=1, description="random: prompt tokens")
+    random_output_len: int = Field(128, ge=1, description="random: max_tokens")
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0,
+                                      description="random: each length uniform in [len*(1-r), len*(1+r)]")
+    num_prefixes: int = Field(10, ge=1, description="shared-prefix: distinct system prompts")
+    prefix_len: int = Field(512, ge=0, description="shared-prefix: tokens per system prompt")
+    question_len: int = Field(32, ge=0, description="shared-prefix: tokens per question")
+    turns: int = Field(4, ge=1, description="multi-turn: turns per conversation")
+    turn_user_len: int = Field(64, ge=0, description="multi-turn: tokens per user turn")
+    grounded_input_len: int = Field(512, ge=0, description="input-grounded: passage tokens")
+    grounded_task: Annotated[str, Flag(choices=tuple(sorted(GROUNDED_INSTRUCTIONS)))] = "rewrite"
+    batch_share: float = Field(0.0, ge=0.0, le=1.0, description='share of requests sent with "priority": "batch"')
+
+    @field_validator("grounded_task")
+    @classmethod
+    def _task(cls, task: str) -> str:
+        if task not in GROUNDED_INSTRUCTIONS:
+            raise ValueError(f"grounded task must be one of {sorted(GROUNDED_INSTRUCTIONS)}, got {task!r}")
+        return task
+
+    @model_validator(mode="after")
+    def _path(self) -> DatasetConfig:
         if self.name == "jsonl" and not self.path:
             raise ValueError("the jsonl dataset needs --dataset-path")
-        for name in ("output_len", "random_input_len", "random_output_len", "num_prefixes", "turns"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("prefix_len", "question_len", "turn_user_len", "grounded_input_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.random_range_ratio < 1:
-            raise ValueError(f"random range ratio must be in [0, 1), got {self.random_range_ratio}")
-        if not 0 <= self.batch_share <= 1:
-            raise ValueError(f"batch share must be in [0, 1], got {self.batch_share}")
+        return self
 
 
-@dataclass(slots=True)
-class LoadConfig:
-    num_prompts: int = 1000
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    rate_trace: str | None = None
-    num_warmups: int = 0
+class LoadConfig(_Frozen):
+    num_prompts: int = Field(1000, ge=1)
+    request_rate: float = Field(math.inf, gt=0.0, description="requests/s; inf sends all at once, "
+                                "else Poisson/gamma arrivals")
+    burstiness: float = Field(1.0, gt=0.0, description="gamma shape of the gaps: 1 Poisson, <1 burstier, "
+                              ">1 more regular")
+    max_concurrency: int | None = Field(None, ge=1, description="most requests in flight at once")
+    rate_trace: Annotated[str | None, Flag(metavar="CSV")] = Field(
+        None, description="rate over time (rows 'time_s,rate', linear between rows); replaces --request-rate")
+    num_warmups: int = Field(0, ge=0, description="requests sent first and not counted")
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.num_prompts < 1:
-            raise ValueError(f"num prompts must be >= 1, got {self.num_prompts}")
-        if not self.request_rate > 0:
-            raise ValueError(f"request rate must be > 0 (inf: all at once), got {self.request_rate}")
-        if not self.burstiness > 0:
-            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError(f"max concurrency must be >= 1, got {self.max_concurrency}")
-        if self.num_warmups < 0:
-            raise ValueError(f"num warmups must be >= 0, got {self.num_warmups}")
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ValueError(f"--metric-percentiles {text!r}: expected comma-separated numbers") from None
 
 
-@dataclass(slots=True)
-class BenchConfig:
+class BenchConfig(_Frozen):
     endpoint: EndpointConfig
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
-    percentiles: tuple[float, ...] = (90.0, 99.0)
-    slo: SLO = field(default_factory=SLO)
-    save_result: str | None = None
-    plot: str | None = None
-    show_progress: bool = True
-    label: str | None = None
-    server_metrics: str | None = None  # None: off; "": the base URL's /metrics
-
-    def __post_init__(self) -> None:
-        for p in self.percentiles:
-            if not 0 < p <= 100:
-                raise ValueError(f"percentiles must be in (0, 100], got {p}")
+    dataset: DatasetConfig = DatasetConfig()
+    load: LoadConfig = LoadConfig()
+    percentiles: Annotated[tuple[Annotated[float, Field(gt=0.0, le=100.0)], ...], Flag(
+        name="--metric-percentiles", type=str, parse=_percentiles, metavar="METRIC_PERCENTILES",
+        show=lambda ps: ",".join(f"{p:g}" for p in ps))] = Field(
+        (90.0, 99.0), description="comma-separated, e.g. 50,90,99,99.9")
+    slo: Annotated[SLO, Flag(name="--goodput", nargs="+", type=str, parse=SLO.parse, metavar="KEY:MS",
+                             show=lambda slo: " ".join(f"{k}:{v:g}" for k, v in slo.to_dict().items()))] = Field(
+        default_factory=SLO, description="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000")
+    save_result: Annotated[str | None, Flag(metavar="FILE")] = Field(
+        None, description="write config, requests and summary as JSON")
+    plot: Annotated[str | None, Flag(nargs="?", const="", metavar="PNG")] = Field(
+        None, description="write a PNG (default: beside --save-result, else bench.png)")
+    show_progress: Annotated[bool, Flag(name="--disable-tqdm", negate=True)] = Field(
+        True, description="no progress bar")
+    label: str | None = Field(None, description="a name for this run in results and comparisons")
+    # None: off; "": the base URL's /metrics.
+    server_metrics: Annotated[str | None, Flag(nargs="?", const="", metavar="URL")] = Field(
+        None, description="read the server's /metrics counters before and after the run and show them "
+        "beside the bench's counts (default URL: the base URL's /metrics)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: infinite rates become the string ``"inf"``; the API key is left out."""
-        d = asdict(self)
+        d = self.model_dump()
         d["endpoint"].pop("api_key", None)
         d["endpoint"]["url"] = self.endpoint.url
         d["slo"] = self.slo.to_dict()

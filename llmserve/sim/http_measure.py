@@ -51,7 +51,7 @@ def _burst(serve: ServeProcess, served_name: str, tok: Tokenizer, n: int, prompt
            seed: int) -> list[tuple[float, float]]:
     """(TTFT, TPOT) of each request of one burst that completed with ``output`` tokens."""
     requests = trace_requests(burst_trace(n, prompt, output), tok, seed)
-    bench = BenchConfig(endpoint=EndpointConfig(serve.url, served_name, "completions", None, ignore_eos=True,
+    bench = BenchConfig(endpoint=EndpointConfig(base_url=serve.url, model=served_name, ignore_eos=True,
                                                 timeout_s=300.0),
                         load=LoadConfig(num_prompts=n), show_progress=False)
     result = execute(bench, Plan(tok, requests, [0.0] * n, []))

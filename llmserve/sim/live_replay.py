@@ -114,7 +114,7 @@ def replay_live(trace: Trace, serve_config: dict[str, Any], tok: Tokenizer, work
         ready = pool["counts"]["ready"]
         log(f"{ready} ready; sending {len(requests)} requests over {trace.duration_s:.0f}s")
         bench = BenchConfig(
-            endpoint=EndpointConfig(serve.url, cfg.served_name, "completions", keys[0], ignore_eos=True,
+            endpoint=EndpointConfig(base_url=serve.url, model=cfg.served_name, api_key=keys[0], ignore_eos=True,
                                     timeout_s=request_timeout_s),
             load=LoadConfig(num_prompts=max(1, len(requests))), show_progress=False)
         result = execute(bench, Plan(tok, requests, trace.arrival_s.tolist(), []))

@@ -51,7 +51,7 @@ def live_config(model) -> dict:
 
 def bench_config(url: str, model_dir, trace_csv) -> BenchConfig:
     return BenchConfig(
-        endpoint=EndpointConfig(url, "tiny", "completions", ignore_eos=True, timeout_s=120),
+        endpoint=EndpointConfig(base_url=url, model="tiny", ignore_eos=True, timeout_s=120),
         dataset=DatasetConfig(name="random", tokenizer=str(model_dir), random_input_len=16, random_output_len=16),
         load=LoadConfig(num_prompts=1000, rate_trace=str(trace_csv), seed=7), show_progress=False)
 

@@ -38,6 +38,41 @@ def test_a_misspelt_key_in_a_version_names_the_version(tmp_path):
     assert "models[chat].versions[v1].autoscale" in str(e.value) and "kpa.panic_windw_s" in str(e.value)
 
 
+@pytest.mark.parametrize("pool, key", [
+    ({"admision": {"realtime": {"deadline_s": 60}}}, "models.0.pool.admision"),
+    ({"admission": {"realtime": {"deadline_sx": 60}}}, "models.0.pool.admission.realtime.deadline_sx"),
+    ({"balancer": {"tie_margn": 0.1}}, "models.0.pool.balancer.tie_margn"),
+])
+def test_a_misspelt_key_in_a_models_pool_fails_at_load_naming_it(tmp_path, pool, key):
+    data = {"models": [{"name": "chat", "versions": [{"name": "v1", "model": "/m/a"}], "pool": pool}]}
+    with pytest.raises(ValidationError) as e:
+        load(tmp_path, data)
+    assert f"{key}\n" in str(e.value) and "Extra inputs are not permitted" in str(e.value)
+
+
+def test_a_models_pool_and_canary_are_typed_over_the_top_level_pool(tmp_path):
+    data = {"pool": {"admission": {"realtime": {"max_queue": 100, "deadline_s": 10}},
+                     "balancer": {"weights": {"queue": 1.0}}},
+            "models": [{"name": "chat", "versions": [{"name": "v1", "model": "/m/a"},
+                                                     {"name": "v2", "model": "/m/b"}],
+                        "canary": {"version": "v2", "stable": "v1", "step_weight": 0.1},
+                        "pool": {"admission": {"realtime": {"deadline_s": 60}}, "concurrency": {"fixed": 4}}},
+                       {"name": "code", "versions": [{"name": "v1", "model": "/m/c"}]}]}
+    cfg = load(tmp_path, data)
+    chat, code = cfg.models
+    assert (chat.pool.admission.realtime.max_queue, chat.pool.admission.realtime.deadline_s) == (100, 60.0)
+    assert chat.pool.concurrency.fixed == 4 and chat.pool.balancer.weights == {"queue": 1.0}
+    assert code.pool == cfg.pool  # no pool of its own: the top level's
+    assert (chat.canary.version, chat.canary.step_weight, chat.canary.start_weight) == ("v2", 0.1, 0.05)
+    assert [p.weight for p in cfg.pools()] == [1.0, 0.0, 1.0]  # the canary version starts at 0
+    gw = {m.name: m for m in cfg.gateway_config("x" * 16).models}
+    assert gw["chat"].admission == chat.pool.admission and gw["chat"].concurrency.fixed == 4
+    assert gw["code"].admission.realtime.deadline_s == 10.0 and gw["chat"].canary == chat.canary
+    with pytest.raises(ValidationError, match="models.0.canary.step_weigt"):
+        load(tmp_path, {**data, "models": [{**data["models"][0], "canary": {"version": "v2", "stable": "v1",
+                                                                            "step_weigt": 0.1}}]})
+
+
 def test_a_bad_value_is_refused_at_load_with_its_check(tmp_path):
     with pytest.raises(ValidationError, match="autoscale config: bounds.max_instances must be >= max"):
         load(tmp_path, {"autoscale": {"bounds": {"min_instances": 5, "max_instances": 2}}})

@@ -35,6 +35,10 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
     assert s["good_completed"] == 10 and "p50_ttft_ms" in s and "p99_e2el_ms" in s
     assert data["config"]["endpoint"]["model"] == "fake-model"
     assert data["config"]["load"]["request_rate"] == "inf"
+    assert list(data["config"]) == ["endpoint", "dataset", "load", "percentiles", "slo", "save_result", "plot",
+                                    "show_progress", "label", "server_metrics"]
+    assert data["config"]["percentiles"] == [50.0, 90.0, 99.0] and data["config"]["slo"] == {"ttft": 10000.0}
+    assert data["config"]["plot"] == str(tmp_path / "a.png") and "api_key" not in data["config"]["endpoint"]
     assert data["meta"]["token_counts"].startswith("exact")
     assert len(data["requests"]) == 10 and "chunk_s" in data["requests"][0]
     assert set(data["per_class"]) == {"batch", "realtime"}

@@ -42,7 +42,7 @@ def data(obj) -> str:
 
 
 REQ = SampleRequest("hello world", prompt_len=2, output_len=5)
-CFG = EndpointConfig("http://127.0.0.1:1/v1", "m")
+CFG = EndpointConfig(base_url="http://127.0.0.1:1/v1", model="m")
 
 
 async def test_timings_from_a_hand_built_stream():
@@ -78,7 +78,7 @@ async def test_chat_deltas_and_missing_usage():
         (0.6, "data: [DONE]\n\n"),
     ]
     async with replay(events, clock) as client:
-        cfg = EndpointConfig("http://127.0.0.1:1/v1", "m", endpoint="chat")
+        cfg = EndpointConfig(base_url="http://127.0.0.1:1/v1", model="m", endpoint="chat")
         rec = await send_request(client, cfg, REQ, 0, clock_origin=1000.0, clock=clock)
     assert rec.success and rec.generated_text == "hi there"
     assert metrics.ttft(rec) == pytest.approx(0.2)  # vLLM times the first choice event
@@ -104,24 +104,25 @@ async def test_bad_streams_are_stream_failures(events, message):
 
 def test_payloads():
     req = SampleRequest("p", 1, 7, messages=[{"role": "user", "content": "m"}], priority="batch")
-    body = build_payload(req, EndpointConfig("http://127.0.0.1:8000", "m", "chat", ignore_eos=True))
+    body = build_payload(req, EndpointConfig(base_url="http://127.0.0.1:8000", model="m", endpoint="chat",
+                                                ignore_eos=True))
     assert body["messages"] == [{"role": "user", "content": "m"}] and "prompt" not in body
     assert body["stream"] and body["stream_options"] == {"include_usage": True}
     assert (body["max_tokens"], body["ignore_eos"], body["priority"]) == (7, True, "batch")
     body = build_payload(SampleRequest("p", 1, 7), CFG)
     assert body["prompt"] == "p" and "priority" not in body and "ignore_eos" not in body
-    assert EndpointConfig("http://127.0.0.1:8000", "m").url == "http://127.0.0.1:8000/v1/completions"
-    assert EndpointConfig("http://h:1/v1/", "m", "chat").url == "http://h:1/v1/chat/completions"
+    assert EndpointConfig(base_url="http://127.0.0.1:8000", model="m").url == "http://127.0.0.1:8000/v1/completions"
+    assert EndpointConfig(base_url="http://h:1/v1/", model="m", endpoint="chat").url == "http://h:1/v1/chat/completions"
     for bad in ("127.0.0.1:8000", "ftp://h/v1"):
         with pytest.raises(ValueError):
-            EndpointConfig(bad, "m")
+            EndpointConfig(base_url=bad, model="m")
 
 
 # --- failures against real loopback servers ------------------------------------------
 
 
 async def _send(url: str, timeout_s: float = 5.0):
-    cfg = EndpointConfig(url, "fake-model", timeout_s=timeout_s)
+    cfg = EndpointConfig(base_url=url, model="fake-model", timeout_s=timeout_s)
     async with httpx.AsyncClient(trust_env=False) as client:
         return await send_request(client, cfg, REQ, 0, clock_origin=0.0)
 

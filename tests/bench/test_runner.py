@@ -16,7 +16,8 @@ WORDS = load_tokenizer(None)
 
 
 def run(url, reqs, offsets=None, **kw):
-    cfg = EndpointConfig(url, "fake-model", ignore_eos=kw.pop("ignore_eos", True), endpoint=kw.pop("endpoint", "completions"))
+    cfg = EndpointConfig(base_url=url, model="fake-model", ignore_eos=kw.pop("ignore_eos", True),
+                         endpoint=kw.pop("endpoint", "completions"))
     offsets = [0.0] * len(reqs) if offsets is None else offsets
     return asyncio.run(run_requests(cfg, reqs, offsets, show_progress=False, **kw))
 
