@@ -127,16 +127,19 @@ class GrammarBackend:
 
 # xgrammar 0.2.8 writes a string under minLength / maxLength as characters of this
 # class, which lets raw control characters (U+0000-U+001F) through: not JSON, and
-# json.loads refuses it. Its plain string rule excludes them; use that class.
+# json.loads refuses it. Both its string classes also take UTF-16 surrogates encoded
+# as UTF-8 (ED A0-BF xx): invalid UTF-8, decoded as three U+FFFD each, which then
+# overrun maxLength. One class for every JSON string character excludes both.
 _LOOSE_CHAR = r'[^\"\\\r\n]'
-_JSON_CHAR = r'[^\0-\x1f\"\\]'
+_PLAIN_CHAR = r'[^\0-\x1f\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
 
 
 def schema_ebnf(xgr: Any, schema: str, strict: bool = True) -> str:
     """A JSON schema as xgrammar EBNF: one line, ``", "`` and ``": "`` separators (no runs
     of whitespace for a small model to loop in), no properties beyond the schema's."""
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
-    return ebnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    return ebnf.replace(_LOOSE_CHAR, _JSON_CHAR).replace(_PLAIN_CHAR, _JSON_CHAR)
 
 
 def _fix_tag(xgr: Any, node: Any) -> Any:

@@ -79,13 +79,12 @@ def _valid(text: str) -> dict:
 
 def test_json_schema_outputs_validate_at_temperature_1(tiny, tok):
     eng = _engine(tiny, tok)
-    # Seeds 12..23: about 1 in 25 seeds (3 and 37 here; others before seeded draws depended on
-    # the position) samples byte tokens that are no whole UTF-8 character inside "name", whose
-    # U+FFFDs then pass its maxLength: a known gap of the grammar, not what this test checks.
-    reqs = [(f"r{i}", "Hello world", SamplingParams(max_tokens=60, temperature=1.0, seed=12 + i,
-                                                   structured_outputs=_so(json=SCHEMA))) for i in range(12)]
+    # Seeds 0..39: seeds 3 and 37 sample UTF-16 surrogates as UTF-8 bytes inside "name"
+    # unless grammar.py takes them out of xgrammar's string class (their U+FFFDs overran maxLength).
+    reqs = [(f"r{i}", "Hello world", SamplingParams(max_tokens=60, temperature=1.0, seed=i,
+                                                   structured_outputs=_so(json=SCHEMA))) for i in range(40)]
     done = _run(eng, reqs)
-    for i in range(12):
+    for i in range(40):
         assert done[f"r{i}"].finish_reason == "stop", done[f"r{i}"].text
         _valid(done[f"r{i}"].text)
     assert len({done[f"r{i}"].text for i in range(12)}) > 6  # sampled, not one forced string
@@ -254,6 +253,21 @@ def test_no_raw_control_character_in_a_length_bounded_json_string(tiny, tok):
         m = backend.matcher(compiled)
         assert m.accept_token(tok.encode('"')[0])
         assert not m.accept_token(t), backend.info.decoded_vocab[t]
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 8}, {"type": "string"}])
+def test_no_utf16_surrogate_in_a_json_string(schema):
+    """ED A0-BF xx is a surrogate (U+D800-U+DFFF) in UTF-8's form: invalid UTF-8, which xgrammar's
+    string classes accept; grammar.py's class refuses it and keeps every real character."""
+    import xgrammar as xgr
+
+    from llmserve.engine.grammar import schema_ebnf
+
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([chr(i) for i in range(32, 127)])).compile_grammar(
+        schema_ebnf(xgr, json.dumps(schema)))
+    for text, ok in [(b'"\xed\xbf\x9c"', False), (b'"\xed\xa0\x80"', False),
+                     ('"\ud7ff\ue000\U0010ffff\u00e9"'.encode(), True)]:
+        assert xgr.GrammarMatcher(compiled).accept_string(text) is ok, text
 
 
 # ---- failure isolation with grammars ----------------------------------------------------------
