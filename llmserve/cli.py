@@ -135,7 +135,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
     scfg = ServerConfig(**server)
     ecfg = engine_config_from(args)
-    if ecfg.threads is None:  # one instance alone here: its cores, less the API process's where that is cheap
+    if ecfg.threads is None:  # its share of this machine's cores
         from llmserve.engine.threads import available_cores, engine_threads
 
         ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores(), ecfg.instances)})

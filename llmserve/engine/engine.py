@@ -34,6 +34,7 @@ from llmserve.engine.sampler import RowBuilder, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
+from llmserve.engine.threads import step_threads
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import round_activations
@@ -53,6 +54,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
+        self.threads = self._step_threads = torch.get_num_threads()
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
         # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
@@ -206,6 +208,7 @@ class EngineCore:
         if not plan.empty:
             self.output.on_scheduled(plan, t0)
             pending = self._guided.start(plan) if self._guided else None  # masks fill while the model runs
+            self._set_threads(plan.total_tokens)
             run = self.runner.execute(plan)
             samples = self._sample(plan, run, GuidedDecoding.masks(pending))
             finished, t1 = self._update(plan, samples, t0)
@@ -214,6 +217,13 @@ class EngineCore:
             if o.finished:
                 self._forget(o.request_id)
         return outputs
+
+    def _set_threads(self, rows: int) -> None:
+        """One thread fewer for a step of a few rows (llmserve/engine/threads.py says why)."""
+        n = step_threads(rows, self.threads)
+        if n != self._step_threads:
+            torch.set_num_threads(n)
+            self._step_threads = n
 
     def _update(self, plan, samples: StepSamples, t0: float) -> tuple[set[str], float]:
         """Apply the samples to the matchers and the scheduler; returns the requests they

@@ -1,17 +1,23 @@
-"""How many torch threads an engine process gets.
+"""How many torch threads an engine process gets, and for which steps.
 
-The engine runs in its own process; its API process (HTTP, tokenising, SSE), the
-clients on the same box and the OS need CPU too. An OpenMP step waits for its
-slowest thread, so a thread that shares its core with them stalls the whole step:
-on 2 shared cores, two torch threads gave 7 to 124 tok/s for one stream from run
-to run and a 5.8x realtime TTFT p90 under batch prompts; one thread gave a steady
-~50 tok/s and 1.7x (benchmarks/peers/README.md). So one core is left to the rest
-wherever there are two or more per instance.
+The engine runs in its own process; its API process (HTTP, tokenising, SSE) needs a
+little CPU per token. A step of many rows (a batch of decodes, a prompt chunk) is
+matrix work that two OpenMP threads nearly halve, so an instance gets its whole
+share of the cores. A step of a few rows (one or a few streams decoding) is ~10 ms
+of mostly weight streaming split into hundreds of short parallel regions: there a
+second thread gains little, and each time the API process wakes on that core the
+step's barrier waits for it. Such steps run on one thread fewer, leaving that core
+to the API process. Measured through HTTP on 2 quiet cores (benchmarks/peers/README.md):
+one thread 50 / 112 / 140 tok/s at 1 / 16 / 64 streams, two 79 / 202 / 220, two with
+one for few-row steps 89 / 190 / 238. (OMP_WAIT_POLICY=PASSIVE was worse everywhere.)
 """
 
 from __future__ import annotations
 
 import os
+
+# Steps of at most this many rows (tokens computed) run on one thread fewer.
+FEW_ROWS = 4
 
 
 def available_cores() -> int:
@@ -22,6 +28,10 @@ def available_cores() -> int:
 
 
 def engine_threads(cores: int, instances: int = 1) -> int:
-    """Torch threads for each of ``instances`` engines sharing ``cores``."""
-    per = max(1, cores // max(1, instances))
-    return max(1, per - 1)
+    """Torch threads for each of ``instances`` engines sharing ``cores``: its share."""
+    return max(1, cores // max(1, instances))
+
+
+def step_threads(rows: int, threads: int) -> int:
+    """Threads for a step computing ``rows`` tokens on an engine of ``threads``."""
+    return max(1, threads - 1) if rows <= FEW_ROWS else threads

@@ -59,12 +59,12 @@ def test_threads_are_the_cores_shared_over_every_pools_max(monkeypatch):
     monkeypatch.setattr("llmserve.engine.threads.available_cores", lambda: 16)
     cfg = ServeConfig.model_validate(deployment())
     v1, v2 = cfg.pools()
-    # 16 cores over at most 3 + 1 instances: 4 each, one of them left to the API process
-    assert cfg.threads(v1) == cfg.threads(v2) == 16 // (3 + 1) - 1
+    # 16 cores over at most 3 + 1 instances: 4 each
+    assert cfg.threads(v1) == cfg.threads(v2) == 16 // (3 + 1)
     data = deployment()
     data["models"][0]["versions"][1]["threads_per_instance"] = 2
     cfg = ServeConfig.model_validate(data)
-    assert cfg.threads(cfg.pools()[1]) == 2 and cfg.threads(cfg.pools()[0]) == 3
+    assert cfg.threads(cfg.pools()[1]) == 2 and cfg.threads(cfg.pools()[0]) == 4
 
 
 def test_single_model_keys_are_a_one_version_deployment():
