@@ -191,3 +191,14 @@ def test_a_request_whose_salt_cannot_be_hashed_fails_alone_and_frees_its_blocks(
     while s.requests:
         fake_step(s)
     assert s.kv.num_free_blocks == 16
+
+
+@pytest.mark.parametrize("bad", [{"max_num_seqs": 0}, {"max_num_batched_tokens": 0}, {"batch_min_share": 1.0},
+                                 {"long_prefill_token_threshold": -1}, {"step_budget_tokens": -1},
+                                 {"min_chunk_tokens": 0}, {"step_time_budget_s": 0.0}, {"max_num_seq": 4}])
+def test_scheduler_config_refuses_bad_values_and_is_frozen(bad):
+    with pytest.raises(ValueError):
+        SchedulerConfig(**bad)
+    cfg = SchedulerConfig()
+    with pytest.raises(ValueError):
+        cfg.max_num_seqs = 2
