@@ -54,7 +54,10 @@ class EngineCore:
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.threads = self._step_threads = torch.get_num_threads()
+        # Per-step thread counts only where the threads were given (the CLI always gives
+        # them): an engine built in a process that later forks (a test suite) must leave
+        # libgomp's pool as it found it, or a forked child can wait on a thread it lacks.
+        self.threads = self._step_threads = config.threads
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
         # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
@@ -220,6 +223,8 @@ class EngineCore:
 
     def _set_threads(self, rows: int) -> None:
         """One thread fewer for a step of a few rows (llmserve/engine/threads.py says why)."""
+        if self.threads is None:
+            return
         n = step_threads(rows, self.threads)
         if n != self._step_threads:
             torch.set_num_threads(n)
