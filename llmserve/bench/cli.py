@@ -54,8 +54,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags into a typed configuration (raises ValueError on bad values)."""
     endpoint = given(EndpointConfig, args)
     if not endpoint.get("model"):
-        probe = EndpointConfig(**{**endpoint, "model": "-"})  # the URL is checked before it is called
-        endpoint["model"] = first_served_model(probe.base_url, probe.api_key)
+        endpoint["model"] = first_served_model(EndpointConfig(**{**endpoint, "model": "-"}))  # URL checked first
     results = given(BenchConfig, args)
     if results.get("plot") == "":  # --plot without a file
         save = results.get("save_result")
@@ -64,11 +63,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        load=config_from(LoadConfig, args), **results)
 
 
-def first_served_model(base_url: str, api_key: str | None) -> str:
-    url = EndpointConfig(base_url=base_url, model="-").api_root
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def first_served_model(endpoint: EndpointConfig) -> str:
+    url = endpoint.api_root
     with httpx.Client(trust_env=False, timeout=30) as c:
-        resp = c.get(url + "/models", headers=headers)
+        resp = c.get(url + "/models", headers=endpoint.headers)
         resp.raise_for_status()
         models = resp.json().get("data") or []
     if not models:

@@ -111,16 +111,16 @@ class EngineConfig(BaseModel):
     seed: int | None = Field(None, description="seeds the engine's sampler")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance's steps; steps of "
                                 "a few rows run on one fewer (default: its share of the machine's cores)")
-    batch_min_share: float = Field(0.1, description="share of each step's budget batch requests always get")
+    batch_min_share: float = Field(0.1, ge=0.0, lt=1.0, description="share of each step's budget batch requests always get")
     long_prefill_token_threshold: int = Field(
-        0, description="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
+        0, ge=0, description="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")
     # A step with prompt tokens lasts about as long as an idle prefill of this many
     # tokens (measured online; SchedulerConfig says how); 0: token budgets only.
     step_budget_tokens: int = Field(
-        48, description="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
+        48, ge=0, description="a step with prompt tokens lasts about as long as an idle prefill of this many tokens "
                         "(measured on this machine as it runs); 0: token budgets only")
     step_time_budget_s: Annotated[float | None, Flag(name="--step-time-budget-ms", scale=1e-3)] = Field(
-        None, description="that step time outright, in ms (overrides --step-budget-tokens)")
+        None, gt=0.0, description="that step time outright, in ms (overrides --step-budget-tokens)")
     # Set by the server from its own --served-model-name.
     served_model_name: Annotated[str | None, Flag(skip=True)] = None
 

@@ -54,10 +54,7 @@ class EngineCore:
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
-        # Per-step thread counts only where the threads were given (the CLI always gives
-        # them): an engine built in a process that later forks (a test suite) must leave
-        # libgomp's pool as it found it, or a forked child can wait on a thread it lacks.
-        self.threads = self._step_threads = config.threads
+        self._step_threads = config.threads
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
         # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
@@ -222,10 +219,13 @@ class EngineCore:
         return outputs
 
     def _set_threads(self, rows: int) -> None:
-        """One thread fewer for a step of a few rows (llmserve/engine/threads.py says why)."""
-        if self.threads is None:
+        """One thread fewer for a step of a few rows (llmserve/engine/threads.py says why).
+        Only where the threads were given (the CLI always gives them): an engine built in a
+        process that later forks (a test suite) must leave libgomp's pool as it found it, or
+        a forked child can wait on a pool thread it lacks."""
+        if self.config.threads is None:
             return
-        n = step_threads(rows, self.threads)
+        n = step_threads(rows, self.config.threads)
         if n != self._step_threads:
             torch.set_num_threads(n)
             self._step_threads = n
