@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -80,6 +81,77 @@ def llama_server(path: Path) -> dict:
         proc.wait(10)
 
 
+def rollup(pid: int) -> dict[str, int]:
+    """Rss, Pss and Uss (private pages) of one process, in bytes (/proc/PID/smaps_rollup)."""
+    out = {"Rss": 0, "Pss": 0, "Uss": 0}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        kb = int(value.split()[0]) * 1024 if value.strip() and value.split()[0].isdigit() else 0
+        if key in ("Rss", "Pss"):
+            out[key] += kb
+        elif key in ("Private_Clean", "Private_Dirty"):
+            out["Uss"] += kb
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def first_request(port: int, path: str, body: dict, timeout: float = 240) -> None:
+    data = json.dumps(body).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=60).read()
+            return
+        except urllib.error.HTTPError as e:
+            if e.code != 503:  # 503: still loading
+                raise
+            time.sleep(0.5)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def instance(cmd: list[str], port: int, path: str, body: dict) -> dict:
+    """A server as users run it (every process of it), after one request: summed Rss, Pss, Uss."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        first_request(port, path, body)
+        time.sleep(1)
+        procs = {p: rollup(p) for p in tree(proc.pid)}
+        total = {k: sum(r[k] for r in procs.values()) for k in ("Rss", "Pss", "Uss")}
+        return {"command": " ".join(cmd), "processes": len(procs), **total}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def instances(llama: Path | None) -> list[dict]:
+    """``llmserve engine`` at its defaults (a 2,048-token pool, as llama-server's -c 2048) beside llama-server."""
+    port = 18100 + os.getpid() % 500
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Hello", "max_tokens": 16, "temperature": 0}
+    rows = [{"name": "llmserve engine (defaults)", **instance(
+        [sys.executable, "-m", "llmserve.cli", "engine", "--model", str(GGUF), "--port", str(port),
+         "--num-kv-blocks", "128", "--block-size", "16", "--served-model-name", "SmolLM2-135M-Instruct"], port, "/v1/completions", body)}]
+    if llama is not None:
+        rows.append({"name": "llama-server", **instance(
+            [str(llama), "-m", str(GGUF), "-c", "2048", "-np", "1", "--port", str(port + 1)], port + 1,
+            "/completion", {"prompt": "Hello", "n_predict": 16, "temperature": 0})})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
@@ -91,6 +163,7 @@ def main() -> None:
     rows = [json.loads(subprocess.run([sys.executable, __file__, "--child", v], capture_output=True, text=True,
                                       check=True).stdout.strip().splitlines()[-1]) for v in VARIANTS]
     ref = llama_server(args.llama_server) if args.llama_server.is_file() else None
+    servers = instances(args.llama_server if args.llama_server.is_file() else None)
     mb = 1e6
     lines = ["`python benchmarks/engine/memory.py`: SmolLM2-135M-Instruct Q4_1, one engine per fresh process, "
              "KV pool of 2,048 tokens (lazily zeroed; its resident pages after the request are at most the "
@@ -107,8 +180,21 @@ def main() -> None:
         last = ref["points"]["after a first request"]
         lines.append(f"| llama-server (`{ref['command'].replace(str(Path.home()), '~')}`) | | | "
                      f"{last['VmRSS'] / mb:.0f} MB | {last['RssAnon'] / mb:.0f} / {last['RssFile'] / mb:.0f} MB | |")
+    kv = 2048 * 30 * 2 * 192 * 2  # both pools: 2,048 tokens x 30 layers x K, V x 3 heads x 64 x fp16
+    lines += ["", "Whole servers as users start them (every process; PSS shares a page among the processes that "
+              "map it, USS counts private pages only), after one request; both KV pools are 2,048 fp16 tokens "
+              f"({kv / mb:.0f} MB, resident: both zero them at start):", "",
+              "| server | processes | RSS | PSS | USS | PSS less the KV pool |", "|---|---|---|---|---|---|"]
+    for r in servers:
+        lines.append(f"| {r['name']} (`{r['command'].replace(str(Path.home()), '~').replace(sys.executable, 'python')}`) "
+                     f"| {r['processes']} | {r['Rss'] / mb:.0f} MB | {r['Pss'] / mb:.0f} MB | {r['Uss'] / mb:.0f} MB "
+                     f"| {(r['Pss'] - kv) / mb:.0f} MB |")
+    if len(servers) == 2:
+        a, b = servers[0]["Pss"] - kv, servers[1]["Pss"] - kv
+        lines += ["", f"llmserve / llama-server, PSS less the KV pool: {a / b:.2f}x."]
     out = ROOT / "benchmarks" / "results"
-    (out / "memory.json").write_text(json.dumps({"llmserve": rows, "llama_server": ref}, indent=2))
+    (out / "memory.json").write_text(json.dumps({"llmserve": rows, "llama_server": ref, "servers": servers},
+                                                indent=2))
     (out / "memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

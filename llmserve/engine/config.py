@@ -99,12 +99,14 @@ class EngineConfig(BaseModel):
     exact_activations: bool = Field(
         False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy-equal to "
                            "fp32), instead of one-byte activations on the layer kinds where quality holds")
-    # Where prefill rows go with int8 weights. fp32 keeps the fp32 weights the codes came from
-    # (~0.5 GB for SmolLM2) because torch's GEMM beats our kernel at prefill row counts on AVX2
-    # (1.4-1.6x the c = 16 throughput through HTTP); int8 is the lean instance.
-    prefill_weights: Annotated[Literal["fp32", "int8"], Flag(choices=("fp32", "int8"))] = Field(
-        "fp32", description="int8 weights: prefill rows on kept fp32 weights (fast) or through the int8 kernel "
-                            "(no fp32 copies: ~0.55 GB less memory for SmolLM2, slower prefill)")
+    # Where prefill rows go with int8 weights. torch's fp32 GEMM beats our kernel at prefill
+    # row counts on AVX2, so by default those rows unpack each layer's codes into one reused
+    # fp32 buffer and run the GEMM on it (the same bits as fp32 copies for a GGUF source, a
+    # few % slower, ~0.5 GB less for SmolLM2); fp32 keeps the copies, int8 runs the kernel.
+    prefill_weights: Annotated[Literal["unpack", "fp32", "int8"], Flag(choices=("unpack", "fp32", "int8"))] = Field(
+        "unpack", description="int8 weights: prefill rows through fp32 GEMM on weights unpacked a layer at a "
+                              "time (default), on kept fp32 copies (~0.55 GB more for SmolLM2), or through "
+                              "the int8 kernel like decode rows")
     enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
     speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
         None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')

@@ -24,6 +24,7 @@ and dies with its parent.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -64,6 +65,10 @@ def start(build: Callable[[], Any], ipc_dir: str) -> EngineProcHandle:
     in_addr, out_addr = f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out"
     sys.stdout.flush()
     sys.stderr.flush()
+    # Objects from before the fork (torch's modules, the tokenizer) leave the collector's
+    # view: its passes would write to every one of them and copy their pages into both processes.
+    gc.collect()
+    gc.freeze()
     pid = os.fork()
     if pid == 0:
         _child(build, in_addr, out_addr)  # never returns

@@ -64,7 +64,8 @@ class EngineCore:
             kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
         self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
         keep_fp32 = config.exact_activations or config.prefill_weights == "fp32"
-        factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32)
+        factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32,
+                                     unpack=config.prefill_weights == "unpack")
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if not config.exact_activations:
             round_activations(self.model)  # one byte where quality holds (int8 layers only)

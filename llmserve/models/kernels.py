@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "qdot_linear.cpp", "paged_attention.cpp", "fused_ops.cpp")
+SOURCES = ("bindings.cpp", "qdot_linear.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
 HEADERS = ("simd.h",)
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from llmserve.models import kernels
 from llmserve.models.linear import LinearFactory
-from llmserve.models.qlayout import GROUP, PackedWeights, pack
+from llmserve.models.qlayout import GROUP, TILE, PackedWeights, pack
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,20 +115,25 @@ class WeightOnlyInt8Linear:
     SMALL_M = 64  # exact mode: the kernel for decode steps up to max_num_seqs' default
     FINE = True
 
-    def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None) -> None:
+    def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None,
+                 unpacked: "Unpacked | None" = None) -> None:
         self.packed = packed
         self.out_features, self.in_features = packed.out_features, packed.in_features
         kernel = kernels.load()
         self._product = None if kernel is None else kernel.q4_linear if packed.bits == 4 else kernel.q8_linear
         # without the kernel the fp32 product is all there is
         self.dense = dense if dense is not None or self._product is not None else self.dequantized()
+        self.unpacked = unpacked if self.dense is None else None
 
     @classmethod
-    def from_float(cls, w: torch.Tensor, exact: bool = False) -> "WeightOnlyInt8Linear":
-        """``exact``: keep ``w`` in fp32 for the rows above ``SMALL_M``."""
+    def from_float(cls, w: torch.Tensor, exact: bool = False,
+                   unpacked: "Unpacked | None" = None) -> "WeightOnlyInt8Linear":
+        """``exact``: keep ``w`` in fp32 for the rows above ``SMALL_M``; ``unpacked``: else
+        send those rows to fp32 GEMM on the weights unpacked from the codes into it."""
         if w.shape[1] % GROUP:
             raise ValueError(f"int8 weights need an input size divisible by {GROUP}, got {w.shape[1]}")
-        return cls(pack(*quantize_groups(w)), dense=w.float().contiguous() if cls.keeps_source(exact) else None)
+        return cls(pack(*quantize_groups(w)), dense=w.float().contiguous() if cls.keeps_source(exact) else None,
+                   unpacked=unpacked)
 
     @staticmethod
     def keeps_source(exact: bool) -> bool:
@@ -145,11 +150,13 @@ class WeightOnlyInt8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()
-        if self._product is not None and (self.dense is None or x2.shape[0] <= self.SMALL_M):
+        if self.dense is not None and (self._product is None or x2.shape[0] > self.SMALL_M):
+            y = F.linear(x2, self.dense)
+        elif self.unpacked is not None and x2.shape[0] > self.SMALL_M:
+            y = self.unpacked.linear(x2, self.packed)
+        else:
             p = self.packed
             y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, self.FINE)
-        else:
-            y = F.linear(x2, self.dense)
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -169,5 +176,36 @@ def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS) -> None:
                 layer.FINE = kind not in one_byte
 
 
-def int8_factory(exact: bool = False) -> LinearFactory:
-    return lambda w: WeightOnlyInt8Linear.from_float(w, exact)
+class Unpacked:
+    """The fp32 buffer a model's int8 layers unpack their weights into, a layer at a time,
+    for the rows above ``SMALL_M`` (prefill chunks): torch's fp32 GEMM then runs on them
+    without any layer keeping a 4-byte copy of its weights. Unpacking (``csrc/unpack.cpp``)
+    gives the bits ``PackedWeights.dequantized`` gives, which for a GGUF Q4_1 / Q8_0 source
+    are the file's weights. One buffer serves the model's layers in turn: not thread-safe,
+    like the engine that steps them."""
+
+    LIMIT = 1 << 20  # floats (4 MB, in cache): a larger layer (the head) goes a slice of outputs at a time
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0)
+
+    def linear(self, x: torch.Tensor, p: PackedWeights) -> torch.Tensor:
+        n, k = p.out_features, p.in_features
+        tiles = -(-n // TILE)
+        per = max(1, min(tiles, self.LIMIT // (k * TILE)))  # tiles a slice
+        if self.buffer.numel() < per * TILE * k:
+            self.buffer = torch.empty(per * TILE * k)
+        unpack = kernels.load().unpack_weights
+        if per == tiles:
+            return F.linear(x, unpack(p.codes, p.scale, p.offset, n, self.buffer))
+        y = x.new_empty(x.shape[0], n)
+        for t0 in range(0, tiles, per):
+            t1 = min(tiles, t0 + per)
+            n0, n1 = t0 * TILE, min(n, t1 * TILE)
+            y[:, n0:n1] = F.linear(x, unpack(p.codes[t0:t1], p.scale[t0:t1], p.offset[t0:t1], n1 - n0, self.buffer))
+        return y
+
+
+def int8_factory(exact: bool = False, unpacked: Unpacked | None = None) -> LinearFactory:
+    """``unpacked``: the buffer the layers share for their prefill rows (without ``exact``)."""
+    return lambda w: WeightOnlyInt8Linear.from_float(w, exact, unpacked)

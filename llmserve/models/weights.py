@@ -33,19 +33,23 @@ def resolve_dtype(dtype: str, quantized_source: bool) -> str:
     return "fp32"
 
 
-def linear_factory_for(dtype: str, prepared: Path | None = None, exact: bool = False) -> LinearFactory:
-    """The factory for ``dtype``; with ``prepared`` (a folder), an int8 form is cached there;
-    ``exact``: int8 layers keep their fp32 weights for prefill (``WeightOnlyInt8Linear``)."""
+def linear_factory_for(dtype: str, prepared: Path | None = None, exact: bool = False,
+                       unpack: bool = False) -> LinearFactory:
+    """The factory for ``dtype``; with ``prepared`` (a folder), an int8 form is cached there.
+    Where int8 layers send prefill rows (``WeightOnlyInt8Linear``): ``exact``, to fp32 GEMM
+    on kept fp32 weights; else ``unpack``, to fp32 GEMM on weights unpacked from the codes
+    a layer at a time; else to the int8 kernel like every row."""
     if dtype == "fp32":
         return dense_factory(torch.float32)
     if dtype == "bf16":
         return dense_factory(torch.bfloat16)
     if dtype == "int8":
-        from llmserve.models.quant import int8_factory
+        from llmserve.models.quant import Unpacked, int8_factory
 
+        unpacked = Unpacked() if unpack and not exact else None
+        factory = int8_factory(exact, unpacked)
         # a subfolder: the converted model's loader reads every *.safetensors beside it
-        factory = int8_factory(exact)
-        return PreparedCache(prepared / "int8" / f"v{PREPARED_FORMAT}.safetensors", factory, exact) \
+        return PreparedCache(prepared / "int8" / f"v{PREPARED_FORMAT}.safetensors", factory, exact, unpacked) \
             if prepared is not None else factory
     if dtype == "w8a8":
         from llmserve.models.quant import w8a8_factory
@@ -58,10 +62,11 @@ class PreparedCache:
     """Wraps the int8 factory: layers come from the cache file in call order (the model
     builds them in a fixed order) and a miss quantises; ``save`` writes what was built."""
 
-    def __init__(self, path: Path, factory: LinearFactory, exact: bool = False) -> None:
+    def __init__(self, path: Path, factory: LinearFactory, exact: bool = False, unpacked=None) -> None:
         self.path = path
         self.factory = factory
         self.exact = exact
+        self.unpacked = unpacked  # quant.Unpacked, shared with the factory's layers
         self.built: list[LinearLayer] = []
         self.cached: dict[str, torch.Tensor] = {}
         self.hits = 0
@@ -88,7 +93,8 @@ class PreparedCache:
         packed = PackedWeights.from_tensors(fields, tuple(w.shape))
         if packed is not None:
             keep = WeightOnlyInt8Linear.keeps_source(self.exact)
-            layer: LinearLayer = WeightOnlyInt8Linear(packed, dense=w.float().contiguous() if keep else None)
+            layer: LinearLayer = WeightOnlyInt8Linear(packed, dense=w.float().contiguous() if keep else None,
+                                                      unpacked=self.unpacked)
             self.hits += 1
         else:
             layer = self.factory(w)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmserve.engine.config import EngineConfig
 from llmserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import run_to_completion
 
@@ -47,16 +48,7 @@ def test_int8_on_q4_1_weights_is_greedy_equal_to_hf():
     int8 engine's lossless path (exact_activations) gives Hugging Face's fp32 greedy tokens,
     with chunked prefill on. (The default rounds activations: held to issue 21's quality
     bar on the real model instead, tests/engine/test_real_model.py.)"""
-    from tests.engine.conftest import make_tiny
-    from tests.models.test_int8 import q4_1_like
-
-    t = make_tiny(seed=3)
-    state = t.hf.state_dict()
-    for name, w in list(state.items()):
-        if w.dim() == 2 and "embed_tokens" not in name:
-            state[name] = q4_1_like(*w.shape, seed=len(name))
-    t.hf.load_state_dict(state)
-    t.weights = {k: v.detach().clone() for k, v in t.hf.state_dict().items()}
+    t = q4_1_tiny(seed=3)
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
     eng = t.engine(dtype="int8", exact_activations=True, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16)
     for i, p in enumerate(prompts):
@@ -66,17 +58,59 @@ def test_int8_on_q4_1_weights_is_greedy_equal_to_hf():
         assert done[str(i)] == t.hf_greedy(p, 12)
 
 
-def test_prefill_weights_choose_between_fp32_copies_and_the_lean_instance(tiny):
-    """Default: int8 layers keep fp32 copies for prefill rows (fast GEMM here); int8: none kept,
-    every row through the kernel; both generate."""
+def q4_1_tiny(seed: int):
+    """A tiny model whose linear weights sit on GGUF's Q4_1 grid (as SmolLM2's file's do)."""
+    from tests.engine.conftest import make_tiny
+    from tests.models.test_int8 import q4_1_like
+
+    t = make_tiny(seed=seed)
+    state = t.hf.state_dict()
+    for name, w in list(state.items()):
+        if w.dim() == 2 and "embed_tokens" not in name:
+            state[name] = q4_1_like(*w.shape, seed=len(name))
+    t.hf.load_state_dict(state)
+    t.weights = {k: v.detach().clone() for k, v in t.hf.state_dict().items()}
+    return t
+
+
+def test_prefill_weights_choose_where_prefill_rows_go(tiny):
+    """unpack (default): no fp32 copies, one shared buffer; fp32: copies kept; int8: neither,
+    every row through the kernel; all generate."""
     from llmserve.models import kernels
     from llmserve.models.quant import WeightOnlyInt8Linear
 
     if kernels.load() is None:
         pytest.skip("without the kernels every int8 layer keeps fp32 weights")
-    for choice, kept in (("fp32", True), ("int8", False)):
+    assert EngineConfig().prefill_weights == "unpack"
+    for choice, kept, unpacks in (("unpack", False, True), ("fp32", True, False), ("int8", False, False)):
         eng = tiny.engine(dtype="int8", prefill_weights=choice, num_kv_blocks=64, block_size=4)
-        layers = [m for m in vars(eng.model.layers[0]).values() if isinstance(m, WeightOnlyInt8Linear)]
-        assert layers and all((layer.dense is not None) == kept for layer in layers), choice
+        layers = [layer for ls in eng.model.linears_by_kind().values() for layer in ls]
+        assert layers and all(isinstance(layer, WeightOnlyInt8Linear) for layer in layers)
+        assert all((layer.dense is not None) == kept for layer in layers), choice
+        assert len({id(layer.unpacked) for layer in layers if layer.unpacked is not None}) == int(unpacks)
         eng.add_request("a", [3, 4, 5, 6], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
         assert len(run_to_completion(eng)["a"]) == 4
+
+
+def test_unpacked_prefill_is_the_fp32_copies_prefill_bit_for_bit():
+    """On Q4_1-grid weights the unpacked weights are the fp32 ones: prompts longer than the
+    kernel's SMALL_M rows give the same tokens and log-probabilities either way."""
+    from llmserve.models import kernels
+
+    if kernels.load() is None:
+        pytest.skip("no kernels: no unpacking")
+    t = q4_1_tiny(seed=4)
+    prompts = [list(range(3, 3 + n)) for n in (100, 130)]
+    got = {}
+    for choice in ("fp32", "unpack"):
+        eng = t.engine(dtype="int8", prefill_weights=choice, num_kv_blocks=128, block_size=4,
+                       step_budget_tokens=0, max_num_batched_tokens=512)
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5))
+        outs = {}
+        while eng.has_unfinished():
+            for o in eng.step():
+                outs[o.request_id] = o
+        got[choice] = {k: (o.outputs[0].token_ids, [dict(lp.top) for lp in o.outputs[0].logprobs])
+                       for k, o in outs.items()}
+    assert got["fp32"] == got["unpack"]

@@ -6,6 +6,8 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor sc
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
                         bool fine);
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine);
+torch::Tensor unpack_weights(torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+                             torch::Tensor out);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor kv_index, torch::Tensor lens, double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
@@ -19,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
   m.def("q8_linear", &q8_linear, "8-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
   m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them");
+  m.def("unpack_weights", &unpack_weights, "the fp32 weights packed codes hold, into a reused buffer (AVX2)");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV pool (AVX2)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, "x += r in place, then RMSNorm of each row");
