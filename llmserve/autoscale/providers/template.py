@@ -31,6 +31,7 @@ stays torch-free.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -135,6 +136,10 @@ def serve_forever() -> int:
     t0 = time.monotonic()
     for name in PRELOAD:
         importlib.import_module(name)
+    # what the imports made stays out of the collector's passes in every child, so its pages
+    # stay shared with the template instead of being copied into each instance
+    gc.collect()
+    gc.freeze()
     out = sys.stdout
 
     def say(obj: dict[str, Any]) -> None:
