@@ -111,8 +111,8 @@ class EngineConfig(BaseModel):
     speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
         None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     seed: int | None = Field(None, description="seeds the engine's sampler")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance's steps; steps of "
-                                "a few rows run on one fewer (default: its share of the machine's cores)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance's steps "
+                                "(default: its share of the machine's cores)")
     batch_min_share: float = Field(0.1, ge=0.0, lt=1.0, description="share of each step's budget batch requests always get")
     long_prefill_token_threshold: int = Field(
         0, ge=0, description="cap on a prompt chunk per step (0: none); small values bound realtime TTFT under long prompts")

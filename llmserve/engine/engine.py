@@ -34,7 +34,6 @@ from llmserve.engine.sampler import RowBuilder, Sampler, StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
-from llmserve.engine.threads import step_threads
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import round_activations
@@ -54,7 +53,6 @@ class EngineCore:
         self.tokenizer = tokenizer
         if config.threads:
             torch.set_num_threads(config.threads)
-        self._step_threads = config.threads
         from llmserve.models.weights import PreparedCache, linear_factory_for, resolve_dtype
 
         # "auto" resolved once, here, where the weights' source is known; the config stays frozen.
@@ -209,7 +207,6 @@ class EngineCore:
         if not plan.empty:
             self.output.on_scheduled(plan, t0)
             pending = self._guided.start(plan) if self._guided else None  # masks fill while the model runs
-            self._set_threads(plan.total_tokens)
             run = self.runner.execute(plan)
             samples = self._sample(plan, run, GuidedDecoding.masks(pending))
             finished, t1 = self._update(plan, samples, t0)
@@ -218,18 +215,6 @@ class EngineCore:
             if o.finished:
                 self._forget(o.request_id)
         return outputs
-
-    def _set_threads(self, rows: int) -> None:
-        """One thread fewer for a step of a few rows (llmserve/engine/threads.py says why).
-        Only where the threads were given (the CLI always gives them): an engine built in a
-        process that later forks (a test suite) must leave libgomp's pool as it found it, or
-        a forked child can wait on a pool thread it lacks."""
-        if self.config.threads is None:
-            return
-        n = step_threads(rows, self.config.threads)
-        if n != self._step_threads:
-            torch.set_num_threads(n)
-            self._step_threads = n
 
     def _update(self, plan, samples: StepSamples, t0: float) -> tuple[set[str], float]:
         """Apply the samples to the matchers and the scheduler; returns the requests they
