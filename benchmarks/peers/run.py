@@ -8,7 +8,7 @@ tokens out, ignore_eos, temperature 0, ``/v1/completions`` with ``stream``), one
 concurrency at a time, the servers alternating so that a shared machine's load
 falls on both alike. Then head-of-line: realtime requests' TTFT on an idle
 llmserve and while two clients stream 2k-token batch prompts; and each server's
-RSS (llmserve's API process plus its engine process, less its KV pool). The
+memory (PSS over each server's processes). The
 table, with the commands, goes to benchmarks/peers/README.md (``--write``).
 """
 
@@ -42,13 +42,14 @@ def wait_ready(url: str, path: str, timeout: float = 180) -> None:
     raise TimeoutError(f"{url}{path} not ready")
 
 
-def tree_rss_mb(pid: int) -> float:
+def tree_pss_mb(pid: int) -> float:
+    """PSS summed over a server's processes (a page shared by several counts once in all)."""
     pids, total = [pid], 0
     while pids:
         p = pids.pop()
         try:
-            for line in open(f"/proc/{p}/status"):
-                if line.startswith("VmRSS:"):
+            for line in open(f"/proc/{p}/smaps_rollup"):
+                if line.startswith("Pss:"):
                     total += int(line.split()[1])
             pids += [int(c) for c in open(f"/proc/{p}/task/{p}/children").read().split()]
         except OSError:
@@ -123,7 +124,7 @@ def main() -> int:
                       f"{s['median_tpot_ms']:.1f} ms, TTFT median {s['median_ttft_ms']:.0f} ms", flush=True)
             rows.append(row)
         for name in servers:
-            rss[name] = tree_rss_mb(procs[name].pid)
+            rss[name] = tree_pss_mb(procs[name].pid)
         if not args.skip_hol:
             hol = head_of_line(servers["llmserve"][1], args.gguf, work, cmds)
     finally:
@@ -172,8 +173,10 @@ def render(rows, rss, hol, cmds, load, args) -> str:
         out.append(f"| {r['c']} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
                    f"{b['output_throughput'] / a['output_throughput']:.2f}x | {a['median_tpot_ms']:.1f} | "
                    f"{b['median_tpot_ms']:.1f} | {a['median_ttft_ms']:.0f} | {b['median_ttft_ms']:.0f} |")
-    out += ["", f"RSS after the runs (MB): llama.cpp {rss.get('llama.cpp', 0):.0f}, llmserve (API + engine "
-                f"process, KV pool included) {rss.get('llmserve', 0):.0f}."]
+    out += ["", f"Memory after the runs, PSS summed over each server's processes, KV pools included (llama.cpp's "
+                f"32,768 tokens, llmserve's sized from free memory; `benchmarks/engine/memory.py` compares them "
+                f"with equal pools): llama.cpp {rss.get('llama.cpp', 0):.0f} MB, llmserve (API + engine process) "
+                f"{rss.get('llmserve', 0):.0f} MB."]
     if hol:
         out += ["", "Head-of-line (llmserve, defaults): realtime TTFT p90 "
                     f"{hol['idle_p90']:.0f} ms idle, {hol['loaded_p90']:.0f} ms while two clients stream "
