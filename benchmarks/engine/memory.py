@@ -3,12 +3,11 @@
     python benchmarks/engine/memory.py [--llama-server PATH]
 
 Each engine variant starts in a fresh process (``--child``): imports, then the engine
-(int8 default, int8 ``exact_activations``, fp32), with a 2,048-token KV pool (llama-server's
-``-c 2048``), then one greedy request of 16 tokens; VmRSS (and its anonymous / file
-parts) from /proc/self/status at each point, and the pool's resident pages subtracted
-(``mincore`` is not needed: the pool is lazily zeroed, so at most the touched blocks count,
-reported beside). llama-server starts with ``-c 2048 -np 1 -t 1``; its VmRSS is read after
-a first completion request.
+(each ``--prefill-weights``, ``exact_activations``, fp32), with a 2,048-token KV pool
+(llama-server's ``-c 2048``), then one greedy request of 16 tokens; VmRSS (and its
+anonymous / file parts) from /proc/self/status at each point. llama-server starts with
+``-c 2048 -np 1 -t 1``; its VmRSS is read after a first completion request. Then both
+as users start them, every process of each, summed as RSS, PSS and USS.
 
 Writes benchmarks/results/memory.{md,json}.
 """
@@ -29,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 LLAMA_SERVER = Path.home() / ".cache/llama-server-11434/build/bin/llama-server"
 GGUF = Path.home() / ".cache/llmserve/models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
-VARIANTS = {"int8 (default)": {"dtype": "int8"}, "int8, lean (--prefill-weights int8)":
-            {"dtype": "int8", "prefill_weights": "int8"},
+VARIANTS = {"int8 (default: prefill on weights unpacked a layer at a time)": {"dtype": "int8"},
+            "int8, --prefill-weights fp32 (copies kept)": {"dtype": "int8", "prefill_weights": "fp32"},
+            "int8, --prefill-weights int8": {"dtype": "int8", "prefill_weights": "int8"},
             "int8, exact activations": {"dtype": "int8", "exact_activations": True}, "fp32": {"dtype": "fp32"}}
 
 
