@@ -7,6 +7,8 @@ import shutil
 import time
 
 import pytest
+from pathlib import Path
+
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -100,7 +102,7 @@ def test_smollm2_second_load_comes_from_the_cache(smollm2_path, tmp_path, capsys
 
 
 def test_the_kv_pool_buffer_is_zero_and_slabs_are_independent():
-    """The KV pool comes from calloc (pages mapped on first write): zero, contiguous, one slab per index."""
+    """The KV pool is an anonymous mapping (pages mapped on first write): zero, contiguous, one slab per index."""
     from llmserve.models.llama import lazily_zeroed
 
     t = lazily_zeroed((4, 3, 2, 5), torch.float32)
@@ -109,3 +111,28 @@ def test_the_kv_pool_buffer_is_zero_and_slabs_are_independent():
     t[1].fill_(1.0)
     assert t.sum().item() == 30 and torch.count_nonzero(t[0]) == 0 and torch.count_nonzero(t[2:]) == 0
     assert lazily_zeroed((7,), torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="Linux's /proc/self/smaps reads residency")
+def test_a_kv_pool_commits_only_the_pages_written():
+    """One block written in each of 30 layer regions of a 64 MB pool commits a few KiB
+    each, not a huge page each (numpy's zeros asked for them: 60 MB resident)."""
+    import re
+
+    from llmserve.models.llama import lazily_zeroed
+
+    t = lazily_zeroed((30, 4096, 3, 64), torch.float16)  # 30 x 1.5 MB
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * 2
+
+    def resident() -> int:
+        total, inside = 0, False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            if m := re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line):
+                inside = int(m[1], 16) < end and int(m[2], 16) > start
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+        return total
+
+    t[:, 100:116] = 1.0  # a 16-token block in every layer
+    assert resident() < 1 << 20
+    assert torch.count_nonzero(t).item() == 30 * 16 * 3 * 64
