@@ -39,10 +39,11 @@ from llmserve.models import kernels
 from llmserve.models.linear import DenseLinear
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.qlayout import PackedWeights, pack
-from llmserve.models.quant import quantize_groups
+from llmserve.models.quant import Unpacked, quantize_groups
 
 OLD_SOURCE = "llmserve/models/csrc/w8_linear.cpp"
-PREFILL = ("fp32 F.linear", "new", "new, one-byte activations")
+PREFILL = ("fp32 F.linear", "new", "new, one-byte activations",
+           "fp32 GEMM on weights unpacked a layer at a time (default prefill)")
 
 
 def old_kernel(rev: str):
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--baseline", default="a4d94cb", help="the commit whose w8_linear is 'old'")
     ap.add_argument("--prefill", action="store_true",
-                    help="fp32 and the layer's two products (two- and one-byte activations) only: prefill row counts")
+                    help="fp32, the layer's two products (two- and one-byte activations) and unpack + fp32: prefill row counts")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     reps = 3 if args.quick else args.reps
@@ -120,6 +121,9 @@ def main() -> None:
                                     ("new, 8-bit codes", "new 8-bit codes", True)):
             fs = [product(e[packing], fine) for e in layers]
             variants[name] = lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]
+        unpacked = Unpacked()
+        variants["fp32 GEMM on weights unpacked a layer at a time (default prefill)"] = \
+            lambda xs=xs: [unpacked.linear(x, e["new"]) for x, e in zip(xs, layers)]
         variants["read the old bytes"] = lambda: [t.sum() for t in old_words]
         variants["read the new bytes"] = lambda: [t.sum() for t in new_words]
         variants["memcpy of the old bytes"] = lambda: [d.copy_(s) for s, d in old_copy]
