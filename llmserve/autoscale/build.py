@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmserve.autoscale.bounds import BoundedPolicy
-from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
+from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig, StaticConfig
 from llmserve.autoscale.kpa import KPAPolicy
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.predictive import PredictivePolicy
@@ -25,16 +25,23 @@ def build_inner_policy(config: AutoscaleConfig) -> ScalingPolicy:
     raise ValueError(f"unknown scaling policy {name!r}")
 
 
+def static_size(config: AutoscaleConfig) -> int:
+    """Instances a static pool holds."""
+    return max(config.static.instances, config.bounds.min_instances)
+
+
 def build_policy(config: AutoscaleConfig) -> BoundedPolicy:
     """The full stack the controller and the simulator both run.
 
     A static pool bypasses the step caps and cooldowns (it is fixed by
-    definition); every other policy gets ``config.bounds``.
+    definition) and holds ``static.instances``, never fewer than
+    ``bounds.min_instances`` (the floor every policy keeps); every other
+    policy gets ``config.bounds``.
     """
-    inner = build_inner_policy(config)
     if config.policy == "static":
-        n = config.static.instances
+        n = static_size(config)
+        inner = StaticPolicy(StaticConfig(instances=n))
         bounds = BoundsConfig(min_instances=n, max_instances=max(n, 1), scale_up_cooldown_s=0.0,
                               scale_down_window_s=0.0, max_step_up=max(n, 1), max_step_down=max(n, 1))
         return BoundedPolicy(inner, bounds)
-    return BoundedPolicy(inner, config.bounds)
+    return BoundedPolicy(build_inner_policy(config), config.bounds)

@@ -18,6 +18,7 @@ import secrets
 import sys
 from typing import Any
 
+from llmserve.autoscale.build import static_size
 from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
 from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.probe import EngineEndpoints
@@ -130,8 +131,9 @@ def run_serve(args: argparse.Namespace) -> int:
     lines = []
     for c, p in zip(controllers, cfg.pools()):
         auto = c.autoscale
-        lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, "
-                     f"{auto.bounds.min_instances}-{auto.bounds.max_instances} instances, "
+        size = f"{static_size(auto)}" if auto.policy == "static" else \
+            f"{auto.bounds.min_instances}-{auto.bounds.max_instances}"
+        lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, {size} instances, "
                      f"{cfg.threads(p)} threads each\n")
     print(f"llmserve serve: {', '.join(sorted({p.model for p in cfg.pools()}))} on {base}/v1 "
           f"({provider.name} provider)\n{''.join(lines)}"

@@ -35,3 +35,12 @@ def test_static_stack_holds_its_size_regardless_of_load():
         d = policy.decide(PoolSignals(now=t, ready=ready, arrival_rate=1000, queue_depth={"rt": 99}), state)
         state = d.state
         assert d.desired == 5
+
+
+def test_a_static_pool_never_holds_fewer_than_min_instances():
+    """A serve file's ``bounds.min_instances: 2`` with ``policy: static`` gave one instance
+    (static.instances' default); the floor holds for every policy, live and simulated."""
+    two = AutoscaleConfig(policy="static", bounds=BoundsConfig(min_instances=2, max_instances=2))
+    assert build_policy(two).decide(PoolSignals(now=0, ready=0), build_policy(two).initial_state()).desired == 2
+    five = AutoscaleConfig(policy="static", static=StaticConfig(instances=5), bounds=BoundsConfig(min_instances=2))
+    assert build_policy(five).decide(PoolSignals(now=0, ready=0), build_policy(five).initial_state()).desired == 5
