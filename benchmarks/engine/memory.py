@@ -166,6 +166,45 @@ def instances(llama: Path | None) -> list[dict]:
     return rows
 
 
+SERVE_YAML = """host: 127.0.0.1
+port: {port}
+model: {model}
+engine_args: ["--num-kv-blocks", "128", "--block-size", "16"]
+threads_per_instance: 1
+log_level: warning
+provider: {{kind: local, log_dir: {logs}}}
+autoscale: {{policy: static, bounds: {{min_instances: {n}, max_instances: {n}}}}}
+"""
+
+
+def served(n: int, work: Path) -> dict:
+    """``llmserve serve`` with a static pool of ``n`` instances forked from its template:
+    every process's PSS and USS after a few requests, and each instance's USS."""
+    port = 18600 + os.getpid() % 300 + n
+    cfg = work / f"serve-{n}.yaml"
+    cfg.write_text(SERVE_YAML.format(port=port, model=GGUF, logs=work / f"logs-{n}", n=n))
+    proc = subprocess.Popen([sys.executable, "-m", "llmserve.cli", "serve", "--config", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        body = {"model": GGUF.stem, "prompt": "Hello", "max_tokens": 16, "temperature": 0}
+        deadline = time.monotonic() + 240
+        while len(tree(proc.pid)) < 2 + 2 * n and time.monotonic() < deadline:  # serve, template, n x (API, engine)
+            time.sleep(1)
+        time.sleep(20)  # the last instance's load and warm-up
+        for _ in range(2 * n):
+            first_request(port, "/v1/completions", body)
+        time.sleep(1)
+        procs = {p: rollup(p) for p in tree(proc.pid)}
+        instance_uss = [procs[a]["Uss"] + sum(procs[c]["Uss"] for c in tree(a) if c != a)
+                        for a in tree(proc.pid) if a not in (proc.pid, tree(proc.pid)[1])
+                        and Path(f"/proc/{a}/task/{a}/children").read_text().split()]
+        return {"instances": n, "processes": len(procs), "Pss": sum(r["Pss"] for r in procs.values()),
+                "Uss": sum(r["Uss"] for r in procs.values()), "instance_uss": instance_uss}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
@@ -194,6 +233,10 @@ def main() -> None:
         last = ref["points"]["after a first request"]
         lines.append(f"| llama-server (`{ref['command'].replace(str(Path.home()), '~')}`) | | | "
                      f"{last['VmRSS'] / mb:.0f} MB | {last['RssAnon'] / mb:.0f} / {last['RssFile'] / mb:.0f} MB | |")
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="llmserve-memory-"))
+    pools = [served(n, work) for n in (1, 2)]
     kv = 2048 * 30 * 2 * 192 * 2  # both pools: 2,048 tokens x 30 layers x K, V x 3 heads x 64 x fp16
     lines += ["", "Whole servers as users start them (every process; PSS shares a page among the processes that "
               "map it, USS counts private pages only), after one request. Both KV pools hold 2,048 fp16 tokens "
@@ -207,8 +250,19 @@ def main() -> None:
                      f"| {r['less_kv'] / mb:.0f} MB |")
     if len(servers) == 2:
         lines += ["", f"llmserve / llama-server, PSS less the KV pool: {servers[0]['less_kv'] / servers[1]['less_kv']:.2f}x."]
+    lines += ["", "`llmserve serve` (gateway and controller, the template, each instance's API and engine "
+              "process) with a static pool forked from the template, after a few requests; the template's torch "
+              "pages and the weights file are shared by every instance:", "",
+              "| instances | processes | PSS, all | USS, all | USS of each instance (API + engine) |", "|---|---|---|---|---|"]
+    for r in pools:
+        lines.append(f"| {r['instances']} | {r['processes']} | {r['Pss'] / mb:.0f} MB | {r['Uss'] / mb:.0f} MB | "
+                     f"{', '.join(f'{u / mb:.0f} MB' for u in r['instance_uss'])} |")
+    if len(pools) == 2:
+        lines += ["", f"The second instance added {(pools[1]['Pss'] - pools[0]['Pss']) / mb:.0f} MB PSS to the "
+                      "deployment."]
     out = ROOT / "benchmarks" / "results"
-    (out / "memory.json").write_text(json.dumps({"llmserve": rows, "llama_server": ref, "servers": servers},
+    (out / "memory.json").write_text(json.dumps({"llmserve": rows, "llama_server": ref, "servers": servers,
+                                                 "serve": pools},
                                                 indent=2))
     (out / "memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
