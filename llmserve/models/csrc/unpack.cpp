@@ -13,64 +13,46 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "simd.h"
-
 namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int64_t kTile = 8;
 constexpr int64_t kSteps = kGroup / 4;
 
-using llmserve::load8;
-
-// 32 bytes of one step (4 codes of each of 8 outputs, as int32 after widening) to the 8
-// outputs' rows at column k: lanes 0-3 of a widened half are output 2j, lanes 4-7 output 2j + 1.
-inline void put_step(const __m256i (&c)[4], const __m256 (&s)[4], const __m256 (&o)[4], float* w, int64_t K,
-                     int64_t n0, int64_t N, int64_t k) {
-  for (int j = 0; j < 4; ++j) {
-    const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c[j]), s[j]), o[j]);
-    const int64_t a = n0 + 2 * j, b = a + 1;
-    if (a < N) _mm_storeu_ps(w + a * K + k, _mm256_castps256_ps128(v));
-    if (b < N) _mm_storeu_ps(w + b * K + k, _mm256_extractf128_ps(v, 1));
-  }
-}
-
-// the 32 bytes of a step widened to int32, 8 at a time: [outputs 2j, 2j + 1] x 4 codes
-inline void widen(__m256i bytes, bool is_signed, __m256i (&c)[4]) {
-  const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-  for (int j = 0; j < 4; ++j) c[j] = is_signed ? _mm256_cvtepi8_epi32(parts[j]) : _mm256_cvtepu8_epi32(parts[j]);
-}
-
 template <class S>
 void unpack_tile(const uint8_t* codes, const S* scale, const S* offset, bool four_bit, float* w, int64_t K,
                  int64_t N, int64_t t) {
   const int64_t G = K / kGroup, n0 = t * kTile;
-  const __m256i nib = _mm256_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
-    // per pair of outputs (2j, 2j + 1): their scale and offset, 4 lanes each
-    const __m256 sg = load8(scale + g * kTile), og = load8(offset + g * kTile);
-    __m256 s[4], o[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256i idx = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
-      s[j] = _mm256_permutevar8x32_ps(sg, idx);
-      o[j] = _mm256_permutevar8x32_ps(og, idx);
-    }
-    __m256i c[4];
     if (four_bit) {
+      // Output o's 8 codes of a 32-byte chunk i sit in its 4 bytes there: low nibbles
+      // k = 8i..8i+3, high nibbles k = 8i+4..8i+7. One variable shift spreads them over a
+      // vector, so each output row gets whole 8-float stores, in order.
       const uint8_t* p = codes + g * kGroup * kTile / 2;
-      for (int64_t i = 0; i < kSteps / 2; ++i) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i));
-        widen(_mm256_and_si256(v, nib), false, c);
-        put_step(c, s, o, w, K, n0, N, g * kGroup + 8 * i);
-        widen(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), false, c);
-        put_step(c, s, o, w, K, n0, N, g * kGroup + 8 * i + 4);
+      const __m256i shifts = _mm256_setr_epi32(0, 8, 16, 24, 4, 12, 20, 28);
+      for (int64_t o = 0; o < kTile && n0 + o < N; ++o) {
+        const __m256 so = _mm256_set1_ps(static_cast<float>(scale[g * kTile + o]));
+        const __m256 oo = _mm256_set1_ps(static_cast<float>(offset[g * kTile + o]));
+        float* dst = w + (n0 + o) * K + g * kGroup;
+        for (int64_t i = 0; i < kSteps / 2; ++i) {
+          const __m256i v = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p + 32 * i + 4 * o));
+          const __m256i j = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), _mm256_set1_epi32(0x0F));
+          _mm256_storeu_ps(dst + 8 * i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(j), so), oo));
+        }
       }
     } else {
+      // 8-bit: output o's codes k = 8i..8i+3 are its 4 bytes of step 2i, k = 8i+4..8i+7 of step 2i + 1
       const uint8_t* p = codes + g * kGroup * kTile;
-      for (int64_t i = 0; i < kSteps; ++i) {
-        widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i)), true, c);
-        put_step(c, s, o, w, K, n0, N, g * kGroup + 4 * i);
+      for (int64_t o = 0; o < kTile && n0 + o < N; ++o) {
+        const __m256 so = _mm256_set1_ps(static_cast<float>(scale[g * kTile + o]));
+        const __m256 oo = _mm256_set1_ps(static_cast<float>(offset[g * kTile + o]));
+        float* dst = w + (n0 + o) * K + g * kGroup;
+        for (int64_t i = 0; i < kSteps / 2; ++i) {
+          const int32_t a = *reinterpret_cast<const int32_t*>(p + 64 * i + 4 * o);
+          const int32_t b = *reinterpret_cast<const int32_t*>(p + 64 * i + 32 + 4 * o);
+          const __m256i j = _mm256_cvtepi8_epi32(_mm_setr_epi32(a, b, 0, 0));
+          _mm256_storeu_ps(dst + 8 * i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(j), so), oo));
+        }
       }
     }
   }
