@@ -1,6 +1,7 @@
 """llmserve's C++ CPU kernels, built once on first use: the int8 product for decode steps
 (``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32),
-decode attention over the paged KV pool
+the same codes unpacked to fp32 for prefill GEMM (``csrc/unpack.cpp``), decode attention
+over the paged KV pool
 (``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
 (``csrc/fused_ops.cpp``: RMSNorm with the residual add, RoPE with the KV write, SwiGLU).
 

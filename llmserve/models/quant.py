@@ -5,8 +5,9 @@
   matrix is on 16 levels, else 8-bit (``qlayout``). Our AVX2 kernel (``kernels``)
   quantises the activations per 32 too and multiplies in integers, llama.cpp style;
   per-32 scales follow this model's outlier channels closely enough, where one scale per
-  tensor does not (``w8a8``). The exact mode sends prefill rows to torch's fp32 GEMM on
-  the fp32 weights instead, and keeps those.
+  tensor does not (``w8a8``). Prefill rows go to torch's fp32 GEMM instead: by default on
+  weights unpacked from the codes a layer at a time (:class:`Unpacked`), in the exact mode
+  on kept fp32 copies.
 - ``w8a8`` (:class:`Int8Linear`): int8 weights per output channel, activations quantised
   per tensor on the fly (``torch.ops.quantized.linear_dynamic``: fbgemm on x86, qnnpack
   on Arm). It loses far too much on SmolLM2 (perplexity +359 %).
@@ -106,10 +107,11 @@ class WeightOnlyInt8Linear:
     not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
     weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product
     ran at 0.4-0.8x torch's fp32 GEMM, the one-byte one at 0.75-1.7x (two runs on the
-    loaded 2-core machine, benchmarks/results/int8_kernel-prefill.md). The exact mode
-    keeps the fp32 ``dense`` weights the codes came from (for GGUF-sourced weights the
-    codes reproduce them exactly) and sends more than ``SMALL_M`` rows (prefill chunks) to torch's fp32 GEMM
-    on them, so prompts are processed without activation rounding, at 4 bytes a weight.
+    loaded 2-core machine, benchmarks/results/int8_kernel-prefill.md). So more than
+    ``SMALL_M`` rows (prefill chunks) go to torch's fp32 GEMM, without activation rounding:
+    with ``unpacked``, on the weights unpacked from the codes into a buffer the model's
+    layers share; in the exact mode, on the fp32 ``dense`` weights the codes came from,
+    kept at 4 bytes a weight. For GGUF-sourced weights both are the same bits.
     """
 
     SMALL_M = 64  # exact mode: the kernel for decode steps up to max_num_seqs' default
