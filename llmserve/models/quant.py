@@ -114,7 +114,7 @@ class WeightOnlyInt8Linear:
     kept at 4 bytes a weight. For GGUF-sourced weights both are the same bits.
     """
 
-    SMALL_M = 64  # exact mode: the kernel for decode steps up to max_num_seqs' default
+    SMALL_M = 64  # the kernel up to this many rows (decode steps up to max_num_seqs' default), fp32 GEMM above
     FINE = True
 
     def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None,
@@ -186,7 +186,7 @@ class Unpacked:
     are the file's weights. One buffer serves the model's layers in turn: not thread-safe,
     like the engine that steps them."""
 
-    LIMIT = 1 << 20  # floats (4 MB, in cache): a larger layer (the head) goes a slice of outputs at a time
+    LIMIT = 1 << 20  # floats (4 MB, in cache): a larger layer (gate_up, the head) goes a slice of outputs at a time
 
     def __init__(self) -> None:
         self.buffer = torch.empty(0)
