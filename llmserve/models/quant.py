@@ -115,6 +115,9 @@ class WeightOnlyInt8Linear:
     """
 
     SMALL_M = 64  # the kernel up to this many rows (decode steps up to max_num_seqs' default), fp32 GEMM above
+    # With unpacking, 8-bit codes (the Q8_0 head) cross over sooner: at 32 / 64 rows the
+    # kernel took 18 / 38 ms for SmolLM2's head, unpack + GEMM 14 / 23 (2 threads).
+    SMALL_M_8BIT = 24
     FINE = True
 
     def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None,
@@ -126,6 +129,7 @@ class WeightOnlyInt8Linear:
         # without the kernel the fp32 product is all there is
         self.dense = dense if dense is not None or self._product is not None else self.dequantized()
         self.unpacked = unpacked if self.dense is None else None
+        self._unpack_above = self.SMALL_M_8BIT if packed.bits == 8 else self.SMALL_M
 
     @classmethod
     def from_float(cls, w: torch.Tensor, exact: bool = False,
@@ -154,7 +158,7 @@ class WeightOnlyInt8Linear:
         x2 = x.reshape(-1, self.in_features).float()
         if self.dense is not None and (self._product is None or x2.shape[0] > self.SMALL_M):
             y = F.linear(x2, self.dense)
-        elif self.unpacked is not None and x2.shape[0] > self.SMALL_M:
+        elif self.unpacked is not None and x2.shape[0] > self._unpack_above:
             y = self.unpacked.linear(x2, self.packed)
         else:
             p = self.packed

@@ -64,3 +64,15 @@ def test_a_layer_larger_than_the_buffer_goes_a_slice_of_outputs_at_a_time(monkey
     x = torch.randn(80, 64)
     torch.testing.assert_close(layer(x), F.linear(x, w), rtol=1e-6, atol=1e-6)
     assert unpacked.buffer.numel() == 3 * qlayout.TILE * 64  # never the whole layer
+
+
+def test_eight_bit_codes_unpack_from_fewer_rows():
+    """The Q8_0 head's kernel is slower per weight than the 4-bit one: its rows go to
+    unpack + GEMM above SMALL_M_8BIT, the 4-bit layers' above SMALL_M."""
+    w = q8_0_like(48, 64)
+    layer = WeightOnlyInt8Linear.from_float(w, unpacked=Unpacked())
+    p, m = layer.packed, WeightOnlyInt8Linear.SMALL_M_8BIT
+    assert p.bits == 8 and m < WeightOnlyInt8Linear.SMALL_M
+    few, more = torch.randn(m, 64), torch.randn(m + 1, 64)
+    assert torch.equal(layer(few), layer._product(few, p.codes, p.scale, p.offset, 48, layer.FINE))
+    assert torch.equal(layer(more), F.linear(more, w))
