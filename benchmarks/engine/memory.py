@@ -76,23 +76,11 @@ def resident_bytes(start: int, nbytes: int) -> int:
 
 
 def llama_server(path: Path) -> dict:
+    """llama-server with a 2,048-token pool, after a first request (both tables' row)."""
     port = 18000 + os.getpid() % 1000
     cmd = [str(path), "-m", str(GGUF), "-c", "2048", "-np", "1", "-t", "1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        body = json.dumps({"prompt": "Hello", "n_predict": 16, "temperature": 0}).encode()
-        for _ in range(240):
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
-                                             {"Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=30).read()
-                break
-            except OSError:
-                time.sleep(0.5)
-        return {"command": " ".join(cmd), "points": {"after a first request": status(proc.pid)}}
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    return {"name": "llama-server", **instance(cmd, port, "/completion",
+                                               {"prompt": "Hello", "n_predict": 16, "temperature": 0})}
 
 
 def rollup(pid: int) -> dict[str, int]:
@@ -113,10 +101,7 @@ def tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         pids.append(p)
-        try:
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except OSError:
-            pass
+        todo += children(p)
     return pids
 
 
@@ -146,24 +131,30 @@ def instance(cmd: list[str], port: int, path: str, body: dict) -> dict:
         time.sleep(1)
         procs = {p: rollup(p) for p in tree(proc.pid)}
         total = {k: sum(r[k] for r in procs.values()) for k in ("Rss", "Pss", "Uss")}
-        return {"command": " ".join(cmd), "processes": len(procs), **total}
+        return {"command": " ".join(cmd), "processes": len(procs), **total,
+                "points": {"after a first request": status(proc.pid)}}
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def instances(llama: Path | None) -> list[dict]:
-    """``llmserve engine`` at its defaults (a 2,048-token pool, as llama-server's -c 2048) beside llama-server."""
+def instances(llama: dict | None) -> list[dict]:
+    """``llmserve engine`` at its defaults (a 2,048-token pool, as llama-server's -c 2048) beside
+    ``llama`` (:func:`llama_server`'s row)."""
     port = 18100 + os.getpid() % 500
     body = {"model": "SmolLM2-135M-Instruct", "prompt": "Hello", "max_tokens": 16, "temperature": 0}
     rows = [{"name": "llmserve engine (defaults)", **instance(
         [sys.executable, "-m", "llmserve.cli", "engine", "--model", str(GGUF), "--port", str(port),
-         "--num-kv-blocks", "128", "--block-size", "16", "--served-model-name", "SmolLM2-135M-Instruct"], port, "/v1/completions", body)}]
-    if llama is not None:
-        rows.append({"name": "llama-server", **instance(
-            [str(llama), "-m", str(GGUF), "-c", "2048", "-np", "1", "--port", str(port + 1)], port + 1,
-            "/completion", {"prompt": "Hello", "n_predict": 16, "temperature": 0})})
-    return rows
+         "--num-kv-blocks", "128", "--block-size", "16", "--served-model-name", "SmolLM2-135M-Instruct"], port,
+        "/v1/completions", body)}]
+    return rows + ([llama] if llama is not None else [])
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 SERVE_YAML = """host: 127.0.0.1
@@ -195,9 +186,8 @@ def served(n: int, work: Path) -> dict:
             first_request(port, "/v1/completions", body)
         time.sleep(1)
         procs = {p: rollup(p) for p in tree(proc.pid)}
-        instance_uss = [procs[a]["Uss"] + sum(procs[c]["Uss"] for c in tree(a) if c != a)
-                        for a in tree(proc.pid) if a not in (proc.pid, tree(proc.pid)[1])
-                        and Path(f"/proc/{a}/task/{a}/children").read_text().split()]
+        apis = [a for t in children(proc.pid) for a in children(t)]  # serve -> template -> instances
+        instance_uss = [sum(procs[p]["Uss"] for p in tree(a)) for a in apis]
         return {"instances": n, "processes": len(procs), "Pss": sum(r["Pss"] for r in procs.values()),
                 "Uss": sum(r["Uss"] for r in procs.values()), "instance_uss": instance_uss}
     finally:
@@ -216,7 +206,7 @@ def main() -> None:
     rows = [json.loads(subprocess.run([sys.executable, __file__, "--child", v], capture_output=True, text=True,
                                       check=True).stdout.strip().splitlines()[-1]) for v in VARIANTS]
     ref = llama_server(args.llama_server) if args.llama_server.is_file() else None
-    servers = instances(args.llama_server if args.llama_server.is_file() else None)
+    servers = instances(ref)
     mb = 1e6
     lines = ["`python benchmarks/engine/memory.py`: SmolLM2-135M-Instruct Q4_1, one engine per fresh process, "
              "KV pool of 2,048 tokens (mapped lazily, 4 KiB at a time: its resident part shown), one 16-token "

@@ -103,7 +103,7 @@ def main() -> int:
     servers = {"llama.cpp": (lcmd, f"http://127.0.0.1:{lport}", "/health"),
                "llmserve": (mcmd, f"http://127.0.0.1:{mport}", "/ready")}
     procs = {name: start(cmd, work / f"{name}.log") for name, (cmd, _, _) in servers.items()}
-    rows, rss, hol, cmds = [], {}, {}, [" ".join(lcmd), " ".join(mcmd)]
+    rows, pss, hol, cmds = [], {}, {}, [" ".join(lcmd), " ".join(mcmd)]
     try:
         for name, (_, url, path) in servers.items():
             wait_ready(url, path)
@@ -124,14 +124,14 @@ def main() -> int:
                       f"{s['median_tpot_ms']:.1f} ms, TTFT median {s['median_ttft_ms']:.0f} ms", flush=True)
             rows.append(row)
         for name in servers:
-            rss[name] = tree_pss_mb(procs[name].pid)
+            pss[name] = tree_pss_mb(procs[name].pid)
         if not args.skip_hol:
             hol = head_of_line(servers["llmserve"][1], args.gguf, work, cmds)
     finally:
         for p in procs.values():
             stop(p)
     load = os.getloadavg()
-    table = render(rows, rss, hol, cmds, load, args)
+    table = render(rows, pss, hol, cmds, load, args)
     print(table)
     if args.write:
         readme = HERE / "README.md"
@@ -161,7 +161,7 @@ def head_of_line(url: str, gguf: str, work: Path, cmds: list[str]) -> dict:
             "loaded_median": b["median_ttft_ms"]}
 
 
-def render(rows, rss, hol, cmds, load, args) -> str:
+def render(rows, pss, hol, cmds, load, args) -> str:
     out = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
            f"load average after the run {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (a shared machine: "
            "ratios within this one run are what counts).", "",
@@ -175,8 +175,8 @@ def render(rows, rss, hol, cmds, load, args) -> str:
                    f"{b['median_tpot_ms']:.1f} | {a['median_ttft_ms']:.0f} | {b['median_ttft_ms']:.0f} |")
     out += ["", f"Memory after the runs, PSS summed over each server's processes, KV pools included (llama.cpp's "
                 f"32,768 tokens, llmserve's sized from free memory; `benchmarks/engine/memory.py` compares them "
-                f"with equal pools): llama.cpp {rss.get('llama.cpp', 0):.0f} MB, llmserve (API + engine process) "
-                f"{rss.get('llmserve', 0):.0f} MB."]
+                f"with equal pools): llama.cpp {pss.get('llama.cpp', 0):.0f} MB, llmserve (API + engine process) "
+                f"{pss.get('llmserve', 0):.0f} MB."]
     if hol:
         out += ["", "Head-of-line (llmserve, defaults): realtime TTFT p90 "
                     f"{hol['idle_p90']:.0f} ms idle, {hol['loaded_p90']:.0f} ms while two clients stream "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))  # a container's or taskset's share, not the host's
@@ -23,4 +24,3 @@ def available_cores() -> int:
 def engine_threads(cores: int, instances: int = 1) -> int:
     """Torch threads for each of ``instances`` engines sharing ``cores``: its share."""
     return max(1, cores // max(1, instances))
-

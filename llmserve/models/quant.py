@@ -184,7 +184,8 @@ def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS) -> None:
 
 class Unpacked:
     """The fp32 buffer a model's int8 layers unpack their weights into, a layer at a time,
-    for the rows above ``SMALL_M`` (prefill chunks): torch's fp32 GEMM then runs on them
+    for steps above a layer's kernel rows (``SMALL_M``; ``SMALL_M_8BIT`` for 8-bit codes:
+    prefill chunks, large decode batches on the head): torch's fp32 GEMM then runs on them
     without any layer keeping a 4-byte copy of its weights. Unpacking (``csrc/unpack.cpp``)
     gives the bits ``PackedWeights.dequantized`` gives, which for a GGUF Q4_1 / Q8_0 source
     are the file's weights. One buffer serves the model's layers in turn: not thread-safe,

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from llmserve.models.files import atomic_target
 from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
+
+if TYPE_CHECKING:
+    from llmserve.models.quant import Unpacked
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +66,12 @@ class PreparedCache:
     """Wraps the int8 factory: layers come from the cache file in call order (the model
     builds them in a fixed order) and a miss quantises; ``save`` writes what was built."""
 
-    def __init__(self, path: Path, factory: LinearFactory, exact: bool = False, unpacked=None) -> None:
+    def __init__(self, path: Path, factory: LinearFactory, exact: bool = False,
+                 unpacked: "Unpacked | None" = None) -> None:
         self.path = path
         self.factory = factory
         self.exact = exact
-        self.unpacked = unpacked  # quant.Unpacked, shared with the factory's layers
+        self.unpacked = unpacked  # shared with the factory's layers
         self.built: list[LinearLayer] = []
         self.cached: dict[str, torch.Tensor] = {}
         self.hits = 0
