@@ -75,7 +75,7 @@ def _llm_and_params(args: argparse.Namespace):
     opts = {k: v for k, v in cfg.to_dict().items() if k != "model"}
     llm = LLM(cfg.model, **opts)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                        top_k=args.top_k, seed=args.seed)  # --seed seeds both the engine and sampling
+                        top_k=args.top_k, seed=cfg.seed)  # --seed seeds both the engine and sampling
     return llm, sp
 
 

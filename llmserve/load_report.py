@@ -20,6 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from llmserve.lifecycle import InstanceState
 
 
+class StepCostsReport(BaseModel):
+    """Seconds per step part, fitted online to the engine's own steps (``engine/step_cost.py``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    base_s: float = Field(ge=0.0)
+    prefill_token_s: float = Field(ge=0.0)
+    decode_seq_s: float = Field(ge=0.0)
+
+
 class LoadReport(BaseModel):
     """One instance's load snapshot, exactly the fields of ``docs/load-report.md``."""
 
@@ -42,6 +52,9 @@ class LoadReport(BaseModel):
     max_num_seqs: int = Field(ge=0)  # 0: unknown (an upstream read through /metrics)
     prefix_cache_hit_rate: float = Field(ge=0.0, le=1.0)
     timestamp: float
+    # The engine's fitted step model (None: not measured yet, or an upstream that does not say).
+    step_costs: StepCostsReport | None = None
+    threads: int | None = Field(None, ge=1)  # the engine's torch threads (None: not said)
 
     @field_validator("state", mode="before")
     @classmethod

@@ -14,8 +14,6 @@ shift || true
 
 venv="${LLMSERVE_VENV:-.venv}"
 py="$venv/bin/python"
-# Built C++ kernels live beside the venv, not in a per-user cache a previous run filled.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/$venv/torch_extensions}"
 
 if [ ! -x "$py" ] || ! "$py" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
   rm -rf "$venv"
@@ -25,14 +23,18 @@ pip() {  # quiet; and without the warnings some machines' file:// index settings
   "$py" -m pip --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 # --no-deps: the lock is the whole set, so pip resolves nothing and fetches nothing else.
-pip install --quiet --require-hashes --no-deps -r requirements/lock.txt
+# torch's CPU build: from pip's own sources where they have it, else PyTorch's CPU index.
+read -r -a torch_source <<< "$(bash scripts/torch-source.sh "$py")"
+pip install --quiet --require-hashes --no-deps -r requirements/lock.txt "${torch_source[@]}"
+# Builds the C++ kernels into the package (setup.py; about a minute on two cores).
 pip install --quiet --no-deps --no-build-isolation -e .
 # Fail now, not in the middle of a test, if the venv is not the lock.
 "$py" -m pip check >/dev/null || { "$py" -m pip check; exit 1; }
 
 "$venv/bin/llmserve" pull --quiet
-# The int8 weight kernel (C++, AVX2): built once into TORCH_EXTENSIONS_DIR.
-"$py" -m llmserve.models.kernels >/dev/null || true
+# The kernels in use: the installed build (a run-time build or the fallback is said here).
+kernels="$("$py" -m llmserve.models.kernels 2>/dev/null || echo "not importable")"
+[ "$kernels" = "installed build" ] || echo "setup: C++ kernels: $kernels" >&2
 
 install_browser() {
   # The dashboard test drives headless Chromium: a system package, installed here.

@@ -89,12 +89,15 @@ def main() -> int:
     ap.add_argument("--llmserve-threads", type=int, default=None,
                     help="llmserve's torch threads (default: its own default for this machine)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every level, fresh prompts each")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the prompt counts (quick runs: 0.5)")
+    ap.add_argument("--serve", action="store_true", help="also `llmserve serve` at its defaults (gateway + "
+                                                          "elastic pool) beside `llmserve engine`")
     ap.add_argument("--write", action="store_true", help="write the table into README.md")
     ap.add_argument("--skip-hol", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="peers-"))
-    lport, mport = 8771, 8772
+    lport, mport, sport = 8771, 8772, 8773
     lcmd = [args.llama_server, "-m", args.gguf, "-np", "64", "-c", "32768", "-t", str(args.threads),
             "--port", str(lport), "--host", "127.0.0.1"]
     mcmd = [PY, "-m", "llmserve.cli", "engine", "--model", args.gguf, "--port", str(mport), "--max-num-seqs", "64"]
@@ -102,27 +105,33 @@ def main() -> int:
         mcmd += ["--threads", str(args.llmserve_threads)]
     servers = {"llama.cpp": (lcmd, f"http://127.0.0.1:{lport}", "/health"),
                "llmserve": (mcmd, f"http://127.0.0.1:{mport}", "/ready")}
+    if args.serve:
+        scmd = [PY, "-m", "llmserve.cli", "serve", "--model", args.gguf, "--port", str(sport)]
+        servers["serve"] = (scmd, f"http://127.0.0.1:{sport}", "/ready")
     procs = {name: start(cmd, work / f"{name}.log") for name, (cmd, _, _) in servers.items()}
-    rows, pss, hol, cmds = [], {}, {}, [" ".join(lcmd), " ".join(mcmd)]
+    rows, pss, hol, cmds = [], {}, {}, [" ".join(c) for c, _, _ in servers.values()]
     try:
         for name, (_, url, path) in servers.items():
             wait_ready(url, path)
         counts = {1: 6, 16: 32, 64: 64}
-        for c in args.concurrency:
+        for level, c in enumerate(args.concurrency):
             n = max(c, int(counts.get(c, 2 * c) * args.scale))
-            row = {"c": c}
-            order = list(servers) if c % 2 else list(servers)[::-1]  # alternate which goes first
-            for name in order:
-                url = servers[name][1]
-                out = work / f"{name}-c{c}.json"
-                cmd = bench(url, args.gguf, out, concurrency=c, prompts=n)
-                cmds.append(" ".join(cmd[1:]).replace(url, f"<{name}>"))
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-                s = summary(out)
-                row[name] = s
-                print(f"c={c} {name}: {s['output_throughput']:.1f} tok/s, TPOT median "
-                      f"{s['median_tpot_ms']:.1f} ms, TTFT median {s['median_ttft_ms']:.0f} ms", flush=True)
-            rows.append(row)
+            for rnd in range(args.rounds):
+                row = {"c": c, "round": rnd}
+                order = list(servers) if (c + rnd) % 2 else list(servers)[::-1]  # alternate who goes first
+                for name in order:
+                    url = servers[name][1]
+                    out = work / f"{name}-c{c}-r{rnd}.json"
+                    # Fresh prompts for every server, level and round: none hits another run's prefix cache.
+                    seed = 1000 * (level + 1) + 100 * rnd + list(servers).index(name)
+                    cmd = bench(url, args.gguf, out, concurrency=c, prompts=n, seed=seed)
+                    cmds.append(" ".join(cmd[1:]).replace(url, f"<{name}>"))
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                    s = summary(out)
+                    row[name] = s
+                    print(f"c={c} round {rnd} {name}: {s['output_throughput']:.1f} tok/s, TPOT median "
+                          f"{s['median_tpot_ms']:.1f} ms, TTFT median {s['median_ttft_ms']:.0f} ms", flush=True)
+                rows.append(row)
         for name in servers:
             pss[name] = tree_pss_mb(procs[name].pid)
         if not args.skip_hol:
@@ -162,17 +171,25 @@ def head_of_line(url: str, gguf: str, work: Path, cmds: list[str]) -> dict:
 
 
 def render(rows, pss, hol, cmds, load, args) -> str:
+    serve = any("serve" in r for r in rows)
     out = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
            f"load average after the run {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (a shared machine: "
            "ratios within this one run are what counts).", "",
-           "| concurrency | llama.cpp tok/s | llmserve tok/s | ratio | llama.cpp TPOT median (ms) | "
-           "llmserve TPOT median (ms) | llama.cpp TTFT median (ms) | llmserve TTFT median (ms) |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| concurrency | round | llama.cpp tok/s | llmserve tok/s | ratio |"
+           + (" serve tok/s | serve / engine |" if serve else "")
+           + " llama.cpp TPOT median (ms) | llmserve TPOT median (ms) | llama.cpp TTFT median (ms) | "
+             "llmserve TTFT median (ms) |",
+           "|---|---|---|---|---|" + ("---|---|" if serve else "") + "---|---|---|---|"]
     for r in rows:
         a, b = r["llama.cpp"], r["llmserve"]
-        out.append(f"| {r['c']} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
-                   f"{b['output_throughput'] / a['output_throughput']:.2f}x | {a['median_tpot_ms']:.1f} | "
-                   f"{b['median_tpot_ms']:.1f} | {a['median_ttft_ms']:.0f} | {b['median_ttft_ms']:.0f} |")
+        cells = [f"{r['c']}", f"{r['round'] + 1}", f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
+                 f"{b['output_throughput'] / a['output_throughput']:.2f}x"]
+        if serve:
+            v = r["serve"]
+            cells += [f"{v['output_throughput']:.1f}", f"{v['output_throughput'] / b['output_throughput']:.2f}x"]
+        cells += [f"{a['median_tpot_ms']:.1f}", f"{b['median_tpot_ms']:.1f}", f"{a['median_ttft_ms']:.0f}",
+                  f"{b['median_ttft_ms']:.0f}"]
+        out.append("| " + " | ".join(cells) + " |")
     out += ["", f"Memory after the runs, PSS summed over each server's processes, KV pools included (llama.cpp's "
                 f"32,768 tokens, llmserve's sized from free memory; `benchmarks/engine/memory.py` compares them "
                 f"with equal pools): llama.cpp {pss.get('llama.cpp', 0):.0f} MB, llmserve (API + engine process) "

@@ -128,6 +128,8 @@ class _SamplingFields(_Strict):
 
     @model_validator(mode="after")
     def _fields_together(self) -> "_SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "stream_options is only allowed when stream is true")
         if self.best_of is not None:
             if self.best_of < self.n:
                 raise FieldError("best_of", "best_of must be at least n")
@@ -235,8 +237,12 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _tools(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "top_logprobs is only allowed when logprobs is true")
         if self.tool_choice is not None and self.tools is None:
             raise FieldError("tool_choice", "tool_choice is only allowed when tools are specified")
+        if "parallel_tool_calls" in self.model_fields_set and self.tools is None:
+            raise FieldError("parallel_tool_calls", "parallel_tool_calls is only allowed when tools are specified")
         if self.tools is not None:
             names = [t.function.name for t in self.tools]
             if len(set(names)) != len(names):
@@ -255,6 +261,12 @@ class ChatCompletionRequest(_SamplingFields):
             return "none"
         c = self.tool_choice
         return "auto" if c is None else c if isinstance(c, str) else "named"
+
+
+class ThreadsRequest(_Strict):
+    """``POST /engine/threads``: the engine's torch threads (an operator's, or serve's, call)."""
+
+    threads: Annotated[int, Field(ge=1, le=1024)]
 
 
 class TokenizeRequest(_Strict):

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Mapping, Protocol
 
+from llmserve.autoscale.capacity import modelled_capacity
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import InstanceState
 from llmserve.percentiles import nearest_rank as percentile
@@ -54,6 +55,7 @@ class InstanceLoad(Protocol):
     busy_fraction: float
     tokens_per_s: float
     max_num_seqs: int
+    # optional: ``step_costs`` (base_s, prefill_token_s, decode_seq_s), the engine's fitted step model
 
 
 class SignalCollector:
@@ -127,9 +129,14 @@ class SignalCollector:
 
         loads = list(loads)
         k = len(loads)
-        busy = kv = fill = tput = 0.0
-        waiting = running = seats = 0
+        busy = kv = fill = tput = model = 0.0
+        waiting = running = seats = modelled = 0
         for r in loads:
+            costs = getattr(r, "step_costs", None)  # (an upstream without an engine model has none)
+            if costs is not None and r.max_num_seqs > 0:
+                model += modelled_capacity(costs.base_s, costs.prefill_token_s, costs.decode_seq_s, r.max_num_seqs,
+                                           self.mean_prompt_tokens, self.mean_output_tokens)
+                modelled += 1
             waiting += r.num_waiting
             running += r.num_running
             busy += r.busy_fraction
@@ -156,6 +163,7 @@ class SignalCollector:
             batch_fill=fill / d,
             seats_per_instance=seats / d,
             throughput_per_instance=tput / d,
+            modelled_capacity=model / modelled if modelled else 0.0,
             ready=counts.get(InstanceState.READY, 0),
             warming=counts.get(InstanceState.WARMING, 0),
             starting=counts.get(InstanceState.STARTING, 0),

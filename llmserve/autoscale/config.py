@@ -135,8 +135,11 @@ class PredictiveConfig(_Config):
     ``lead_time_s`` is how far ahead capacity must be started: the cold start plus
     one controller tick. ``capacity_tokens_per_s`` is the prior for one instance's
     saturation throughput (prompt + output tokens/s with every batch seat taken);
-    the policy measures it online (:mod:`llmserve.autoscale.capacity`) and plans
-    each instance at ``target_utilisation`` of it. ``margin_z`` is the
+    the policy measures it online (:mod:`llmserve.autoscale.capacity`): from the
+    step models llmserve instances report (the first replaces the prior), and from
+    saturated ticks, and plans each instance at ``target_utilisation`` of it.
+    ``capacity_from_model: false`` ignores the step models (a test that stands a
+    fast model in for a slow one by a fixed prior). ``margin_z`` is the
     square-root-staffing factor: N = R + z * sqrt(R) for an offered load of R
     instances, so the relative headroom shrinks as the pool grows. The defaults
     (full utilisation, z = 0.65, level smoothed over 120 s) are what met the
@@ -154,6 +157,7 @@ class PredictiveConfig(_Config):
     capacity_tokens_per_s: float = 1000.0
     capacity_tau_s: float = 300.0
     capacity_measure_fill: float = 0.95
+    capacity_from_model: bool = True
     target_utilisation: float = 1.0
     margin_z: float = 0.65
     # Letting go: a fast average of arrivals (let_go_tau_s) that falls under let_go_ratio

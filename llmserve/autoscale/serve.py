@@ -107,6 +107,12 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)
+    if cfg.provider.kind == "local":  # instances on this machine share its cores
+        from llmserve.autoscale.core_share import CoreShare, SharedPool
+        from llmserve.engine.threads import available_cores
+
+        gw.services.append(CoreShare([SharedPool(c, cfg.shares_cores(p), keys[p.key])
+                                      for c, p in zip(controllers, pools)], available_cores()))
     app.include_router(autoscale_router(controllers, admin_guard(gw)))
     app.state.controller = controllers[0]
     app.state.controllers = controllers
@@ -133,8 +139,10 @@ def run_serve(args: argparse.Namespace) -> int:
         auto = c.autoscale
         size = f"{static_size(auto)}" if auto.policy == "static" else \
             f"{auto.bounds.min_instances}-{auto.bounds.max_instances}"
+        threads = "the cores shared out over the instances running" if cfg.shares_cores(p) else \
+            f"{cfg.threads(p)} threads each"
         lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, {size} instances, "
-                     f"{cfg.threads(p)} threads each\n")
+                     f"{threads}\n")
     print(f"llmserve serve: {', '.join(sorted({p.model for p in cfg.pools()}))} on {base}/v1 "
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"

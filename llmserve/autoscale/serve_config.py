@@ -91,7 +91,8 @@ class ServeConfig(_Strict):
     engine_args: Annotated[list[str], Flag(type=str, parse=shlex.split)] = Field(
         default_factory=list, description='flags for every instance, one string: --engine-args "--max-num-seqs 16"')
     threads_per_instance: int | None = Field(
-        None, ge=1, description="torch CPU threads per instance (default: CPUs / max instances)")
+        None, ge=1, description="torch CPU threads per instance (default: the CPUs shared out over the "
+                                "instances running, as they come and go)")
     cold_start_delay_s: float = Field(
         0.0, ge=0.0, description="testing: each instance waits this long before loading (a slow cold start)")
     admin_key: str | None = Field(None, description="admin API and dashboard key (default: random, printed)")
@@ -193,14 +194,20 @@ class ServeConfig(_Strict):
         return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 
     def threads(self, pool: PoolDeployment | None = None) -> int:
-        """Torch threads per instance: the pool's own setting, else the machine's cores
-        shared out over the most instances every pool may run at once."""
+        """Torch threads an instance starts with: the pool's own setting, else the
+        machine's cores, which :mod:`llmserve.autoscale.core_share` then shares out over
+        the instances running (:meth:`shares_cores`)."""
         own = (pool or self.pools()[0]).threads_per_instance
         if own is not None:
             return own
-        from llmserve.engine.threads import available_cores, engine_threads
+        from llmserve.engine.threads import available_cores
 
-        return engine_threads(available_cores(), self.most_instances())
+        return available_cores()
+
+    def shares_cores(self, pool: PoolDeployment) -> bool:
+        """Whether this pool's instances are told their share of the cores as the running set changes:
+        local llmserve engines without a thread count of their own."""
+        return self.provider.kind == "local" and pool.threads_per_instance is None and not pool.command
 
     def most_instances(self) -> int:
         """Instances every pool may run at once on this machine: what cores and the KV pools' memory are shared over."""

@@ -38,6 +38,9 @@ class PoolSignals:
     batch_fill: float = 0.0
     seats_per_instance: float = 0.0  # max_num_seqs, from the reports received
     throughput_per_instance: float = 0.0
+    # Tokens/s one instance sustains at a full batch, from the step models the ready
+    # instances report and the pool's mean request shape; 0: none reported.
+    modelled_capacity: float = 0.0
     # Instances by lifecycle state.
     ready: int = 0
     warming: int = 0
@@ -45,7 +48,8 @@ class PoolSignals:
     draining: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "arrival_rate", "arrival_tokens_per_s", "throughput_per_instance"):
+        for name in ("window_s", "arrival_rate", "arrival_tokens_per_s", "throughput_per_instance",
+                     "modelled_capacity"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("waiting", "running", "dispatched", "ready", "warming", "starting", "draining"):

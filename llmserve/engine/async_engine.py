@@ -125,6 +125,13 @@ class AsyncEngine(RequestStreams):
         """Compile (and cache) a structured output's grammar; safe from a worker thread."""
         return self.core.compile_grammar(params)
 
+    def set_threads(self, n: int) -> None:
+        self.core.set_threads(n)
+
+    def warm_grammar(self) -> None:
+        """Build the tokenizer's grammar info before the first structured-output request."""
+        self.core.warm_grammar()
+
     def snapshot(self) -> dict[str, Any]:
         """What /metrics reads (``core_snapshot``); the same shape as the process engine's."""
         from llmserve.engine.stats import core_snapshot

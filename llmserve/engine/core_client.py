@@ -71,7 +71,7 @@ class ProcessEngine(RequestStreams):
         self.death: str | None = None
         self.last_heartbeat = time.monotonic()
         self.info: dict[str, Any] = {}
-        self._grammar = None  # built with the first structured-output request
+        self._grammar = None  # built while the instance warms up (warm_grammar)
         self._grammar_lock = threading.Lock()
         self._exit_code: int | None = None
         self._ctx = zmq.asyncio.Context()
@@ -112,13 +112,19 @@ class ProcessEngine(RequestStreams):
         client's 400. The engine process compiles its own copy (none crosses the wire)."""
         if params.structured_outputs is None:
             return None
+        return self.warm_grammar().backend.compile(params.structured_outputs)
+
+    def warm_grammar(self):
+        """This process's grammar info, built now (the instance calls it while warming up)."""
+        if self.tokenizer is None:
+            return None
         with self._grammar_lock:
             if self._grammar is None:
                 from llmserve.engine.guided import GuidedDecoding
 
                 self._grammar = GuidedDecoding.for_tokenizer(self.tokenizer, self.vocab_size,
                                                              self._front.eos_token_ids)
-        return self._grammar.backend.compile(params.structured_outputs)
+        return self._grammar
 
     @property
     def max_model_len(self) -> int:
@@ -154,6 +160,13 @@ class ProcessEngine(RequestStreams):
     def abort(self, request_id: str) -> None:
         if self.death is None:
             self._send(["abort", request_id])
+
+    def set_threads(self, n: int) -> None:
+        """The engine process's torch threads from its next step on."""
+        if n < 1:
+            raise ValueError(f"threads must be >= 1, got {n}")
+        if self.death is None:
+            self._send(["threads", int(n)])
 
     def load_snapshot(self) -> dict[str, Any]:
         return dict(self._snapshot)

@@ -11,7 +11,7 @@ The child is forked (not spawned) so it starts with the parent's imports done:
 the child creates its own ZeroMQ context after the fork. Messages are msgpack
 lists (``llmserve.engine.wire``), never pickle:
 
-- in (PULL): ``["add", request]``, ``["abort", id]``, ``["shutdown"]``;
+- in (PULL): ``["add", request]``, ``["abort", id]``, ``["threads", n]``, ``["shutdown"]``;
 - out (PUSH): ``["ready", info]`` or ``["failed", why]`` once, then per step
   ``["out", outputs, stats_events, snapshot_or_None]``, ``["error", id, kind, msg]``
   when a request is refused, and ``["dead", why]`` before the child exits when a
@@ -19,6 +19,11 @@ lists (``llmserve.engine.wire``), never pickle:
 
 The child ignores SIGTERM/SIGINT (the API process drains, then says shutdown)
 and dies with its parent.
+
+Structured-output grammars compile on a worker thread (xgrammar releases the GIL
+while it compiles): a new schema never stalls the step loop, and its request joins
+the batch once its grammar is ready. The tokenizer's grammar info is built before
+``ready``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY_S = 0.05  # /load and /metrics read the last one; a step is ~10 ms
 IDLE_POLL_MS = 1000
+COMPILE_POLL_MS = 2  # while a grammar compiles and nothing else runs
 
 
 @dataclass(slots=True)
@@ -160,24 +166,32 @@ class EngineCoreProc:
         self.rec = _Recorder()
         core.stats.listeners.append(self.rec)
         self._last_snap = 0.0
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._compiling: dict[str, tuple[Any, Any, str | None]] = {}  # id -> (future, request, prompt text)
 
     def run(self) -> int:
         import zmq
 
         core = self.core
+        core.warm_grammar()
         self.tx.send(pack(["ready", ready_info(core)]))
         self.tx.send(pack(["out", [], [], self._snapshot(core)]))
         poller = zmq.Poller()
         poller.register(self.rx, zmq.POLLIN)
         while True:
+            self._admit_compiled()
             busy = core.has_unfinished()
-            if poller.poll(0 if busy else IDLE_POLL_MS):
+            wait = 0 if busy else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
+            if poller.poll(wait):
                 while True:
                     try:
                         msg = unpack(self.rx.recv(zmq.NOBLOCK))
                     except zmq.Again:
                         break
                     if msg[0] == "shutdown":
+                        self._compiler.shutdown(wait=False, cancel_futures=True)
                         return 0
                     self._command(msg)
             if not core.has_unfinished():
@@ -196,17 +210,34 @@ class EngineCoreProc:
         kind = msg[0]
         if kind == "add":
             req, text = decode_request(msg[1])
-            try:
-                if req.sampling_params.structured_outputs is not None:
-                    req.grammar = self.core.compile_grammar(req.sampling_params)
-                self.core.enqueue(req, text)
-            except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
-                self.tx.send(pack(["error", req.request_id, "value" if isinstance(e, ValueError) else "other",
-                                   str(e)]))
+            if req.sampling_params.structured_outputs is not None:
+                fut = self._compiler.submit(self.core.compile_grammar, req.sampling_params)
+                self._compiling[req.request_id] = (fut, req, text)
+                return
+            self._enqueue(req, text, None)
+        elif kind == "threads":
+            self.core.set_threads(int(msg[1]))
         elif kind == "abort":
+            if self._compiling.pop(msg[1], None) is not None:
+                return  # not in the engine yet: its grammar is dropped when it is done
             out = self.core.abort_request(msg[1])
             if out is not None:
                 self._send([out], force=True)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the engine, in arrival order."""
+        for rid in [rid for rid, (fut, _, _) in self._compiling.items() if fut.done()]:
+            fut, req, text = self._compiling.pop(rid)
+            self._enqueue(req, text, fut)
+
+    def _enqueue(self, req, text: str | None, compiled) -> None:
+        try:
+            if compiled is not None:
+                req.grammar = compiled.result()
+            self.core.enqueue(req, text)
+        except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
+            self.tx.send(pack(["error", req.request_id, "value" if isinstance(e, ValueError) else "other",
+                               str(e)]))
 
     def _send(self, outputs: list, force: bool) -> None:
         now = time.monotonic()

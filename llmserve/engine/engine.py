@@ -93,7 +93,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(model_config.eos_token_id or [])
         if tokenizer is not None:
             self.eos_token_ids |= frozenset(getattr(tokenizer, "eos_token_ids", []) or [])
-        self._guided: GuidedDecoding | None = None  # built with the first structured-output request
+        self._threads_wanted: int | None = None  # set_threads: applied before the next step
+        self._guided: GuidedDecoding | None = None  # built while the instance warms up (warm_grammar)
         self._guided_lock = threading.Lock()
         self.spec = None
         if (sc := config.speculative_config) is not None:
@@ -165,11 +166,18 @@ class EngineCore:
         thread and cached, so a server compiles in a worker thread before ``add_request``."""
         if params.structured_outputs is None:
             return None
-        with self._guided_lock:  # one tokenizer info per engine (~0.4 s for 49k tokens)
+        return self.warm_grammar().backend.compile(params.structured_outputs)
+
+    def warm_grammar(self) -> GuidedDecoding | None:
+        """Build the tokenizer's grammar info now (~0.4 s for 49k tokens), so no request
+        pays it on the step loop; an instance calls this while it warms up."""
+        if self.tokenizer is None:
+            return None
+        with self._guided_lock:  # one tokenizer info per engine
             if self._guided is None:
                 self._guided = GuidedDecoding.for_tokenizer(self.tokenizer, self.model_config.vocab_size,
                                                             self.eos_token_ids)
-        return self._guided.backend.compile(params.structured_outputs)
+        return self._guided
 
     def enqueue(self, req: Request, prompt_text: str | None = None) -> None:
         """Hand a prepared request to the scheduler (engine thread only).
@@ -198,8 +206,19 @@ class EngineCore:
         return self.scheduler.num_unfinished > 0
 
     # ---- the step ----------------------------------------------------------------------
+    def set_threads(self, n: int) -> None:
+        """Run the next steps on ``n`` torch threads: ``llmserve serve`` shares a machine's
+        cores out over the instances it runs, as they come and go. Applied between steps
+        (the call may come from another thread)."""
+        if n < 1:
+            raise ValueError(f"threads must be >= 1, got {n}")
+        self._threads_wanted = n
+
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, sample, update, process; raises only when the forward pass itself fails."""
+        if self._threads_wanted is not None:
+            torch.set_num_threads(self._threads_wanted)
+            self._threads_wanted = None
         self._propose()
         plan = self.scheduler.schedule(self.stats.step_costs())  # chunks sized by measured step time
         t0 = time.monotonic()
@@ -282,4 +301,5 @@ class EngineCore:
 
     # ---- introspection ---------------------------------------------------------------
     def load_snapshot(self) -> dict[str, Any]:
-        return load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats)
+        return {**load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats),
+                "threads": self._threads_wanted or torch.get_num_threads()}

@@ -38,6 +38,13 @@ class EngineStats:
     def step_costs(self) -> StepCosts:
         return self.cost_model.costs()
 
+    def cost_report(self) -> dict[str, float] | None:
+        """The fitted step costs once a step was measured (None before: a prior says nothing)."""
+        if self.cost_model.observed == 0:
+            return None
+        c = self.cost_model.costs()
+        return {"base_s": c.base_s, "prefill_token_s": c.prefill_token_s, "decode_seq_s": c.decode_seq_s}
+
     def on_first_scheduled(self, req, now: float) -> None:
         for lst in self.listeners:
             lst.on_scheduled(now - req.arrival_time)
@@ -113,6 +120,8 @@ def load_snapshot(sch, kv, max_num_seqs: int, stats: EngineStats) -> dict[str, A
         "prefix_cache_queries": kv.prefix_queries,
         "prefix_cache_hits": kv.prefix_hits,
         "num_preemptions": sch.num_preemptions,
+        # The fitted step model: what the autoscaler turns into this instance's capacity.
+        "step_costs": stats.cost_report(),
         **stats.window(),
     }
 

@@ -41,10 +41,14 @@ from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.metrics import EngineMetrics
 from llmserve.api.errors import APIError, error_body
 from llmserve.api.parse import parse_model
-from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from llmserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ThreadsRequest,
+                                   TokenizeRequest)
 from llmserve.server.serving import OpenAIServing
 
 log = logging.getLogger("llmserve.server")
+
+# The warm-up batch: a few rows of a short prompt and a few decode steps.
+WARMUP_ROWS, WARMUP_PROMPT, WARMUP_OUTPUT = 4, 32, 8
 S = InstanceState
 
 
@@ -82,9 +86,9 @@ class Instance:
         self.state = S.WARMING
         if self.config.warmup:
             try:
-                async for _ in self.engine.add_request([1, 2, 3, 4],
-                                                       SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)):
-                    pass
+                # Grammar info now, in a thread: no structured-output request builds it on the loop.
+                await asyncio.to_thread(self.engine.warm_grammar)
+                await self._warm_up()
             except Exception as e:  # noqa: BLE001
                 log.error("warm-up failed: %s", e)
                 self.state, self.error = S.FAILED, f"warm-up failed: {e}"
@@ -94,6 +98,23 @@ class Instance:
             self.ready_after_s = time.monotonic() - self.started
             log.warning("instance %s ready in %.2f s (model %s)", self.instance_id, self.ready_after_s,
                         self.model_name)
+
+    async def _warm_up(self) -> None:
+        """A small batch through the whole engine: the first real request pays no lazy start,
+        and the engine's step model (``/load``'s ``step_costs``, the autoscaler's capacity) is
+        fitted to this instance's own steps, prefill and decode, before it takes traffic."""
+        eng = self.engine
+        rows = max(1, min(WARMUP_ROWS, eng.load_snapshot().get("max_num_seqs", 1) or 1))
+        n = max(1, min(WARMUP_PROMPT, eng.max_model_len // 2 - WARMUP_OUTPUT))
+        top = max(2, eng.vocab_size - 1)
+        sp = SamplingParams(max_tokens=WARMUP_OUTPUT, temperature=0, ignore_eos=True)
+
+        async def one(i: int) -> None:  # distinct prompts: no prefix-cache hit between them
+            async for _ in eng.add_request([1 + (i * 31 + j) % top for j in range(n)], sp,
+                                           request_id=f"warmup-{i}"):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(rows)))
 
     def check_engine(self) -> InstanceState:
         """The state, failed first if the engine died since the last look."""
@@ -128,7 +149,7 @@ class Instance:
             busy_fraction=snap.get("busy_fraction", 0.0), tokens_per_s=snap.get("tokens_per_s", 0.0),
             generation_tokens_per_s=snap.get("generation_tokens_per_s", 0.0),
             max_num_seqs=snap.get("max_num_seqs", 0), prefix_cache_hit_rate=(h / q) if q else 0.0,
-            timestamp=time.time()).model_dump()
+            timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads")).model_dump()
 
 
 def create_app(inst: Instance) -> FastAPI:
@@ -178,6 +199,16 @@ def create_app(inst: Instance) -> FastAPI:
     @app.get("/load")
     async def load():
         return inst.load_report()
+
+    @app.post("/engine/threads")
+    async def threads(request: Request):
+        """``{"threads": n}``: the engine's torch threads from its next step (``llmserve serve``
+        shares the machine's cores out over the instances running)."""
+        body = parse_model(await request.body(), ThreadsRequest)
+        if inst.engine is None:
+            raise APIError(503, f"the instance is not running an engine ({inst.state.value})", "service_unavailable")
+        inst.engine.set_threads(body.threads)
+        return {"threads": body.threads}
 
     @app.get("/metrics")
     async def metrics():

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmserve.api.errors import error_body
 from llmserve.api.limits import bearer_token, body_too_large, declared_over, find_key
 
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/engine/")
 
 
 class ApiKeyAuth:

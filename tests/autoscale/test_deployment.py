@@ -55,16 +55,19 @@ def test_pools_resolve_defaults_weights_and_flags():
     assert model.stickiness_window_s == 600.0
 
 
-def test_threads_are_the_cores_shared_over_every_pools_max(monkeypatch):
+def test_instances_start_on_every_core_and_are_shared_out_unless_a_pool_sets_its_own(monkeypatch):
     monkeypatch.setattr("llmserve.engine.threads.available_cores", lambda: 16)
     cfg = ServeConfig.model_validate(deployment())
     v1, v2 = cfg.pools()
-    # 16 cores over at most 3 + 1 instances: 4 each
-    assert cfg.threads(v1) == cfg.threads(v2) == 16 // (3 + 1)
+    # An instance starts with the machine's cores; CoreShare then gives each its share.
+    assert cfg.threads(v1) == cfg.threads(v2) == 16
+    assert cfg.shares_cores(v1) and cfg.shares_cores(v2)
     data = deployment()
     data["models"][0]["versions"][1]["threads_per_instance"] = 2
     cfg = ServeConfig.model_validate(data)
-    assert cfg.threads(cfg.pools()[1]) == 2 and cfg.threads(cfg.pools()[0]) == 4
+    assert cfg.threads(cfg.pools()[1]) == 2 and cfg.threads(cfg.pools()[0]) == 16
+    assert cfg.shares_cores(cfg.pools()[0]) and not cfg.shares_cores(cfg.pools()[1])
+    assert not ServeConfig.model_validate({**deployment(), "provider": {"kind": "ray"}}).shares_cores(v1)
 
 
 def test_single_model_keys_are_a_one_version_deployment():

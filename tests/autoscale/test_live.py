@@ -44,6 +44,7 @@ def live_config(model) -> dict:
                               "scale_down_window_s": 10.0, "max_step_down": 1},
                    "predictive": {"lead_time_s": 10.0, "level_tau_s": 4.0, "trend_tau_s": 20.0,
                                   "capacity_tokens_per_s": 50.0, "capacity_tau_s": 3600.0,
+                                  "capacity_from_model": False,  # the fixed prior stands in for a slow model
                                   "target_utilisation": 0.8, "margin_z": 0.0}},
         lifecycle={"probe_interval_s": 0.2, "signal_window_s": 8.0, "latency_window_s": 10.0,
                    "output_tokens_prior": 16.0, "stop_grace_s": 20.0, "drain_timeout_s": 30.0})

@@ -131,6 +131,13 @@ CASES += [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"city": "x"}}}]}]),
     _messages("function role", [{"role": "function", "name": "f", "content": "x"}]),
     _chat("top_logprobs", logprobs=True, top_logprobs=50),
+    # Fields that would change nothing are refused, as OpenAI and vLLM refuse them (issue 28).
+    _chat("top_logprobs without logprobs", top_logprobs=2),
+    _chat("top_logprobs with logprobs false", logprobs=False, top_logprobs=0),
+    _chat("stream_options without stream", stream_options={"include_usage": True}),
+    _comp("stream_options without stream", stream_options={"include_usage": True}),
+    _chat("stream_options with stream false", stream=False, stream_options={"include_usage": False}),
+    _chat("parallel_tool_calls without tools", parallel_tool_calls=False),
     _chat("modalities:audio", modalities=["audio"]),
     _comp("logprobs:21", logprobs=21),
     _comp("logprobs:-1", logprobs=-1),

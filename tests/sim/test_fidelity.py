@@ -112,7 +112,7 @@ autoscale:
   bounds: {{min_instances: 1, max_instances: 3, scale_up_cooldown_s: 2.0, scale_down_window_s: 10.0,
            max_step_down: 1}}
   predictive: {{lead_time_s: 10.0, level_tau_s: 4.0, trend_tau_s: 20.0, capacity_tokens_per_s: 50.0,
-               capacity_tau_s: 3600.0, target_utilisation: 0.8, margin_z: 0.0}}
+               capacity_tau_s: 3600.0, capacity_from_model: false, target_utilisation: 0.8, margin_z: 0.0}}
 """
 
 

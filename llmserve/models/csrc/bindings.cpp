@@ -1,4 +1,4 @@
-// The Python module of llmserve's C++ kernels (built by llmserve/models/kernels.py).
+// The Python module of llmserve's C++ kernels (built by setup.py, or at run time by llmserve/models/kernels.py).
 #include <torch/extension.h>
 
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scale, torch::Tensor offset, int64_t N,
@@ -17,7 +17,17 @@ torch::Tensor argmax_rows(torch::Tensor x);
 void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH);
 
+// setup.py names the sources it built from (llmserve/models/kernels.py checks it)
+#define LLMSERVE_STR2(x) #x
+#define LLMSERVE_STR(x) LLMSERVE_STR2(x)
+#ifdef LLMSERVE_SOURCES_DIGEST
+#define LLMSERVE_DIGEST LLMSERVE_STR(LLMSERVE_SOURCES_DIGEST)
+#else
+#define LLMSERVE_DIGEST ""
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("sources_digest") = LLMSERVE_DIGEST;
   m.def("q4_linear", &q4_linear, "4-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
   m.def("q8_linear", &q8_linear, "8-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
   m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them");
