@@ -145,3 +145,51 @@ def test_encode_output_round_trip():
     out = RequestOutput("r", [1], [CompletionOutput(0, "ab", [3], "stop", 3, lp, "b", [3], lp)], True, None, 1,
                         RequestMetrics(1.0, 2.0, 3.0, 4.0, 5.0), None)
     assert decode_output(unpack(pack(encode_output(out))), [1], None) == out
+
+
+async def test_a_compiling_grammar_never_stops_the_step_loop(config, monkeypatch):
+    """Issue 28: a new schema's compile ran on the engine loop, so every running stream
+    stalled for it. Made slow here (1.5 s in the forked child), it must run beside the
+    loop: a plain stream keeps getting tokens while it compiles, then the constrained
+    request joins and completes with valid JSON. The tokenizer's grammar info is built
+    before the engine says ready, so the first schema does not pay for it either."""
+    import json
+    import time
+
+    from llmserve.engine.grammar import GrammarBackend
+    from llmserve.engine.sampling_params import StructuredOutputsParams
+
+    compiled = GrammarBackend._compile
+
+    def slow(self, *a):
+        time.sleep(1.5)
+        return compiled(self, *a)
+
+    monkeypatch.setattr(GrammarBackend, "_compile", slow)  # the child is forked: it has this too
+    eng = await _start(config)
+    try:
+        plain_times: list[float] = []
+
+        async def plain():
+            async for out in eng.add_request([5, 6, 7], LONG, "plain"):
+                plain_times.extend(time.monotonic() for _ in out.outputs[0].delta_token_ids)
+
+        task = asyncio.create_task(plain())
+        while len(plain_times) < 2:
+            await asyncio.sleep(0.01)
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        sp = SamplingParams(max_tokens=24, temperature=0,
+                            structured_outputs=StructuredOutputsParams(json=json.dumps(schema)))
+        sent = time.monotonic()
+        first = None
+        text = ""
+        async for out in eng.add_request([8, 9, 10], sp, "json"):
+            first = first or time.monotonic()
+            text = out.outputs[0].text
+        assert first - sent >= 1.4  # it did wait for its (slow) grammar
+        during = [t for t in plain_times if sent < t < first]
+        assert len(during) >= 5, f"the plain stream got {len(during)} tokens while the grammar compiled"
+        json.loads(text)
+        await task
+    finally:
+        eng.shutdown()

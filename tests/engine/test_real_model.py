@@ -34,28 +34,44 @@ def test_auto_picks_int8_for_the_q4_gguf(smollm2_path, model_store):
     assert auto.engine.config.dtype == ("int8" if kernels.cpu_supported() else "fp32")
 
 
-def test_logits_match_transformers(llm, hf_model):
-    tok = llm.get_tokenizer()
-    ids = tok.encode_chat([{"role": "user", "content": "Name three colours of the rainbow."}])
-    with torch.no_grad():
-        ref = hf_model(torch.tensor([ids])).logits[0, -1]
+def _generate(llm, ids: list[int], n: int, logprobs: int):
     eng = llm.engine
-    eng.add_request("x", ids, SamplingParams(max_tokens=1, temperature=0, logprobs=5))
+    eng.add_request("x", ids, SamplingParams(max_tokens=n, temperature=0, logprobs=logprobs, ignore_eos=True))
     out = None
     while eng.has_unfinished():
         for o in eng.step():
             out = o
-    top = out.outputs[0].logprobs[0].top
-    ref_lp = torch.log_softmax(ref, -1)
-    assert [t for t, _ in top] == torch.topk(ref_lp, 5).indices.tolist()
-    # int8 rounds activations per 32 values (llama.cpp's Q8 scheme): exact mode only the
-    # decode rows', into two bytes: logprobs move by a few thousandths; the default every
-    # row's, o and down into one byte: up to ~0.07 here (its bar is top-1 agreement and
-    # perplexity, test_int8_default_meets_the_quality_bar_on_held_out_text). The top 5 stay.
-    cfg = eng.config
-    tol = 2e-3 if cfg.dtype == "fp32" else 1.5e-2 if cfg.exact_activations else 0.1
-    for t, lp in top:
-        assert lp == pytest.approx(float(ref_lp[t]), abs=tol)
+    return out.outputs[0]
+
+
+# Per-logprob bounds hold only where nothing rounds activations: fp32 differs from
+# transformers by summation order alone (measured below 2e-4 here: 10x margin), and
+# int8's exact mode rounds decode activations into two bytes, a relative error near
+# 2^-11 (measured below 4e-3: about 4x margin). The default int8 path rounds into one
+# byte per 32 values, and a near-tie of two activations can round either way on another
+# CPU or thread count: it is judged the way the field judges lossy formats, by top-k
+# membership here (vLLM's check_logprobs_close) and by teacher-forced top-1 agreement and
+# perplexity on held-out text (test_int8_default_meets_the_quality_bar_on_held_out_text).
+LOGPROB_TOL = {"fp32": 2e-3, "int8 exact": 1.5e-2}
+
+
+def test_logits_match_transformers(llm, hf_model):
+    tok = llm.get_tokenizer()
+    ids = tok.encode_chat([{"role": "user", "content": "Name three colours of the rainbow."}])
+    out = _generate(llm, ids, 16, logprobs=5)
+    with torch.no_grad():  # transformers teacher-forced along our tokens: its logprobs at each position
+        ref = torch.log_softmax(hf_model(torch.tensor([ids + out.token_ids[:-1]])).logits[0, len(ids) - 1:], -1)
+    cfg = llm.engine.config
+    mode = cfg.dtype + (" exact" if cfg.exact_activations else "")
+    for pos, (chosen, step) in enumerate(zip(out.token_ids, out.logprobs)):
+        ours = [t for t, _ in step.top]
+        theirs = torch.topk(ref[pos], 5).indices.tolist()
+        # Each side's choice is among the other's top 5, at every position (lossy or not).
+        assert chosen in theirs and theirs[0] in ours, f"position {pos}: ours {ours}, transformers {theirs}"
+        if mode in LOGPROB_TOL:
+            assert chosen == theirs[0], f"position {pos}: greedy token differs"
+            for t, lp in step.top:
+                assert lp == pytest.approx(float(ref[pos, t]), abs=LOGPROB_TOL[mode])
 
 
 def test_greedy_chat_equals_transformers(llm, hf_model):
