@@ -217,6 +217,7 @@ class EngineCoreProc:
             self._enqueue(req, text, None)
         elif kind == "threads":
             self.core.set_threads(int(msg[1]))
+            self._send([], force=True)  # /load says so at once, idle or not
         elif kind == "abort":
             if self._compiling.pop(msg[1], None) is not None:
                 return  # not in the engine yet: its grammar is dropped when it is done

@@ -48,3 +48,57 @@ def test_no_ready_instance_or_no_throughput_means_no_update():
     est = CapacityEstimate(1000.0, 0.0)
     ctx = PoolSignals(now=10.0, ready=0, throughput_per_instance=50.0, batch_fill=1.0, queue_depth={"rt": 9})
     assert update_capacity(est, ctx, CFG).tokens_per_s == 1000.0
+
+
+# ---- capacity from the instances' own step models (issue 28) ---------------------------------
+
+def test_modelled_capacity_is_a_full_batch_of_the_mean_request():
+    from llmserve.autoscale.capacity import modelled_capacity
+
+    # 100-token prompts at 1 ms a token, 100 output tokens at 3 ms a row plus 8 ms / 64 seats:
+    # 0.1 + 100 * 0.003125 = 0.4125 s of instance time per 200 tokens.
+    assert modelled_capacity(0.008, 0.001, 0.003, 64, 100, 100) == pytest.approx(200 / 0.4125)
+    # Twice as slow steps (one core instead of two): half the capacity.
+    assert modelled_capacity(0.016, 0.002, 0.006, 64, 100, 100) == pytest.approx(100 / 0.4125)
+    assert modelled_capacity(0.008, 0.001, 0.003, 0, 100, 100) == 0.0
+
+
+def _modelled(est, value, n=1, cfg=CFG, fill=0.2):
+    for i in range(n):
+        ctx = PoolSignals(now=(est.t or 0.0) + 10.0, ready=1, throughput_per_instance=50.0, batch_fill=fill,
+                          modelled_capacity=value)
+        est = update_capacity(est, ctx, cfg)
+    return est
+
+
+def test_the_first_step_model_replaces_the_prior_at_any_fill_and_later_ones_move_it():
+    est = _modelled(CapacityEstimate(1000.0, 0.0), 240.0)
+    assert est.tokens_per_s == 240.0 and est.measured  # no constant outlives the first report
+    later = _modelled(est, 480.0)
+    assert 240.0 < later.tokens_per_s < 480.0  # then the EWMA, like every other measurement
+    assert _modelled(est, 480.0, n=60).tokens_per_s == pytest.approx(480.0, rel=0.01)
+
+
+def test_capacity_from_model_off_keeps_the_prior():
+    off = CFG.model_copy(update={"capacity_from_model": False})
+    assert _modelled(CapacityEstimate(1000.0, 0.0), 240.0, n=10, cfg=off).tokens_per_s == 1000.0
+
+
+def test_the_collector_turns_reported_step_models_into_capacity():
+    from llmserve.autoscale.capacity import modelled_capacity
+    from llmserve.autoscale.collector import SignalCollector
+    from llmserve.lifecycle import InstanceState
+    from llmserve.load_report import LoadReport
+
+    def report(costs):
+        return LoadReport(instance_id="a", model="m", ready=True, draining=False, num_running=1, num_waiting=0,
+                          num_waiting_by_priority={}, kv_cache_usage=0.0, busy_fraction=0.1, tokens_per_s=10.0,
+                          generation_tokens_per_s=5.0, max_num_seqs=16, prefix_cache_hit_rate=0.0, timestamp=0.0,
+                          step_costs=costs)
+
+    col = SignalCollector(output_tokens_prior=64.0)
+    col.record_arrival(0.5, 32)
+    fast = {"base_s": 0.01, "prefill_token_s": 0.001, "decode_seq_s": 0.004}
+    ctx = col.snapshot(1.0, [report(fast), report(None)], {}, {InstanceState.READY: 2})
+    assert ctx.modelled_capacity == pytest.approx(modelled_capacity(0.01, 0.001, 0.004, 16, 32, 64))
+    assert col.snapshot(2.0, [report(None)], {}, {InstanceState.READY: 1}).modelled_capacity == 0.0
