@@ -233,7 +233,8 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     return None
-                ctx.retried()
+                # the failed attempt counts against the version (recorder.py says why)
+                ctx.retried((plan.last.code or "upstream_error") if isinstance(plan.last, GatewayError) else "upstream_5xx")
             try:
                 lease = await self.acquire(plan, ctx)
             except GatewayError:
