@@ -191,9 +191,9 @@ def evaluate(cfg: CanaryConfig, canary: VersionEvidence, stable: VersionEvidence
         found.append(rank_test(signal, c, s, ratio=limit, slack=0.0 if tokens else cfg.latency_slack_s,
                                confidence=conf, floor=floor, higher_is_worse=not tokens,
                                unit="tokens" if tokens else "ms"))
-    verdicts = {f.verdict for f in found}
-    verdict = (Verdict.FAIL if Verdict.FAIL in verdicts else
-               Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in verdicts or not found else Verdict.PASS)
+    verdicts = [f.verdict.value for f in found]
+    verdict = (Verdict.FAIL if "fail" in verdicts else
+               Verdict.INCONCLUSIVE if "inconclusive" in verdicts or not found else Verdict.PASS)
     return Judgement(verdict, tuple(found))
 
 

@@ -89,7 +89,7 @@ class VersionEvidence:
         if unknown:
             raise ValueError(f"unknown samples {sorted(unknown)}")
         room = max(0, self.max_samples - self._kept)
-        kept = {k: [float(x) for x in samples.get(k, ())][:room] for k in SAMPLES}
+        kept = {k: list(samples.get(k, ()))[:room] for k in SAMPLES}
         self._kept += min(room, requests)
         self._push(_Segment(now, requests, Counter(errors or {}), refusals, kept))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -41,6 +42,7 @@ class Finding:
     detail: str
 
 
+@lru_cache(maxsize=64)
 def z_of(confidence: float) -> float:
     """The one-sided normal quantile for ``confidence``."""
     return NormalDist().inv_cdf(confidence)

@@ -57,10 +57,16 @@ class Power:
     p95_s: float | None
 
 
+# The analysis reads no more samples of a signal once it has passed in this step.
+SAMPLED = frozenset({"TTFT", "TPOT", "e2e", "output tokens"})
+
+
 def _batch(rng: np.random.Generator, n: int, error_rate: float, traffic: Traffic,
-           slowdown: float, tokens: int) -> dict:
+           slowdown: float, tokens: int, sampled: bool) -> dict:
     errors = int(rng.binomial(n, error_rate)) if n else 0
     ok = n - errors
+    if not sampled:
+        return {"requests": n, "errors": {"upstream_5xx": errors} if errors else None}
     ttft = traffic.ttft_s * slowdown * rng.lognormal(0.0, traffic.sigma, ok)
     tpot = traffic.tpot_s * slowdown * rng.lognormal(0.0, traffic.sigma, ok)
     return {"requests": n, "errors": {"upstream_5xx": errors} if errors else None,
@@ -78,10 +84,11 @@ def rollout(config: CanaryConfig, traffic: Traffic, seed: int) -> Rollout:
     while a.state is CanaryState.PROGRESSING and t < traffic.max_s:
         n = int(rng.poisson(traffic.rps * dt))
         nc = int(rng.binomial(n, a.weight))
+        sampled = not SAMPLED <= a.settled.keys()
         for version, k, rate, slow, tokens in (
                 ("canary", nc, traffic.canary_error_rate, traffic.canary_slowdown, canary_tokens),
                 ("stable", n - nc, traffic.stable_error_rate, 1.0, traffic.output_tokens)):
-            a.evidence[version].add_counts(t + dt / 2, **_batch(rng, k, rate, traffic, slow, tokens))
+            a.evidence[version].add_counts(t + dt / 2, **_batch(rng, k, rate, traffic, slow, tokens, sampled))
         t += dt
         a.tick(t)
     return Rollout(a.state.value, t)
