@@ -126,8 +126,9 @@ def add_canary_power_args(parser: argparse.ArgumentParser) -> None:
                    help="print the probability that the canary analysis promotes or rolls back a healthy "
                    "canary and worse ones, from seeded rollouts of the gateway's own analysis")
     g.add_argument("--canary-settings", default=None, metavar="YAML",
-                   help="the canary settings (a file, or an inline mapping such as "
-                   "'{min_requests: 3, interval_s: 1}'); default: the gateway's defaults")
+                   help="the canary settings: a gateway or serve file (its first model's canary:), "
+                   "a file of canary fields, or an inline mapping such as '{min_requests: 3, interval_s: 1}'; "
+                   "default: the gateway's defaults")
     g.add_argument("--canary-rps", type=float, default=10.0, help="requests/s, both versions")
     g.add_argument("--canary-stable-error-rate", type=float, default=0.01)
     g.add_argument("--canary-worse-by", default="0.05,0.6", metavar="D,...",
@@ -142,6 +143,11 @@ def _settings(spec: str | None) -> CanaryConfig:
         return CanaryConfig()
     path = Path(spec)
     data = yaml.safe_load(path.read_text() if path.is_file() else spec) or {}
+    if isinstance(data, dict) and "models" in data:  # a gateway or serve file: its first canary
+        canaries = [m["canary"] for m in data["models"] if isinstance(m, dict) and m.get("canary")]
+        if not canaries:
+            raise SystemExit(f"{spec}: no model has a canary")
+        data = {k: v for k, v in canaries[0].items() if k in CanaryConfig.model_fields}
     return CanaryConfig.model_validate(data)
 
 

@@ -1,7 +1,13 @@
 """What the canary analysis guarantees, measured over seeded rollouts of the real
 analysis (sim/canary_power.py) at the settings of issue 36."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import yaml
 
 from llmserve.gateway.canary import CanaryConfig
 from llmserve.sim.canary_power import Traffic, power, rollout
@@ -41,3 +47,23 @@ def test_a_slow_or_terse_canary_is_rolled_back(traffic):
 def test_rollouts_are_reproducible_from_their_seed():
     t = Traffic(rps=10, stable_error_rate=0.01, canary_error_rate=0.03)
     assert rollout(ISSUE, t, seed=7) == rollout(ISSUE, t, seed=7)
+
+
+def test_the_command_prints_the_table_and_reads_a_gateway_file(tmp_path):
+    """``llmserve simulate --canary-power`` as docs/canary.md shows it (fewer rollouts)."""
+    gateway = tmp_path / "gateway.yaml"
+    gateway.write_text(yaml.safe_dump({"models": [{"name": "m", "versions": [], "canary": {
+        "version": "c", "stable": "v1", "auto_start": True, **ISSUE.model_dump(
+            include={"start_weight", "step_weight", "max_weight", "interval_s",
+                     "failure_threshold", "min_requests", "latency_slack_s"})}}]}))
+    cmd = [str(Path(sys.executable).with_name("llmserve")), "simulate", "--canary-power",
+           "--canary-rollouts", "20", "--canary-rps", "10", "--canary-settings", str(gateway),
+           "--canary-stable-error-rate", "0.01", "--canary-worse-by", "0.6",
+           "--canary-slower-by", "2", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "steps [0.3, 0.5], interval 1 s" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {"healthy", "errors +0.6", "2x slower"}
+    assert "| errors +0.6 | 0.0% | 100.0% |" in out
+    saved = json.loads((tmp_path / "canary_power.json").read_text())
+    assert saved["settings"]["min_requests"] == 3 and len(saved["scenarios"]) == 3
