@@ -3,8 +3,6 @@ honoured only as far as its key allows, and instances see only the gateway's dec
 
 from __future__ import annotations
 
-import time
-
 from .app_harness import CLIENT_KEY, OPS_KEY, PRIVILEGED_AUTH, stack
 from .fake_upstream import Behaviour
 
