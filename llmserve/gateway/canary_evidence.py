@@ -49,6 +49,7 @@ class _Segment:
     errors: Counter
     refusals: int
     samples: dict[str, list[float]]
+    kept: int = 0  # outcomes whose samples are kept (under max_samples)
 
 
 @dataclass(slots=True)
@@ -74,8 +75,8 @@ class VersionEvidence:
             if o.error is not None:
                 seg.errors[o.error] += 1
             seg.refusals += o.refused
-            if self._kept < self.max_samples:
-                self._kept += 1
+            if self._kept + seg.kept < self.max_samples:
+                seg.kept += 1
                 for k in SAMPLES:
                     v = getattr(o, k)
                     if v is not None:
@@ -90,8 +91,7 @@ class VersionEvidence:
             raise ValueError(f"unknown samples {sorted(unknown)}")
         room = max(0, self.max_samples - self._kept)
         kept = {k: list(samples.get(k, ()))[:room] for k in SAMPLES}
-        self._kept += min(room, requests)
-        self._push(_Segment(now, requests, Counter(errors or {}), refusals, kept))
+        self._push(_Segment(now, requests, Counter(errors or {}), refusals, kept, min(room, requests)))
 
     def _push(self, seg: _Segment) -> None:
         if seg.requests == 0:
@@ -100,6 +100,7 @@ class VersionEvidence:
         self.requests += seg.requests
         self.error_kinds.update(seg.errors)
         self.refusals += seg.refusals
+        self._kept += seg.kept
 
     def samples(self, name: str) -> list[float]:
         return [x for s in self._segments for x in s.samples[name]]
@@ -113,6 +114,6 @@ class VersionEvidence:
             self.requests -= seg.requests
             self.error_kinds.subtract(seg.errors)
             self.refusals -= seg.refusals
-            self._kept = max(0, self._kept - seg.requests)
+            self._kept -= seg.kept
         self.error_kinds = +self.error_kinds  # forget kinds now at zero
         return dropped
