@@ -233,14 +233,15 @@ class Proxy:
                 if not gw.retry_budget.try_acquire(time.monotonic()):
                     log.info("retry budget exhausted; not retrying %s", ctx.request_id)
                     return None
-                # the failed attempt counts against the version (recorder.py says why)
-                ctx.retried((plan.last.code or "upstream_error") if isinstance(plan.last, GatewayError) else "upstream_5xx")
+                ctx.retried()
             try:
                 lease = await self.acquire(plan, ctx)
             except GatewayError:
                 if plan.last is None:
                     raise
                 return None  # no instance for a retry: answer with the last failure
+            if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
+                ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
             ctx.sent(inst.instance_id)
             try:

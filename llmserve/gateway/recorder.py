@@ -75,12 +75,16 @@ class RequestRecord:
         m = self.sinks.metrics
         m.child(m.upstream, self.model, self.version, instance).inc()
 
-    def retried(self, failure: str = "attempt_failed") -> None:
-        """Another attempt after a failed one (``failure``: its kind), or a resumed stream."""
+    def retried(self) -> None:
+        """Another attempt after a failed one, or a resumed stream."""
         m = self.sinks.metrics
         m.child(m.retries, self.model, self.version).inc()
+
+    def attempt_failed(self, kind: str | None) -> None:
+        """An attempt failed and another one went out (so the request's own outcome will
+        not be this failure): the failure goes to the canary evidence now."""
         if self.in_stats and self.sinks.outcomes is not None:
-            self.sinks.outcomes.record(self.version, time.time(), Outcome(error=failure))
+            self.sinks.outcomes.record(self.version, time.time(), Outcome(error=kind or "upstream_5xx"))
 
     def resumed(self, outcome: str) -> None:
         """The stream's upstream broke mid-way: ``resumed``, ``not_resumable`` or ``failed``

@@ -329,7 +329,8 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             last = f"instance {inst.instance_id} broke off before its first event ({got})"
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
-        ctx.retried("stream_cut")
+        ctx.retried()
+        ctx.attempt_failed("stream_cut")
         ctx.resumed("resumed")
         return got
     return f"{state.resumes} resumes failed; last: {last}"

@@ -87,8 +87,9 @@ def test_the_canary_evidence_gets_every_failed_attempt_and_the_answer():
     out = Outcomes()
     rec, _ = _record([], out)
     rec.sent("i1")
-    rec.retried("upstream_5xx")
-    rec.retried("upstream_broken")
+    rec.retried()
+    rec.attempt_failed(None)  # a 5xx answer
+    rec.attempt_failed("upstream_broken")
     rec.first_token()
     rec.output_tokens = 5
     rec.finish(200, ok=True)
