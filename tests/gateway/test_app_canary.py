@@ -96,3 +96,18 @@ def test_an_elastic_canary_pool_with_no_ready_instance_is_not_judged():
         assert rt.canary.failed_checks == 0 and rt.canary.state.value == "progressing"
         skip = next(e for e in rt.canary.events() if e["action"] == "skip")
         assert skip["reason"].startswith("not judged: the canary pool has no ready instance")
+
+
+def test_every_failed_attempt_counts_once_against_the_canary():
+    """The gateway retries a failed attempt on the same version; each attempt is evidence
+    (issue 36: counting only the final answer hid most of a faulty canary's errors)."""
+    manual = {**CANARY, "interval_s": 60, "count_forced": True}
+    with stack({"v1": [Behaviour("stable", tokens=1)],
+                "canary": [Behaviour("bad", tokens=1, error_rate=1.0)]},
+               weights={"v1": 1, "canary": 0}, model={"canary": manual},
+               auth={"open_privileges": {"version_override": True}}) as s:
+        r = s.chat(headers={"x-llmserve-version": "canary"})
+        assert r.status_code == 500
+        ev = s.gateway.models["chat"].canary.evidence["canary"]
+        assert s.fakes["bad"].requests == 3  # three attempts, one client request
+        assert (ev.requests, ev.errors) == (3, 3)
