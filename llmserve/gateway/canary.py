@@ -1,16 +1,31 @@
-"""Automated canary analysis, in the manner of Flagger: a pure state machine.
+"""Automated canary analysis, in the manner of Flagger and Kayenta: a pure state machine
+whose every verdict is a statistical decision.
 
-A rollout starts the canary at ``start_weight``. Every ``interval_s`` one check
-compares the canary with the stable version over the last window: error rate
-(absolute delta and ratio) and TTFT / end-to-end p99 (ratio). A passed check
-raises the weight by ``step_weight`` up to ``max_weight``; a passed check at
-``max_weight`` promotes. A failed check holds the weight and counts; after
-``failure_threshold`` failed checks (over the whole rollout, as Flagger counts)
-the canary rolls back to 0%. With too little traffic for a verdict the check is
-skipped: the weight holds and nothing counts.
+A rollout starts the canary at ``start_weight``. From then on every outcome of both
+versions accumulates as the current step's evidence (``canary_evidence.py``: all of
+it since the step began, never a rolling window). Every ``interval_s`` the analysis
+*looks*: each signal (error rate, refusal rate, TTFT, TPOT per token, end to end,
+output length) is a sequential test at ``confidence`` (``canary_stats.py``):
 
-Time is passed in (``now``), so tests and the simulator drive it with any clock.
-Stats come from :class:`llmserve.gateway.window_stats.WindowStats`.
+- a signal that **passes** (the canary is shown to be within its margin) is settled
+  for the step; when every signal is settled the weight rises by ``step_weight``, or
+  the canary is promoted after the step at ``max_weight``; the next step collects
+  anew;
+- a signal that **fails** (the canary is shown worse than the margin) counts a
+  failed check; after ``failure_threshold`` of them (over the whole rollout, as
+  Flagger counts) the canary rolls back to 0 %; otherwise the weight holds and the
+  step collects afresh, so each failed check is an independent test;
+- otherwise the look is **inconclusive**: nothing changes and nothing is reset; a
+  slow trickle of traffic gives a slow but correct verdict.
+
+``min_requests`` is a floor under every verdict, never the reason for one. An
+interval the canary pool could not serve (cold, or queued for capacity) is
+``not_judged``: its outcomes are taken back out and the look is a SKIP.
+
+Data in, verdict out: outcomes go in through :meth:`CanaryAnalysis.record` (or
+straight into ``evidence`` in batches, as the simulator does), time is passed in
+(``now``), and :meth:`CanaryAnalysis.tick` returns the decision. What a configuration
+guarantees is measured by ``llmserve simulate --canary-power`` (``sim/canary_power.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +36,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmserve.gateway.window_stats import VersionStats, WindowStats  # noqa: F401 (re-export)
+from llmserve.gateway.canary_evidence import Outcome, VersionEvidence
+from llmserve.gateway.canary_stats import Finding, Verdict, proportion_test, rank_test
 
 
 class CanaryConfig(BaseModel):
@@ -30,16 +46,24 @@ class CanaryConfig(BaseModel):
     start_weight: float = Field(0.05, gt=0.0, le=1.0)
     step_weight: float = Field(0.05, gt=0.0, le=1.0)
     max_weight: float = Field(0.5, gt=0.0, le=1.0)
-    interval_s: float = Field(60.0, gt=0.0)
+    interval_s: float = Field(60.0, gt=0.0)  # time between looks at the evidence
     failure_threshold: int = Field(3, ge=1)
-    min_requests: int = Field(20, ge=1)  # per version per check, else the check is skipped
+    min_requests: int = Field(20, ge=1)  # per version per step: a floor under any verdict
+    # One-sided confidence of every test's bounds (each look, each signal).
+    confidence: float = Field(0.99, gt=0.5, lt=1.0)
     max_error_rate_delta: float | None = Field(0.01, ge=0.0)  # canary - stable
-    max_error_rate_ratio: float | None = Field(2.0, ge=1.0)  # canary / stable, when stable > 0
-    max_ttft_p99_ratio: float | None = Field(1.5, ge=1.0)
-    max_e2e_p99_ratio: float | None = Field(1.5, ge=1.0)
+    # Fails only: the canary's error rate shown over ratio x stable's (when stable errs).
+    max_error_rate_ratio: float | None = Field(2.0, ge=1.0)
+    # 4xx answers to requests the gateway sent on: refusals the stable version does not give.
+    max_refusal_rate_delta: float | None = Field(0.01, ge=0.0)
+    max_ttft_ratio: float | None = Field(1.5, ge=1.0)
+    max_tpot_ratio: float | None = Field(1.5, ge=1.0)  # seconds per output token after the first
+    max_e2e_ratio: float | None = Field(1.5, ge=1.0)
     # Absolute slack on latency comparisons, so that noise on millisecond latencies
-    # does not fail a check: fail only if canary > ratio * stable + slack.
+    # does not fail a check: the margin is ratio * stable + slack.
     latency_slack_s: float = Field(0.01, ge=0.0)
+    # Output length collapse: the canary's answers shown shorter than this share of stable's.
+    min_output_ratio: float | None = Field(0.6, gt=0.0, le=1.0)
     history_size: int = Field(1000, ge=1)
 
     @model_validator(mode="after")
@@ -84,7 +108,8 @@ class InvalidTransition(RuntimeError):
 
 class Action(enum.Enum):
     NONE = "none"  # not time for a check, or not progressing
-    SKIP = "skip"  # check skipped: too little traffic, or the canary pool short of capacity
+    SKIP = "skip"  # not judged: the canary pool was short of capacity
+    INCONCLUSIVE = "inconclusive"  # a look that decided nothing: keep collecting
     ADVANCE = "advance"
     HOLD = "hold"  # check failed, weight unchanged
     PROMOTE = "promote"
@@ -95,10 +120,15 @@ class Action(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class CheckResult:
-    passed: bool
-    skipped: bool
-    reasons: tuple[str, ...]
+class Judgement:
+    """One look: the step's verdict and each signal's finding (settled ones included)."""
+
+    verdict: Verdict
+    findings: tuple[Finding, ...]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(f"{f.verdict.value}: {f.detail}" for f in self.findings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,32 +147,54 @@ class CanaryEvent:
     reason: str
 
 
-def evaluate(cfg: CanaryConfig, canary: VersionStats, stable: VersionStats) -> CheckResult:
-    """Compare the canary with the stable version over one window."""
-    if canary.requests < cfg.min_requests or stable.requests < cfg.min_requests:
-        return CheckResult(False, True, (
-            f"not enough traffic: canary {canary.requests}, stable {stable.requests} "
-            f"requests (need {cfg.min_requests} each)",))
-    failures: list[str] = []
-    ce, se = canary.error_rate, stable.error_rate
-    if cfg.max_error_rate_delta is not None and ce - se > cfg.max_error_rate_delta:
-        failures.append(f"error rate {ce:.3f} exceeds stable {se:.3f} by more than "
-                        f"{cfg.max_error_rate_delta}")
-    if cfg.max_error_rate_ratio is not None and se > 0 and ce > cfg.max_error_rate_ratio * se:
-        failures.append(f"error rate {ce:.3f} is over {cfg.max_error_rate_ratio}x "
-                        f"stable {se:.3f}")
-    for label, ratio, c, s in (("TTFT p99", cfg.max_ttft_p99_ratio, canary.ttft_p99,
-                                stable.ttft_p99),
-                               ("e2e p99", cfg.max_e2e_p99_ratio, canary.e2e_p99,
-                                stable.e2e_p99)):
-        if ratio is None or c is None or s is None:
+def evaluate(cfg: CanaryConfig, canary: VersionEvidence, stable: VersionEvidence,
+             settled: dict[str, Finding] | None = None) -> Judgement:
+    """Test every signal not yet ``settled`` (passed earlier in this step) on the
+    step's evidence. FAIL if any fails, PASS if all have passed, else INCONCLUSIVE."""
+    settled = settled or {}
+    floor, conf = cfg.min_requests, cfg.confidence
+    found: list[Finding] = []
+
+    def want(signal: str, limit: float | None) -> bool:
+        if limit is None:
+            return False
+        if signal in settled:
+            found.append(settled[signal])
+            return False
+        return True
+
+    kc, nc, ks, ns = canary.errors, canary.requests, stable.errors, stable.requests
+    if want("error rate", cfg.max_error_rate_delta):
+        f = proportion_test("error rate", kc, nc, ks, ns, margin=cfg.max_error_rate_delta,
+                            confidence=conf, floor=floor)
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(canary.error_kinds.items()))
+        found.append(Finding(f.signal, f.verdict, f.detail + (f" (canary: {kinds})" if kinds else "")))
+    if cfg.max_error_rate_ratio is not None and ks > 0:
+        f = proportion_test("error rate ratio", kc, nc, ks, ns, margin=0.0, confidence=conf,
+                            floor=floor, ratio=cfg.max_error_rate_ratio)
+        if f.verdict is Verdict.FAIL:  # a guard: it can fail a step, never hold one up
+            found.append(f)
+    if want("refusal rate", cfg.max_refusal_rate_delta):
+        found.append(proportion_test("refusal rate", canary.refusals, nc, stable.refusals, ns,
+                                     margin=cfg.max_refusal_rate_delta, confidence=conf,
+                                     floor=floor))
+    for signal, sample, limit in (("TTFT", "ttft_s", cfg.max_ttft_ratio),
+                                  ("TPOT", "tpot_s", cfg.max_tpot_ratio),
+                                  ("e2e", "e2e_s", cfg.max_e2e_ratio),
+                                  ("output tokens", "output_tokens", cfg.min_output_ratio)):
+        if not want(signal, limit):
             continue
-        if c > ratio * s + cfg.latency_slack_s:
-            failures.append(f"{label} {c * 1000:.1f} ms is over {ratio}x stable "
-                            f"{s * 1000:.1f} ms")
-    if failures:
-        return CheckResult(False, False, tuple(failures))
-    return CheckResult(True, False, ("all metrics within thresholds",))
+        c, s = canary.samples(sample), stable.samples(sample)
+        if not c and not s and nc >= floor and ns >= floor:
+            continue  # a signal neither version reports (no streams, no token counts)
+        tokens = sample == "output_tokens"
+        found.append(rank_test(signal, c, s, ratio=limit, slack=0.0 if tokens else cfg.latency_slack_s,
+                               confidence=conf, floor=floor, higher_is_worse=not tokens,
+                               unit="tokens" if tokens else "ms"))
+    verdicts = [f.verdict.value for f in found]
+    verdict = (Verdict.FAIL if "fail" in verdicts else
+               Verdict.INCONCLUSIVE if "inconclusive" in verdicts or not found else Verdict.PASS)
+    return Judgement(verdict, tuple(found))
 
 
 @dataclass
@@ -156,44 +208,61 @@ class CanaryAnalysis:
     weight: float = 0.0
     failed_checks: int = 0
     last_check: float | None = None
-    last_result: CheckResult | None = None
+    last_result: Judgement | None = None
     history: deque[CanaryEvent] = field(default_factory=deque)
+    evidence: dict[str, VersionEvidence] = field(default_factory=dict)
+    settled: dict[str, Finding] = field(default_factory=dict)  # signals passed at this step
+    step_started: float | None = None
 
     def __post_init__(self) -> None:
         self.history = deque(self.history, maxlen=self.config.history_size)
+        self._new_step(None)
+
+    # ---- data in --------------------------------------------------------------------
+    def record(self, version: str, now: float, outcome: Outcome) -> None:
+        """One outcome of ``version``; kept only while the rollout is progressing."""
+        ev = self.evidence.get(version)
+        if ev is not None and self.state is CanaryState.PROGRESSING:
+            ev.add(now, (outcome,))
 
     # ---- automatic ------------------------------------------------------------------
-    def tick(self, now: float, canary_stats: VersionStats,
-             stable_stats: VersionStats, not_judged: str | None = None) -> CanaryDecision:
-        """Run a check if one is due; return what changed.
+    def tick(self, now: float, not_judged: str | None = None) -> CanaryDecision:
+        """Look at the evidence if a look is due; return what changed.
 
         ``not_judged``: why this interval says nothing about the canary (its pool had
         no ready instance or queued for capacity: a cold start is not the canary's
-        fault); a due check is then a SKIP with that reason, and the next interval
-        starts afresh."""
+        fault); its outcomes are taken back out and the look is a SKIP."""
         if self.state is not CanaryState.PROGRESSING:
             return CanaryDecision(Action.NONE, self.weight)
         if self.last_check is not None and now - self.last_check < self.config.interval_s:
             return CanaryDecision(Action.NONE, self.weight)
-        self.last_check = now
+        since, self.last_check = self.last_check, now
         if not_judged is not None:
-            self.last_result = CheckResult(False, True, (not_judged,))
-            return self._record(now, Action.SKIP, not_judged)
-        result = evaluate(self.config, canary_stats, stable_stats)
+            dropped = sum(ev.drop_since(since if since is not None else now)
+                          for ev in self.evidence.values())
+            return self._record(now, Action.SKIP, f"{not_judged}; {dropped} outcomes set aside")
+        result = evaluate(self.config, self.evidence[self.canary], self.evidence[self.stable],
+                          self.settled)
         self.last_result = result
         reason = "; ".join(result.reasons)
-        if result.skipped:
-            return self._record(now, Action.SKIP, reason)
-        if not result.passed:
+        if result.verdict is Verdict.FAIL:
             self.failed_checks += 1
-            reason = f"check failed ({self.failed_checks}/{self.config.failure_threshold}): {reason}"
+            reason = f"check failed ({self.failed_checks}/{self.config.failure_threshold}): " + \
+                "; ".join(f.detail for f in result.findings if f.verdict is Verdict.FAIL)
             if self.failed_checks >= self.config.failure_threshold:
                 return self._settle(now, CanaryState.ROLLED_BACK, 0.0, Action.ROLLBACK, reason)
+            self._new_step(now)  # the next check is a fresh, independent test
             return self._record(now, Action.HOLD, reason)
+        for f in result.findings:
+            if f.verdict is Verdict.PASS:
+                self.settled.setdefault(f.signal, f)
+        if result.verdict is Verdict.INCONCLUSIVE:
+            return self._record(now, Action.INCONCLUSIVE, reason)
         if self.weight >= self.config.max_weight - 1e-9:
             return self._settle(now, CanaryState.PROMOTED, 1.0, Action.PROMOTE,
-                                f"passed the last step at {self.weight:.0%}")
+                                f"passed the last step at {self.weight:.0%}: {reason}")
         self.weight = min(self.config.max_weight, round(self.weight + self.config.step_weight, 6))
+        self._new_step(now)
         return self._record(now, Action.ADVANCE, reason)
 
     # ---- manual ---------------------------------------------------------------------
@@ -203,6 +272,7 @@ class CanaryAnalysis:
         self._move(CanaryState.PROGRESSING)
         self.weight = self.config.start_weight
         self.failed_checks = 0
+        self._new_step(now)
         self.last_check = now  # first check after one full interval of canary traffic
         self.last_result = None
         return self._record(now, Action.START, reason)
@@ -233,10 +303,14 @@ class CanaryAnalysis:
             "weight": self.weight,
             "failed_checks": self.failed_checks,
             "failure_threshold": self.config.failure_threshold,
+            "confidence": self.config.confidence,
             "last_check": self.last_check,
+            "step_started": self.step_started,
+            "evidence": {v: {"requests": ev.requests, "errors": dict(ev.error_kinds),
+                             "refusals": ev.refusals} for v, ev in self.evidence.items()},
+            "settled": sorted(self.settled),
             "last_result": None if self.last_result is None else {
-                "passed": self.last_result.passed,
-                "skipped": self.last_result.skipped,
+                "verdict": self.last_result.verdict.value,
                 "reasons": list(self.last_result.reasons),
             },
             "steps": self.config.steps(),
@@ -247,6 +321,11 @@ class CanaryAnalysis:
                  "weight": e.weight, "reason": e.reason} for e in self.history]
 
     # ---- internals ------------------------------------------------------------------
+    def _new_step(self, now: float | None) -> None:
+        self.evidence = {v: VersionEvidence() for v in (self.canary, self.stable)}
+        self.settled = {}
+        self.step_started = now
+
     def _move(self, to: CanaryState) -> None:
         if to not in TRANSITIONS[self.state]:
             raise InvalidTransition(f"cannot go from {self.state.value} to {to.value}")

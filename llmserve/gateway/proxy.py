@@ -240,6 +240,8 @@ class Proxy:
                 if plan.last is None:
                     raise
                 return None  # no instance for a retry: answer with the last failure
+            if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
+                ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
             ctx.sent(inst.instance_id)
             try:

@@ -1,6 +1,11 @@
 """One request's record: the single place the request path feeds the gateway's metrics
 (routing, attempts, retries, resumes, queue and cold-start waits, the outcome), the canary
-analysis's window statistics and the request observers (the autoscaler).
+analysis's evidence and the request observers (the autoscaler).
+
+The analysis judges a *version*, so it is told every failed upstream attempt, not only
+the request's final answer: the gateway retries a failed attempt on the same version's
+pool, and a canary failing 60 % of its attempts answers only 0.6^3 = 22 % of requests
+with an error after three attempts (issue 36: that is how such a canary got promoted).
 
 A record is given those three as :class:`RecordSinks` by its model's runtime: it
 needs them, not the runtime, so the recorder knows nothing of the gateway above it."""
@@ -11,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llmserve.gateway.canary_evidence import Outcome, OutcomeSink
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.metrics import GatewayMetrics
-from llmserve.gateway.window_stats import WindowStats
 
 if TYPE_CHECKING:  # the request path's type; the runtime, which imports this, has no HTTP
     from llmserve.gateway.request import ParsedRequest
@@ -25,7 +30,7 @@ class RecordSinks:
 
     model: str
     metrics: GatewayMetrics  # the gateway's
-    stats: WindowStats  # the model's, for its canary analysis
+    outcomes: OutcomeSink | None  # the model's canary analysis, if it has one
     observers: list[RequestObserver]  # the gateway's list itself: services join it later
 
 
@@ -41,7 +46,7 @@ class RequestRecord:
         self.sinks, self.model = sinks, sinks.model
         self.version, self.parsed, self.t0 = version, parsed, t0
         self.request_id = request_id
-        self.in_stats = in_stats  # counts in the canary analysis's window stats
+        self.in_stats = in_stats  # counts in the canary analysis's evidence
         self.instance: str | None = None
         self.ttft_s: float | None = None
         self.queued_s = 0.0
@@ -75,6 +80,12 @@ class RequestRecord:
         m = self.sinks.metrics
         m.child(m.retries, self.model, self.version).inc()
 
+    def attempt_failed(self, kind: str | None) -> None:
+        """An attempt failed and another one went out (so the request's own outcome will
+        not be this failure): the failure goes to the canary evidence now."""
+        if self.in_stats and self.sinks.outcomes is not None:
+            self.sinks.outcomes.record(self.version, time.time(), Outcome(error=kind or "upstream_5xx"))
+
     def resumed(self, outcome: str) -> None:
         """The stream's upstream broke mid-way: ``resumed``, ``not_resumable`` or ``failed``
         (``stream_resumes``)."""
@@ -91,8 +102,8 @@ class RequestRecord:
 
     @property
     def counts_tokens(self) -> bool:
-        """Whether anyone reads ``output_tokens`` (an observer's ``on_finish``)."""
-        return bool(self.sinks.observers)
+        """Whether anyone reads ``output_tokens`` (an observer, the canary analysis)."""
+        return bool(self.sinks.observers) or self.sinks.outcomes is not None
 
     def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
         """Record the request's outcome once; ``ok`` is False only for upstream faults."""
@@ -111,12 +122,24 @@ class RequestRecord:
             m.child(m.ttft, *labels).observe(self.ttft_s)
         if ok and status < 400:
             m.child(m.e2e, *labels).observe(e2e)
-        if self.in_stats and (self.instance is not None or not ok) and status != 499:
-            sinks.stats.record(self.version, time.time(), ok, self.ttft_s,
-                               e2e if ok and status < 400 else None)
+        if sinks.outcomes is not None and self.in_stats and status != 499 and (
+                self.instance is not None or not ok):
+            sinks.outcomes.record(self.version, time.time(), self._outcome(status, ok, error_kind, e2e))
         for o in sinks.observers:
             o.on_finish(self.model, self.version, self.t0 + e2e, e2e, self.output_tokens,
                         ok and status < 400)
+
+
+    def _outcome(self, status: int, ok: bool, kind: str | None, e2e: float) -> Outcome:
+        if not ok:
+            return Outcome(error=kind or f"http_{status}")
+        if status >= 400:  # a 4xx the version itself gave to a request sent to it
+            return Outcome(refused=self.instance is not None)
+        tokens = self.output_tokens or None
+        tpot = None
+        if tokens is not None and tokens > 1 and self.ttft_s is not None:
+            tpot = (e2e - self.ttft_s) / (tokens - 1)
+        return Outcome(ttft_s=self.ttft_s, tpot_s=tpot, e2e_s=e2e, output_tokens=tokens)
 
 
 def prompt_chars(body: dict) -> int:

@@ -330,6 +330,7 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             continue
         log.info("stream %s resumed on %s after %d tokens", ctx.request_id, inst.instance_id, len(state.ids))
         ctx.retried()
+        ctx.attempt_failed("stream_cut")
         ctx.resumed("resumed")
         return got
     return f"{state.resumes} resumes failed; last: {last}"

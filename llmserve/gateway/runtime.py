@@ -28,7 +28,6 @@ from llmserve.gateway.pool import Pool
 from llmserve.gateway.recorder import RecordSinks
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
-from llmserve.gateway.window_stats import WindowStats
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +59,10 @@ class ModelRuntime:
             self.pools[v.name] = pool
         self.canary: CanaryAnalysis | None = None
         self._not_judged: str | None = None
-        window = 60.0
         if config.canary is not None:
             self.canary = CanaryAnalysis(config.canary.version, config.canary.stable,
                                          config.canary)
-            window = config.canary.interval_s
-        self.stats = WindowStats(window)
-        self.sinks = RecordSinks(config.name, metrics, self.stats, observers)
+        self.sinks = RecordSinks(config.name, metrics, self.canary, observers)
         self.router = VersionRouter(self._weights(), salt=config.name,
                                     rng=random.Random(rng.random()),
                                     stickiness_window_s=config.stickiness_window_s)
@@ -86,11 +82,10 @@ class ModelRuntime:
             # Remembered until the next check: one cold moment spoils the interval.
             short = self.pools[self.canary.canary].capacity_shortfall()
             self._not_judged = f"not judged: the canary pool {short}" if short else self._not_judged
-        d = self.canary.tick(now, self.stats.snapshot(self.canary.canary, now),
-                             self.stats.snapshot(self.canary.stable, now), self._not_judged)
+        d = self.canary.tick(now, self._not_judged)
         if d.action is not Action.NONE:
             self._not_judged = None
-        if d.action not in (Action.NONE, Action.SKIP) or d.reason.startswith("not judged"):
+        if d.action not in (Action.NONE, Action.INCONCLUSIVE):
             log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
                      d.action.value, 100 * d.weight, d.reason)
             self.apply_weights()

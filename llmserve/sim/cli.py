@@ -21,6 +21,7 @@ from llmserve.autoscale.config import POLICY_NAMES
 from llmserve.autoscale.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
+from llmserve.sim.canary_power import add_canary_power_args, run_canary_power
 from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
 from llmserve.sim.plots import write_plots
 from llmserve.sim.profile import BUILTIN_PROFILES, DEFAULT_PROFILE, load_profile, save_profile
@@ -35,6 +36,7 @@ examples:
   llmserve simulate --trace diurnal --policy predictive --cold-start 120 --spot-max 64 \\
       --reclaim-rate-per-h 0.05 --reclaim-notice-s 120      # on-demand base, spot burst
   llmserve simulate --calibrate steps.csv --profile cpu-smollm2 --write-profile my.json
+  llmserve simulate --canary-power --canary-settings gateway.yaml   # docs/canary.md
 
 fidelity check (--fidelity): replay one compressed trace through a live
 `llmserve serve` (started here as a child process, from the same YAML it takes)
@@ -133,6 +135,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--deployment-model", default=None, help="deployment: the served model the trace is for "
                    "(default: the file's first)")
 
+    add_canary_power_args(parser)
+
     g = parser.add_argument_group("calibration (instead of a simulation)")
     g.add_argument("--calibrate", default=None, metavar="CSV",
                    help="fit --profile's step model to measured steps "
@@ -230,6 +234,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return run_fidelity(args, trace_from_args(args))
     if args.deployment:
         return run_deployment(args)
+    if args.canary_power:
+        return run_canary_power(args)
     console = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in (*POLICY_NAMES, "oracle")]

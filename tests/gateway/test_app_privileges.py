@@ -3,8 +3,6 @@ honoured only as far as its key allows, and instances see only the gateway's dec
 
 from __future__ import annotations
 
-import time
-
 from .app_harness import CLIENT_KEY, OPS_KEY, PRIVILEGED_AUTH, stack
 from .fake_upstream import Behaviour
 
@@ -95,12 +93,15 @@ def test_oversized_priorities_are_400s_in_openai_shape():
 
 
 CANARY = {"version": "canary", "stable": "v1", "auto_start": False, "interval_s": 60}
+# A rollout in progress (its evidence is kept only then) that sends next to nobody.
+RUNNING = {**CANARY, "auto_start": True, "start_weight": 0.001, "step_weight": 0.001,
+           "max_weight": 0.001}
 
 
 def test_the_version_header_routes_only_for_a_privileged_key_and_stays_out_of_canary_stats():
     v1, canary = Behaviour("stable", tokens=1), Behaviour("canary", tokens=1)
     with stack({"v1": [v1], "canary": [canary]}, weights={"v1": 1, "canary": 0},
-               model={"canary": CANARY}, auth=PRIVILEGED_AUTH, client_key=CLIENT_KEY) as s:
+               model={"canary": RUNNING}, auth=PRIVILEGED_AUTH, client_key=CLIENT_KEY) as s:
         rt = s.gateway.models["chat"]
         for i in range(5):
             r = s.chat(user=f"u{i}", headers={"x-llmserve-version": "canary"})
@@ -110,9 +111,8 @@ def test_the_version_header_routes_only_for_a_privileged_key_and_stays_out_of_ca
             r = s.chat(user=f"u{i}", headers={"x-llmserve-version": "canary"}, key=OPS_KEY)
             assert r.headers["x-llmserve-version"] == "canary"
         assert canary.requests == 4
-        now = time.time()
-        assert rt.stats.snapshot("canary", now).requests == 0
-        assert rt.stats.snapshot("v1", now).requests == 5
+        assert rt.canary.evidence["canary"].requests == 0
+        assert rt.canary.evidence["v1"].requests == 5
         text = s.client.get("/metrics").text
         assert 'llmserve:gateway_routed_total{model="chat",reason="header",version="canary"} 4.0' in text
 
@@ -120,11 +120,11 @@ def test_the_version_header_routes_only_for_a_privileged_key_and_stays_out_of_ca
 def test_forced_requests_count_when_configured():
     v1, canary = Behaviour("stable", tokens=1), Behaviour("canary", tokens=1)
     with stack({"v1": [v1], "canary": [canary]}, weights={"v1": 1, "canary": 0},
-               model={"canary": {**CANARY, "count_forced": True}},
+               model={"canary": {**RUNNING, "count_forced": True}},
                auth={"open_privileges": {"version_override": True}}) as s:
         for _ in range(3):
             assert s.chat(headers={"x-llmserve-version": "canary"}).headers["x-llmserve-version"] == "canary"
-        assert s.gateway.models["chat"].stats.snapshot("canary", time.time()).requests == 3
+        assert s.gateway.models["chat"].canary.evidence["canary"].requests == 3
 
 
 def test_the_upstream_key_is_sent_and_the_clients_is_not():

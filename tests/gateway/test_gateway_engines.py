@@ -145,7 +145,8 @@ def test_openai_client_through_the_gateway(engines, gateway):
 def test_a_faulty_canary_is_rolled_back_and_a_healthy_one_promoted(engines, gateway):
     canary = {"version": "canary", "stable": "v1", "start_weight": 0.3, "step_weight": 0.3,
               "max_weight": 0.6, "interval_s": 1.0, "failure_threshold": 2, "min_requests": 3,
-              "latency_slack_s": 0.5}
+              "latency_slack_s": 0.5, "max_error_rate_delta": 0.05,  # 5 points: ~150 clean requests a step
+              "max_refusal_rate_delta": 0.05}
     for canary_engine, verdict in (("faulty", "rolled_back"), ("b", "promoted")):
         gw = gateway(gateway_config({"v1": [engines["a"].url],
                                      "canary": [engines[canary_engine].url]},
@@ -160,7 +161,7 @@ def test_a_faulty_canary_is_rolled_back_and_a_healthy_one_promoted(engines, gate
         assert status["state"] == verdict, status
         history = gw.admin("GET", "/models/tiny/canary/history").json()["events"]
         if verdict == "rolled_back":
-            assert status["weight"] == 0.0 and "error rate" in history[-1]["reason"]
+            assert status["weight"] == 0.0 and "error rate canary" in history[-1]["reason"]
         else:
             assert status["weight"] == 1.0
             assert any(e["action"] == "advance" for e in history)

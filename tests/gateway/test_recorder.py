@@ -1,11 +1,13 @@
 """The request recorder: the one place a request feeds the gateway's metrics, the
-canary's window stats and the observers."""
+canary's evidence and the observers."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from llmserve.gateway.metrics import GatewayMetrics
 from llmserve.gateway.recorder import RecordSinks, RequestRecord, prompt_chars
-from llmserve.gateway.window_stats import WindowStats
+from llmserve.gateway.canary_evidence import Outcome
 from llmserve.priority import PriorityClass
 
 
@@ -23,9 +25,17 @@ class Observer:
         self.seen.append(("finish", model, version, output_tokens, ok))
 
 
-def _record(observers: list) -> tuple[RequestRecord, GatewayMetrics]:
+class Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Outcome]] = []
+
+    def record(self, version, now, outcome):
+        self.seen.append((version, outcome))
+
+
+def _record(observers: list, outcomes=None) -> tuple[RequestRecord, GatewayMetrics]:
     metrics = GatewayMetrics(lambda: [])
-    sinks = RecordSinks("m", metrics, WindowStats(60.0), observers)
+    sinks = RecordSinks("m", metrics, outcomes, observers)
     parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=PriorityClass.REALTIME)
     return RequestRecord(sinks, "v1", parsed, 0.0, "r1"), metrics
 
@@ -69,3 +79,36 @@ def test_prompt_chars_counts_text_of_chats_and_prompts():
     assert prompt_chars({"messages": [{"content": "ab"}, {"content": [{"text": "cde"}]}]}) == 5
     assert prompt_chars({"prompt": ["ab", [1, 2, 3], 7]}) == 2 + 3 + 1
     assert prompt_chars({}) == 0
+
+
+def test_the_canary_evidence_gets_every_failed_attempt_and_the_answer():
+    """A retried failure counts against the version: retries on the same pool would
+    otherwise hide most of a faulty canary's errors (issue 36)."""
+    out = Outcomes()
+    rec, _ = _record([], out)
+    rec.sent("i1")
+    rec.retried()
+    rec.attempt_failed(None)  # a 5xx answer
+    rec.attempt_failed("upstream_broken")
+    rec.first_token()
+    rec.output_tokens = 5
+    rec.finish(200, ok=True)
+    kinds = [(v, o.error) for v, o in out.seen]
+    assert kinds == [("v1", "upstream_5xx"), ("v1", "upstream_broken"), ("v1", None)]
+    last = out.seen[-1][1]
+    assert last.output_tokens == 5 and last.ttft_s is not None and last.e2e_s >= last.ttft_s
+    assert last.tpot_s == pytest.approx((last.e2e_s - last.ttft_s) / 4)
+
+
+def test_a_4xx_from_the_version_is_a_refusal_and_a_disconnect_is_nothing():
+    out = Outcomes()
+    rec, _ = _record([], out)
+    rec.sent("i1")
+    rec.finish(400, ok=True)
+    rec2, _ = _record([], out)
+    rec2.sent("i1")
+    rec2.finish(499, ok=True, error_kind="client_disconnected")
+    rec3, _ = _record([], out)
+    rec3.finish(503, ok=False, error_kind="no_healthy_instance")
+    assert [(o.refused, o.error) for _, o in out.seen] == [(True, None), (False, "no_healthy_instance")]
+    assert rec.counts_tokens  # the analysis compares output lengths
