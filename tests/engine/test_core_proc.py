@@ -177,19 +177,20 @@ async def test_a_compiling_grammar_never_stops_the_step_loop(config, monkeypatch
         task = asyncio.create_task(plain())
         while len(plain_times) < 2:
             await asyncio.sleep(0.01)
-        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-        sp = SamplingParams(max_tokens=24, temperature=0,
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        sp = SamplingParams(max_tokens=64, temperature=0,
                             structured_outputs=StructuredOutputsParams(json=json.dumps(schema)))
         sent = time.monotonic()
         first = None
         text = ""
         async for out in eng.add_request([8, 9, 10], sp, "json"):
             first = first or time.monotonic()
-            text = out.outputs[0].text
+            text, reason = out.outputs[0].text, out.outputs[0].finish_reason
         assert first - sent >= 1.4  # it did wait for its (slow) grammar
         during = [t for t in plain_times if sent < t < first]
         assert len(during) >= 5, f"the plain stream got {len(during)} tokens while the grammar compiled"
-        json.loads(text)
+        assert reason == "stop" and isinstance(json.loads(text)["ok"], bool), text
         await task
     finally:
         eng.shutdown()
