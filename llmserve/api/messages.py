@@ -54,7 +54,8 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
                 msg["tool_calls"] = calls
             msgs.append(msg)
             continue
-        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+        # is_error has no chat field: the model reads it in the result's text
+        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": ("error: " if b.is_error else "") + b.text()}
                  for b in m.content if isinstance(b, ToolResultBlock)]
         if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
             msgs.append({"role": "user", "content": text})
@@ -69,6 +70,9 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
         body["user"] = req.metadata.user_id
     if req.stream:
         body["stream_options"] = {"include_usage": True}
+    fmt = req.output_config.format if req.output_config else None
+    if fmt is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
     if req.tools:
         body["tools"] = [{"type": "function", "function": {
             "name": t.name, "parameters": t.input_schema,

@@ -1,8 +1,10 @@
 """Anthropic's ``/v1/messages`` request: typed, bounded, the unimplemented refused by name.
 
-``cache_control`` on a block or a tool is accepted and has no effect (the prefix
-cache reuses every shared prefix by itself); Claude-specific features (extended
-thinking, images, documents, server tools) are refused.
+``cache_control`` (on the request, a block or a tool) is accepted and has no
+effect: the prefix cache reuses every shared prefix by itself. ``temperature``,
+``top_p`` and ``top_k`` are taken although newer Anthropic SDKs no longer send
+them (older ones and agents do). Claude-specific features (extended thinking,
+effort, images, documents, server tools, workspaces) are refused by name.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ UNSUPPORTED_FIELDS = {
     "mcp_servers": "MCP servers are not supported",
     "container": "containers (code execution) are not supported",
     "context_management": "context management is not supported",
+    "diagnostics": "request diagnostics are not supported",
+    "inference_geo": "inference_geo is not supported: the model runs where this server runs",
+    "workspace_id": "workspaces are not supported",
+    "user_profile_id": "user profiles are not supported",
 }
 _BLOCKS = ("text", "tool_use", "tool_result")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
 
 CacheControl = dict[str, Any] | None  # accepted, no effect (see the module docstring)
@@ -44,6 +50,8 @@ class ToolUseBlock(_Strict):
     name: Annotated[str, Field(max_length=64)]
     input: dict[str, Any]
     cache_control: CacheControl = None
+    caller: dict[str, Any] | None = None  # echoed back as the SDK returned the block
+    toolset_name: Annotated[str, Field(max_length=256)] | None = None
 
 
 class ToolResultBlock(_Strict):
@@ -52,6 +60,7 @@ class ToolResultBlock(_Strict):
     content: str | Annotated[list[TextBlock], Field(max_length=Limits.CONTENT_PARTS)] | None = None
     is_error: bool = False
     cache_control: CacheControl = None
+    toolset_name: Annotated[str, Field(max_length=256)] | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -84,6 +93,21 @@ class ToolChoice(_Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: FunctionName | None = None
     disable_parallel_tool_use: bool | None = None
+
+
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: Schema = Field(alias="schema")
+
+    @model_validator(mode="after")
+    def _schema(self) -> "OutputFormat":
+        check_json_schema(self.schema_)
+        return self
+
+
+class OutputConfig(_Strict):
+    format: OutputFormat | None = None
+    effort: None = None  # the served models have one effort level
 
 
 class Metadata(_Strict):
@@ -126,6 +150,9 @@ class MessagesRequest(_Strict):
     tool_choice: ToolChoice | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    output_config: OutputConfig | None = None  # format: structured output by JSON schema
+    cache_control: CacheControl = None
+    speed: Literal["standard"] | None = None
 
     _refuse = model_validator(mode="before")(classmethod(lambda cls, v: _refuse(v)))
 
