@@ -1,0 +1,36 @@
+"""The runner over fake upstreams: lines go out at the batch class, and a full pool
+(503) is waited out rather than failing the line."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import openai
+
+from llmserve.priority import PriorityClass
+from tests.gateway.app_harness import stack, wait_until
+from tests.gateway.fake_upstream import Behaviour
+
+
+def _file(n: int) -> bytes:
+    return b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "chat", "messages": [{"role": "user", "content": f"q{i}"}], "priority": "realtime"}}).encode() + b"\n"
+        for i in range(n))
+
+
+def test_lines_run_at_the_batch_class_and_wait_out_a_full_pool(tmp_path):
+    b = Behaviour("i0", error_rate=1.0, error_status=503)
+    with stack({"v1": [b]}, state={"dir": str(tmp_path)}, batches={"poll_interval_s": 0.05,
+                                                                    "retry_interval_s": 0.05}) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        f = c.files.create(file=("in.jsonl", io.BytesIO(_file(4))), purpose="batch")
+        batch = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_until(lambda: b.requests >= 8, what="retries")
+        assert c.batches.retrieve(batch.id).request_counts.completed == 0
+        b.error_rate = 0.0
+        wait_until(lambda: c.batches.retrieve(batch.id).status == "completed", timeout=10, what="completed")
+        done = c.batches.retrieve(batch.id)
+        assert done.request_counts.completed == 4 and done.request_counts.failed == 0
+        # the line claimed realtime; the runner's privileges allow the batch class only
+        assert {h.get("x-priority") for h in b.headers} == {str(PriorityClass.BATCH.level)}
