@@ -55,7 +55,8 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             msgs.append(msg)
             continue
         # is_error has no chat field: the model reads it in the result's text
-        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": ("error: " if b.is_error else "") + b.text()}
+        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id,
+                  "content": ("error: " if b.is_error else "") + b.text()}
                  for b in m.content if isinstance(b, ToolResultBlock)]
         if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
             msgs.append({"role": "user", "content": text})

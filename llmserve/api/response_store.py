@@ -49,12 +49,14 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
 
 class SQLiteResponseStore:
-    def __init__(self, path: str | Path = ":memory:", max_age_s: float = 30 * 24 * 3600) -> None:
+    def __init__(self, path: str | Path = ":memory:", max_age_s: float = 30 * 24 * 3600,
+                 max_records: int = 100_000) -> None:
         self._db = connect(path)
         self._lock = threading.Lock()
         self.max_age_s = max_age_s  # OpenAI keeps stored responses 30 days
-        self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, response TEXT NOT NULL, "
-                         "messages TEXT NOT NULL, created_at REAL NOT NULL)")
+        self.max_records = max_records  # past it the oldest go first: memory and disk stay bounded
+        self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+                         "response TEXT NOT NULL, messages TEXT NOT NULL, created_at REAL NOT NULL)")
 
     def put(self, record: StoredResponse) -> None:
         with self._lock:
@@ -62,6 +64,8 @@ class SQLiteResponseStore:
                              (record.id, record.owner, json.dumps(record.response), json.dumps(record.messages),
                               record.created_at))
             self._db.execute("DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_s,))
+            self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC "
+                             "LIMIT -1 OFFSET ?)", (self.max_records,))
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:

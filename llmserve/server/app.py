@@ -234,8 +234,9 @@ def create_app(inst: Instance) -> FastAPI:
 
     guarded = ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)
     # /v1/responses and /v1/messages, translated onto the chat route above (llmserve/api/frontends.py)
-    return Frontends(guarded, SQLiteResponseStore(), keys_authorizer(cfg.api_keys),  # type: ignore[return-value]
-                     cfg.max_body_bytes)
+    fronts = Frontends(guarded, SQLiteResponseStore(max_records=10_000), keys_authorizer(cfg.api_keys),
+                       cfg.max_body_bytes)
+    return fronts  # type: ignore[return-value]
 
 
 class _DrainingServer(uvicorn.Server):

@@ -113,9 +113,11 @@ BAD = [
 
 
 @pytest.mark.parametrize("method,path,body,param", BAD)
-def test_bad_requests_are_openai_4xx(gateway, method, path, body, param):
+def test_bad_requests_are_openai_4xx(gateway, client, method, path, body, param):
+    before = [b.id for b in client.batches.list(limit=100).data]
     r = httpx.request(method, gateway.url + path, json=body, headers={"authorization": f"Bearer {KEY}"})
     assert 400 <= r.status_code < 500, r.text
+    assert [b.id for b in client.batches.list(limit=100).data] == before  # nothing half-stored
     assert r.json()["error"]["message"]
     if param is not None:
         assert r.json()["error"]["param"] == param

@@ -96,7 +96,8 @@ def test_streamed_tool_call(client):
 
 
 def test_json_schema_format(client):
-    r = client.responses.create(model="tiny", input="pick a colour", max_output_tokens=40, temperature=1.0, extra_body={"seed": 3},
+    r = client.responses.create(model="tiny", input="pick a colour", max_output_tokens=40, temperature=1.0,
+                                extra_body={"seed": 3},
                                 text={"format": {"type": "json_schema", "name": "pick", "schema": COLOUR,
                                                  "strict": True}})
     jsonschema.validate(json.loads(r.output_text), COLOUR)

@@ -100,10 +100,11 @@ class BatchRunner:
                     await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
                 continue
             free = self.config.concurrency - len(self.in_flight)
-            todo = await asyncio.to_thread(self.store.pending, bid, mine, max(free, 0))
+            # at least one, to tell "nothing pending" from "no seat free"
+            todo = await asyncio.to_thread(self.store.pending, bid, mine, max(free, 1))
             if not todo and not mine:
                 await asyncio.to_thread(self.store.finalize, bid, "completed")
-            for idx, cid, body in todo:
+            for idx, cid, body in todo[:max(free, 0)]:
                 self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
 
     async def _line(self, bid: str, endpoint: str, idx: int, cid: str, body: dict[str, Any]) -> None:

@@ -34,3 +34,16 @@ def test_lines_run_at_the_batch_class_and_wait_out_a_full_pool(tmp_path):
         assert done.request_counts.completed == 4 and done.request_counts.failed == 0
         # the line claimed realtime; the runner's privileges allow the batch class only
         assert {h.get("x-priority") for h in b.headers} == {str(PriorityClass.BATCH.level)}
+
+
+def test_two_batches_share_one_seat_and_both_complete(tmp_path):
+    b = Behaviour("i0")
+    with stack({"v1": [b]}, state={"dir": str(tmp_path)}, batches={"poll_interval_s": 0.05, "concurrency": 1}) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        ids = [c.batches.create(input_file_id=c.files.create(file=("in.jsonl", io.BytesIO(_file(3))),
+                                                            purpose="batch").id,
+                                endpoint="/v1/chat/completions", completion_window="24h").id for _ in range(2)]
+        wait_until(lambda: all(c.batches.retrieve(i).status == "completed" for i in ids), timeout=10,
+                   what="both completed")
+        assert [c.batches.retrieve(i).request_counts.completed for i in ids] == [3, 3]
+        assert b.max_running == 1
