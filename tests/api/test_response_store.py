@@ -12,10 +12,10 @@ def _rec(i: int, owner: str = "o") -> StoredResponse:
 
 def test_put_get_delete_and_a_reopen(tmp_path):
     path = tmp_path / "r.db"
-    s = SQLiteResponseStore(path)
+    s = SQLiteResponseStore(path, max_age_s=1e12)  # the records are dated 1970
     s.put(_rec(1))
     assert s.get("resp_1") == _rec(1)
-    assert SQLiteResponseStore(path).get("resp_1") == _rec(1)  # what a restarted gateway reads
+    assert SQLiteResponseStore(path, max_age_s=1e12).get("resp_1") == _rec(1)  # what a restarted gateway reads
     assert s.delete("resp_1") and not s.delete("resp_1") and s.get("resp_1") is None
 
 
