@@ -24,5 +24,6 @@ class BatchConfig(BaseModel):
     # lines in flight across all batches: 4 kept realtime TTFT p90 at 1.5x idle, 16 let it reach 2.7x
     # (benchmarks/batches/README.md); admission queues any excess
     concurrency: int = Field(4, ge=1)
+    max_concurrency: int = Field(64, ge=1)  # for a batch that would miss its window (batches/pace.py)
     retry_interval_s: float = Field(1.0, gt=0.0)  # after a 429 / 503: the pool is full, try again
     poll_interval_s: float = Field(0.5, gt=0.0)  # how often the runner looks for new work

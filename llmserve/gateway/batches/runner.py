@@ -2,10 +2,12 @@
 
 Each pending line is sent in process (``asgi_call``) to the gateway app, so it is
 validated, routed, admitted and balanced as a client's request would be; its
-privileges are the batch class only, so realtime traffic keeps going first. At
-most ``concurrency`` lines are in flight; the admission queues hold them, never
-this runner. A 429 / 502 / 503 / 504 (the pool is full or has no instance yet) is
-tried again after ``retry_interval_s``; any other answer is the line's one result.
+privileges are the batch class only, so realtime traffic keeps going first.
+``concurrency`` lines are in flight (more only when a completion window needs
+them: ``pace.py``); the rest of the backlog waits in the store, not in the
+admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
+instance yet) is tried again after ``retry_interval_s``; any other answer is the
+line's one result.
 
 One runner owns a state folder at a time (an exclusive lock file): two gateways
 pointed at one folder do not both run its lines. A batch ends when no line is
@@ -20,6 +22,7 @@ import contextlib
 import fcntl
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from starlette.types import ASGIApp
 from llmserve.api.asgi_call import call
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
+from llmserve.gateway.batches.pace import lines_in_flight
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
 
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 PRIVILEGES_KEY = "llmserve.privileges"  # a scope key: set in process only, never by a client
 BATCH_ONLY = Privileges.build(PriorityClass.BATCH, [PriorityClass.BATCH])
 _RETRY = frozenset({429, 499, 502, 503, 504})
+PACE_WINDOW_S = 60.0  # a batch's pace is measured over this much recent time
 
 
 class BatchRunner:
@@ -46,6 +51,7 @@ class BatchRunner:
         self.app: ASGIApp | None = None  # the gateway app, set once it exists
         self.in_flight: dict[tuple[str, int], asyncio.Task] = {}
         self.wake = asyncio.Event()
+        self._seen: dict[str, deque[tuple[float, int]]] = {}  # batch -> (time, lines finished), for its pace
         self._task: asyncio.Task | None = None
         self._lock_file: Any = None
 
@@ -89,21 +95,41 @@ class BatchRunner:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.config.poll_interval_s)
 
+    def _allowed(self, batches: list[dict[str, Any]], now: float) -> int:
+        """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py)."""
+        allowed = self.config.concurrency
+        for b in batches:
+            c = b["request_counts"]
+            seen = self._seen.setdefault(b["id"], deque())
+            seen.append((now, c["completed"] + c["failed"]))
+            while now - seen[0][0] > PACE_WINDOW_S:
+                seen.popleft()
+            span = seen[-1][0] - seen[0][0]
+            rate = (seen[-1][1] - seen[0][1]) / span if span >= PACE_WINDOW_S / 6 else None
+            allowed = max(allowed, lines_in_flight(self.config.concurrency, self.config.max_concurrency,
+                                                   c["total"] - c["completed"] - c["failed"], rate,
+                                                   b["expires_at"] - now))
+        return allowed
+
     async def tick(self) -> None:
-        """Start lines up to the concurrency cap; end batches with nothing left."""
-        for batch in await asyncio.to_thread(self.store.active):
+        """Start lines up to the allowed number; end batches with nothing left."""
+        batches = await asyncio.to_thread(self.store.active)
+        allowed = self._allowed([b for b in batches if b["status"] == "in_progress"], time.time())
+        for batch in batches:
             bid = batch["id"]
             mine = {idx for (b, idx) in self.in_flight if b == bid}
             expired = time.time() > batch["expires_at"]
             if batch["status"] == "cancelling" or expired:
                 if not mine:
                     await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
+                    self._seen.pop(bid, None)
                 continue
-            free = self.config.concurrency - len(self.in_flight)
+            free = allowed - len(self.in_flight)
             # at least one, to tell "nothing pending" from "no seat free"
             todo = await asyncio.to_thread(self.store.pending, bid, mine, max(free, 1))
             if not todo and not mine:
                 await asyncio.to_thread(self.store.finalize, bid, "completed")
+                self._seen.pop(bid, None)
             for idx, cid, body in todo[:max(free, 0)]:
                 self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
 

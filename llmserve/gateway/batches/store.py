@@ -145,8 +145,9 @@ class BatchStore:
 
     def active(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute(f"SELECT obj FROM batches WHERE status IN {ACTIVE} ORDER BY created_at").fetchall()
-        return [json.loads(r[0]) for r in rows]
+            rows = self._db.execute(f"SELECT id, obj FROM batches WHERE status IN {ACTIVE} "
+                                    "ORDER BY created_at").fetchall()
+            return [{**json.loads(obj), "request_counts": self._counts(self._db, bid)} for bid, obj in rows]
 
     def pending(self, bid: str, skip: set[int], limit: int) -> list[tuple[int, str, dict[str, Any]]]:
         """Pending lines in file order, those in ``skip`` (in flight) left out."""

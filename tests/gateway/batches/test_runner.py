@@ -47,3 +47,21 @@ def test_two_batches_share_one_seat_and_both_complete(tmp_path):
                    what="both completed")
         assert [c.batches.retrieve(i).request_counts.completed for i in ids] == [3, 3]
         assert b.max_running == 1
+
+
+def test_the_runner_measures_a_batch_pace_and_widens_only_when_its_window_needs_it(tmp_path):
+    from pathlib import Path
+
+    from llmserve.gateway.batches.config import BatchConfig
+    from llmserve.gateway.batches.runner import BatchRunner
+    from llmserve.gateway.batches.store import BatchStore
+
+    r = BatchRunner(BatchStore(tmp_path / "b.db"), BatchConfig(concurrency=4, max_concurrency=64), Path("x"))
+
+    def batch(done: int, left_s: float, t: float) -> dict:
+        return {"id": "b", "expires_at": t + left_s, "request_counts": {"total": 10_000, "completed": done,
+                                                                         "failed": 0}}
+
+    assert r._allowed([batch(0, 3600, 0.0)], 0.0) == 4  # no pace yet
+    assert r._allowed([batch(500, 3590, 10.0)], 10.0) == 4  # 50 lines/s, 9,500 left in an hour: on time
+    assert r._allowed([batch(520, 20, 20.0)], 20.0) > 4  # 26 lines/s, 9,480 left in 20 s: behind
