@@ -140,3 +140,12 @@ def test_malformed_bytes_and_the_sdk_error(host, client):
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model="tiny", max_tokens=5, extra_body=GREEDY, messages=[{"role": "user", "content": [
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
+
+
+def test_x_api_key_is_the_gateway_key(gateway):
+    bad = anthropic.Anthropic(base_url=gateway.url, api_key="not-a-key", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    r = httpx.post(gateway.url + "/v1/messages", json={"model": "tiny", "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
