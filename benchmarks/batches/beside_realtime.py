@@ -104,7 +104,8 @@ def main() -> None:
         total_s = time.perf_counter() - t0
         out = client.files.content(b.output_file_id).text.splitlines()
         ids = {json.loads(x)["custom_id"] for x in out}
-        res = {"lines": args.lines, "ttft_idle_p50_ms": 1000 * p(idle, 0.5), "ttft_idle_p90_ms": 1000 * p(idle, 0.9),
+        res = {"lines": args.lines, "ttft_idle_p50_ms": 1000 * p(idle, 0.5),
+               "ttft_idle_p90_ms": 1000 * p(idle, 0.9),
                "ttft_batch_p50_ms": 1000 * p(busy, 0.5), "ttft_batch_p90_ms": 1000 * p(busy, 0.9),
                "p90_ratio": p(busy, 0.9) / p(idle, 0.9), "batch_lines_per_s_during_probe": rate,
                "batch_total_s": total_s, "output_lines": len(out), "distinct_custom_ids": len(ids),
