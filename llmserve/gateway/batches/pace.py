@@ -12,6 +12,7 @@ up to ``ceiling``; those queue at the gateway, where the autoscaler sees them.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 
 def lines_in_flight(base: int, ceiling: int, remaining: int, lines_per_s: float | None, seconds_left: float,
@@ -29,3 +30,20 @@ def lines_in_flight(base: int, ceiling: int, remaining: int, lines_per_s: float 
     if needed <= lines_per_s:
         return base
     return min(ceiling, max(base, math.ceil(base * needed / lines_per_s)))
+
+
+class PaceMeter:
+    """Lines finished per second over the last ``window_s``, from (time, finished) samples;
+    None until the samples span a sixth of the window. The runner and the simulator both use it."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._seen: deque[tuple[float, int]] = deque()
+
+    def rate(self, now: float, finished: int) -> float | None:
+        seen = self._seen
+        seen.append((now, finished))
+        while now - seen[0][0] > self.window_s:
+            seen.popleft()
+        span = seen[-1][0] - seen[0][0]
+        return (seen[-1][1] - seen[0][1]) / span if span >= self.window_s / 6 else None

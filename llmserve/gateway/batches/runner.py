@@ -22,7 +22,6 @@ import contextlib
 import fcntl
 import logging
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from starlette.types import ASGIApp
 from llmserve.api.asgi_call import call
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.pace import lines_in_flight
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
 
@@ -51,7 +50,7 @@ class BatchRunner:
         self.app: ASGIApp | None = None  # the gateway app, set once it exists
         self.in_flight: dict[tuple[str, int], asyncio.Task] = {}
         self.wake = asyncio.Event()
-        self._seen: dict[str, deque[tuple[float, int]]] = {}  # batch -> (time, lines finished), for its pace
+        self._seen: dict[str, PaceMeter] = {}  # each active batch's pace
         self._task: asyncio.Task | None = None
         self._lock_file: Any = None
 
@@ -100,12 +99,7 @@ class BatchRunner:
         allowed = self.config.concurrency
         for b in batches:
             c = b["request_counts"]
-            seen = self._seen.setdefault(b["id"], deque())
-            seen.append((now, c["completed"] + c["failed"]))
-            while now - seen[0][0] > PACE_WINDOW_S:
-                seen.popleft()
-            span = seen[-1][0] - seen[0][0]
-            rate = (seen[-1][1] - seen[0][1]) / span if span >= PACE_WINDOW_S / 6 else None
+            rate = self._seen.setdefault(b["id"], PaceMeter(PACE_WINDOW_S)).rate(now, c["completed"] + c["failed"])
             allowed = max(allowed, lines_in_flight(self.config.concurrency, self.config.max_concurrency,
                                                    c["total"] - c["completed"] - c["failed"], rate,
                                                    b["expires_at"] - now))
