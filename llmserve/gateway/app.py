@@ -22,11 +22,14 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from llmserve.api.limits import body_too_large, declared_over
+from llmserve.api.frontends import Frontends
 from llmserve.gateway.admin import admin_router
+from llmserve.gateway.batches.runner import PRIVILEGES_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.dashboard import dashboard_router
 from llmserve.gateway.errors import GatewayError, error_response, from_exception
+from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
 from llmserve.http_guard import uvicorn_options
@@ -60,16 +63,22 @@ class GatewayApp(FastAPI):
     gateway: Gateway
     proxy: Proxy
     check_client: Callable[[Request], Privileges]
+    frontends: Frontends
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if not self.gateway.started:
                 await self.gateway.ensure_started()
-            response = body_limit_response(scope, self.gateway.config.limits.max_body_bytes)
             path = scope["path"]
             root = scope.get("root_path", "")
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
                 path = path[len(root):]
+            cfg = self.gateway.config
+            limit = cfg.batches.max_file_bytes if path == "/v1/files" else cfg.limits.max_body_bytes
+            response = body_limit_response(scope, limit)
+            if response is None and self.frontends.handles(path):  # responses, messages, files, batches
+                await self.frontends({**scope, "path": path}, receive, send)
+                return
             if response is None and path in PROXY_PATHS:
                 if scope["method"] == "POST":
                     response = await self._proxy(Request(scope, receive, send), path)
@@ -83,7 +92,8 @@ class GatewayApp(FastAPI):
 
     async def _proxy(self, request: Request, path: str) -> Response:
         try:
-            client = self.check_client(request)
+            # a batch line sent in process carries its privileges in the scope (no client can set it)
+            client = request.scope.get(PRIVILEGES_KEY) or self.check_client(request)
             return await self.proxy.handle(request, path, client)
         except GatewayError as e:
             return from_exception(e)
@@ -115,6 +125,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         return auth.identify(request.headers.get("authorization"))
 
     app.check_client = check_client
+    app.frontends = gateway_frontends(app, config, auth.identify, gw.services)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:

@@ -18,6 +18,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, 
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.auth import ClientAuth, Privileges
 from llmserve.gateway.balancer.picker import BalancerConfig
+from llmserve.gateway.batches.config import BatchConfig, StateConfig
 from llmserve.gateway.canary import CanaryConfig
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.health import OutlierConfig, RetryBudgetConfig
@@ -259,6 +260,8 @@ class GatewaySettings(_Strict):
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
     outlier: OutlierConfig = OutlierConfig()
+    state: StateConfig = StateConfig()  # batches and stored responses survive restarts here
+    batches: BatchConfig = BatchConfig()
 
 
 class GatewayConfig(GatewaySettings):

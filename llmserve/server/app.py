@@ -40,6 +40,8 @@ from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.metrics import EngineMetrics
 from llmserve.api.errors import APIError, error_body
+from llmserve.api.frontends import Frontends, keys_authorizer
+from llmserve.api.response_store import SQLiteResponseStore
 from llmserve.api.parse import parse_model
 from llmserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ThreadsRequest,
                                    TokenizeRequest)
@@ -261,7 +263,11 @@ def create_app(inst: Instance) -> FastAPI:
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)  # type: ignore[return-value]
+    guarded = ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)
+    # /v1/responses and /v1/messages, translated onto the chat route above (llmserve/api/frontends.py)
+    fronts = Frontends(guarded, SQLiteResponseStore(max_records=10_000), keys_authorizer(cfg.api_keys),
+                       cfg.max_body_bytes)
+    return fronts  # type: ignore[return-value]
 
 
 class _DrainingServer(uvicorn.Server):

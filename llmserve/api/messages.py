@@ -1,0 +1,188 @@
+"""Anthropic's ``/v1/messages`` as a translation onto ``/v1/chat/completions``.
+
+``system`` becomes the system turn; ``tool_use`` blocks the assistant's
+``tool_calls``; ``tool_result`` blocks ``tool`` messages (before the user's text
+of the same turn: they answer the previous turn's calls). Stop sequences are sent
+with ``include_stop_str_in_output`` so the answer can say which one matched
+(``stop_reason: stop_sequence`` and ``stop_sequence``) and then drop it, as
+Anthropic does; a stream holds back that many characters until it knows.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from llmserve.api.messages_protocol import MessagesRequest, TextBlock, ToolResultBlock, ToolUseBlock
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+def from_openai_error(status: int, body: Any) -> dict[str, Any]:
+    err = body.get("error") if isinstance(body, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else None
+    return error_body(status, str(msg or body))
+
+
+def chat_body(req: MessagesRequest) -> dict[str, Any]:
+    msgs: list[dict[str, Any]] = []
+    if req.system_text():
+        msgs.append({"role": "system", "content": req.system_text()})
+    for m in req.messages:
+        if isinstance(m.content, str):
+            msgs.append({"role": m.role, "content": m.content})
+            continue
+        text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
+        if m.role == "assistant":
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                     for b in m.content if isinstance(b, ToolUseBlock)]
+            msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                msg["tool_calls"] = calls
+            msgs.append(msg)
+            continue
+        # is_error has no chat field: the model reads it in the result's text
+        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id,
+                  "content": ("error: " if b.is_error else "") + b.text()}
+                 for b in m.content if isinstance(b, ToolResultBlock)]
+        if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
+            msgs.append({"role": "user", "content": text})
+    body: dict[str, Any] = {"model": req.model, "messages": msgs, "max_tokens": req.max_tokens, "stream": req.stream}
+    for key in ("temperature", "top_p", "top_k"):
+        if getattr(req, key) is not None:
+            body[key] = getattr(req, key)
+    if req.stop_sequences:
+        body["stop"] = req.stop_sequences
+        body["include_stop_str_in_output"] = True
+    if req.metadata and req.metadata.user_id:
+        body["user"] = req.metadata.user_id
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    fmt = req.output_config.format if req.output_config else None
+    if fmt is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": t.name, "parameters": t.input_schema,
+            **({"description": t.description} if t.description else {})}} for t in req.tools]
+        c = req.tool_choice
+        if c is not None:
+            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(c.type) or \
+                {"type": "function", "function": {"name": c.name}}
+            if c.disable_parallel_tool_use:
+                body["parallel_tool_calls"] = False
+    return body
+
+
+def split_stop(text: str, finish: str | None, stops: list[str] | None) -> tuple[str, str | None, str | None]:
+    """(text without the matched stop sequence, stop_reason, stop_sequence)."""
+    if finish == "stop":
+        for s in sorted(stops or [], key=len, reverse=True):
+            if text.endswith(s):
+                return text[:-len(s)], "stop_sequence", s
+    return text, _STOP.get(finish or "stop", "end_turn"), None
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def usage(u: dict[str, Any] | None) -> dict[str, Any]:
+    u = u or {}
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    return {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0),
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def from_chat(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
+    choice = (body.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    text, reason, seq = split_stop(msg.get("content") or "", choice.get("finish_reason"), req.stop_sequences)
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += [{"type": "tool_use", "id": c.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
+                 "name": c["function"]["name"], "input": _input(c["function"].get("arguments", ""))}
+                for c in msg.get("tool_calls") or []]
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": req.model,
+            "content": content, "stop_reason": reason, "stop_sequence": seq, "usage": usage(body.get("usage"))}
+
+
+def _event(kind: str, **data: Any) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+
+async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Chat chunks in, Anthropic's message stream out."""
+    hold = max((len(s) for s in req.stop_sequences or []), default=0)
+    start = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": req.model,
+             "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(None)}
+    yield _event("message_start", message=start)
+    index = -1
+    text_open = False
+    pending = ""  # text not yet sent: it may be the start of a stop sequence
+    calls: dict[int, int] = {}  # tool call index -> block index
+    finish, last_usage = None, None
+    async for chunk in chunks:
+        if "error" in chunk:
+            err = chunk["error"] or {}
+            yield _event("error", error={"type": "api_error", "message": err.get("message", "the stream failed")})
+            return
+        last_usage = chunk.get("usage") or last_usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if not text_open:
+                    index, text_open = index + 1, True
+                    yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                pending += delta["content"]
+                if len(pending) > hold:
+                    out, pending = pending[:len(pending) - hold], pending[len(pending) - hold:]
+                    yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": out})
+            for tc in delta.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                if tc.get("index", 0) not in calls:
+                    if text_open:
+                        for e in _flush_text(index, pending, None, req.stop_sequences):
+                            yield e
+                        text_open, pending = False, ""
+                    index += 1
+                    calls[tc.get("index", 0)] = index
+                    yield _event("content_block_start", index=index, content_block={
+                        "type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
+                        "name": fn.get("name", ""), "input": {}})
+                if fn.get("arguments"):
+                    yield _event("content_block_delta", index=calls[tc.get("index", 0)],
+                                 delta={"type": "input_json_delta", "partial_json": fn["arguments"]})
+            finish = choice.get("finish_reason") or finish
+    _, reason, seq = split_stop(pending, finish, req.stop_sequences)
+    if text_open:
+        for e in _flush_text(index, pending, finish, req.stop_sequences):
+            yield e
+    for block in calls.values():
+        yield _event("content_block_stop", index=block)
+    u = usage(last_usage)
+    yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
+                 usage={"output_tokens": u["output_tokens"], "input_tokens": u["input_tokens"]})
+    yield _event("message_stop")
+
+
+def _flush_text(index: int, pending: str, finish: str | None, stops: list[str] | None) -> list[bytes]:
+    text, _, _ = split_stop(pending, finish, stops)
+    out = [_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text})] if text else []
+    return out + [_event("content_block_stop", index=index)]

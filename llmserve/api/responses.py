@@ -1,0 +1,258 @@
+"""``/v1/responses`` as a translation onto ``/v1/chat/completions`` (one engine path).
+
+A request becomes a chat body (instructions as the system turn, the stored
+conversation of ``previous_response_id`` before the new input, function tools and
+``text.format`` mapped onto ``tools`` and ``response_format``), goes through the
+host's own chat route (validation, admission, balancing), and its answer comes
+back as a response object or as the Responses event stream: ``response.created``,
+``response.in_progress``, per output item ``response.output_item.added`` ...
+``response.output_text.delta`` / ``response.function_call_arguments.delta`` ...
+``response.output_item.done``, then ``response.completed`` (``response.incomplete``
+at the token limit, ``response.failed`` when the chat stream ends in an error).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from llmserve.api.responses_protocol import (FunctionCallItem, FunctionCallOutputItem, MessageItem,
+                                             NamedFunctionChoice, ReasoningItem, ResponsesRequest)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The new turn's input as chat messages (calls folded into their assistant turn)."""
+    if isinstance(req.input, str):
+        return [{"role": "user", "content": req.input}]
+    out: list[dict[str, Any]] = []
+    for item in req.input:
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        else:
+            assert isinstance(item, ReasoningItem)  # the served models make none: nothing to replay
+    return out
+
+
+def chat_body(req: ResponsesRequest, history: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
+    msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history + new
+    body: dict[str, Any] = {"messages": msgs, "stream": req.stream, "parallel_tool_calls": req.parallel_tool_calls}
+    for src, dst in (("model", "model"), ("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
+                     ("top_p", "top_p"), ("user", "user"), ("priority", "priority"), ("seed", "seed"),
+                     ("service_tier", "service_tier")):
+        if getattr(req, src) is not None:
+            body[dst] = getattr(req, src)
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                         for t in req.tools]
+    choice = req.tool_choice
+    if isinstance(choice, NamedFunctionChoice):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None and req.tools:
+        body["tool_choice"] = choice
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_schema":
+        spec = {"name": fmt.name, "schema": fmt.schema_}
+        if fmt.strict is not None:
+            spec["strict"] = fmt.strict
+        body["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif fmt is not None and fmt.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    return body
+
+
+def message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": new_id("msg"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {"type": "function_call", "id": new_id("fc"), "call_id": call.get("id") or new_id("call"),
+            "name": fn.get("name", ""), "arguments": fn.get("arguments", ""), "status": status}
+
+
+def usage(u: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not u:
+        return None
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    return {"input_tokens": u.get("prompt_tokens", 0), "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": u.get("completion_tokens", 0), "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.get("total_tokens", 0)}
+
+
+class Envelope:
+    """The response object's fields that come from the request, shared by both paths."""
+
+    def __init__(self, req: ResponsesRequest, model: str | None) -> None:
+        self.req, self.id, self.created_at = req, new_id("resp"), int(time.time())
+        self.model = model or req.model or ""
+
+    def build(self, status: str, output: list[dict[str, Any]], usage_: dict[str, Any] | None = None,
+              finish: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        req = self.req
+        incomplete = {"reason": "max_output_tokens"} if finish == "length" else None
+        choice = req.tool_choice
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": "incomplete" if incomplete and status == "completed" else status,
+            "error": error, "incomplete_details": incomplete, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "model": self.model, "output": output,
+            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": req.store,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": {"format": (req.text.format.model_dump(by_alias=True, exclude_none=True)
+                                if req.text and req.text.format else {"type": "text"})},
+            "tool_choice": choice.model_dump() if isinstance(choice, NamedFunctionChoice) else (choice or "auto"),
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+            "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
+            "usage": usage_, "user": req.user, "metadata": req.metadata or {}}
+
+
+def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """The output items as the assistant turn the next request's prompt replays."""
+    text = "".join(p["text"] for it in output if it["type"] == "message" for p in it["content"])
+    calls = [{"id": it["call_id"], "type": "function", "function": {"name": it["name"], "arguments": it["arguments"]}}
+             for it in output if it["type"] == "function_call"]
+    msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def from_chat(env: Envelope, body: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion body as a response object."""
+    choice = (body.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    output: list[dict[str, Any]] = []
+    if msg.get("content"):
+        output.append(message_item(msg["content"]))
+    output += [call_item(c) for c in msg.get("tool_calls") or []]
+    env.model = body.get("model") or env.model
+    return env.build("completed", output, usage(body.get("usage")), choice.get("finish_reason"))
+
+
+class EventStream:
+    """Chat chunks in, Responses events out; ``response`` is the final object once done."""
+
+    def __init__(self, env: Envelope) -> None:
+        self.env = env
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.response: dict[str, Any] | None = None
+        self._text: dict[str, Any] | None = None  # the message item being written
+        self._calls: dict[int, dict[str, Any]] = {}  # tool call index -> its item
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+
+    def start(self) -> list[bytes]:
+        head = self.env.build("in_progress", [])
+        return [self.event("response.created", response=head), self.event("response.in_progress", response=head)]
+
+    def _close_text(self) -> list[bytes]:
+        item, self._text = self._text, None
+        if item is None:
+            return []
+        idx, part = self.output.index(item), item["content"][0]
+        item["status"] = "completed"
+        return [self.event("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                           text=part["text"], logprobs=[]),
+                self.event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                           part=part),
+                self.event("response.output_item.done", output_index=idx, item=item)]
+
+    def _close_calls(self) -> list[bytes]:
+        out = []
+        for item in self._calls.values():
+            idx = self.output.index(item)
+            item["status"] = "completed"
+            out += [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                               name=item["name"], arguments=item["arguments"]),
+                    self.event("response.output_item.done", output_index=idx, item=item)]
+        self._calls = {}
+        return out
+
+    def chunk(self, chunk: dict[str, Any], finish: list[str | None], usage_: list[Any]) -> list[bytes]:
+        out: list[bytes] = []
+        if chunk.get("usage"):
+            usage_[0] = chunk["usage"]
+        self.env.model = chunk.get("model") or self.env.model
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if self._text is None:
+                    self._text = message_item("", "in_progress")
+                    self.output.append(self._text)
+                    idx = len(self.output) - 1
+                    out += [self.event("response.output_item.added", output_index=idx,
+                                       item={**self._text, "content": []}),
+                            self.event("response.content_part.added", item_id=self._text["id"], output_index=idx,
+                                       content_index=0, part={**self._text["content"][0]})]
+                self._text["content"][0]["text"] += delta["content"]
+                out.append(self.event("response.output_text.delta", item_id=self._text["id"],
+                                      output_index=self.output.index(self._text), content_index=0,
+                                      delta=delta["content"], logprobs=[]))
+            for tc in delta.get("tool_calls") or []:
+                item = self._calls.get(tc.get("index", 0))
+                fn = tc.get("function") or {}
+                if item is None:
+                    out += self._close_text()
+                    item = call_item({"id": tc.get("id"), "function": {"name": fn.get("name", "")}}, "in_progress")
+                    self._calls[tc.get("index", 0)] = item
+                    self.output.append(item)
+                    out.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
+                                          item=dict(item)))
+                if fn.get("arguments"):
+                    item["arguments"] += fn["arguments"]
+                    out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                          output_index=self.output.index(item), delta=fn["arguments"]))
+            if choice.get("finish_reason"):
+                finish[0] = choice["finish_reason"]
+        return out
+
+    async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+        for e in self.start():
+            yield e
+        finish: list[str | None] = [None]
+        usage_: list[Any] = [None]
+        async for chunk in chunks:
+            if "error" in chunk:
+                for e in self._close_text() + self._close_calls():
+                    yield e
+                err = chunk["error"] or {}
+                self.response = None
+                failed = self.env.build("failed", self.output, error={"code": err.get("code") or "server_error",
+                                                                      "message": err.get("message", "")})
+                yield self.event("response.failed", response=failed)
+                return
+            for e in self.chunk(chunk, finish, usage_):
+                yield e
+        for e in self._close_text() + self._close_calls():
+            yield e
+        self.response = self.env.build("completed", self.output, usage(usage_[0]), finish[0])
+
+    def final_event(self) -> bytes:
+        assert self.response is not None
+        kind = "response.incomplete" if self.response["status"] == "incomplete" else "response.completed"
+        return self.event(kind, response=self.response)

@@ -1,0 +1,29 @@
+"""The gateway's state folder and Batch API settings (``state:`` and ``batches:`` in gateway.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StateConfig(BaseModel):
+    """Where what must survive a restart lives: batches, their files, stored responses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dir: Path = Path("~/.cache/llmserve/state")
+
+    def path(self, name: str) -> Path:
+        return self.dir.expanduser() / name
+
+
+class BatchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_file_bytes: int = Field(64 << 20, ge=1024)  # an uploaded file (OpenAI allows 200 MB)
+    max_lines: int = Field(50_000, ge=1)  # per input file, OpenAI's cap
+    # lines in flight across all batches: 4 kept realtime TTFT p90 at 1.5x idle, 16 let it reach 2.7x
+    # (benchmarks/batches/README.md); admission queues any excess
+    concurrency: int = Field(4, ge=1)
+    max_concurrency: int = Field(64, ge=1)  # for a batch that would miss its window (batches/pace.py)
+    retry_interval_s: float = Field(1.0, gt=0.0)  # after a 429 / 503: the pool is full, try again
+    poll_interval_s: float = Field(0.5, gt=0.0)  # how often the runner looks for new work

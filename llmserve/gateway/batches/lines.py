@@ -1,0 +1,62 @@
+"""An input file's lines: parsed and checked one by one, so a bad line fails alone.
+
+Pure: bytes in, ``Line`` values out. A line that is not JSON, lacks ``custom_id``,
+repeats one, names another endpoint or asks to stream is kept with its error and
+written to the error file; the others run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    index: int
+    custom_id: str | None
+    body: dict[str, Any] | None  # None: the line is bad, ``error`` says why
+    error: dict[str, str] | None = None
+
+
+def _bad(index: int, custom_id: str | None, code: str, message: str) -> Line:
+    return Line(index, custom_id, None, {"code": code, "message": f"line {index + 1}: {message}"})
+
+
+def parse_lines(content: bytes, endpoint: str) -> list[Line]:
+    out: list[Line] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(l for l in content.split(b"\n") if l.strip()):
+        try:
+            obj = json.loads(raw)
+        except ValueError as e:
+            out.append(_bad(index, None, "invalid_json", f"not JSON ({e})"))
+            continue
+        if not isinstance(obj, dict):
+            out.append(_bad(index, None, "invalid_request", "a line must be a JSON object"))
+            continue
+        cid = obj.get("custom_id")
+        cid = cid if isinstance(cid, str) and 0 < len(cid) <= 512 else None
+        extra = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+        if cid is None:
+            out.append(_bad(index, None, "missing_custom_id", "custom_id must be a string of 1 to 512 characters"))
+        elif cid in seen:
+            out.append(_bad(index, cid, "duplicate_custom_id", f"custom_id {cid!r} was used by an earlier line"))
+        elif extra:
+            out.append(_bad(index, cid, "invalid_request", f"unknown field {extra[0]!r}"))
+        elif obj.get("method") != "POST":
+            out.append(_bad(index, cid, "invalid_method", "method must be POST"))
+        elif obj.get("url") != endpoint:
+            out.append(_bad(index, cid, "mismatched_url", f"url must be the batch's endpoint {endpoint}"))
+        elif not isinstance(obj.get("body"), dict):
+            out.append(_bad(index, cid, "invalid_body", "body must be a JSON object"))
+        elif obj["body"].get("stream"):
+            out.append(_bad(index, cid, "invalid_body", "a batch line cannot stream"))
+        else:
+            out.append(Line(index, cid, obj["body"]))
+        if cid is not None:
+            seen.add(cid)
+    return out

@@ -1,0 +1,157 @@
+"""Runs batch lines through the gateway's own request path, at the batch priority class.
+
+Each pending line is sent in process (``asgi_call``) to the gateway app, so it is
+validated, routed, admitted and balanced as a client's request would be; its
+privileges are the batch class only, so realtime traffic keeps going first.
+``concurrency`` lines are in flight (more only when a completion window needs
+them: ``pace.py``); the rest of the backlog waits in the store, not in the
+admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
+instance yet) is tried again after ``retry_interval_s``; any other answer is the
+line's one result.
+
+One runner owns a state folder at a time (an exclusive lock file): two gateways
+pointed at one folder do not both run its lines. A batch ends when no line is
+pending or in flight: ``completed``, ``cancelled`` after a cancel, ``expired``
+past its window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.types import ASGIApp
+
+from llmserve.api.asgi_call import call
+from llmserve.gateway.auth import Privileges
+from llmserve.gateway.batches.config import BatchConfig
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight
+from llmserve.gateway.batches.store import BatchStore, line_result
+from llmserve.priority import PriorityClass
+
+log = logging.getLogger(__name__)
+
+PRIVILEGES_KEY = "llmserve.privileges"  # a scope key: set in process only, never by a client
+BATCH_ONLY = Privileges.build(PriorityClass.BATCH, [PriorityClass.BATCH])
+_RETRY = frozenset({429, 499, 502, 503, 504})
+PACE_WINDOW_S = 60.0  # a batch's pace is measured over this much recent time
+
+
+class BatchRunner:
+    """A gateway service (start / stop) that works through every active batch."""
+
+    def __init__(self, store: BatchStore, config: BatchConfig, lock_path: Path) -> None:
+        self.store, self.config, self.lock_path = store, config, lock_path
+        self.app: ASGIApp | None = None  # the gateway app, set once it exists
+        self.in_flight: dict[tuple[str, int], asyncio.Task] = {}
+        self.wake = asyncio.Event()
+        self._seen: dict[str, PaceMeter] = {}  # each active batch's pace
+        self._task: asyncio.Task | None = None
+        self._lock_file: Any = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="batch-runner")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self.in_flight.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the lock
+            self._lock_file = None
+
+    def _own_folder(self) -> bool:
+        if self._lock_file is None:
+            f = open(self.lock_path, "a+")  # noqa: SIM115 - held open for as long as the lock
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                return False
+            self._lock_file = f
+        return True
+
+    async def _run(self) -> None:
+        warned = False
+        while True:
+            try:
+                if await asyncio.to_thread(self._own_folder):
+                    await self.tick()
+                elif not warned:
+                    log.warning("another gateway runs the batches in %s", self.lock_path.parent)
+                    warned = True
+            except Exception:  # noqa: BLE001 - the runner must outlive one bad tick
+                log.exception("batch runner tick failed")
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.config.poll_interval_s)
+
+    def _allowed(self, batches: list[dict[str, Any]], now: float) -> int:
+        """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py)."""
+        allowed = self.config.concurrency
+        for b in batches:
+            c = b["request_counts"]
+            rate = self._seen.setdefault(b["id"], PaceMeter(PACE_WINDOW_S)).rate(now, c["completed"] + c["failed"])
+            allowed = max(allowed, lines_in_flight(self.config.concurrency, self.config.max_concurrency,
+                                                   c["total"] - c["completed"] - c["failed"], rate,
+                                                   b["expires_at"] - now))
+        return allowed
+
+    async def tick(self) -> None:
+        """Start lines up to the allowed number; end batches with nothing left."""
+        batches = await asyncio.to_thread(self.store.active)
+        allowed = self._allowed([b for b in batches if b["status"] == "in_progress"], time.time())
+        for batch in batches:
+            bid = batch["id"]
+            mine = {idx for (b, idx) in self.in_flight if b == bid}
+            expired = time.time() > batch["expires_at"]
+            if batch["status"] == "cancelling" or expired:
+                if not mine:
+                    await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
+                    self._seen.pop(bid, None)
+                continue
+            free = allowed - len(self.in_flight)
+            # at least one, to tell "nothing pending" from "no seat free"
+            todo = await asyncio.to_thread(self.store.pending, bid, mine, max(free, 1))
+            if not todo and not mine:
+                await asyncio.to_thread(self.store.finalize, bid, "completed")
+                self._seen.pop(bid, None)
+            for idx, cid, body in todo[:max(free, 0)]:
+                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
+
+    async def _line(self, bid: str, endpoint: str, idx: int, cid: str, body: dict[str, Any]) -> None:
+        try:
+            while True:
+                status, reply = await self._send(endpoint, body)
+                if status not in _RETRY:
+                    break
+                await asyncio.sleep(self.config.retry_interval_s)
+                batch = await asyncio.to_thread(self.store.get_batch, bid)
+                if batch is None or batch["status"] != "in_progress":
+                    return  # cancelled meanwhile: the line stays unfinished
+            result = line_result(bid, idx, cid, status=status, body=reply)
+            await asyncio.to_thread(self.store.finish_line, bid, idx, status == 200, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - that line fails, alone
+            log.exception("batch %s line %d failed", bid, idx)
+            err = {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
+            await asyncio.to_thread(self.store.finish_line, bid, idx, False, line_result(bid, idx, cid, error=err))
+        finally:
+            self.in_flight.pop((bid, idx), None)
+            self.wake.set()
+
+    async def _send(self, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
+        assert self.app is not None, "the runner starts with the gateway app"
+        scope = {"type": "http", "http_version": "1.1", "scheme": "http", "root_path": "", "client": None,
+                 "server": None, "headers": [(b"accept", b"application/json")]}
+        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY})
+        return resp.status, await resp.json()

@@ -1,0 +1,34 @@
+"""The gateway's /v1/responses, /v1/messages, /v1/files and /v1/batches, put together.
+
+The API fronts (``llmserve.api.frontends``) translate onto the gateway's own chat
+path; stored responses and batches live in the state folder (``state.dir``), so a
+restart keeps both. The batch runner is a gateway service: started and stopped
+with it, sending lines back into the app this builds the fronts for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.types import ASGIApp
+
+from llmserve.api.frontends import Frontends
+from llmserve.api.response_store import SQLiteResponseStore
+from llmserve.gateway.batches.routes import BatchRoutes
+from llmserve.gateway.batches.runner import BatchRunner
+from llmserve.gateway.batches.store import BatchStore
+from llmserve.gateway.config import GatewayConfig
+from llmserve.gateway.events import GatewayService
+
+
+def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[str | None], object],
+                      services: list[GatewayService]) -> Frontends:
+    state = config.state
+    store = BatchStore(state.path("batches.db"))
+    runner = BatchRunner(store, config.batches, state.path("batches.lock"))
+    runner.app = app
+    services.append(runner)
+    routes = BatchRoutes(store, config.batches, runner)
+    return Frontends(app, SQLiteResponseStore(state.path("responses.db")), authorize,
+                     config.limits.max_body_bytes, extra={"/v1/files": routes.files, "/v1/batches": routes.batches},
+                     extra_body_bytes=config.batches.max_file_bytes)

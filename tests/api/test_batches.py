@@ -1,0 +1,166 @@
+"""Files and batches with the official openai client on a real gateway over a real
+tiny engine: create, poll to completed, download, cancel; and a gateway killed with
+SIGKILL in the middle of a batch that, restarted, completes it with every line
+exactly once."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.api.conftest import KEY
+from tests.api.gateway_process import GatewayProcess
+
+
+def _jsonl(lines: list) -> bytes:
+    return b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
+
+
+def _line(cid: str, content: str, max_tokens: int = 4) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                     "temperature": 0}}
+
+
+def _wait(client: openai.OpenAI, bid: str, done=("completed", "cancelled", "expired", "failed"), timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(bid)
+        if b.status in done:
+            return b
+        time.sleep(0.2)
+    raise AssertionError(f"batch {bid} still {b.status}: {b.request_counts}")
+
+
+@pytest.fixture()
+def client(gateway):
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_batch_runs_to_completed_and_a_bad_line_fails_alone(client, gateway):
+    lines = [_line(f"req-{i}", f"question {i}") for i in range(6)]
+    lines.insert(2, b"{this is not json")
+    lines.insert(4, {**_line("wrong-url", "x"), "url": "/v1/embeddings"})
+    lines.append(_line("req-0", "a repeated custom_id"))
+    f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    assert f.purpose == "batch" and f.bytes > 0 and client.files.retrieve(f.id).filename == "in.jsonl"
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                              metadata={"job": "nightly"})
+    assert b.status == "in_progress" and b.metadata == {"job": "nightly"}
+    b = _wait(client, b.id)
+    assert b.status == "completed" and b.request_counts.total == 9
+    assert b.request_counts.completed == 6 and b.request_counts.failed == 3
+    out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(6)]
+    # each answer is what the chat route gives the same request
+    for o in out[:2]:
+        assert o["response"]["status_code"] == 200 and o["error"] is None
+        direct = httpx.post(gateway.url + "/v1/chat/completions", json=lines[0 if o is out[0] else 1]["body"],
+                            headers={"authorization": f"Bearer {KEY}"}, timeout=60).json()
+        assert o["response"]["body"]["choices"][0]["message"] == direct["choices"][0]["message"]
+    errors = [json.loads(x) for x in client.files.content(b.error_file_id).text.splitlines()]
+    assert [e["error"]["code"] for e in errors] == ["invalid_json", "mismatched_url", "duplicate_custom_id"]
+    assert b.id in [x.id for x in client.batches.list(limit=100).data]
+
+
+def test_a_line_the_chat_route_refuses_is_a_400_in_the_error_file(client):
+    bad = _line("bad-temp", "x")
+    bad["body"]["temperature"] = 9
+    f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([bad, _line("ok", "y")]))), purpose="batch")
+    b = _wait(client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h").id)
+    err = json.loads(client.files.content(b.error_file_id).text)
+    assert err["custom_id"] == "bad-temp" and err["response"]["status_code"] == 400
+    assert err["response"]["body"]["error"]["param"] == "temperature"
+    assert json.loads(client.files.content(b.output_file_id).text)["custom_id"] == "ok"
+
+
+def test_cancel(client):
+    f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line(f"c{i}", f"q {i}", 32) for i in range(200)]))),
+                            purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.batches.cancel(b.id).status in ("cancelling", "cancelled")
+    b = _wait(client, b.id)
+    assert b.status == "cancelled" and b.cancelled_at is not None
+    assert b.request_counts.completed < 200
+    done = client.files.content(b.output_file_id).text.splitlines() if b.output_file_id else []
+    assert len(done) == b.request_counts.completed
+
+
+BAD = [
+    ("POST", "/v1/batches", {"input_file_id": "file-none", "endpoint": "/v1/chat/completions",
+                             "completion_window": "24h"}, "input_file_id"),
+    ("POST", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/embeddings", "completion_window": "24h"},
+     "endpoint"),
+    ("POST", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/chat/completions", "completion_window": "1h"},
+     "completion_window"),
+    ("POST", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                             "extra": 1}, "extra"),
+    ("GET", "/v1/batches/batch_nope", None, None),
+    ("POST", "/v1/batches/batch_nope/cancel", None, None),
+    ("GET", "/v1/batches?limit=0", None, "limit"),
+    ("DELETE", "/v1/batches", None, None),
+    ("GET", "/v1/files/file-nope", None, None),
+    ("GET", "/v1/files/file-nope/content", None, None),
+    ("DELETE", "/v1/files/file-nope", None, None),
+    ("POST", "/v1/files", {"purpose": "batch"}, "file"),  # JSON, not multipart
+]
+
+
+@pytest.mark.parametrize("method,path,body,param", BAD)
+def test_bad_requests_are_openai_4xx(gateway, client, method, path, body, param):
+    before = [b.id for b in client.batches.list(limit=100).data]
+    r = httpx.request(method, gateway.url + path, json=body, headers={"authorization": f"Bearer {KEY}"})
+    assert 400 <= r.status_code < 500, r.text
+    assert [b.id for b in client.batches.list(limit=100).data] == before  # nothing half-stored
+    assert r.json()["error"]["message"]
+    if param is not None:
+        assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("files,data,param", [
+    ({"file": ("x.jsonl", b"")}, {"purpose": "batch"}, "file"),
+    ({"file": ("x.jsonl", b"\xff\xfe\n")}, {"purpose": "batch"}, "file"),
+    ({"file": ("x.jsonl", b"{}\n")}, {"purpose": "fine-tune"}, "purpose"),
+    (None, {"purpose": "batch"}, "file"),
+])
+def test_bad_uploads(gateway, files, data, param):
+    r = httpx.post(gateway.url + "/v1/files", files=files, data=data, headers={"authorization": f"Bearer {KEY}"})
+    assert 400 <= r.status_code < 500 and r.json()["error"]["param"] == param, r.text
+
+
+def test_another_key_sees_nothing_and_no_key_is_401(gateway, client):
+    f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line("a", "b")]))), purpose="batch")
+    assert httpx.get(gateway.url + f"/v1/files/{f.id}").status_code == 401
+    assert httpx.get(gateway.url + f"/v1/files/{f.id}", headers={"authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_sigkill_mid_batch_then_restart_completes_every_line_exactly_once(engine, tmp_path):
+    gw = GatewayProcess(tmp_path, [engine.url], keys=[KEY], batches={"concurrency": 2})
+    gw.start()
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        n = 40
+        f = c.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line(f"k{i}", f"q {i}", 16) for i in range(n)]))),
+                           purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 120
+        while c.batches.retrieve(b.id).request_counts.completed < 5:
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.05)
+        gw.kill()
+        gw.start()  # same port, same state folder
+        before = c.batches.retrieve(b.id)
+        assert before.status == "in_progress" and 5 <= before.request_counts.completed < n
+        b = _wait(c, b.id)
+        assert b.status == "completed" and b.request_counts.completed == n and b.request_counts.failed == 0
+        ids = [json.loads(x)["custom_id"] for x in c.files.content(b.output_file_id).text.splitlines()]
+        assert sorted(ids) == sorted(f"k{i}" for i in range(n))  # every line, once
+        assert c.files.retrieve(f.id).id == f.id  # the input file survived too
+    finally:
+        gw.stop()

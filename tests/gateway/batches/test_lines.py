@@ -1,0 +1,26 @@
+"""An input file's lines: each bad line is named with its own error; the good ones run."""
+
+from __future__ import annotations
+
+import json
+
+from llmserve.gateway.batches.lines import parse_lines
+
+EP = "/v1/chat/completions"
+
+
+def _l(cid, **kw) -> bytes:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": EP, "body": {"messages": []}, **kw}).encode()
+
+
+def test_each_bad_line_has_its_code_and_the_good_ones_keep_their_bodies():
+    content = b"\n".join([
+        _l("a"), b"not json", b"[1]", _l(None), _l("a"), _l("b", method="GET"), _l("c", url="/v1/completions"),
+        _l("d", body="x"), _l("e", body={"stream": True}), _l("f", extra=1), b"   ", _l("g")])
+    lines = parse_lines(content, EP)
+    codes = [ln.error["code"] if ln.error else "ok" for ln in lines]
+    assert codes == ["ok", "invalid_json", "invalid_request", "missing_custom_id", "duplicate_custom_id",
+                     "invalid_method", "mismatched_url", "invalid_body", "invalid_body", "invalid_request", "ok"]
+    assert [ln.index for ln in lines] == list(range(11))  # blank lines are not lines
+    assert lines[0].body == {"messages": []} and lines[-1].custom_id == "g"
+    assert lines[1].error["message"].startswith("line 2:")

@@ -1,0 +1,60 @@
+"""The batch store's exactly-once rule, across a reopen (what a restart does)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from llmserve.gateway.batches.lines import Line
+from llmserve.gateway.batches.store import BatchStore, line_result
+
+
+def _batch(bid: str = "batch_1") -> dict:
+    now = int(time.time())
+    return {"id": bid, "object": "batch", "endpoint": "/v1/chat/completions", "status": "in_progress",
+            "created_at": now, "expires_at": now + 60, "output_file_id": None, "error_file_id": None}
+
+
+def _lines(n: int, bad: int | None = None) -> list[Line]:
+    return [Line(i, f"c{i}", None, {"code": "invalid_json", "message": "x"}) if i == bad
+            else Line(i, f"c{i}", {"n": i}) for i in range(n)]
+
+
+def test_a_line_has_one_result_and_pending_lines_survive_a_reopen(tmp_path):
+    path = tmp_path / "b.db"
+    s = BatchStore(path)
+    s.create_batch("me", _batch(), _lines(5, bad=1))
+    assert [i for i, _, _ in s.pending("batch_1", set(), 10)] == [0, 2, 3, 4]
+    assert s.finish_line("batch_1", 0, True, line_result("batch_1", 0, "c0", status=200, body={"a": 1}))
+    assert not s.finish_line("batch_1", 0, True, line_result("batch_1", 0, "c0", status=200, body={"a": 2}))
+    s2 = BatchStore(path)  # a new process on the same file
+    assert [i for i, _, _ in s2.pending("batch_1", {2}, 10)] == [3, 4]
+    assert s2.get_batch("batch_1")["request_counts"] == {"total": 5, "completed": 1, "failed": 1}
+    for i in (2, 3, 4):
+        s2.finish_line("batch_1", i, True, line_result("batch_1", i, f"c{i}", status=200, body={"a": i}))
+    s2.finalize("batch_1", "completed")
+    b = s2.get_batch("batch_1", "me")
+    assert b["status"] == "completed" and b["completed_at"]
+    out = [json.loads(x) for x in s2.file_content(b["output_file_id"], "me").decode().splitlines()]
+    assert [o["custom_id"] for o in out] == ["c0", "c2", "c3", "c4"]
+    assert out[0]["response"]["body"] == {"a": 1}  # the first result, not the second
+    err = [json.loads(x) for x in s2.file_content(b["error_file_id"], "me").decode().splitlines()]
+    assert [e["custom_id"] for e in err] == ["c1"] and err[0]["error"]["code"] == "invalid_json"
+    assert s2.get_batch("batch_1", "someone else") is None
+    assert s2.file_content(b["output_file_id"], "someone else") is None
+
+
+def test_expiry_fails_what_is_pending_and_cancel_only_moves_a_running_batch(tmp_path):
+    s = BatchStore(tmp_path / "b.db")
+    s.create_batch("me", _batch(), _lines(3))
+    s.finish_line("batch_1", 0, True, line_result("batch_1", 0, "c0", status=200, body={}))
+    s.finalize("batch_1", "expired")
+    b = s.get_batch("batch_1")
+    assert b["status"] == "expired" and b["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    codes = [json.loads(x)["error"]["code"] for x in s.file_content(b["error_file_id"], "me").decode().splitlines()]
+    assert codes == ["batch_expired", "batch_expired"]
+    assert s.cancel("batch_1", "me")["status"] == "expired"
+    s.create_batch("me", _batch("batch_2"), _lines(2))
+    assert s.cancel("batch_2", "other") is None
+    assert s.cancel("batch_2", "me")["status"] == "cancelling"
+    assert [b["id"] for b in s.active()] == ["batch_2"]

@@ -1,0 +1,60 @@
+"""The simulated backlog: every line once, released at the runner's pace, and the
+realtime requests of a static pool unchanged in number and close in latency."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmserve.sim.batch_backlog import Backlog, BacklogSimulator, report, with_backlog
+from llmserve.sim.results import COMPLETED
+from llmserve.sim.simulator import SimConfig, Simulator
+from tests.sim.test_simulator import short_trace, small_profile, static
+
+
+def test_with_backlog_adds_the_lines_in_order():
+    trace = short_trace()
+    joined, mask = with_backlog(trace, Backlog(50, submit_s=100.0, prompt_tokens=20, output_tokens=10))
+    assert len(joined) == len(trace) + 50 and mask.sum() == 50
+    assert np.all(joined.arrival_s[mask] == 100.0) and np.all(joined.priority[mask] == 1)
+    np.testing.assert_array_equal(joined.arrival_s[~mask], trace.arrival_s)
+
+
+def test_every_line_completes_once_and_never_more_than_the_base_in_flight():
+    trace = short_trace()
+    backlog = Backlog(200, submit_s=0.0, prompt_tokens=20, output_tokens=10, base=2)
+    sim = BacklogSimulator(trace, backlog, small_profile(), static(2), SimConfig(initial_instances=2))
+    peak = 0
+    release = sim._release
+
+    def watched(now):
+        nonlocal peak
+        release(now)
+        peak = max(peak, sim.in_flight)
+
+    sim._release = watched
+    res = sim.run()
+    assert np.all(res.status[sim.is_line] == COMPLETED) and sim.finished == 200
+    assert peak == 2  # a day-long window needs no more than the base
+    assert sim.done_at > 0
+    plain = report(Simulator(trace, small_profile(), static(2), SimConfig(initial_instances=2)).run(), None, 2.0)
+    busy = report(res, sim.is_line, 2.0, 0.0, sim.done_at)
+    assert busy.batch_lines == 200 and busy.batch_done_s == sim.done_at
+    assert busy.realtime_ttft_attainment >= plain.realtime_ttft_attainment - 0.05
+
+
+def test_a_window_too_short_for_the_base_widens_the_release():
+    trace = short_trace()
+    # about 10 lines/s at one in flight: 3,000 lines need 300 s, the window is 120 s
+    backlog = Backlog(3000, submit_s=0.0, window_s=120.0, prompt_tokens=20, output_tokens=10, base=1, ceiling=8)
+    sim = BacklogSimulator(trace, backlog, small_profile(), static(2), SimConfig(initial_instances=2))
+    peak = 0
+    release = sim._release
+
+    def watched(now):
+        nonlocal peak
+        release(now)
+        peak = max(peak, sim.in_flight)
+
+    sim._release = watched
+    sim.run()
+    assert peak > 1 and sim.finished == 3000
