@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
 from llmserve.gateway.config import GatewayConfig, ModelConfig
@@ -30,6 +31,9 @@ from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.gateway.window_stats import WindowStats
 
+if TYPE_CHECKING:
+    from llmserve.tracing.gateway import GatewayTelemetry
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +45,7 @@ class ModelRuntime:
 
     def __init__(self, config: ModelConfig, gateway_config: GatewayConfig, *,
                  metrics: GatewayMetrics, observers: list[RequestObserver],
-                 rng: random.Random) -> None:
+                 rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
@@ -66,7 +70,7 @@ class ModelRuntime:
                                          config.canary)
             window = config.canary.interval_s
         self.stats = WindowStats(window)
-        self.sinks = RecordSinks(config.name, metrics, self.stats, observers)
+        self.sinks = RecordSinks(config.name, metrics, self.stats, observers, telemetry)
         self.router = VersionRouter(self._weights(), salt=config.name,
                                     rng=random.Random(rng.random()),
                                     stickiness_window_s=config.stickiness_window_s)
@@ -122,14 +126,16 @@ class Gateway:
     """The models and what serves them all: the upstream client, the monitor, the
     retry budget, metrics, request observers and services."""
 
-    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None,
+                 telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
+        self.telemetry = telemetry  # spans and access-log lines; None: neither
         rng = rng or random.Random()
         self.metrics = GatewayMetrics(self._gauges)
         self.retry_budget = RetryBudget(config.retry.budget)
         self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
         self.models = {m.name: ModelRuntime(m, config, metrics=self.metrics,
-                                            observers=self.observers, rng=rng)
+                                            observers=self.observers, rng=rng, telemetry=telemetry)
                        for m in config.models}
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
@@ -198,6 +204,8 @@ class Gateway:
             self.monitor.close()
         if self.upstream is not None:
             await self.upstream.aclose()
+        if self.telemetry is not None and self.telemetry.tracing is not None:
+            self.telemetry.tracing.shutdown()  # export what is buffered
 
     async def _canary_loop(self) -> None:
         intervals = [rt.config.canary.interval_s for rt in self.models.values()

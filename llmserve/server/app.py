@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -43,6 +43,11 @@ from llmserve.api.errors import APIError, error_body
 from llmserve.api.parse import parse_model
 from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from llmserve.server.serving import OpenAIServing
+from llmserve.tracing.config import start_tracing
+from llmserve.tracing.instance import InstanceTelemetry
+
+if TYPE_CHECKING:
+    from llmserve.tracing.provider import Tracing
 
 log = logging.getLogger("llmserve.server")
 S = InstanceState
@@ -131,7 +136,7 @@ class Instance:
             timestamp=time.time()).model_dump()
 
 
-def create_app(inst: Instance) -> FastAPI:
+def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
 
@@ -230,7 +235,8 @@ def create_app(inst: Instance) -> FastAPI:
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
         return {"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys)  # type: ignore[return-value]
+    return InstanceTelemetry(ApiKeyAuth(BodyLimit(app, cfg.max_body_bytes), cfg.api_keys),  # type: ignore[return-value]
+                             tracing, cfg.access_log, lambda: inst.model_name)
 
 
 class _DrainingServer(uvicorn.Server):
@@ -269,7 +275,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     inst = Instance(server_config, _engine_builder(engine_config, server_config.engine_process))
-    app = create_app(inst)
+    tracing = start_tracing(server_config.tracing())  # after the fork: its export thread stays here
+    app = create_app(inst, tracing)
 
     async def main() -> int:
         ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port,
@@ -283,6 +290,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         loader.cancel()
         if inst.engine is not None:
             inst.engine.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
