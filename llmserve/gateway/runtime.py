@@ -27,6 +27,7 @@ from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.recorder import RecordSinks
+from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.gateway.window_stats import WindowStats
@@ -140,6 +141,7 @@ class Gateway:
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
         self.services: list[GatewayService] = []
+        self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
@@ -182,7 +184,8 @@ class Gateway:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
-                       asyncio.create_task(self._canary_loop(), name="canary")]
+                       asyncio.create_task(self._canary_loop(), name="canary"),
+                       asyncio.create_task(self._timeline_loop(), name="timeline")]
         for s in self.services:
             await s.start()
 
@@ -221,6 +224,17 @@ class Gateway:
                     rt.tick(now)
                 except Exception:  # one model's bug must not stop the others' rollouts
                     log.exception("canary tick failed for %s", rt.config.name)
+
+    async def _timeline_loop(self) -> None:
+        while True:
+            try:
+                self.timeline.sample(self.models, time.time())
+            except Exception:  # a bad sample must not stop the next ones
+                log.exception("timeline sample failed")
+            await asyncio.sleep(self.timeline.interval_s)
+
+    def model_timeline(self, model: str, since: float = 0.0, limit: int = 3600) -> dict:
+        return self.timeline.of_model(self.models[model], self.services, time.time(), since, limit)
 
     def ready(self) -> bool:
         return any(v.routable for p in self.pools() for v in p.views(time.monotonic()))
