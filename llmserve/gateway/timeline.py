@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from llmserve.lifecycle import InstanceState
 
 if TYPE_CHECKING:
-    from llmserve.gateway.runtime import ModelRuntime
+    from llmserve.gateway.pool import Pool
+
+
+class ModelRuntime(Protocol):
+    """What the timeline reads of a served model (``runtime.ModelRuntime``)."""
+
+    config: Any  # its ModelConfig: name, versions
+    pools: dict[str, Pool]
+    router: Any  # weights by version
+    canary: Any  # CanaryAnalysis or None: status(), events()
 
 
 @runtime_checkable
