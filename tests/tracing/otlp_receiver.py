@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
 class Receiver:
     """``spans``: one dict per received span (service, name, ids in hex, parent, attributes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[dict] = []
         self.posts: list[str] = []  # request paths
         self._lock = threading.Lock()
@@ -33,7 +33,7 @@ class Receiver:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
