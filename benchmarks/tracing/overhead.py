@@ -56,7 +56,7 @@ def receiver_main(port: int, out: str) -> None:
 def main_run(args: argparse.Namespace) -> None:
     if args.quick:
         args.rounds, args.num_prompts, args.pairs = 2, 16, 30
-    name = "tracing_overhead" + ("-quick" if args.quick else "")
+    name = "tracing_overhead" + ("-quick" if args.quick else "") + (f"-{args.label}" if args.label else "")
     info = gw.machine()
     info["command"] = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     cache = Path(tempfile.gettempdir()) / "llmserve-gateway-bench"
@@ -70,11 +70,13 @@ def main_run(args: argparse.Namespace) -> None:
     rx_out = logdir / "receiver.json"
     otlp = f"http://127.0.0.1:{rx_port}"
     procs: list[gw.Proc] = []
-    urls, pids = {}, {}
+    urls: dict[str, str] = {}
+    pids: dict[str, int] = {}
     try:
         rx = gw.Proc("receiver", [sys.executable, __file__, "_receiver", "--port", str(rx_port), "--out", str(rx_out)],
                      logdir, f"{otlp}/ready")  # (never 200: waited for by its file below)
         procs.append(rx)
+        pids["receiver"] = rx.pid
         for stack, extra in (("plain", []), ("traced", ["--otlp-endpoint", otlp])):
             e_port, g_port = free_port(), free_port()
             engine = gw.Proc(f"engine-{stack}", [
@@ -118,7 +120,7 @@ def write(name: str, info: dict, args: argparse.Namespace, over: dict, spans: di
                "meets_ttft_target": paired["diff_p50_ms"] <= 1.0, "meets_throughput_target": med["throughput_ratio"] >= 0.97}
     out = {"machine": info, "args": vars(args), "overhead": over, "receiver": spans, "verdict": verdict}
     (gw.RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
-    cpu = ("direct", "traced", "engine-plain", "engine-traced")
+    cpu = ("direct", "traced", "engine-plain", "engine-traced", "receiver")
     rows = [[str(r["round"]), r["target"].replace("direct", "plain"), f"{r['ttft_p50_ms']:.2f}", f"{r['ttft_p99_ms']:.2f}",
              f"{r['itl_p50_ms']:.2f}", f"{r['output_tok_s']:.1f}",
              *(f"{r['cpu_ms_per_request'][k]:.2f}" for k in cpu)] for r in over["runs"]]
@@ -138,7 +140,7 @@ def write(name: str, info: dict, args: argparse.Namespace, over: dict, spans: di
           f"{json.dumps(spans.get('by_name', {}))}.", "",
           "CPU ms per request of each process during each run (the idle stack's polls included):", "",
           gw.md_table(["round", "stack", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "out tok/s", "gw plain",
-                       "gw traced", "engine plain", "engine traced"], rows), ""]
+                       "gw traced", "engine plain", "engine traced", "receiver"], rows), ""]
     (gw.RESULTS / f"{name}.md").write_text("\n".join(md))
     print("\n".join(md))
 
@@ -161,6 +163,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=100)
     p.add_argument("--paired-output-len", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="2 rounds, 16 prompts, 30 pairs")
+    p.add_argument("--label", default=None, help="suffix for the results files (e.g. smollm2)")
     args = p.parse_args()
     if args.role == "_receiver":
         receiver_main(args.port, args.out)

@@ -38,6 +38,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP collector for the gateway's and every instance's traces "
                         "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    p.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                   help="share of new traces recorded; instances follow the gateway's decision (default 1)")
     p.add_argument("--access-log", action="store_true", help="one JSON line per request on stderr")
     add_flags(p, ServeConfig)
     add_flags(p.add_argument_group("provider"), ProviderSettings)
@@ -157,7 +159,8 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     provider = build_provider(cfg)
-    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log)
+    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
+                                    args.trace_sample_ratio)
     app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
     base = f"http://{cfg.host}:{cfg.port}"
     shown_key = f"#key={admin_key}" if cfg.admin_key is None else ""

@@ -18,6 +18,8 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
                         "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    p.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                   help="share of new traces recorded; instances follow the gateway's decision (default 1)")
 
 
 def run_gateway_cmd(args: argparse.Namespace) -> int:
@@ -29,6 +31,7 @@ def run_gateway_cmd(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log)
+    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
+                                    args.trace_sample_ratio)
     run_gateway(args.config, host=args.host, port=args.port, log_level=args.log_level, tracing=tracing)
     return 0

@@ -80,6 +80,8 @@ class ServerConfig(BaseModel):
     log_level: str = "warning"
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
                                                         "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    trace_sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded (a "
+                                      "request with a traceparent follows its caller)")
     access_log: bool = Field(False, description="one JSON line per generation request on stderr")
 
     @model_validator(mode="after")
@@ -96,7 +98,7 @@ class ServerConfig(BaseModel):
 
     def tracing(self) -> TracingConfig:
         return TracingConfig(otlp_endpoint=self.otlp_endpoint, service_name="llmserve-instance",
-                             access_log=self.access_log)
+                             access_log=self.access_log, sample_ratio=self.trace_sample_ratio)
 
     def served_names(self, default: str) -> list[str]:
         return self.served_model_name or [default]

@@ -97,7 +97,8 @@ class InstanceTelemetry:
                                            attributes={"gen_ai.operation.name": op, "gen_ai.request.model": model,
                                                        "gen_ai.system": "llmserve", "http.request.method": "POST",
                                                        "url.path": scope["path"]})
-            tel.traceparent = self.tracing.traceparent(span)
+            if span.is_recording():  # (an unsampled trace stays unrecorded in the engine too)
+                tel.traceparent = self.tracing.traceparent(span)
         scope[TELEMETRY_KEY] = tel
         status = 0
 

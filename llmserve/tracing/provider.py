@@ -15,6 +15,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -28,10 +29,12 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 class Tracing:
     """A tracer provider of one service, and the W3C trace-context conversions it needs."""
 
-    def __init__(self, service_name: str, exporter: SpanExporter, *, batch: bool = True) -> None:
+    def __init__(self, service_name: str, exporter: SpanExporter, *, batch: bool = True,
+                 sample_ratio: float = 1.0) -> None:
         self.service_name = service_name
         self.resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
-        self.provider = TracerProvider(resource=self.resource)
+        self.provider = TracerProvider(resource=self.resource,
+                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
         self.processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("llmserve")
@@ -44,7 +47,8 @@ class Tracing:
             return None
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return cls(config.service_name, OTLPSpanExporter(endpoint=config.traces_url))
+        return cls(config.service_name, OTLPSpanExporter(endpoint=config.traces_url),
+                   sample_ratio=config.sample_ratio)
 
     # ---- W3C trace context ------------------------------------------------------------
     @staticmethod
@@ -56,11 +60,13 @@ class Tracing:
 
     @staticmethod
     def traceparent(span: Span) -> str | None:
-        """``span``'s W3C ``traceparent``, or None for a span that is not recorded."""
+        """``span``'s W3C ``traceparent`` (its sampled flag tells the next hop whether to
+        record), or None for an invalid one."""
         c = span.get_span_context()
-        if not c.is_valid or not c.trace_flags.sampled:
+        if not c.is_valid:
             return None
-        return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
+        # Only the sampled bit: W3C level-1 peers know no other flag.
+        return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags) & 1:02x}"
 
     def start_span(self, name: str, parent: Span | Context | None, *, kind: SpanKind = SpanKind.INTERNAL,
                    start_ns: int | None = None, attributes: Mapping | None = None) -> Span:

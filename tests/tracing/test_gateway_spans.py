@@ -87,3 +87,17 @@ def test_with_tracing_off_the_clients_traceparent_is_passed_on_and_timings_still
     assert r.status_code == 200 and a.headers[-1]["traceparent"] == tp
     timing = parse_server_timing(r.headers["server-timing"])
     assert timing["attempts"] == "1" and "admission" in timing and "trace" not in timing
+
+
+def test_an_unsampled_trace_is_recorded_nowhere_and_says_so_to_the_instance():
+    spans = InMemorySpanExporter()
+    telemetry = GatewayTelemetry(Tracing("llmserve-gateway", spans, batch=False, sample_ratio=0.0), access_log=False)
+    a = Behaviour("a")
+    with stack({"v1": [a]}, telemetry=telemetry) as s:
+        assert s.chat("hi").status_code == 200
+        sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        assert s.chat("hi", headers={"traceparent": sampled}).status_code == 200
+    unsampled, followed = (h["traceparent"] for h in a.headers)
+    assert unsampled.endswith("-00")  # the instance is told not to record either
+    assert followed.split("-")[1] == sampled.split("-")[1] and followed.endswith("-01")  # the caller decides
+    assert {s.context.trace_id for s in spans.get_finished_spans()} == {int(sampled.split("-")[1], 16)}
