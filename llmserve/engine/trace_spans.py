@@ -16,7 +16,7 @@ A record: ``[name, trace_id, span_id, parent_span_id, start_ns, end_ns, attribut
 from __future__ import annotations
 
 import os
-import random
+import secrets
 import time
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from llmserve.engine.outputs import RequestMetrics
     from llmserve.engine.request import Request
 
-_rng = random.Random()  # span ids need to be unique, not secret
+
+
+def _span_id() -> str:
+    # From the OS, not a seeded generator: forked processes (instances forked from one
+    # template, their engine processes) would otherwise draw the same ids.
+    return f"{secrets.randbits(64) or 1:016x}"
 
 
 def parse_traceparent(value: str) -> tuple[str, str] | None:
@@ -52,9 +57,9 @@ def request_spans(req: Request, finish_reason: str | None, m: RequestMetrics) ->
         return int(t * 1e9) + offset
 
     end = m.finished_time if m.finished_time is not None else time.monotonic()
-    root = f"{_rng.getrandbits(64) or 1:016x}"
+    root = _span_id()
     pid = os.getpid()
-    attrs = {"gen_ai.request.id": req.request_id, "gen_ai.usage.input_tokens": req.num_prompt_tokens,
+    attrs = {"llmserve.engine_request_id": req.request_id, "gen_ai.usage.input_tokens": req.num_prompt_tokens,
              "gen_ai.usage.output_tokens": req.num_output_tokens,
              "gen_ai.response.finish_reasons": [finish_reason or "abort"],
              "llmserve.cached_tokens": req.num_cached_tokens, "llmserve.preemptions": req.num_preemptions,
@@ -67,7 +72,7 @@ def request_spans(req: Request, finish_reason: str | None, m: RequestMetrics) ->
             break
         if b is None:  # ended in this phase (aborted, failed)
             b = end
-        out.append([name, trace_id, f"{_rng.getrandbits(64) or 1:016x}", root, ns(a), ns(b), {}, pid])
+        out.append([name, trace_id, _span_id(), root, ns(a), ns(b), {}, pid])
         if b is end:
             break
     return out
