@@ -39,6 +39,7 @@ class Tracing:
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("llmserve")
         self._scope = InstrumentationScope("llmserve")
+        self._resources: dict[tuple[str, int], Resource] = {}  # of the processes whose spans it exports
 
     @classmethod
     def start(cls, config: TracingConfig) -> Tracing | None:
@@ -77,12 +78,16 @@ class Tracing:
     def emit_records(self, records: Iterable[list], service_name: str) -> None:
         """Spans another process recorded as plain data (the engine process:
         ``llmserve.engine.trace_spans``), handed to this process's exporter."""
-        resource = Resource.create({"service.name": service_name})
+        flags = TraceFlags(TraceFlags.SAMPLED)
         for name, trace_id, span_id, parent_id, start, end, attrs, pid in records:
-            flags = TraceFlags(TraceFlags.SAMPLED)
-            ctx = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=flags)
-            parent = SpanContext(int(trace_id, 16), int(parent_id, 16), is_remote=True, trace_flags=flags)
-            span = ReadableSpan(name, ctx, parent, resource.merge(Resource({"process.pid": pid})), attrs,
+            resource = self._resources.get((service_name, pid))
+            if resource is None:  # (Resource.create reads the environment and merges: once per process)
+                resource = self._resources[(service_name, pid)] = Resource.create(
+                    {"service.name": service_name, "process.pid": pid})
+            tid = int(trace_id, 16)
+            ctx = SpanContext(tid, int(span_id, 16), is_remote=False, trace_flags=flags)
+            parent = SpanContext(tid, int(parent_id, 16), is_remote=True, trace_flags=flags)
+            span = ReadableSpan(name, ctx, parent, resource, attrs,
                                 kind=SpanKind.INTERNAL, status=Status(StatusCode.UNSET), start_time=start,
                                 end_time=end, instrumentation_scope=self._scope)
             self.processor.on_end(span)
