@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 CANARY = {"version": "canary", "stable": "v1", "start_weight": 0.1, "step_weight": 0.3, "max_weight": 0.7,
           "interval_s": 1.5, "failure_threshold": 2, "min_requests": 3, "latency_slack_s": 0.05}
-VIEW = """!document.getElementById("chart-timeline") ? null : JSON.stringify({
+VIEW = """document.readyState !== "complete" ? null : JSON.stringify({  // null while the page loads
   paths: Object.fromEntries([...document.querySelectorAll('#chart-timeline path')].map(p =>
     [p.dataset.series, {points: Number(p.dataset.points), d: p.getAttribute('d')}])),
   marks: [...document.querySelectorAll('#chart-timeline line[data-kind]')].map(l => [l.dataset.kind, l.dataset.action]),
