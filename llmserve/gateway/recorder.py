@@ -123,7 +123,7 @@ class RequestRecord:
     def server_timing(self, upstream: str | None) -> str:
         """The ``Server-Timing`` value: the gateway's entries, then the instance's."""
         own = server_timing((("admission", self.queued_s * 1000, None), ("attempts", None, str(self.attempts))))
-        if self.trace is not None:
+        if self.trace is not None and self.trace.trace_id is not None:
             own += f', trace;desc="{self.trace.trace_id}"'
         return f"{own}, {upstream}" if upstream else own
 

@@ -58,7 +58,7 @@ def _ns_ago(seconds: float) -> int:
 class RequestTrace:
     """One request's gateway spans."""
 
-    __slots__ = ("_admission", "_attempt", "root", "tracing")
+    __slots__ = ("_admission", "_attempt", "root", "trace_id", "tracing")
 
     def __init__(self, tracing: Tracing, headers: Any, body: dict, model: str, request_id: str,
                  t0: float) -> None:
@@ -72,12 +72,10 @@ class RequestTrace:
                 attrs[name] = v
         self.root = tracing.start_span(f"{op} {model}", tracing.extract(headers), kind=SpanKind.SERVER,
                                        start_ns=_ns_ago(time.monotonic() - t0), attributes=attrs)
+        # The id, if the trace is recorded (an unsampled one is found nowhere).
+        self.trace_id = f"{self.root.get_span_context().trace_id:032x}" if self.root.is_recording() else None
         self._admission: tuple[int, int, dict] | None = None  # (start, end, attributes) until its instance is known
         self._attempt = None
-
-    @property
-    def trace_id(self) -> str:
-        return f"{self.root.get_span_context().trace_id:032x}"
 
     def routed(self, version: str, reason: str, weights: dict[str, float]) -> None:
         now = time.time_ns()
