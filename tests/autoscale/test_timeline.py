@@ -23,3 +23,4 @@ def test_a_controlled_pool_brings_its_states_decisions_and_overrides_to_the_time
     assert "load test at noon" in t["interventions"][0]["reason"]
     data = client.get("/admin/dashboard/data", headers=AUTH).json()
     assert [x["model"] for x in data["timelines"]] == ["tiny"] and data["timelines"][0]["controllers"]["v1"]["samples"]
+
