@@ -133,6 +133,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     env_key = os.environ.get("LLMSERVE_API_KEY")
     server = given(ServerConfig, args)
     server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
+    server.setdefault("otlp_endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
     scfg = ServerConfig(**server)
     ecfg = engine_config_from(args)
     if ecfg.threads is None:  # its share of this machine's cores

@@ -65,6 +65,14 @@ class ControllerViews:
             out += [self.describe_instance(i, now) for i in reversed(self.finished)]
         return out
 
+    def pool_history(self, since: float, limit: int) -> dict[str, list[dict[str, Any]]]:
+        """This pool on the model's timeline (``gateway/timeline.py``): instances by state and
+        desired count per tick, scaling decisions that changed the count, events."""
+        return {"samples": [{k: s[k] for k in ("time", "ready", "warming", "starting", "draining", "desired")}
+                            for s in self.history.samples(since, limit)],
+                "decisions": [d for d in self.history.decisions(limit=limit, changes_only=True) if d["time"] > since],
+                "events": [e for e in self.history.events(limit=limit) if e["time"] > since]}
+
     def dashboard(self) -> dict[str, Any]:
         """Everything the dashboard shows of this pool, in one JSON-able dict."""
         return {**self.describe(), "instances": self.instance_views(),

@@ -12,7 +12,9 @@ drains and stops every instance.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import os
 import logging
 import secrets
 import sys
@@ -25,6 +27,7 @@ from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
 from llmserve.autoscale.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
 from llmserve.flags import add_flags, given
+from llmserve.tracing.config import ENV_ENDPOINT, TracingConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,12 @@ log = logging.getLogger(__name__)
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """Flags generated from the serve file's fields (``llmserve/flags.py``); a flag wins over the file."""
     p.add_argument("--config", default=None, help="serve YAML (see docs/serve.example.yaml); flags override it")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/HTTP collector for the gateway's and every instance's traces "
+                        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    p.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                   help="share of new traces recorded; instances follow the gateway's decision (default 1)")
+    p.add_argument("--access-log", action="store_true", help="one JSON line per request on stderr")
     add_flags(p, ServeConfig)
     add_flags(p.add_argument_group("provider"), ProviderSettings)
     g = p.add_argument_group("autoscale (the file's autoscale section)")
@@ -78,7 +87,8 @@ def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prob
     return app, controllers[0]
 
 
-def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
+def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None,
+                     tracing: TracingConfig | None = None):
     """The gateway app with one controller per pool (every version of every model),
     all sharing ``provider``; returns ``(app, controllers)``. ``prober`` replaces the
     HTTP prober (tests with a fake provider)."""
@@ -89,7 +99,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
 
     pools = cfg.pools()
     keys = {p.key: cfg.instance_key() for p in pools}  # one key per pool
-    app = create_app(cfg.gateway_config(admin_key, keys))
+    app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
     gw = app.state.gateway
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
@@ -99,7 +109,8 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
         # Instance ids name their pool: the version alone while there is one model.
         prefix = f"{p.version}-" if len({q.model for q in pools}) == 1 else f"{safe_id(p.model)}-{p.version}-"
         controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, cfg.autoscale_config(p),
-                                    provider, functools.partial(cfg.instance_spec, instance_key=key, pool=p),
+                                    provider, traced_specs(functools.partial(cfg.instance_spec, instance_key=key,
+                                                                             pool=p), tracing),
                                     cfg.controller_config(), metrics=metrics, prober=prober,
                                     instance_api_key=key, id_prefix=None if single else prefix,
                                     close_provider=i == 0,  # the gateway stops the first pool last
@@ -119,6 +130,29 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     return app, controllers
 
 
+def gateway_telemetry(tracing: TracingConfig | None):
+    if tracing is None or not (tracing.enabled or tracing.access_log):
+        return None
+    from llmserve.tracing.config import start_tracing
+    from llmserve.tracing.gateway import GatewayTelemetry
+
+    return GatewayTelemetry(start_tracing(tracing), tracing.access_log)
+
+
+def traced_specs(specs, tracing: TracingConfig | None):
+    """Instance specs whose engines trace to the same collector (OpenTelemetry's own variable,
+    which ``llmserve engine`` reads once at start) and log the same way."""
+    if tracing is None or not (tracing.enabled or tracing.access_log):
+        return specs
+
+    def spec(instance_id: str):
+        s = specs(instance_id)
+        env = s.env + ((ENV_ENDPOINT, tracing.otlp_endpoint),) if tracing.enabled else s.env
+        args = s.engine_args + ("--access-log",) if tracing.access_log and not s.command else s.engine_args
+        return dataclasses.replace(s, env=env, engine_args=args)
+    return spec
+
+
 def safe_id(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
@@ -131,7 +165,9 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     provider = build_provider(cfg)
-    app, controllers = build_deployment(cfg, provider, admin_key)
+    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
+                                    args.trace_sample_ratio)
+    app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
     base = f"http://{cfg.host}:{cfg.port}"
     shown_key = f"#key={admin_key}" if cfg.admin_key is None else ""
     lines = []

@@ -147,7 +147,8 @@ class AsyncEngine(RequestStreams):
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None,
-                    resume_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+                    resume_token_ids: list[int] | None = None,
+                    trace: str | None = None) -> AsyncIterator[RequestOutput]:
         """Validate now (raising ``ValueError`` at once), then return the output stream.
 
         The stream yields incremental outputs (``delta_text`` / ``delta_token_ids``)
@@ -160,6 +161,7 @@ class AsyncEngine(RequestStreams):
         rid = request_id or f"req-{next(self._ids)}"
         req, text = self.core.prepare_request(rid, prompt, params, priority=priority, cache_salt=cache_salt,
                                               arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+        req.trace = trace  # a W3C traceparent: the engine records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), q)
         self._cmds.put(("add", req, text))

@@ -146,12 +146,14 @@ class ProcessEngine(RequestStreams):
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None,
-                    resume_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+                    resume_token_ids: list[int] | None = None,
+                    trace: str | None = None) -> AsyncIterator[RequestOutput]:
         if not self.is_alive():
             raise EngineDeadError(f"the engine is not running: {self.death}")
         rid = request_id or f"req-{next(self._ids)}"
         req, text = self._front.prepare_request(rid, prompt, params, priority=priority, cache_salt=cache_salt,
                                                 arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+        req.trace = trace  # a W3C traceparent: the engine process records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (q, req.prompt_token_ids, text)
         self._send(["add", encode_request(req, text)])

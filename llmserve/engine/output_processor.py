@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from llmserve.engine.request import Request, RequestStatus
+from llmserve.engine.trace_spans import request_spans
 
 if TYPE_CHECKING:
     from llmserve.engine.sampler import StepSamples
@@ -204,5 +205,6 @@ class OutputProcessor:
                                     delta, new_ids, lp_delta)
         else:  # deltas only: a copy of the whole sequence per step is quadratic for a queued stream
             comp = CompletionOutput(0, "", [], None, None, None, delta, new_ids, lp_delta)
+        spans = request_spans(req, st.finish_reason, st.metrics) if finished and req.trace else None
         return RequestOutput(req.request_id, req.prompt_token_ids, [comp], finished, st.prompt,
-                             req.num_cached_tokens, st.metrics, st.error if finished else None)
+                             req.num_cached_tokens, st.metrics, st.error if finished else None, spans)

@@ -50,6 +50,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    spans: list[list] | None = None  # a traced request's engine spans, on its final output
 
     @property
     def text(self) -> str:

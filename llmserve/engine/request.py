@@ -59,6 +59,7 @@ class Request:
     stop_reason: int | str | None = None
     grammar: Any = None  # the compiled grammar of a structured output (engine/guided.py); the scheduler never reads it
     error: str | None = None  # why it failed, when its status is FINISHED_ERROR
+    trace: str | None = None  # the caller's W3C traceparent: its spans are recorded (engine/trace_spans.py)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -36,15 +36,15 @@ def encode_request(req: Request, prompt_text: str | None) -> list:
         fields_["structured_outputs"] = asdict(sp.structured_outputs)
     return [req.request_id, req.prompt_token_ids, fields_,
             req.max_tokens, req.arrival_time, req.priority, req.cache_salt, sorted(req.eos_token_ids),
-            prompt_text, req.output_token_ids]  # (output: a resumed stream's, engine/resume.py)
+            prompt_text, req.output_token_ids, req.trace]  # (output: a resumed stream's, engine/resume.py)
 
 
 def decode_request(m: list) -> tuple[Request, str | None]:
-    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text, out = m
+    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text, out, trace = m
     if sp.get("structured_outputs") is not None:
         sp["structured_outputs"] = StructuredOutputsParams(**sp["structured_outputs"])
     req = Request(rid, ids, SamplingParams(**sp), max_tokens, arrival_time=arrival, priority=prio,
-                  cache_salt=salt, eos_token_ids=frozenset(eos), all_token_ids=ids + out)
+                  cache_salt=salt, eos_token_ids=frozenset(eos), all_token_ids=ids + out, trace=trace)
     return req, text
 
 
@@ -65,11 +65,11 @@ def encode_output(o: RequestOutput) -> list:
     # The prompt ids are sent once, with the final output; the API side keeps its own.
     return [o.request_id, o.finished, c.delta_text, c.delta_token_ids, _lps(c.delta_logprobs),
             c.text, c.token_ids, c.finish_reason, c.stop_reason, _lps(c.logprobs),
-            o.num_cached_tokens, met, o.error]
+            o.num_cached_tokens, met, o.error, o.spans]
 
 
 def decode_output(m: list, prompt_token_ids: list[int], prompt: str | None) -> RequestOutput:
-    (rid, finished, dtext, dids, dlps, text, ids, reason, stop_reason, lps, cached, met, error) = m
+    (rid, finished, dtext, dids, dlps, text, ids, reason, stop_reason, lps, cached, met, error, spans) = m
     comp = CompletionOutput(0, text, ids, reason, stop_reason, _unlps(lps), dtext, dids, _unlps(dlps))
     metrics = None if met is None else RequestMetrics(*met)
-    return RequestOutput(rid, prompt_token_ids, [comp], finished, prompt, cached, metrics, error)
+    return RequestOutput(rid, prompt_token_ids, [comp], finished, prompt, cached, metrics, error, spans)

@@ -8,6 +8,9 @@ no admin key configured the whole API answers 404.
 - ``GET  /admin/models/{model}/canary/history``            events with times and reasons
 - ``POST /admin/models/{model}/canary/{action}``           start | promote | rollback | pause
                                                            | resume; body ``{"reason": ...}``
+- ``GET  /admin/models/{model}/timeline``                  every pool of the model on one time axis:
+                                                           weights, instances, canary verdicts, scaling,
+                                                           interventions (``?since=<unix>&download=true``)
 - ``GET  /admin/pools``                                    every pool: instances, queues
 - ``POST /admin/models/{m}/versions/{v}/instances``        ``{"url", "instance_id"?}``
 - ``DELETE /admin/models/{m}/versions/{v}/instances/{id}``
@@ -16,10 +19,13 @@ no admin key configured the whole API answers 404.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from llmserve.api.limits import bearer_token, find_key
@@ -98,11 +104,21 @@ def admin_router(gw: Gateway) -> APIRouter:
         if action not in CANARY_ACTIONS:
             raise GatewayError(404, f"unknown canary action {action!r}; one of {CANARY_ACTIONS}",
                                code="unknown_action")
+        reason = (body.reason if body else None) or f"admin {action}"
         try:
-            rt.canary_action(action, (body.reason if body else None) or f"admin {action}")
+            rt.canary_action(action, reason)
         except InvalidTransition as e:
             raise GatewayError(409, str(e), code="invalid_transition") from None
+        gw.timeline.intervention(time.time(), model, rt.canary.canary, f"canary_{action}", reason)
         return rt.canary.status()
+
+    @r.get("/models/{model}/timeline")
+    async def timeline(model: str, since: float = 0.0, limit: int = Query(3600, ge=1, le=100_000),
+                       download: bool = False) -> Response:
+        runtime(model)
+        body = json.dumps(gw.model_timeline(model, since, limit))
+        headers = {"content-disposition": f'attachment; filename="timeline-{model}.json"'} if download else None
+        return Response(body, media_type="application/json", headers=headers)
 
     @r.get("/pools")
     async def pools() -> dict:
@@ -126,6 +142,7 @@ def admin_router(gw: Gateway) -> APIRouter:
             inst = pool.add_instance(body.url, body.instance_id)
         except ValueError as e:
             raise GatewayError(400, str(e), code="invalid_instance") from None
+        gw.timeline.intervention(time.time(), model, version, "instance_add", inst.instance_id)
         return {"instance_id": inst.instance_id, "url": inst.url}
 
     @r.delete("/models/{model}/versions/{version}/instances/{instance_id}")
@@ -134,6 +151,7 @@ def admin_router(gw: Gateway) -> APIRouter:
         if pool.get(instance_id) is None:
             raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
         pool.remove_instance(instance_id)
+        gw.timeline.intervention(time.time(), model, version, "instance_remove", instance_id)
         return {"removed": instance_id}
 
     @r.post("/models/{model}/versions/{version}/instances/{instance_id}/drain")
@@ -144,6 +162,8 @@ def admin_router(gw: Gateway) -> APIRouter:
             raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
         draining = body.draining if body else True
         pool.set_draining(instance_id, draining)
+        gw.timeline.intervention(time.time(), model, version, "instance_drain" if draining else "instance_undrain",
+                                 instance_id)
         return {"instance_id": instance_id, "draining": draining}
 
     return r

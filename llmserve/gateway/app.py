@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +34,10 @@ from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
 from llmserve.http_guard import uvicorn_options
+from llmserve.tracing.config import TracingConfig, start_tracing
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when asked for
+    from llmserve.tracing.gateway import GatewayTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +109,8 @@ class GatewayApp(FastAPI):
             return error_response(500, f"internal gateway error: {type(e).__name__}", code="internal_error")
 
 
-def create_app(config: GatewayConfig) -> GatewayApp:
-    gw = Gateway(config)
+def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None) -> GatewayApp:
+    gw = Gateway(config, telemetry=telemetry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -173,11 +178,17 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
 
 def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
-                log_level: str = "info", access_log: bool = False) -> None:
+                log_level: str = "info", tracing: TracingConfig | None = None) -> None:
     import uvicorn
 
     config = GatewayConfig.load(config_path)
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=access_log,
+    from llmserve.tracing.gateway import GatewayTelemetry
+
+    tracing = tracing or TracingConfig()
+    telemetry = GatewayTelemetry(start_tracing(tracing), tracing.access_log) \
+        if tracing.enabled or tracing.access_log else None
+    # The access log is the gateway's own JSON lines (llmserve.tracing), not uvicorn's.
+    uvicorn.run(create_app(config, telemetry), host=host, port=port, log_level=log_level, access_log=False,
                 **uvicorn_options(config.limits.http_limits()),
                 # The gateway never reads the client address, so no X-Forwarded-* rewriting.
                 proxy_headers=False)

@@ -13,17 +13,25 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true",
-                   help="log one line per request (off by default: it costs ~5 %% of the "
-                        "gateway's CPU per proxied request; the metrics count every request)")
+                   help="one JSON line per proxied request on stderr: timings, attempts, trace id "
+                        "(off by default; the metrics count every request)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
+                        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    p.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                   help="share of new traces recorded; instances follow the gateway's decision (default 1)")
 
 
 def run_gateway_cmd(args: argparse.Namespace) -> int:
     import logging
+    import os
 
     from llmserve.gateway.app import run_gateway
+    from llmserve.tracing.config import TracingConfig
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_gateway(args.config, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log)
+    tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
+                                    args.trace_sample_ratio)
+    run_gateway(args.config, host=args.host, port=args.port, log_level=args.log_level, tracing=tracing)
     return 0

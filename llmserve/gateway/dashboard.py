@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from llmserve.gateway.runtime import Gateway
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
+TIMELINE_S = 600.0  # the dashboard's window on each model's timeline; the admin API has it all
 
 
 @runtime_checkable
@@ -43,6 +44,7 @@ def dashboard_data(gw: Gateway) -> dict[str, Any]:
         "models": [rt.describe() for rt in gw.models.values()],
         "pools": [rt.describe_pool(v) for rt in gw.models.values() for v in rt.pools],
         "autoscale": [s.dashboard() for s in gw.services if isinstance(s, DashboardSource)],
+        "timelines": [gw.model_timeline(name, time.time() - TIMELINE_S, 600) for name in gw.models],
     }
 
 

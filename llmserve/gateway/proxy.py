@@ -136,8 +136,9 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
-                            in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced)
-        ctx.arrived(decision.reason.value)
+                            in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced,
+                            headers=request.headers)
+        ctx.arrived(decision.reason.value, runtime.router.weights)
         try:
             return await self._attempts(request, path, runtime, ctx)
         except GatewayError as e:
@@ -243,7 +244,7 @@ class Proxy:
             if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
                 ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
-            ctx.sent(inst.instance_id)
+            ctx.sent(inst.instance_id, plan.headers)
             try:
                 resp = await gw.upstream.post(f"{inst.url}{plan.path}",
                                               plan.content if is_engine(inst) else plan.plain,
@@ -373,4 +374,5 @@ class Proxy:
         out[VERSION_HEADER] = ctx.version
         out[UPSTREAM_HEADER] = ctx.instance or ""
         out[PRIORITY_HEADER] = str(ctx.parsed.priority)
+        out["server-timing"] = ctx.server_timing(resp.headers.get("server-timing"))
         return out

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmserve.gateway.canary_evidence import Outcome, OutcomeSink
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.metrics import GatewayMetrics
+from llmserve.tracing.timing import server_timing
 
 if TYPE_CHECKING:  # the request path's type; the runtime, which imports this, has no HTTP
     from llmserve.gateway.request import ParsedRequest
+    from llmserve.tracing.gateway import GatewayTelemetry
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,17 +34,18 @@ class RecordSinks:
     metrics: GatewayMetrics  # the gateway's
     outcomes: OutcomeSink | None  # the model's canary analysis, if it has one
     observers: list[RequestObserver]  # the gateway's list itself: services join it later
+    telemetry: GatewayTelemetry | None = None  # spans and access-log lines (llmserve.tracing)
 
 
 class RequestRecord:
     """One request's bookkeeping; the proxy tells it what happened (routed, waited, sent,
     retried, resumed, first token, finished) and it feeds the sinks."""
 
-    __slots__ = ("done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
-                 "request_id", "sinks", "t0", "ttft_s", "version")
+    __slots__ = ("attempts", "done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
+                 "request_id", "resumes", "route", "sinks", "t0", "trace", "ttft_s", "version")
 
     def __init__(self, sinks: RecordSinks, version: str, parsed: ParsedRequest, t0: float,
-                 request_id: str, *, in_stats: bool = True) -> None:
+                 request_id: str, *, in_stats: bool = True, headers: Any = None) -> None:
         self.sinks, self.model = sinks, sinks.model
         self.version, self.parsed, self.t0 = version, parsed, t0
         self.request_id = request_id
@@ -52,11 +55,19 @@ class RequestRecord:
         self.queued_s = 0.0
         self.output_tokens = 0
         self.done = False
+        self.attempts = self.resumes = 0
+        self.route = ""
+        t = sinks.telemetry
+        self.trace = None if t is None else t.trace(headers, parsed.body, parsed.model, request_id, t0)
 
-    def arrived(self, reason: str) -> None:
-        """Routed to this record's version for ``reason``: counted, and told to the observers."""
+    def arrived(self, reason: str, weights: dict[str, float] | None = None) -> None:
+        """Routed to this record's version for ``reason`` (under ``weights``): counted, and
+        told to the observers and the trace."""
         m = self.sinks.metrics
         m.child(m.routed, self.model, self.version, reason).inc()
+        self.route = reason
+        if self.trace is not None:
+            self.trace.routed(self.version, reason, weights or {})
         if self.sinks.observers:
             chars = prompt_chars(self.parsed.body)
             for o in self.sinks.observers:
@@ -65,15 +76,30 @@ class RequestRecord:
     def waited(self, queued_s: float, cold: bool) -> None:
         """A queue wait for an instance; ``cold``: its pool had no ready instance then."""
         self.queued_s += queued_s
+        if self.trace is not None:
+            self.trace.waited(queued_s, cold, self.parsed.priority_class.name.lower())
         if cold:
             m = self.sinks.metrics
             m.child(m.cold_wait, self.model, self.version).observe(queued_s)
 
-    def sent(self, instance: str) -> None:
-        """An attempt (the first or a retry) goes to ``instance``."""
+    def sent(self, instance: str, headers: dict[str, str] | None = None) -> None:
+        """An attempt (the first or a retry) goes to ``instance`` with ``headers`` (whose
+        traceparent becomes the attempt's when tracing)."""
         self.instance = instance
+        self.attempts += 1
         m = self.sinks.metrics
         m.child(m.upstream, self.model, self.version, instance).inc()
+        if self.trace is not None and headers is not None:
+            self.trace.attempt(instance, headers, self.attempts, None)
+
+    def resuming(self, instance: str, headers: dict[str, str], tokens: int) -> None:
+        """A broken stream goes on at ``instance`` after the ``tokens`` the client has (not an
+        attempt in the upstream counter: a resume is counted as a retry)."""
+        self.instance = instance
+        self.attempts += 1
+        self.resumes += 1
+        if self.trace is not None:
+            self.trace.attempt(instance, headers, self.attempts, tokens)
 
     def retried(self) -> None:
         """Another attempt after a failed one, or a resumed stream."""
@@ -102,8 +128,15 @@ class RequestRecord:
 
     @property
     def counts_tokens(self) -> bool:
-        """Whether anyone reads ``output_tokens`` (an observer, the canary analysis)."""
-        return bool(self.sinks.observers) or self.sinks.outcomes is not None
+        """Whether anyone reads ``output_tokens`` (an observer, the canary analysis, a trace, a log)."""
+        return bool(self.sinks.observers) or self.sinks.outcomes is not None or self.sinks.telemetry is not None
+
+    def server_timing(self, upstream: str | None) -> str:
+        """The ``Server-Timing`` value: the gateway's entries, then the instance's."""
+        own = server_timing((("admission", self.queued_s * 1000, None), ("attempts", None, str(self.attempts))))
+        if self.trace is not None and self.trace.trace_id is not None:
+            own += f', trace;desc="{self.trace.trace_id}"'
+        return f"{own}, {upstream}" if upstream else own
 
     def finish(self, status: int, *, ok: bool, error_kind: str | None = None) -> None:
         """Record the request's outcome once; ``ok`` is False only for upstream faults."""
@@ -128,6 +161,22 @@ class RequestRecord:
         for o in sinks.observers:
             o.on_finish(self.model, self.version, self.t0 + e2e, e2e, self.output_tokens,
                         ok and status < 400)
+        if sinks.telemetry is not None:
+            self._telemetry(sinks.telemetry, status, ok, error_kind, e2e)
+
+    def _telemetry(self, t: GatewayTelemetry, status: int, ok: bool, error_kind: str | None, e2e: float) -> None:
+        timings = {"queue_ms": round(self.queued_s * 1000, 2), "e2e_ms": round(e2e * 1000, 2),
+                   "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 2)}
+        if self.trace is not None:
+            self.trace.finish(status, ok, error_kind, {
+                "gen_ai.usage.output_tokens": self.output_tokens, "llmserve.attempts": self.attempts,
+                "llmserve.resumes": self.resumes, **{f"llmserve.{k}": v for k, v in timings.items() if v is not None}})
+        t.access({"time": round(time.time(), 3), "request_id": self.request_id,
+                  "trace_id": self.trace.trace_id if self.trace is not None else None, "model": self.model,
+                  "version": self.version, "route": self.route, "instance": self.instance, "status": status,
+                  "error": error_kind, "attempts": self.attempts, "resumes": self.resumes, **timings,
+                  "output_tokens": self.output_tokens, "priority": self.parsed.priority,
+                  "stream": self.parsed.stream})
 
 
     def _outcome(self, status: int, ok: bool, kind: str | None, e2e: float) -> Outcome:

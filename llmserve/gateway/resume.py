@@ -301,7 +301,7 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
         plan.tried.append(inst.instance_id)
-        ctx.instance = inst.instance_id  # (not an attempt in the upstream counter: a resume is counted as a retry)
+        ctx.resuming(inst.instance_id, plan.headers, len(state.ids))
         if not is_engine(inst):
             plan.pool.release(lease, Outcome.NEUTRAL)
             return f"instance {inst.instance_id} is not an llmserve engine: it cannot continue a stream by token ids"

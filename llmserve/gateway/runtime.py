@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
 from llmserve.gateway.config import GatewayConfig, ModelConfig
@@ -26,8 +27,12 @@ from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.recorder import RecordSinks
+from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
+
+if TYPE_CHECKING:
+    from llmserve.tracing.gateway import GatewayTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ class ModelRuntime:
 
     def __init__(self, config: ModelConfig, gateway_config: GatewayConfig, *,
                  metrics: GatewayMetrics, observers: list[RequestObserver],
-                 rng: random.Random) -> None:
+                 rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
@@ -62,7 +67,7 @@ class ModelRuntime:
         if config.canary is not None:
             self.canary = CanaryAnalysis(config.canary.version, config.canary.stable,
                                          config.canary)
-        self.sinks = RecordSinks(config.name, metrics, self.canary, observers)
+        self.sinks = RecordSinks(config.name, metrics, self.canary, observers, telemetry)
         self.router = VersionRouter(self._weights(), salt=config.name,
                                     rng=random.Random(rng.random()),
                                     stickiness_window_s=config.stickiness_window_s)
@@ -117,18 +122,21 @@ class Gateway:
     """The models and what serves them all: the upstream client, the monitor, the
     retry budget, metrics, request observers and services."""
 
-    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None,
+                 telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
+        self.telemetry = telemetry  # spans and access-log lines; None: neither
         rng = rng or random.Random()
         self.metrics = GatewayMetrics(self._gauges)
         self.retry_budget = RetryBudget(config.retry.budget)
         self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
         self.models = {m.name: ModelRuntime(m, config, metrics=self.metrics,
-                                            observers=self.observers, rng=rng)
+                                            observers=self.observers, rng=rng, telemetry=telemetry)
                        for m in config.models}
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
         self.services: list[GatewayService] = []
+        self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
@@ -171,7 +179,8 @@ class Gateway:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
-                       asyncio.create_task(self._canary_loop(), name="canary")]
+                       asyncio.create_task(self._canary_loop(), name="canary"),
+                       asyncio.create_task(self._timeline_loop(), name="timeline")]
         for s in self.services:
             await s.start()
 
@@ -193,6 +202,8 @@ class Gateway:
             self.monitor.close()
         if self.upstream is not None:
             await self.upstream.aclose()
+        if self.telemetry is not None and self.telemetry.tracing is not None:
+            self.telemetry.tracing.shutdown()  # export what is buffered
 
     async def _canary_loop(self) -> None:
         intervals = [rt.config.canary.interval_s for rt in self.models.values()
@@ -208,6 +219,17 @@ class Gateway:
                     rt.tick(now)
                 except Exception:  # one model's bug must not stop the others' rollouts
                     log.exception("canary tick failed for %s", rt.config.name)
+
+    async def _timeline_loop(self) -> None:
+        while True:
+            try:
+                self.timeline.sample(self.models, time.time())
+            except Exception:  # a bad sample must not stop the next ones
+                log.exception("timeline sample failed")
+            await asyncio.sleep(self.timeline.interval_s)
+
+    def model_timeline(self, model: str, since: float = 0.0, limit: int = 3600) -> dict:
+        return self.timeline.of_model(self.models[model], self.services, time.time(), since, limit)
 
     def ready(self) -> bool:
         return any(v.routable for p in self.pools() for v in p.views(time.monotonic()))

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -46,6 +46,11 @@ from llmserve.api.parse import parse_model
 from llmserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ThreadsRequest,
                                    TokenizeRequest)
 from llmserve.server.serving import OpenAIServing
+from llmserve.tracing.config import start_tracing
+from llmserve.tracing.instance import InstanceTelemetry
+
+if TYPE_CHECKING:
+    from llmserve.tracing.provider import Tracing
 
 log = logging.getLogger("llmserve.server")
 
@@ -154,7 +159,7 @@ class Instance:
             timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads")).model_dump()
 
 
-def create_app(inst: Instance) -> FastAPI:
+def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
 
@@ -267,7 +272,8 @@ def create_app(inst: Instance) -> FastAPI:
     # /v1/responses and /v1/messages, translated onto the chat route above (llmserve/api/frontends.py)
     fronts = Frontends(guarded, SQLiteResponseStore(max_records=10_000), keys_authorizer(cfg.api_keys),
                        cfg.max_body_bytes)
-    return fronts  # type: ignore[return-value]
+    return InstanceTelemetry(fronts, tracing, cfg.access_log,  # type: ignore[return-value]
+                             lambda: inst.model_name)
 
 
 class _DrainingServer(uvicorn.Server):
@@ -306,7 +312,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     inst = Instance(server_config, _engine_builder(engine_config, server_config.engine_process))
-    app = create_app(inst)
+    tracing = start_tracing(server_config.tracing())  # after the fork: its export thread stays here
+    app = create_app(inst, tracing)
 
     async def main() -> int:
         ucfg = uvicorn.Config(app, host=server_config.host, port=server_config.port,
@@ -320,6 +327,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         loader.cancel()
         if inst.engine is not None:
             inst.engine.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())

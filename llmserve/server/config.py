@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
 from llmserve.priority import NAMED_RANGE, PriorityRange
+from llmserve.tracing.config import TracingConfig
 
 
 def _priority_range(bounds: list[int]) -> PriorityRange:
@@ -77,10 +78,16 @@ class ServerConfig(BaseModel):
     startup_delay_s: float = Field(0.0, description="seconds to wait before loading the model "
                                                     "(simulates a slow cold start)")
     log_level: str = "warning"
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP collector for traces, e.g. http://127.0.0.1:4318 "
+                                                        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing)")
+    trace_sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded (a "
+                                      "request with a traceparent follows its caller)")
+    access_log: bool = Field(False, description="one JSON line per generation request on stderr")
 
     @model_validator(mode="after")
     def _limits(self) -> "ServerConfig":
         self.http_limits()  # validates the connection limits
+        self.tracing()  # and the collector's URL
         return self
 
     def http_limits(self) -> HttpLimits:
@@ -88,6 +95,10 @@ class ServerConfig(BaseModel):
                           header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
                           send_timeout_s=self.send_timeout_s, keep_alive_timeout_s=self.keep_alive_timeout_s,
                           max_connections=self.max_connections)
+
+    def tracing(self) -> TracingConfig:
+        return TracingConfig(otlp_endpoint=self.otlp_endpoint, service_name="llmserve-instance",
+                             access_log=self.access_log, sample_ratio=self.trace_sample_ratio)
 
     def served_names(self, default: str) -> list[str]:
         return self.served_model_name or [default]

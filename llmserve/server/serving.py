@@ -33,6 +33,7 @@ from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, 
 from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.server.tool_calls import render_messages
+from llmserve.tracing.instance import request_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class OpenAIServing:
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt,
               resume: list[int] | None = None) -> list[_Job]:
         prio = self.priority(priority, raw)
+        tel = request_telemetry(raw.scope)  # its traceparent: the engine's spans join the request's
         jobs: list[_Job] = []
         base = uuid.uuid4().hex[:16]
         try:
@@ -155,7 +157,8 @@ class OpenAIServing:
                 for ci, child in enumerate(fan_out(sp)):
                     rid = f"{base}-{pi}-{ci}"
                     job.streams.append(self.engine.add_request(ids, child, rid, priority=prio, cache_salt=cache_salt,
-                                                               resume_token_ids=resume))
+                                                               resume_token_ids=resume,
+                                                               trace=tel.traceparent if tel else None))
                     job.request_ids.append(rid)
                 jobs.append(job)
         except ContextLengthError as e:
@@ -236,7 +239,7 @@ class OpenAIServing:
         n_tokens = sum(len(p) for p in prompts)
         resume = check_resume(r, len(prompts))
         self._admit(n_tokens)
-        tracker = _Tracker(self, n_tokens)
+        tracker = _Tracker(self, n_tokens, request_telemetry(raw.scope))
         try:
             await self._inject_faults()
             jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt, resume)
@@ -270,6 +273,7 @@ class OpenAIServing:
                 tracker.first_token()
                 if out.finished:
                     finals[rid] = out
+                    tracker.finished(out)
 
         await asyncio.gather(*(drain(rid, s) for j in jobs for rid, s in zip(j.request_ids, j.streams)))
         return finals
@@ -312,6 +316,7 @@ class OpenAIServing:
                 if self.config.fault_chunk_latency_ms:
                     await asyncio.sleep(self.config.fault_chunk_latency_ms / 1000)
                 if item.finished:
+                    tracker.finished(item)
                     completion_tokens += len(item.outputs[0].token_ids)
                     if idx % meta.n == 0:
                         cached += item.num_cached_tokens
@@ -334,8 +339,9 @@ class OpenAIServing:
 class _Tracker:
     """Keeps the server's queued / in-flight counts right however a request ends."""
 
-    def __init__(self, serving: OpenAIServing, prompt_tokens: int) -> None:
+    def __init__(self, serving: OpenAIServing, prompt_tokens: int, telemetry=None) -> None:
         self.s, self.tokens, self.waiting, self.open = serving, prompt_tokens, True, True
+        self.telemetry = telemetry  # the request's (llmserve.tracing.instance), if any
         serving.queued += 1
         serving.queued_tokens += prompt_tokens
         serving.in_flight += 1
@@ -345,6 +351,10 @@ class _Tracker:
             self.waiting = False
             self.s.queued -= 1
             self.s.queued_tokens -= self.tokens
+
+    def finished(self, out: RequestOutput) -> None:
+        if self.telemetry is not None:
+            self.telemetry.output(out)
 
     def done(self) -> None:
         self.first_token()

@@ -19,7 +19,7 @@ from .serve_harness import ADMIN, ServeProcess, serve_config
 
 pytestmark = pytest.mark.slow
 
-VIEW = """!document.getElementById("updates") ? null : JSON.stringify({
+VIEW = """document.readyState !== "complete" ? null : JSON.stringify({  // null while the page loads
   updates: Number(document.getElementById('updates').textContent),
   ready: document.getElementById('count-ready').textContent,
   rows: [...document.querySelectorAll('#instances-table tbody tr')].map(r => [r.dataset.instance, r.dataset.state]),

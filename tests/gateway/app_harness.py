@@ -65,7 +65,7 @@ class Stack:
 def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
           weights: dict[str, float] | None = None, dead: dict[str, int] | None = None,
           version_extra: dict[str, dict] | None = None, wait_ready: bool = True,
-          client_key: str | None = None, **top):
+          client_key: str | None = None, telemetry=None, **top):
     """Fake upstreams per version (plus ``dead`` ports with nothing listening), a
     gateway configured over them; yields a :class:`Stack` whose client sends
     ``client_key`` (None: no key)."""
@@ -90,7 +90,7 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
         for k, v in top.items():
             data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
         config = GatewayConfig.model_validate(data)
-        app = create_app(config)
+        app = create_app(config, telemetry)
         # Served as run_gateway serves it: the connection limits are the protocol's.
         server = ServerThread(app, **uvicorn_options(config.limits.http_limits())).start()
         s = Stack(app.state.gateway, server, fakes, upstreams, client_key)

@@ -1,0 +1,140 @@
+"""CPU time of one request's telemetry, without servers: the figure a busy shared machine
+distorts least (``time.process_time``, after a warm-up).
+
+Per request, as the live code makes it: the gateway's spans (``RequestTrace``: root,
+route, admission, one attempt), the instance's server span and the four engine span
+records it exports (``InstanceTelemetry``'s calls), the engine's records themselves
+(``request_spans``), and the OTLP protobuf encoding of all nine spans that the batch
+processor's thread does before sending.
+
+    python benchmarks/tracing/span_cost.py [--requests 3000]
+
+Results: ``benchmarks/results/tracing_span_cost.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
+from opentelemetry.trace import SpanKind  # noqa: E402
+
+from llmserve.engine.outputs import RequestMetrics  # noqa: E402
+from llmserve.engine.request import Request  # noqa: E402
+from llmserve.engine.sampling_params import SamplingParams  # noqa: E402
+from llmserve.engine.trace_spans import request_spans  # noqa: E402
+from llmserve.tracing.gateway import RequestTrace  # noqa: E402
+from llmserve.tracing.provider import Tracing  # noqa: E402
+
+CLIENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+BODY = {"model": "m", "prompt": "hi", "max_tokens": 64, "temperature": 0, "stream": True}
+
+
+class Keep(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list = []
+
+    def export(self, spans) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def gateway_request(tr: Tracing) -> str:
+    rt = RequestTrace(tr, CLIENT, BODY, "m", "rid", time.monotonic())
+    rt.routed("v1", "weight", {"v1": 0.9, "v2": 0.1})
+    rt.waited(0.0005, False, "realtime")
+    headers: dict[str, str] = {}
+    rt.attempt("127.0.0.1:8001", headers, 1, None)
+    rt.finish(200, True, None, {"gen_ai.usage.output_tokens": 64, "llmserve.attempts": 1, "llmserve.ttft_ms": 20.0})
+    return headers["traceparent"]
+
+
+def engine_records(traceparent: str) -> list[list]:
+    r = Request("r-0-0", list(range(128)), SamplingParams(max_tokens=64), 64, arrival_time=time.monotonic() - 0.3,
+                trace=traceparent)
+    r.all_token_ids += list(range(64))
+    now = time.monotonic()
+    return request_spans(r, "length", RequestMetrics(now - 0.3, now - 0.29, now - 0.25, now, now))
+
+
+def instance_request(tr: Tracing, traceparent: str, records: list[list]) -> None:
+    span = tr.start_span("text_completion m", tr.extract({"traceparent": traceparent}), kind=SpanKind.SERVER,
+                         attributes={"gen_ai.operation.name": "text_completion", "gen_ai.request.model": "m",
+                                     "gen_ai.system": "llmserve", "http.request.method": "POST",
+                                     "url.path": "/v1/completions"})
+    tr.traceparent(span)
+    span.set_attributes({"gen_ai.usage.input_tokens": 128, "gen_ai.usage.output_tokens": 64,
+                         "gen_ai.response.model": "m", "http.response.status_code": 200,
+                         "llmserve.queue_ms": 10.0, "llmserve.prefill_ms": 40.0, "llmserve.decode_ms": 250.0})
+    span.end()
+    tr.emit_records(records, "llmserve-engine")
+
+
+def measure(n: int) -> dict:
+    gw_out, inst_out = Keep(), Keep()
+    gw, inst = Tracing("g", gw_out, batch=False), Tracing("i", inst_out, batch=False)
+    for _ in range(200):  # warm-up
+        instance_request(inst, gateway_request(gw), engine_records(gateway_request(gw)))
+    gw_out.spans.clear()
+    inst_out.spans.clear()
+    cpu: dict[str, float] = {"gateway": 0.0, "engine": 0.0, "instance": 0.0}
+    for _ in range(n):
+        c0 = time.process_time()
+        tp = gateway_request(gw)
+        c1 = time.process_time()
+        recs = engine_records(tp)
+        c2 = time.process_time()
+        instance_request(inst, tp, recs)
+        c3 = time.process_time()
+        cpu["gateway"] += c1 - c0
+        cpu["engine"] += c2 - c1
+        cpu["instance"] += c3 - c2
+    spans = gw_out.spans + inst_out.spans
+    c0 = time.process_time()
+    for k in range(0, len(spans), 512):  # the batch processor's default batch
+        encode_spans(spans[k:k + 512]).SerializeToString()
+    encode = time.process_time() - c0
+    per = {k: 1e6 * v / n for k, v in cpu.items()}
+    per["otlp_encode"] = 1e6 * encode / n
+    per["total"] = sum(per.values())
+    return {"requests": n, "spans_per_request": len(spans) / n, "cpu_us_per_request": per}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=3000)
+    args = p.parse_args()
+    import os
+
+    out = measure(args.requests)
+    out["loadavg"] = os.getloadavg()
+    out["command"] = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    results = ROOT / "benchmarks" / "results"
+    (results / "tracing_span_cost.json").write_text(json.dumps(out, indent=1))
+    per = out["cpu_us_per_request"]
+    md = ["# CPU per request of its telemetry (tracing on)", "", f"`{out['command']}`", "",
+          f"{args.requests} requests, {out['spans_per_request']:.0f} spans each; load average "
+          f"{out['loadavg'][0]:.1f} on a shared 2-CPU machine (CPU time, not wall time).", "",
+          "| where | CPU µs per request | on the request's path before its first token? |", "|---|---|---|",
+          f"| gateway spans (root, route, admission, attempt) | {per['gateway']:.0f} | yes, all but the ends |",
+          f"| engine span records (engine process) | {per['engine']:.0f} | no: when it finishes |",
+          f"| instance span + exporting the engine's records | {per['instance']:.0f} | its start only |",
+          f"| OTLP protobuf encoding (batch thread) | {per['otlp_encode']:.0f} | no: in the background |",
+          f"| **total** | **{per['total']:.0f}** | |", ""]
+    (results / "tracing_span_cost.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

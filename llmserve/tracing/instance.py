@@ -1,0 +1,142 @@
+"""An instance's side of a request's telemetry: its server span, the engine's phases.
+
+:class:`InstanceTelemetry` wraps the instance's ASGI app. For each generation
+request it opens a SERVER span under the caller's ``traceparent`` (the gateway's
+attempt), and leaves a :class:`RequestTelemetry` in the ASGI scope: serving reads
+the ``traceparent`` to hand the engine (whose spans then join this one) and gives it
+each sequence's final output. When the response is sent it adds ``Server-Timing`` to
+a whole answer, ends the span with the GenAI usage attributes, hands the engine's
+span records to the exporter and writes the JSON access-log line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from llmserve.tracing.timing import access_line, access_logger, server_timing
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on (~0.2 s at start)
+    from llmserve.engine.outputs import RequestOutput
+    from llmserve.tracing.provider import Tracing
+
+TELEMETRY_KEY = "llmserve.telemetry"  # in the ASGI scope
+OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}  # gen_ai.operation.name
+ENGINE_SERVICE = "llmserve-engine"  # the engine process's spans
+
+
+def request_telemetry(scope: dict) -> RequestTelemetry | None:
+    return scope.get(TELEMETRY_KEY)
+
+
+class RequestTelemetry:
+    """One generation request's engine phases and usage, from its sequences' final outputs."""
+
+    __slots__ = ("arrival", "cached", "finished", "first_token", "input_tokens", "output_tokens", "records",
+                 "scheduled", "traceparent")
+
+    def __init__(self, traceparent: str | None = None) -> None:
+        self.traceparent = traceparent  # for the engine: None when not traced
+        self.arrival = self.scheduled = self.first_token = self.finished = None
+        self.input_tokens = self.output_tokens = self.cached = 0
+        self.records: list[list] = []
+
+    def output(self, out: RequestOutput) -> None:
+        """A sequence's final output."""
+        m = out.metrics
+        if m is not None:
+            self.arrival = _first(self.arrival, m.arrival_time)
+            self.scheduled = _first(self.scheduled, m.first_scheduled_time)
+            self.first_token = _first(self.first_token, m.first_token_time)
+            if m.finished_time is not None:
+                self.finished = max(self.finished or m.finished_time, m.finished_time)
+        if out.request_id.endswith("-0"):  # the first sequence of its prompt (serving's ids)
+            self.input_tokens += len(out.prompt_token_ids)
+            self.cached += out.num_cached_tokens
+        self.output_tokens += len(out.outputs[0].token_ids)
+        if out.spans:
+            self.records += out.spans
+
+    def phases_ms(self) -> dict[str, float]:
+        """queue, prefill, decode in milliseconds (those that happened)."""
+        out: dict[str, float] = {}
+        marks = (("queue", self.arrival, self.scheduled), ("prefill", self.scheduled, self.first_token),
+                 ("decode", self.first_token, self.finished))
+        for name, a, b in marks:
+            if a is not None and b is not None:
+                out[name] = (b - a) * 1000
+        return out
+
+
+def _first(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class InstanceTelemetry:
+    """ASGI wrapper: the telemetry of generation requests (others pass straight through)."""
+
+    def __init__(self, app: Any, tracing: Tracing | None, access_log: bool, model_name: Callable[[], str]) -> None:
+        self.app, self.tracing, self.model_name = app, tracing, model_name
+        self.log = access_logger() if access_log else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        op = OPERATIONS.get(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if op is None:
+            return await self.app(scope, receive, send)
+        t0 = time.monotonic()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in (b"traceparent", b"tracestate", b"x-request-id")}
+        span = None
+        tel = RequestTelemetry()
+        if self.tracing is not None:
+            from opentelemetry.trace import SpanKind
+
+            model = self.model_name()
+            span = self.tracing.start_span(f"{op} {model}", self.tracing.extract(headers), kind=SpanKind.SERVER,
+                                           attributes={"gen_ai.operation.name": op, "gen_ai.request.model": model,
+                                                       "gen_ai.system": "llmserve", "http.request.method": "POST",
+                                                       "url.path": scope["path"]})
+            if span.is_recording():  # (an unsampled trace stays unrecorded in the engine too)
+                tel.traceparent = self.tracing.traceparent(span)
+        scope[TELEMETRY_KEY] = tel
+        status = 0
+
+        async def send_timed(msg: dict) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+                phases = tel.phases_ms()
+                if phases:  # a whole answer: its engine phases are known before its head
+                    value = server_timing((k, v, None) for k, v in phases.items())
+                    msg = {**msg, "headers": [*msg.get("headers", ()), (b"server-timing", value.encode())]}
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_timed)
+        finally:
+            self._finish(tel, span, status, t0, headers.get("x-request-id"), scope["path"])
+
+    def _finish(self, tel: RequestTelemetry, span, status: int, t0: float, request_id: str | None,
+                path: str) -> None:
+        phases = tel.phases_ms()
+        if span is not None:
+            span.set_attributes({"gen_ai.usage.input_tokens": tel.input_tokens,
+                                 "gen_ai.usage.output_tokens": tel.output_tokens,
+                                 "gen_ai.response.model": self.model_name(), "http.response.status_code": status,
+                                 **{f"llmserve.{k}_ms": v for k, v in phases.items()}})
+            if status >= 500 or status == 0:
+                from opentelemetry.trace.status import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {status}" if status else "no response"))
+            span.end()
+            if tel.records:
+                self.tracing.emit_records(tel.records, ENGINE_SERVICE)
+        if self.log is not None:
+            c = span.get_span_context() if span is not None else None
+            self.log.info(access_line({
+                "time": round(time.time(), 3), "request_id": request_id,
+                "trace_id": f"{c.trace_id:032x}" if c is not None else None, "path": path, "status": status,
+                "model": self.model_name(), "e2e_ms": round((time.monotonic() - t0) * 1000, 2),
+                **{f"{k}_ms": round(v, 2) for k, v in phases.items()},
+                "input_tokens": tel.input_tokens, "output_tokens": tel.output_tokens, "cached_tokens": tel.cached}))
