@@ -14,6 +14,9 @@ fi
 # UV_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where it is reachable).
 links=()
 for d in ${PIP_FIND_LINKS:-} /opt/wheels; do [ -d "$d" ] && links+=(--find-links "$d"); done
+# The current lock is the starting point: uv keeps its versions unless a range or
+# --upgrade-package moves them (a new dependency does not upgrade everything else).
+grep -v '^# ' requirements/lock.txt > requirements/lock.body || true
 "$tools/bin/uv" pip compile pyproject.toml requirements/build.in \
   --extra test --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
   "${links[@]}" \
