@@ -52,7 +52,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 def chat_body(req: ResponsesRequest, history: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
     msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history + new
-    body: dict[str, Any] = {"messages": msgs, "stream": req.stream, "parallel_tool_calls": req.parallel_tool_calls}
+    body: dict[str, Any] = {"messages": msgs, "stream": req.stream}
     for src, dst in (("model", "model"), ("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
                      ("top_p", "top_p"), ("user", "user"), ("priority", "priority"), ("seed", "seed"),
                      ("service_tier", "service_tier")):
@@ -63,6 +63,7 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]], new: list[di
     if req.tools:
         body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                          for t in req.tools]
+        body["parallel_tool_calls"] = req.parallel_tool_calls  # (without tools it would change nothing: a 400)
     choice = req.tool_choice
     if isinstance(choice, NamedFunctionChoice):
         body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
