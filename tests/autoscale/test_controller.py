@@ -119,7 +119,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     draining = [iid for iid, s in states(ctl).items() if s == "draining"]
     assert len(draining) == 1
     victim = draining[0]
-    assert pool.get(victim).state is S.DRAINING
+    assert not pool.get(victim).accepting
     # New requests avoid the draining instance.
     c = await pool.acquire(REQ, PriorityClass.REALTIME)
     assert c.instance.instance_id != victim
@@ -279,7 +279,7 @@ async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
     assert states(ctl)[busy] == "draining"
     ctl.set_override(1, None, "back")
     await step(ctl, clock)
-    assert states(ctl)[busy] == "ready" and pool.get(busy).state is S.READY
+    assert states(ctl)[busy] == "ready" and pool.get(busy).accepting
     assert len(provider.engines) == 2  # nothing new started
     assert transitions(ctl, busy)[-2:] == ["draining", "ready"]
     pool.release(lease, Outcome.SUCCESS)

@@ -8,7 +8,6 @@ from llmserve.gateway.admission import AdmissionConfig, ClassLimits, Concurrency
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.pool import NoHealthyInstance, Outcome, Pool, QueueTimeout
-from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
 
 REQ = RouteRequest()
@@ -88,7 +87,7 @@ async def test_a_starting_instance_serves_waiters_once_ready():
     waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     p.set_ready(inst, True)  # what the monitor does when /ready passes
-    assert inst.state is InstanceState.READY
+    assert inst.has_been_ready and inst.accepting
     assert (await asyncio.wait_for(waiting, 1)).instance is inst
 
 
@@ -191,28 +190,29 @@ async def test_capacity_shortfall_is_cold_or_a_queue_behind_healthy_instances_on
     assert "no ready instance" in p.capacity_shortfall()
 
 
-async def test_an_instance_is_starting_until_its_first_ready_pass_and_a_health_dip_is_no_lifecycle_move():
+async def test_an_instance_has_not_been_ready_until_its_first_ready_pass_and_a_health_dip_is_not_a_drain():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9006", "a")
-    assert inst.state is InstanceState.STARTING and p.snapshot()[0]["state"] == "starting"
+    assert not inst.has_been_ready and inst.accepting and "state" not in p.snapshot()[0]
     p.set_ready(inst, True)
-    assert inst.state is InstanceState.READY
-    p.set_ready(inst, False)  # unreachable for a moment: unhealthy, still a started instance
-    assert inst.state is InstanceState.READY and not inst.ready
+    assert inst.has_been_ready
+    p.set_ready(inst, False)  # unreachable for a moment: unhealthy, still an instance that was ready
+    assert inst.has_been_ready and inst.accepting and not inst.ready
     p.set_draining("a")
-    assert inst.state is InstanceState.DRAINING and p.snapshot()[0]["draining"]
+    assert not inst.accepting and p.snapshot()[0]["draining"]
     p.set_ready(inst, True)  # a /ready pass does not end a drain
-    assert inst.state is InstanceState.DRAINING
+    assert not inst.accepting
     p.set_draining("a", False)
-    assert inst.state is InstanceState.READY
+    assert inst.accepting and inst.has_been_ready
 
 
-async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_starting_again():
+async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_waited_for_again():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9007", "a", ready=True)
     p.set_draining("a")
     p.set_ready(inst, False)
     p.set_draining("a", False)
-    assert inst.state is InstanceState.STARTING  # requests wait for it rather than fail fast
+    assert not inst.has_been_ready  # requests wait for it rather than fail fast
+    assert not p._broken(p.views(0.0))
     p.set_ready(inst, True)
-    assert inst.state is InstanceState.READY
+    assert inst.has_been_ready and p.views(0.0)[0].routable
