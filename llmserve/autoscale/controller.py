@@ -1,31 +1,23 @@
-"""The elastic controller: the one owner of a pool's instances and their lifecycle.
+"""The elastic controller of one pool: observe, decide, act through effects.
 
 Each probe interval it looks at every instance (the provider: is the process
 there? the engine: what does ``/ready`` say? asked of ready instances every
-``ready_probe_interval_s``) and moves it along
-``starting -> warming -> ready -> draining -> stopping -> stopped`` (or ``failed``). Each
-tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
-request observers; queue depth from the gateway's pool; running, waiting, KV,
-busy fraction and throughput from the ready instances' ``/load`` reports), asks
-the policy stack built by :func:`~llmserve.autoscale.build_policy` for a count,
-and reconciles with :func:`~llmserve.autoscale.reconcile.plan_scaling`, the same
-code the simulator runs.
+``ready_probe_interval_s``). Each tick it builds the pool's signals (arrivals,
+TTFT and e2e from the gateway's request observers; queue depth from the pool;
+load from the ready instances' ``/load`` reports) and takes
+:func:`~llmserve.autoscale.scaling_step.scaling_step`, the simulator's code too.
+Whatever it observes or decides becomes effects (:mod:`llmserve.autoscale.effects`)
+that its :class:`~llmserve.autoscale.executor.Executor` applies to its
+:class:`~llmserve.autoscale.book.InstanceBook`, the provider and the gateway pool.
 
-The rules that protect requests:
-
-- an instance joins the gateway's pool only once ``/ready`` answered 200 (weights
-  loaded, warm-up ran), so a cold instance never gets traffic;
-- draining first marks it draining in the pool (no new requests), waits until the
-  gateway has nothing in flight to it and the engine reports nothing running or
-  waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
-  stops it (``stopping``: SIGTERM, the engine drains whatever is left and exits 0;
-  ``stopped`` once it has exited);
-- an instance that fails (process exited, actor died, engine dead under a live
-  process, unreachable for ``unready_grace_s``) leaves the pool at once and is
-  replaced, with a backoff while replacements keep failing before they get ready.
-
-Every transition is an :class:`~llmserve.autoscale.history.Event` with a time and
-a reason; every tick's decision is kept with the policy's reason.
+The rules that protect requests: an instance joins the gateway's pool only once
+``/ready`` answered 200 (a cold instance never gets traffic); a drain stops new
+requests, waits until neither the gateway nor the engine has any in flight (or
+``drain_timeout_s``), then leaves the pool and stops (``stopping``: SIGTERM;
+``stopped`` once it exited); a failed instance (exited, died, unreachable for
+``unready_grace_s``) leaves the pool at once and is replaced, with a back-off
+while replacements fail before they get ready. Every transition is a
+:class:`~llmserve.autoscale.history.Event` with a time and a reason.
 """
 
 from __future__ import annotations
@@ -49,6 +41,7 @@ from llmserve.autoscale.executor import Executor
 from llmserve.autoscale.history import History
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance
 from llmserve.autoscale.metrics import AutoscaleMetrics
+from llmserve.autoscale.overrides import ManualOverride
 from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Prober
 from llmserve.autoscale.provider_launcher import LaunchReports, PoolRouter, ProviderLauncher
 from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, RunStatus
@@ -114,7 +107,7 @@ class PoolController:
                                               lambda inst, why: self.capacity.setback(inst, "refused", why))
         self.desired = 0
         self.last_signals: PoolSignals | None = None
-        self.override: Override | None = None
+        self.manual = ManualOverride(autoscale.bounds.max_instances, self.history, clock, wall, labels, metrics)
         self._prober = prober
         self._endpoints = endpoints  # None: llmserve engine's /ready and /load
         self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
@@ -141,27 +134,14 @@ class PoolController:
         return self.book.instances
 
     @property
-    def finished(self):
-        return self.book.finished
-
-    @property
-    def _tasks(self) -> dict:
-        return self.launcher.tasks
-
-    @property
-    def _start_not_before(self) -> float:
-        return self.executor.start_not_before
-
-    @property
     def metrics(self) -> AutoscaleMetrics | None:
         return self._metrics
 
     @metrics.setter
     def metrics(self, metrics: AutoscaleMetrics | None) -> None:
-        self._metrics = metrics  # the executor and the classes count into the same
-        for part in (getattr(self, "executor", None), getattr(self, "capacity", None)):
-            if part is not None:
-                part.metrics = metrics
+        self._metrics = metrics  # its parts count into the same
+        for part in filter(None, (getattr(self, n, None) for n in ("executor", "capacity", "manual"))):
+            part.metrics = metrics
 
     @property
     def cost_dollars(self) -> dict[str, float]:
@@ -206,7 +186,7 @@ class PoolController:
                 if inst.state is S.READY:
                     self.book.transition(inst, S.DRAINING, why)
                 self.executor.apply([Stop(inst.id, why)], self.clock())
-        tasks = list(self._tasks.values())
+        tasks = list(self.launcher.tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._close_provider:
@@ -378,36 +358,20 @@ class PoolController:
         return at
 
     def _active_override(self, now: float) -> Override | None:
-        o = self.override
-        if o is not None and not o.in_force(now):
-            self.history.event(self.wall(), "-", "override", f"{o.instances}", "expired", o.reason)
-            self.override = o = None
-        return o
+        return self.manual.active(now)
+
+    @property
+    def override(self) -> Override | None:
+        return self.manual.override
 
     def override_active(self) -> bool:
         return self._active_override(self.clock()) is not None
 
     def set_override(self, instances: int | None, duration_s: float | None, reason: str) -> Override | None:
         """Pin the instance count (``None`` clears it); counted as a manual intervention."""
-        max_n = self.autoscale.bounds.max_instances
-        if instances is not None and not 0 <= instances <= max_n:
-            raise ValueError(f"instances must be in [0, {max_n}] (max_instances), got {instances}")
-        if duration_s is not None and duration_s <= 0:
-            raise ValueError(f"duration_s must be positive, got {duration_s}")
-        wall = self.wall()
-        if instances is None:
-            old, self.override = self.override, None
-            self.history.event(wall, "-", "override", str(old.instances) if old else None, "cleared", reason)
-            action = "clear"
-        else:
-            until = None if duration_s is None else self.clock() + duration_s
-            self.override = Override(instances, until, reason, wall)
-            self.history.event(wall, "-", "override", None, str(instances), reason, duration_s=duration_s)
-            action = "scale"
-        if self.metrics is not None:
-            self.metrics.manual.labels(self.model, self.version, action).inc()
+        o = self.manual.set(instances, duration_s, reason)
         self._next_tick = None  # act on it at the next step, not a tick later
-        return self.override
+        return o
 
     # ---- views --------------------------------------------------------------------------------
     def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
@@ -423,7 +387,7 @@ class PoolController:
         now = self.clock()
         out = [self.describe_instance(i, now) for i in self.book]
         if include_finished:
-            out += [self.describe_instance(i, now) for i in reversed(self.finished)]
+            out += [self.describe_instance(i, now) for i in reversed(self.book.finished)]
         return out
 
     def dashboard(self) -> dict[str, Any]:

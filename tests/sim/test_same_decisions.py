@@ -103,7 +103,7 @@ async def live(tr: Trace) -> list[tuple[float, int, int]]:
         age_engines(ctl, provider, clock.t)
         await ctl.step()
         for _ in range(5):  # the starts and stops the step launched
-            tasks = list(ctl._tasks.values())
+            tasks = list(ctl.launcher.tasks.values())
             if not tasks:
                 break
             await asyncio.gather(*tasks, return_exceptions=True)
