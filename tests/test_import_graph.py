@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.import_graph import find_cycle, import_graph
 
 
@@ -20,3 +22,16 @@ def test_the_checker_sees_a_cycle_through_type_checking_and_relative_imports(tmp
     assert set(find_cycle(graph)) == {"pkg.a", "pkg.sub.b", "pkg.c"}
     (pkg / "c.py").write_text("import typing\n")
     assert find_cycle(import_graph(pkg, "pkg")) is None
+
+
+def test_no_module_of_llmserve_imports_in_a_circle():
+    """The whole tree at once, so a cycle between two packages counts too, and every
+    package (every folder with an ``__init__.py``) is in the graph checked."""
+    import llmserve
+    from tests.import_graph import assert_acyclic
+
+    root = Path(llmserve.__file__).parent
+    graph = assert_acyclic(root, "llmserve")
+    packages = {".".join(["llmserve", *p.parent.relative_to(root).parts]) for p in root.rglob("__init__.py")}
+    assert len(packages) > 5 and packages <= set(graph)
+    assert all(any(m.startswith(f"{pkg}.") for m in graph) for pkg in packages)  # their modules too
