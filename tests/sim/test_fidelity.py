@@ -141,6 +141,8 @@ def test_fidelity_command_end_to_end(tmp_path):
     assert checks["requests_sent"] == n and checks["failures"] == {}
     assert checks["outputs_not_trace_length"] == 0  # ignore_eos: the live answers had the trace's lengths
     assert live["instance_seconds"] > 0 and sim["instance_seconds"] > 0
+    # A sanity bound for a 36 s ramp of a tiny model on a shared machine, not the README's
+    # claim: that is the recorded 20-minute soak's, checked in test_fidelity_claim.py.
     assert 1 / 3 <= sim["instance_seconds"] / live["instance_seconds"] <= 3
     for key in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s"):
         assert math.isfinite(sim[key]) and sim[key] > 0, key
