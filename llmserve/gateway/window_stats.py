@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from llmserve.percentiles import nearest_rank as percentile
+from llmserve.percentiles import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,8 @@ class WindowStats:
         e2e = sorted(e for _, ok, _, e in q if ok and e is not None)
         return VersionStats(
             requests=len(q), errors=errors,
-            ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99),
-            e2e_p50=percentile(e2e, 50), e2e_p99=percentile(e2e, 99),
+            ttft_p50=percentile(ttft, 50, is_sorted=True), ttft_p99=percentile(ttft, 99, is_sorted=True),
+            e2e_p50=percentile(e2e, 50, is_sorted=True), e2e_p99=percentile(e2e, 99, is_sorted=True),
         )
 
     def clear(self, version: str | None = None) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from llmserve.autoscale.capacity_mix import CLASSES, ON_DEMAND
 from llmserve.autoscale.config import SLOConfig
 from llmserve.autoscale.usage import held_seconds
+from llmserve.percentiles import percentile as _percentile
 from llmserve.sim.traces import Trace
 
 PENDING, COMPLETED, REJECTED, EXPIRED, RECLAIMED = 0, 1, 2, 3, 4
@@ -60,10 +61,8 @@ class SimRecord:
 
 
 def percentile(values: np.ndarray, q: float) -> float:
-    """numpy's linear percentile over the values that are not NaN (NaN when there are none)."""
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return float(np.percentile(values, q)) if len(values) else float("nan")
+    """The project's percentile (nearest rank) of the values that are not NaN; NaN when none."""
+    return _percentile(np.asarray(values, dtype=float), q, empty=float("nan"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from llmserve.percentiles import nearest_rank as collector_percentile
+from llmserve.percentiles import percentile
 from llmserve.autoscale.serve_process import ServeProcess
 
 __all__ = ["ADMIN", "FAST_GATEWAY", "Load", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile",
@@ -142,8 +142,3 @@ def settled_at(n: int):
 # ---- figures of a run ---------------------------------------------------------------------------
 def peak_ready(samples: list[Sample]) -> int:
     return max((sum(1 for i in s.instances if i["state"] == "ready") for s in samples), default=0)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest rank, as the controller's signals compute it."""
-    return collector_percentile(sorted(values), q)
