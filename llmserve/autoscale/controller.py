@@ -305,7 +305,7 @@ class PoolController:
             seen = self.pool.get(inst.id)
             if inst.state is S.READY and seen is not None and seen.report is not None:
                 loads.append(seen.report)
-        seen = self.pool.signals()
+        seen = self.pool.stats()
         return self.collector.snapshot(now, loads, seen.queue_depth, self.counts(), seen.inflight)
 
     def tick(self, now: float) -> None:

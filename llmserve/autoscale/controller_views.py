@@ -9,7 +9,7 @@ from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.managed import ManagedInstance
 from llmserve.autoscale.scaling_step import Override
 from llmserve.autoscale.signals import PoolSignals
-from llmserve.gateway.pool import Instance
+from llmserve.gateway.pool import Upstream
 from llmserve.lifecycle import InstanceState
 
 
@@ -23,7 +23,7 @@ def sample(wall: float, ctx: PoolSignals, desired: int) -> dict[str, Any]:
             "batch_fill": ctx.batch_fill}
 
 
-def describe_instance(inst: ManagedInstance, seen: Instance | None, now: float) -> dict[str, Any]:
+def describe_instance(inst: ManagedInstance, seen: Upstream | None, now: float) -> dict[str, Any]:
     """One instance as the controller knows it (``seen``: the gateway pool's routing record)."""
     report = seen.report if seen is not None and seen.report is not None else inst.last_load
     return {

@@ -90,7 +90,7 @@ class PoolSettings(_Strict):
     balancer: BalancerConfig = BalancerConfig()
 
 
-class ModelConfig(PoolSettings):
+class ServedModelConfig(PoolSettings):
     name: str  # the served model name clients put in "model"
     versions: list[VersionConfig] = Field(min_length=1)
     canary: CanarySettings | None = None
@@ -106,7 +106,7 @@ class ModelConfig(PoolSettings):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> ModelConfig:
+    def _check(self) -> ServedModelConfig:
         names = [v.name for v in self.versions]
         if len(set(names)) != len(names):
             raise ValueError(f"model {self.name!r}: version names must be unique, got {names}")
@@ -251,7 +251,7 @@ class GatewaySettings(_Strict):
 
 
 class GatewayConfig(GatewaySettings):
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ServedModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:
@@ -260,7 +260,7 @@ class GatewayConfig(GatewaySettings):
             raise ValueError(f"model names must be unique, got {names}")
         return self
 
-    def model(self, name: str) -> ModelConfig | None:
+    def model(self, name: str) -> ServedModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
 
     @classmethod

@@ -8,12 +8,12 @@ an instance with room; the slot is reserved before the caller wakes) and
 The autoscaler and the admin API change the instance set at run time through a
 small interface; all of it is safe to call from the event loop at any moment:
 
-- ``add_instance(url, instance_id=None, ready=False) -> Instance``
-- ``remove_instance(instance_id) -> Instance``  (in-flight requests finish)
+- ``add_instance(url, instance_id=None, ready=False) -> Upstream``
+- ``remove_instance(instance_id) -> Upstream``  (in-flight requests finish)
 - ``set_draining(instance_id, draining=True)``   (no new requests; False: accepting again)
 - ``set_ready(instance, ready)``                  (the monitor's ``/ready`` checks)
-- ``instances() -> list[Instance]``, ``get(instance_id)``
-- ``signals() -> PoolSignals``                    (queue depth, wait, in flight, totals)
+- ``instances() -> list[Upstream]``, ``get(instance_id)``
+- ``stats() -> PoolStats``                        (queue depth, wait, in flight, totals)
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Outcome(enum.Enum):
 
 
 @dataclass(eq=False)
-class Instance:
+class Upstream:
     """What routing needs of one upstream instance (owned by its pool).
 
     No lifecycle here: that is its controller's (:mod:`llmserve.autoscale.book`).
@@ -109,7 +109,7 @@ class Instance:
 class Lease:
     """A reserved slot on an instance for one attempt of one request."""
 
-    instance: Instance
+    instance: Upstream
     queued_s: float
     released: bool = False
 
@@ -140,7 +140,7 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSignals:
+class PoolStats:
     """What the autoscaler reads of a pool."""
 
     instances: int
@@ -168,7 +168,7 @@ class Pool:
         self._breaker_config = breaker or BreakerConfig()
         self._report_ttl_s = report_ttl_s
         self._clock = clock
-        self._instances: dict[str, Instance] = {}
+        self._instances: dict[str, Upstream] = {}
         self._ids = itertools.count(1)
         # Set by the pool's elastic controller: it can start instances, so a pool with
         # nothing routable but draining instances queues (it revives or starts one)
@@ -177,7 +177,7 @@ class Pool:
 
     # ---- the run-time interface (autoscaler, admin API) -----------------------------
     def add_instance(self, url: str, instance_id: str | None = None, *,
-                     ready: bool = False) -> Instance:
+                     ready: bool = False) -> Upstream:
         """Add an upstream; it takes traffic once ready (``/ready`` passes)."""
         url = normalize_url(url)
         if any(i.url == url for i in self._instances.values()):
@@ -185,12 +185,12 @@ class Pool:
         instance_id = instance_id or url.split("://", 1)[1].replace("/", "_")
         if instance_id in self._instances:
             raise ValueError(f"instance id {instance_id!r} is already in pool {self.name}")
-        inst = Instance(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready, has_been_ready=ready)
+        inst = Upstream(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready, has_been_ready=ready)
         self._instances[instance_id] = inst
         self.pump()
         return inst
 
-    def remove_instance(self, instance_id: str) -> Instance:
+    def remove_instance(self, instance_id: str) -> Upstream:
         """Take an instance out at once; its in-flight requests run to completion."""
         inst = self._instances.pop(instance_id)
         self.outlier.forget(instance_id)
@@ -208,7 +208,7 @@ class Pool:
         inst.accepting = not draining
         self.pump()
 
-    def set_ready(self, inst: Instance, ready: bool) -> None:
+    def set_ready(self, inst: Upstream, ready: bool) -> None:
         """What the last ``/ready`` check (or a refused poll) said; the first pass ends
         the instance's start."""
         inst.ready = ready
@@ -216,17 +216,17 @@ class Pool:
             inst.has_been_ready = True
             self.pump()
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[Upstream]:
         return list(self._instances.values())
 
-    def get(self, instance_id: str) -> Instance | None:
+    def get(self, instance_id: str) -> Upstream | None:
         return self._instances.get(instance_id)
 
-    def signals(self) -> PoolSignals:
+    def stats(self) -> PoolStats:
         now = self._clock()
         stats = self.admission.stats(now)
         views = self.views(now)
-        return PoolSignals(
+        return PoolStats(
             instances=len(views), routable=sum(v.routable for v in views),
             inflight=sum(i.inflight for i in self._instances.values()),
             queue_depth={p.name.lower(): s.depth for p, s in stats.items()},
@@ -266,7 +266,7 @@ class Pool:
     def views(self, now: float) -> list[InstanceView]:
         return [self._view(i, now) for i in self._instances.values()]
 
-    def _view(self, i: Instance, now: float) -> InstanceView:
+    def _view(self, i: Upstream, now: float) -> InstanceView:
         fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
         return InstanceView(
             instance_id=i.instance_id, url=i.url, ready=i.ready,

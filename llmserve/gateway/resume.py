@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from llmserve.gateway.errors import GatewayError, sse_error_event
-from llmserve.gateway.pool import Instance, Lease, Outcome, Pool
+from llmserve.gateway.pool import Upstream, Lease, Outcome, Pool
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 
@@ -97,7 +97,7 @@ def not_resumable(body: dict) -> str | None:
     return None
 
 
-def is_engine(inst: Instance) -> bool:
+def is_engine(inst: Upstream) -> bool:
     """Whether an instance can continue a stream by token ids: an llmserve engine (it has ``/load``)."""
     return inst.load_source == "load"
 
@@ -148,7 +148,7 @@ class ResumeState:
         self.done = False
         self.instance = ""
 
-    def start(self, inst: Instance) -> None:
+    def start(self, inst: Upstream) -> None:
         """A new upstream's events follow (the first, or a resumed one)."""
         self.upstream_head, self.instance = None, inst.instance_id
         if self.why_not is None and not is_engine(inst):

@@ -19,7 +19,7 @@ from contextlib import suppress
 from dataclasses import asdict
 
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
-from llmserve.gateway.config import GatewayConfig, ModelConfig
+from llmserve.gateway.config import GatewayConfig, ServedModelConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
 from llmserve.gateway.health import RetryBudget
 from llmserve.gateway.metrics import GatewayMetrics, gauge
@@ -39,7 +39,7 @@ class ModelRuntime:
     ``metrics`` and ``observers`` are the gateway's (``observers`` is its list itself,
     so services that join later are seen); ``sinks`` adds this model's window stats."""
 
-    def __init__(self, config: ModelConfig, gateway_config: GatewayConfig, *,
+    def __init__(self, config: ServedModelConfig, gateway_config: GatewayConfig, *,
                  metrics: GatewayMetrics, observers: list[RequestObserver],
                  rng: random.Random) -> None:
         self.config = config

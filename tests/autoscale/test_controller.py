@@ -354,7 +354,7 @@ async def test_the_pools_in_flight_count_is_the_gateways_own_when_reports_lag():
     queued = [asyncio.create_task(pool.acquire(REQ, PriorityClass.REALTIME)) for _ in range(3)]
     await asyncio.sleep(0)
     ctx = ctl.signals(clock.t)
-    seen = pool.signals()
+    seen = pool.stats()
     assert (seen.inflight, sum(seen.queue_depth.values())) == (4, 3)
     assert ctx.running + ctx.waiting < 4  # the fake engines report nothing running
     assert ctx.in_flight == 7

@@ -29,7 +29,7 @@ async def test_acquire_reserves_a_slot_and_release_frees_it():
     assert a.instance is inst and inst.inflight == 2
     waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
-    assert not waiting.done() and p.signals().queue_depth["realtime"] == 1
+    assert not waiting.done() and p.stats().queue_depth["realtime"] == 1
     p.release(a, Outcome.SUCCESS)
     c = await asyncio.wait_for(waiting, 1)
     assert c.instance is inst and inst.inflight == 2
@@ -68,7 +68,7 @@ async def test_a_cancelled_waiter_leaves_the_queue():
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert p.signals().queue_depth["realtime"] == 0
+    assert p.stats().queue_depth["realtime"] == 0
     assert p.queue_stats()[PriorityClass.REALTIME].removed == 1
     p.release(hold, Outcome.SUCCESS)
     assert inst.inflight == 0
@@ -143,13 +143,13 @@ async def test_signals_count_admissions_rejections_and_dispatches():
     await asyncio.sleep(0.01)
     with pytest.raises(Exception, match="queue is full"):
         await p.acquire(REQ, PriorityClass.REALTIME)
-    sig = p.signals()
+    sig = p.stats()
     assert (sig.instances, sig.routable, sig.inflight) == (1, 1, 1)
     assert sig.queue_depth == {"realtime": 1, "batch": 0}
     assert (sig.admitted_total, sig.rejected_total, sig.dispatched_total) == (2, 1, 1)
     p.release(lease, Outcome.SUCCESS)
     p.release(await waiting, Outcome.SUCCESS)
-    assert p.signals().dispatched_total == 2
+    assert p.stats().dispatched_total == 2
 
 
 async def test_a_pool_that_can_grow_queues_while_its_only_instance_drains():
