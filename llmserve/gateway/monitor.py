@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import httpx
 
 from llmserve.gateway.config import PollingConfig
-from llmserve.gateway.pool import Upstream, Pool
+from llmserve.gateway.pool import Pool, Upstream
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.load_report import LoadReport, MetricsLoadParser
 
