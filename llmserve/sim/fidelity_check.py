@@ -83,7 +83,7 @@ def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettin
 # ---- 1. the instance profile ---------------------------------------------------------------------
 def engine_config_for(serve: ServeConfig):
     """The EngineConfig each serve instance builds: its flags parsed by the engine's own parser."""
-    from llmserve.cli import add_engine_args, engine_config_from
+    from llmserve.engine.argv import add_engine_args, engine_config_from
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
