@@ -152,7 +152,7 @@ _LAYER_COMMANDS: dict[str, tuple[str, str, str, str]] = {
                  "capacity simulator: replay traffic through the live policies"),
     "gateway": ("llmserve.gateway.cli", "add_gateway_args", "run_gateway_cmd",
                 "the OpenAI-compatible gateway in front of instance pools"),
-    "serve": ("llmserve.autoscale.serve", "add_serve_args", "run_serve",
+    "serve": ("llmserve.serve.serve", "add_serve_args", "run_serve",
               "gateway + elastic controller + local instances"),
 }
 

@@ -1,6 +1,6 @@
 """A pool's capacity classes, live: the class of each start, the fall back to
 on-demand, reclaim notices, and the cost by class. The decisions are
-:mod:`llmserve.autoscale.capacity_mix`'s; what a notice does is
+:mod:`llmserve.autoscale.capacity_classes`'s; what a notice does is
 :func:`~llmserve.autoscale.effects.reclaim_effects`, the simulator's too.
 
 A reclaim notice (the provider's ``status`` gives ``reclaim_at``, or an operator
@@ -20,7 +20,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from llmserve.autoscale.book import InstanceBook
-from llmserve.autoscale.capacity_mix import (CLASSES, ON_DEMAND, SPOT, CapacityConfig, plan_mix,
+from llmserve.autoscale.capacity_classes import (CLASSES, ON_DEMAND, SPOT, CapacityConfig, plan_mix,
                                              replacement_class, spot_available)
 from llmserve.autoscale.effects import Effect, Start, Stop, reclaim_effects
 from llmserve.autoscale.managed import ManagedInstance
@@ -35,7 +35,7 @@ class NoReclaim(RuntimeError):
     """The instance cannot be reclaimed: not found, not started, or the provider cannot."""
 
 
-class CapacityClasses:
+class CapacityLedger:
     """The classes of one pool's instances: spot setbacks, reclaim notices, cost."""
 
     def __init__(self, cfg: CapacityConfig, min_instances: int, book: InstanceBook[ManagedInstance],

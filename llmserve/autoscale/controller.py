@@ -32,7 +32,7 @@ import httpx
 
 from llmserve.autoscale.book import InstanceBook
 from llmserve.autoscale.build import build_policy
-from llmserve.autoscale.capacity_actions import CapacityClasses, NoReclaim
+from llmserve.autoscale.capacity_actions import CapacityLedger, NoReclaim
 from llmserve.autoscale.collector import SignalCollector, estimate_prompt_tokens
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.controller_views import describe_instance, describe_pool, sample
@@ -100,7 +100,7 @@ class PoolController:
         self._next_id = 1
         self.executor = Executor(self.book, self.launcher, self.router, self._new_id, cfg.restart_backoff_s,
                                  cfg.max_restart_backoff_s, metrics, labels, self.key)
-        self.capacity = CapacityClasses(autoscale.capacity, autoscale.bounds.min_instances, self.book, metrics,
+        self.capacity = CapacityLedger(autoscale.capacity, autoscale.bounds.min_instances, self.book, metrics,
                                         labels, self.key)
         self.launcher.reports = LaunchReports(self.executor.started, self.executor.start_failed,
                                               self.executor.exited,

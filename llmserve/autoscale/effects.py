@@ -21,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.autoscale.capacity_mix import ON_DEMAND
+from llmserve.autoscale.capacity_classes import ON_DEMAND
 from llmserve.autoscale.probe import Probe, judge
 from llmserve.autoscale.reconcile import ScalePlan
 from llmserve.lifecycle import InstanceState

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmserve.autoscale.capacity_mix import CLASSES
+from llmserve.autoscale.capacity_classes import CLASSES
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import ALLOWED, InstanceState
 

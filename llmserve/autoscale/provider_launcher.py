@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 
 from llmserve.autoscale.book import InstanceBook
-from llmserve.autoscale.capacity_mix import ON_DEMAND, SPOT
+from llmserve.autoscale.capacity_classes import ON_DEMAND, SPOT
 from llmserve.autoscale.effects import Start
 from llmserve.autoscale.managed import ManagedInstance
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceProvider, InstanceSpec, SpotUnavailable

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
-from llmserve.autoscale.deployment import deep_merge
+from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
@@ -225,7 +225,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.calibrate:
         return run_calibrate(args)
     if args.fidelity:
-        from llmserve.sim.fidelity_check import run_fidelity
+        from llmserve.fidelity.fidelity_check import run_fidelity
 
         return run_fidelity(args, trace_from_args(args))
     if args.deployment:
@@ -277,7 +277,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_deployment(args: argparse.Namespace) -> int:
-    from llmserve.autoscale.serve_config import ServeConfig
+    from llmserve.serve.serve_config import ServeConfig
     from llmserve.sim.deployment import replay_deployment, starting_weights
 
     serve = ServeConfig.load(args.deployment)

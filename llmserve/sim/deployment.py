@@ -18,7 +18,7 @@ import random
 
 import numpy as np
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve_config import ServeConfig
 from llmserve.gateway.version_router import VersionRouter, with_weight
 from llmserve.sim.canary_replay import Rollout, replay
 from llmserve.sim.profile import InstanceProfile

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llmserve.autoscale.capacity_mix import CLASSES, ON_DEMAND
+from llmserve.autoscale.capacity_classes import CLASSES, ON_DEMAND
 from llmserve.autoscale.config import SLOConfig
 from llmserve.autoscale.usage import held_seconds
 from llmserve.percentiles import percentile as _percentile

@@ -37,7 +37,7 @@ from llmserve.autoscale.collector import (CHARS_PER_TOKEN, LATENCY_WINDOW_S, OUT
                                           SignalCollector, estimate_prompt_tokens)
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.book import InstanceBook
-from llmserve.autoscale.capacity_mix import CLASSES, SPOT, replacement_class
+from llmserve.autoscale.capacity_classes import CLASSES, SPOT, replacement_class
 from llmserve.autoscale.effects import (Advance, Draining, Effect, Start, Stop, Undrain, drain_effects, plan_effects,
                                         reclaim_effects)
 from llmserve.autoscale.executor import Executor

@@ -1,6 +1,6 @@
 """Capacity classes in the simulator: each instance's class and seeded spot reclaims.
 
-The mix is the live controller's (:func:`~llmserve.autoscale.capacity_mix.plan_mix`,
+The mix is the live controller's (:func:`~llmserve.autoscale.capacity_classes.plan_mix`,
 the same inputs); a reclaim notice becomes the live controller's effects
 (:func:`~llmserve.autoscale.effects.reclaim_effects`): the instance drains at
 once and a replacement starts at once; at the deadline whatever is still running
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llmserve.autoscale.capacity_mix import ON_DEMAND, SPOT, CapacityConfig, plan_mix
+from llmserve.autoscale.capacity_classes import ON_DEMAND, SPOT, CapacityConfig, plan_mix
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 import pytest
 
-from llmserve.autoscale.capacity import CapacityEstimate, update_capacity
+from llmserve.autoscale.saturation import CapacityEstimate, update_capacity
 from llmserve.autoscale.config import PredictiveConfig
 from llmserve.autoscale.signals import PoolSignals
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from llmserve.autoscale.capacity_actions import NoReclaim
 
-from llmserve.autoscale.capacity_mix import CapacityConfig, SpotConfig
+from llmserve.autoscale.capacity_classes import CapacityConfig, SpotConfig
 from llmserve.lifecycle import InstanceState as S
 from llmserve.autoscale.metrics import AutoscaleMetrics
 from llmserve.gateway.balancer import RouteRequest

@@ -112,7 +112,7 @@ def test_int8_default_meets_the_quality_bar_on_held_out_text(smollm2_path, model
     from pathlib import Path
 
     from llmserve.models.llama import LlamaForCausalLM
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
     from llmserve.models.quant import round_activations
     from llmserve.models.weights import linear_factory_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve_config import ServeConfig
 from llmserve.sim.deployment import simulate_deployment, split_trace, starting_weights
 
 from .test_simulator import short_trace, small_profile

@@ -12,7 +12,7 @@ import pytest
 
 from llmserve.bench.tokenizer import WordCountTokenizer
 from llmserve.sim.fidelity import Row, compare, markdown, side_figures
-from llmserve.sim.live_replay import startups, trace_requests, typical_startup
+from llmserve.fidelity.live_replay import startups, trace_requests, typical_startup
 from llmserve.sim.profile import load_profile
 from llmserve.sim.traces import LengthDist, from_csv, ramp
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from llmserve.autoscale.providers.process import _die_with_parent
 
-PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.loading", "llmserve.server.entry")
+PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.model_source", "llmserve.server.entry")
 # Read at torch's import: a spec that sets one of these is spawned, not forked.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "LD_", "PYTHON")
 
