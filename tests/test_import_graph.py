@@ -35,3 +35,15 @@ def test_no_module_of_llmserve_imports_in_a_circle():
     packages = {".".join(["llmserve", *p.parent.relative_to(root).parts]) for p in root.rglob("__init__.py")}
     assert len(packages) > 5 and packages <= set(graph)
     assert all(any(m.startswith(f"{pkg}.") for m in graph) for pkg in packages)  # their modules too
+
+
+def test_the_simulator_does_not_import_the_live_fidelity_harness():
+    """``llmserve.sim`` is the pure simulator; only its command line reaches the live
+    harness (``llmserve.fidelity``, for ``--fidelity``)."""
+    import llmserve
+    from tests.import_graph import import_graph
+
+    graph = import_graph(Path(llmserve.__file__).parent, "llmserve")
+    sim = {m for m in graph if m.startswith("llmserve.sim.") and m != "llmserve.sim.cli"}
+    assert sim and not {d for m in sim for d in graph[m] if d.startswith("llmserve.fidelity")}
+    assert not {d for d in graph["llmserve.sim.simulator"] if d.startswith(("llmserve.serve", "llmserve.cli"))}
