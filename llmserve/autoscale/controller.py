@@ -183,7 +183,7 @@ class PoolController:
         why = "controller shutting down"
         for inst in self.book:
             if inst.state is not S.STOPPING:
-                if inst.state is S.READY:
+                if inst.state is S.READY:  # out through draining, but not timed as a drain
                     self.book.transition(inst, S.DRAINING, why)
                 self.executor.apply([Stop(inst.id, why)], self.clock())
         tasks = list(self.launcher.tasks.values())
