@@ -46,7 +46,7 @@ def configure(model, one_byte: tuple[str, ...] | None) -> None:
 
 def main() -> None:
     from llmserve.models.llama import LlamaForCausalLM
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
     from llmserve.models.store import default_store_dir, resolve
     from llmserve.models.weights import linear_factory_for

@@ -67,7 +67,7 @@ class _Smoothed:
 def main() -> None:
     from llmserve import LLM, SamplingParams
     from llmserve.models.llama import LlamaForCausalLM
-    from llmserve.models.loading import load_weights
+    from llmserve.models.model_source import load_weights
     from llmserve.models.perplexity import perplexity
     from llmserve.models.quant import w8a8_factory
     from llmserve.models.store import default_store_dir, resolve

@@ -60,7 +60,7 @@ def main() -> None:
     tok = base.get_tokenizer()
     ids = tok.encode(Path(os.__file__).with_name("LICENSE.txt").read_text())[:3000]
     # The converted fp32 weights, straight from the store's cache.
-    from llmserve.models.loading import load_weights
+    from llmserve.models.model_source import load_weights
     from llmserve.models.store import default_store_dir, resolve
 
     mc, w = load_weights(resolve("SmolLM2-135M-Instruct", default_store_dir()), default_store_dir())

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from llmserve.percentiles import percentile
 
 
 def pct(values: list[float], p: float) -> float:
-    return float(np.percentile(values, p)) if values else float("nan")
+    """The project's percentile (nearest rank: ``llmserve.percentiles``); NaN when empty."""
+    return percentile(values, p, empty=float("nan"))
 
 
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -1,6 +1,7 @@
 """``llmserve`` — one console script, one subcommand per job.
 
-Environment variables are read here and nowhere deeper: ``LLMSERVE_MODEL_STORE``
+Environment variables are read by the entry points only (here, ``engine/argv.py`` and
+the instance's own ``server/entry.py``, which ``llmserve engine`` runs): ``LLMSERVE_MODEL_STORE``
 sets the default model store; ``LLMSERVE_API_KEY`` is one more key ``llmserve
 engine`` accepts (how ``serve`` hands its instances their key: an environment
 variable is not in ``ps`` output, a command-line flag is); ``LLMSERVE_NO_KERNELS``
@@ -18,27 +19,21 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
 def _store_default() -> str | None:
-    return os.environ.get("LLMSERVE_MODEL_STORE")
+    from llmserve.engine.argv import model_store_default
+
+    return model_store_default()
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine flags, generated from ``EngineConfig`` (named as in ``vllm serve``)."""
-    from llmserve.engine.config import EngineConfig
-    from llmserve.flags import add_flags
+    from llmserve.engine.argv import add_engine_args as add
 
-    add_flags(p.add_argument_group("engine"), EngineConfig)
+    add(p)
 
 
 def engine_config_from(args: argparse.Namespace):
-    from llmserve.engine.config import EngineConfig
-    from llmserve.flags import given
+    from llmserve.engine.argv import engine_config_from as read
 
-    kw = given(EngineConfig, args)
-    if kw.get("model_store") is None and _store_default():
-        kw["model_store"] = _store_default()
-    if getattr(args, "served_model_name", None):
-        kw["served_model_name"] = args.served_model_name[0]
-    return EngineConfig(**kw)
+    return read(args)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -116,31 +111,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    from llmserve.flags import add_flags
-    from llmserve.server.config import ServerConfig
+    from llmserve.server.entry import add_server_args as add
 
-    add_flags(p.add_argument_group("server"), ServerConfig)
+    add(p)
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    # numpy's OpenBLAS pool would start a thread at import; the engine process is forked
-    # from this one, which must then have one thread (torch does the arithmetic).
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from llmserve.flags import given
-    from llmserve.server.app import run_server
-    from llmserve.server.config import ServerConfig
+    from llmserve.server.entry import serve
 
-    env_key = os.environ.get("LLMSERVE_API_KEY")
-    server = given(ServerConfig, args)
-    server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
-    server.setdefault("otlp_endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
-    scfg = ServerConfig(**server)
-    ecfg = engine_config_from(args)
-    if ecfg.threads is None:  # its share of this machine's cores
-        from llmserve.engine.threads import available_cores, engine_threads
-
-        ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores(), ecfg.instances)})
-    return run_server(ecfg, scfg)
+    return serve(args)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -173,7 +152,7 @@ _LAYER_COMMANDS: dict[str, tuple[str, str, str, str]] = {
                  "capacity simulator: replay traffic through the live policies"),
     "gateway": ("llmserve.gateway.cli", "add_gateway_args", "run_gateway_cmd",
                 "the OpenAI-compatible gateway in front of instance pools"),
-    "serve": ("llmserve.autoscale.serve", "add_serve_args", "run_serve",
+    "serve": ("llmserve.serve.serve", "add_serve_args", "run_serve",
               "gateway + elastic controller + local instances"),
 }
 

@@ -35,34 +35,48 @@ import enum
 import json
 import socket
 import struct
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import httptools
+from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from llmserve.api.errors import error_body, error_type
 
 
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    """The limits, in the units the protocol checks; each server's config chooses them."""
+Count = Annotated[int, Field(ge=1)]
+Seconds = Annotated[float, Field(gt=0.0)]
 
-    max_header_bytes: int  # all header names and values of one request together
-    max_url_bytes: int  # the request target, query string included
-    header_timeout_s: float  # to receive a request's whole head
-    body_timeout_s: float  # to receive a request's whole body once its head is in
-    send_timeout_s: float  # longest a response may wait on a client that reads nothing
-    keep_alive_timeout_s: float  # idle time between requests on one connection
-    max_connections: int  # open connections served; a request beyond gets 503
 
-    def __post_init__(self) -> None:
-        for name in ("max_header_bytes", "max_url_bytes", "max_connections"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be above 0")
+class HttpLimits(BaseModel):
+    """The limits, in the units the protocol checks, validated once by this model.
+
+    Both servers' configs are this model: the instance's ``ServerConfig`` (its fields
+    are its flags) and the gateway's ``limits:`` section, each with its own defaults
+    (the ones here are the instance's); :meth:`http_limits` gives the limits alone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # All header names and values of one request together. The gateway forwards a few
+    # small headers, so 16 KiB is far above any legitimate request's to an instance.
+    max_header_bytes: Count = 16 << 10
+    max_url_bytes: Count = 8 << 10  # the request target, query string included; nginx's line cap
+    # To receive a request's whole head, then its whole body: the gateway, over a local
+    # network, sends each in one go; a 4 MiB body at 30 s needs only ~140 KB/s.
+    header_timeout_s: Seconds = 10.0
+    body_timeout_s: Seconds = 30.0
+    # Longest a response may wait on a client that reads nothing (nginx's send_timeout is 60 s).
+    send_timeout_s: Seconds = 30.0
+    # Idle time between requests on one connection: above the gateway's upstream keep-alive
+    # expiry (4 s), so it never reuses a connection the instance is closing.
+    keep_alive_timeout_s: Seconds = 5.0
+    # Open connections served, a request beyond gets 503: the gateway's pool plus direct
+    # clients, with room above the request queue and the running batch.
+    max_connections: Count = 1024
+
+    def http_limits(self) -> HttpLimits:
+        """The limits alone (a server config holds more)."""
+        return HttpLimits(**{name: getattr(self, name) for name in HttpLimits.model_fields})
 
 
 def uvicorn_options(limits: HttpLimits) -> dict[str, Any]:

@@ -77,11 +77,11 @@ ALLOWED: dict[InstanceState, frozenset[InstanceState]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
+class LifecycleError(RuntimeError):
     """An instance was asked to move between states that do not connect."""
 
 
 def check_transition(old: InstanceState, new: InstanceState) -> None:
-    """Raise :class:`InvalidTransition` unless ``old -> new`` is allowed."""
+    """Raise :class:`LifecycleError` unless ``old -> new`` is allowed."""
     if new not in ALLOWED[old]:
-        raise InvalidTransition(f"instance cannot go from {old.value} to {new.value}")
+        raise LifecycleError(f"instance cannot go from {old.value} to {new.value}")

@@ -1,18 +1,45 @@
-"""The one percentile the live system and the simulator's signals use: nearest rank.
+"""The one percentile of the project: nearest rank, for decisions and reports alike.
 
-Nearest rank (not interpolation) so a p99 is a latency some request really had;
-the epsilon keeps ``q / 100 * n`` from rounding up past an exact rank.
+The live system's signals and canary checks, the simulator's summaries, the
+fidelity report, the benchmark client and the benchmark scripts all call
+:func:`percentile`. Nearest rank (Hyndman and Fan's type 1, numpy's
+``method="inverted_cdf"``), not interpolation: a p99 is a latency some request
+really had, and the simulator reports what the live controller would have seen.
+The epsilon keeps ``q / 100 * n`` from rounding up past an exact rank.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def nearest_rank(sorted_values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (``q`` in [0, 100]) of an ascending list; None when empty."""
-    if not sorted_values:
-        return None
-    n = len(sorted_values)
-    k = max(0, min(n - 1, math.ceil(q / 100.0 * n - 1e-9) - 1))
-    return sorted_values[k]
+def rank(n: int, q: float) -> int:
+    """The 0-based index of the ``q``-th percentile (``q`` in [0, 100]) among ``n`` sorted values."""
+    return max(0, min(n - 1, math.ceil(q / 100.0 * n - 1e-9) - 1))
+
+
+def percentile(values: Iterable[float], q: float, *, is_sorted: bool = False, empty: T = None) -> float | T:
+    """The ``q``-th percentile of ``values`` (NaNs left out); ``empty`` when there are none.
+
+    ``is_sorted``: the values are an ascending list without NaNs (the live windows
+    keep theirs sorted), so they are not copied and sorted again."""
+    if is_sorted:
+        ordered = values if isinstance(values, list) else list(values)
+    elif hasattr(values, "dtype"):  # a numpy array: partition, do not sort in Python
+        import numpy as np
+
+        arr = np.asarray(values, dtype=float)
+        arr = arr[~np.isnan(arr)]
+        if not len(arr):
+            return empty
+        k = rank(len(arr), q)
+        return float(np.partition(arr, k)[k])
+    else:
+        ordered = sorted(v for v in values if v == v)  # v != v: NaN
+    if not ordered:
+        return empty
+    return ordered[rank(len(ordered), q)]

@@ -1,6 +1,7 @@
 """A package's import graph from its source, every import counted: at the top, inside
 functions and under ``if TYPE_CHECKING:`` (a type-only cycle is still two modules that
-cannot be understood apart). Used by the no-cycle tests of each package."""
+cannot be understood apart). Used by the no-cycle test of the whole of ``llmserve``
+(tests/test_import_graph.py) and those of the gateway and the engine."""
 
 from __future__ import annotations
 

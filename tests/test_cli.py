@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-LAYERS = ("llmserve.bench.cli", "llmserve.sim.cli", "llmserve.gateway.cli", "llmserve.autoscale.serve")
+LAYERS = ("llmserve.bench.cli", "llmserve.sim.cli", "llmserve.gateway.cli", "llmserve.serve.serve")
 
 
 def _imported_after(argv: list[str]) -> set[str]:

@@ -161,3 +161,17 @@ def test_limits_are_validated():
                    send_timeout_s=1, keep_alive_timeout_s=1, max_connections=1)
     opts = uvicorn_options(LIMITS)
     assert opts["limit_concurrency"] == 6 and opts["http"].limits is LIMITS
+
+
+def test_both_servers_configs_are_the_one_limits_model_with_their_own_defaults():
+    from llmserve.gateway.config import LimitsConfig
+    from llmserve.server.config import ServerConfig
+
+    instance, gateway = ServerConfig().http_limits(), LimitsConfig().http_limits()
+    assert type(instance) is type(gateway) is HttpLimits
+    assert instance == HttpLimits() and gateway.max_header_bytes == 2 * instance.max_header_bytes
+    for make in (ServerConfig, LimitsConfig):  # validated once, by the shared model's types
+        with pytest.raises(ValueError, match="send_timeout_s"):
+            make(send_timeout_s=0)
+        with pytest.raises(ValueError, match="max_connections"):
+            make(max_connections=0)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmserve.lifecycle import ALLOWED, InstanceState as S, InvalidTransition, check_transition
+from llmserve.lifecycle import ALLOWED, InstanceState as S, LifecycleError, check_transition
 
 LIVE = (S.STARTING, S.WARMING, S.READY, S.DRAINING)
 
@@ -58,7 +58,7 @@ def test_a_stopping_instance_is_billed_but_not_capacity():
                                      (S.READY, S.STOPPING), (S.STOPPING, S.READY), (S.STOPPING, S.DRAINING),
                                      (S.FAILED, S.STOPPING)])
 def test_forbidden_transitions(old, new):
-    with pytest.raises(InvalidTransition):
+    with pytest.raises(LifecycleError):
         check_transition(old, new)
 
 

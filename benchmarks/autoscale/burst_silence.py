@@ -27,7 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llmserve.autoscale.serve_process import ServeProcess  # noqa: E402
+from llmserve.serve.serve_process import ServeProcess  # noqa: E402
 from tests.helpers import make_tiny_llama  # noqa: E402
 
 QUIET_S, BURST_S, SILENCE_S, CLIENTS = 15.0, 45.0, 120.0, 12

@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llmserve.autoscale.serve_process import ServeProcess  # noqa: E402
+from llmserve.serve.serve_process import ServeProcess  # noqa: E402
 
 
 def config(llama: str, gguf: str) -> dict:

@@ -2,10 +2,10 @@
 
 Each policy gets the same trace (trough at the start and end, the day's peak in
 the middle, a burst of ``--burst-factor`` times the rate at 70 % of the day),
-replayed live by the fidelity check's own replay (:mod:`llmserve.sim.live_replay`:
+replayed live by the fidelity check's own replay (:mod:`llmserve.fidelity.live_replay`:
 serve as a child process, the bench client at the trace's arrival times, exact
 prompt and output lengths) and simulated the way the fidelity check simulates
-(:func:`llmserve.sim.fidelity_check.simulate_like`: serve's own autoscale,
+(:func:`llmserve.fidelity.fidelity_check.simulate_like`: serve's own autoscale,
 gateway and controller settings, the HTTP-calibrated ``--profile`` with the cold
 start measured live). Per policy: requests sent / ok / failed (lost must be 0),
 TTFT SLO attainment, instance-seconds, live against simulated, and a plot of
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from llmserve.autoscale.config import POLICY_NAMES  # noqa: E402
-from llmserve.autoscale.serve_config import ServeConfig  # noqa: E402
+from llmserve.serve.serve_config import ServeConfig  # noqa: E402
 from llmserve.autoscale.usage import Span, spans_from_events  # noqa: E402
 from llmserve.sim.fidelity import compare, markdown  # noqa: E402
 from llmserve.sim.traces import LengthDist, Trace, from_rate_curve  # noqa: E402
@@ -125,8 +125,8 @@ def plot(path: Path, trace: Trace, policy: str, live_spans: list[Span], sim_span
 def run_policy(policy: str, base: dict, trace: Trace, profile, tok, seed: int, out: Path) -> dict[str, Any]:
     from dataclasses import replace
 
-    from llmserve.sim.fidelity_check import live_figures, sim_figures, simulate_like
-    from llmserve.sim.live_replay import replay_live, startups, typical_startup
+    from llmserve.fidelity.fidelity_check import live_figures, sim_figures, simulate_like
+    from llmserve.fidelity.live_replay import replay_live, startups, typical_startup
 
     cfg = policy_config(base, policy)
     serve = ServeConfig.model_validate(cfg)
@@ -151,8 +151,8 @@ def run_policy(policy: str, base: dict, trace: Trace, profile, tok, seed: int, o
 
 def calibrated_profile(base: dict, serve: ServeConfig, tok, out: Path, seed: int):
     """The fidelity check's HTTP calibration of ``base``'s instances; writes profile.json and calibration.csv."""
-    from llmserve.sim.fidelity_check import measure_profile_http
-    from llmserve.sim.http_measure import write_observations
+    from llmserve.fidelity.fidelity_check import measure_profile_http
+    from llmserve.fidelity.http_measure import write_observations
     from llmserve.sim.profile import save_profile
 
     with tempfile.TemporaryDirectory(prefix="llmserve-soak-calibration-") as tmp:
@@ -180,7 +180,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from llmserve.bench.tokenizer import load_tokenizer
-    from llmserve.sim.fidelity_check import model_source
+    from llmserve.fidelity.fidelity_check import model_source
     from llmserve.sim.profile import load_profile
 
     base = yaml.safe_load(Path(args.config).read_text())

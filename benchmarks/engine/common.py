@@ -53,7 +53,7 @@ class Loaded:
 
 
 def load(name: str = MODEL) -> Loaded:
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.store import default_store_dir, resolve
 
     store = default_store_dir()

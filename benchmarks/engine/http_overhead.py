@@ -271,7 +271,7 @@ def main() -> None:
     m = load()
     start = None if args.skip_startup else startup_times(args, m, engine_args, logdir)
 
-    from llmserve.models.loading import cache_dir
+    from llmserve.models.model_source import cache_dir
 
     tok = bench_tokenizer(cache_dir(m.source, m.store))
     core = m.core(**engine_opts)

@@ -44,7 +44,7 @@ SCHEMAS = {
 
 
 def load_tokenizer(store: Path):
-    from llmserve.models.loading import load_tokenizer as load
+    from llmserve.models.model_source import load_tokenizer as load
     from llmserve.models.store import resolve
 
     return load(resolve("SmolLM2-135M-Instruct", store), store)

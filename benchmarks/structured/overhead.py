@@ -119,7 +119,7 @@ def run(core, tok, variant: str, c: int, tokens: int, rep: int) -> dict:
 
 
 def load(store: str | None) -> Loaded:
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.store import default_store_dir, resolve
 
     folder = Path(store) if store else default_store_dir()

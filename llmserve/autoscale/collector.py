@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Mapping, Protocol
 
-from llmserve.autoscale.capacity import modelled_capacity
+from llmserve.autoscale.saturation import modelled_capacity
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import InstanceState
-from llmserve.percentiles import nearest_rank as percentile
+from llmserve.percentiles import percentile
 
 SIGNAL_WINDOW_S = 10.0  # arrival rates
 LATENCY_WINDOW_S = 30.0  # TTFT and e2e percentiles: longer, a p99 needs samples
@@ -154,10 +154,10 @@ class SignalCollector:
             waiting=waiting,
             running=running,
             dispatched=dispatched,
-            ttft_p50=percentile(ttft, 50),
-            ttft_p99=percentile(ttft, 99),
-            e2e_p50=percentile(e2e, 50),
-            e2e_p99=percentile(e2e, 99),
+            ttft_p50=percentile(ttft, 50, is_sorted=True),
+            ttft_p99=percentile(ttft, 99, is_sorted=True),
+            e2e_p50=percentile(e2e, 50, is_sorted=True),
+            e2e_p99=percentile(e2e, 99, is_sorted=True),
             busy_fraction=busy / d,
             kv_usage=kv / d,
             batch_fill=fill / d,

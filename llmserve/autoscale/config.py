@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmserve.autoscale.capacity_mix import CapacityConfig
+from llmserve.autoscale.capacity_classes import CapacityConfig
 from llmserve.flags import Flag
 
 PolicyName = Literal["threshold", "kpa", "predictive", "static"]
@@ -135,7 +135,7 @@ class PredictiveConfig(_Config):
     ``lead_time_s`` is how far ahead capacity must be started: the cold start plus
     one controller tick. ``capacity_tokens_per_s`` is the prior for one instance's
     saturation throughput (prompt + output tokens/s with every batch seat taken);
-    the policy measures it online (:mod:`llmserve.autoscale.capacity`): from the
+    the policy measures it online (:mod:`llmserve.autoscale.saturation`): from the
     step models llmserve instances report (the first replaces the prior), and from
     saturated ticks, and plans each instance at ``target_utilisation`` of it.
     ``capacity_from_model: false`` ignores the step models (a test that stands a

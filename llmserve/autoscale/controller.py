@@ -1,31 +1,23 @@
-"""The elastic controller: the one owner of a pool's instances and their lifecycle.
+"""The elastic controller of one pool: observe, decide, act through effects.
 
 Each probe interval it looks at every instance (the provider: is the process
 there? the engine: what does ``/ready`` say? asked of ready instances every
-``ready_probe_interval_s``) and moves it along
-``starting -> warming -> ready -> draining -> stopping -> stopped`` (or ``failed``). Each
-tick it builds the pool's signals (arrivals, TTFT and e2e seen by the gateway's
-request observers; queue depth from the gateway's pool; running, waiting, KV,
-busy fraction and throughput from the ready instances' ``/load`` reports), asks
-the policy stack built by :func:`~llmserve.autoscale.build_policy` for a count,
-and reconciles with :func:`~llmserve.autoscale.reconcile.plan_scaling`, the same
-code the simulator runs.
+``ready_probe_interval_s``). Each tick it builds the pool's signals (arrivals,
+TTFT and e2e from the gateway's request observers; queue depth from the pool;
+load from the ready instances' ``/load`` reports) and takes
+:func:`~llmserve.autoscale.scaling_step.scaling_step`, the simulator's code too.
+Whatever it observes or decides becomes effects (:mod:`llmserve.autoscale.effects`)
+that its :class:`~llmserve.autoscale.executor.Executor` applies to its
+:class:`~llmserve.autoscale.book.InstanceBook`, the provider and the gateway pool.
 
-The rules that protect requests:
-
-- an instance joins the gateway's pool only once ``/ready`` answered 200 (weights
-  loaded, warm-up ran), so a cold instance never gets traffic;
-- draining first marks it draining in the pool (no new requests), waits until the
-  gateway has nothing in flight to it and the engine reports nothing running or
-  waiting (or ``drain_timeout_s`` passes), removes it from the pool, and only then
-  stops it (``stopping``: SIGTERM, the engine drains whatever is left and exits 0;
-  ``stopped`` once it has exited);
-- an instance that fails (process exited, actor died, engine dead under a live
-  process, unreachable for ``unready_grace_s``) leaves the pool at once and is
-  replaced, with a backoff while replacements keep failing before they get ready.
-
-Every transition is an :class:`~llmserve.autoscale.history.Event` with a time and
-a reason; every tick's decision is kept with the policy's reason.
+The rules that protect requests: an instance joins the gateway's pool only once
+``/ready`` answered 200 (a cold instance never gets traffic); a drain stops new
+requests, waits until neither the gateway nor the engine has any in flight (or
+``drain_timeout_s``), then leaves the pool and stops (``stopping``: SIGTERM;
+``stopped`` once it exited); a failed instance (exited, died, unreachable for
+``unready_grace_s``) leaves the pool at once and is replaced, with a back-off
+while replacements fail before they get ready. Every transition is a
+:class:`~llmserve.autoscale.history.Event` with a time and a reason.
 """
 
 from __future__ import annotations
@@ -33,25 +25,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from llmserve.autoscale.book import InstanceBook
 from llmserve.autoscale.build import build_policy
-from llmserve.autoscale.capacity_actions import CapacityActions
+from llmserve.autoscale.capacity_actions import CapacityLedger, NoReclaim
 from llmserve.autoscale.collector import SignalCollector, estimate_prompt_tokens
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.controller_views import ControllerViews
-from llmserve.autoscale.instance_actions import InstanceActions
+from llmserve.autoscale.controller_views import describe_instance, describe_pool, sample
+from llmserve.autoscale.effects import Draining, Effect, Fail, Start, Stop, drain_effects, plan_effects, probe_effects
+from llmserve.autoscale.executor import Executor
 from llmserve.autoscale.history import History
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance
 from llmserve.autoscale.metrics import AutoscaleMetrics
-from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Probe, Prober, judge, path
+from llmserve.autoscale.overrides import ManualOverride
+from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Prober
+from llmserve.autoscale.provider_launcher import LaunchReports, PoolRouter, ProviderLauncher
 from llmserve.autoscale.providers.base import InstanceProvider, InstanceSpec, RunStatus
-from llmserve.autoscale.capacity_mix import ON_DEMAND
-from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
+from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan
 from llmserve.autoscale.scaling_step import Override, Planner, scaling_step
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.gateway.pool import Pool
@@ -60,17 +54,19 @@ from llmserve.lifecycle import InstanceState
 log = logging.getLogger(__name__)
 S = InstanceState
 
+__all__ = ["ControllerConfig", "NoReclaim", "PoolController"]
 
 SpecFactory = Callable[[str], InstanceSpec]
 
 
-class PoolController(InstanceActions, CapacityActions, ControllerViews):
+class PoolController:
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
     for the dashboard) and a request observer (the gateway calls ``on_arrival``,
     ``on_first_token`` and ``on_finish`` for every request; those of other pools
-    are ignored).
+    are ignored). Its instances are its :class:`InstanceBook`'s; every change to
+    them is an effect its :class:`Executor` applies.
     """
 
     def __init__(self, pool: Pool, model: str, version: str, autoscale: AutoscaleConfig,
@@ -87,37 +83,81 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
         self.version = version
         self.autoscale = autoscale
         self.provider = provider
-        self.spec_factory = spec_factory
-        self.config = config or ControllerConfig()
+        self.config = cfg = config or ControllerConfig()
         self.metrics = metrics
         self.clock = clock
         self.wall = wall
         self.policy = build_policy(autoscale)
         self.policy_state: Any = self.policy.initial_state()
-        cfg = self.config
         self.collector = SignalCollector(cfg.signal_window_s, cfg.latency_window_s, cfg.output_tokens_prior)
         self.history = History()
-        self.instances: dict[str, ManagedInstance] = {}  # not yet stopped or failed
-        self.finished: deque[ManagedInstance] = deque(maxlen=100)
+        self.book: InstanceBook[ManagedInstance] = InstanceBook(clock, wall, self.history)
+        self.book.listeners.append(self._heard)
+        labels = (model, version)
+        self.launcher = ProviderLauncher(self.book, provider, spec_factory, cfg.stop_grace_s, self.key)
+        self.router = PoolRouter(self.book, pool)
+        self._prefix = id_prefix if id_prefix is not None else f"{version}-"
+        self._next_id = 1
+        self.executor = Executor(self.book, self.launcher, self.router, self._new_id, cfg.restart_backoff_s,
+                                 cfg.max_restart_backoff_s, metrics, labels, self.key)
+        self.capacity = CapacityLedger(autoscale.capacity, autoscale.bounds.min_instances, self.book, metrics,
+                                        labels, self.key)
+        self.launcher.reports = LaunchReports(self.executor.started, self.executor.start_failed,
+                                              self.executor.exited,
+                                              lambda inst, why: self.capacity.setback(inst, "refused", why))
         self.desired = 0
         self.last_signals: PoolSignals | None = None
-        self.override: Override | None = None
+        self.manual = ManualOverride(autoscale.bounds.max_instances, self.history, clock, wall, labels, metrics)
         self._prober = prober
         self._endpoints = endpoints  # None: llmserve engine's /ready and /load
         self._probe_headers = {"authorization": f"Bearer {instance_api_key}"} if instance_api_key else None
         self._client: httpx.AsyncClient | None = None
-        self._prefix = id_prefix if id_prefix is not None else f"{version}-"
-        self._next_id = 1
-        self._tasks: dict[str, asyncio.Task] = {}  # start or stop in progress, by instance id
-        self._replacements: deque[str] = deque()  # ids of failed instances owed a replacement
-        self._failures_before_ready = 0
-        self._start_not_before = 0.0
         self._last_billing: float | None = None
         self._next_tick: float | None = None
         self._loop_task: asyncio.Task | None = None
-        self._init_capacity()
         if metrics is not None:
             metrics.attach(self)
+
+    def _new_id(self) -> str:
+        iid = f"{self._prefix}{self._next_id}"
+        self._next_id += 1
+        return iid
+
+    def _heard(self, inst: ManagedInstance, old: InstanceState, new: InstanceState, now: float) -> None:
+        log.info("%s: %s %s -> %s (%s)", self.key, inst.id, old.value, new.value, inst.reason)
+        if self.metrics is not None:
+            self.metrics.transitions.labels(self.model, self.version, old.value, new.value).inc()
+
+    # ---- the book's records, read ------------------------------------------------------------
+    @property
+    def instances(self) -> dict:
+        return self.book.instances
+
+    @property
+    def metrics(self) -> AutoscaleMetrics | None:
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: AutoscaleMetrics | None) -> None:
+        self._metrics = metrics  # its parts count into the same
+        for part in filter(None, (getattr(self, n, None) for n in ("executor", "capacity", "manual"))):
+            part.metrics = metrics
+
+    @property
+    def cost_dollars(self) -> dict[str, float]:
+        return self.capacity.cost_dollars
+
+    def counts(self) -> dict[InstanceState, int]:
+        return self.book.counts()
+
+    def provisioned(self) -> int:
+        return self.book.provisioned()
+
+    def class_counts(self) -> dict[str, int]:
+        return self.capacity.class_counts()
+
+    def spot_ok(self, now: float) -> bool:
+        return self.capacity.spot_ok(now)
 
     # ---- gateway service ---------------------------------------------------------------
     @property
@@ -140,12 +180,13 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
                 pass
         if self.instances:
             log.info("%s: stopping %d instance(s)", self.key, len(self.instances))
-        for inst in list(self.instances.values()):
+        why = "controller shutting down"
+        for inst in self.book:
             if inst.state is not S.STOPPING:
-                if inst.state is S.READY:
-                    self._transition(inst, S.DRAINING, "controller shutting down")
-                self._begin_stop(inst, "controller shutting down")
-        tasks = list(self._tasks.values())
+                if inst.state is S.READY:  # out through draining, but not timed as a drain
+                    self.book.transition(inst, S.DRAINING, why)
+                self.executor.apply([Stop(inst.id, why)], self.clock())
+        tasks = list(self.launcher.tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._close_provider:
@@ -186,38 +227,33 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
         if ok and model == self.model and version == self.version:
             self.collector.record_finish(t, e2e_s, output_tokens)
 
-    # ---- counts ------------------------------------------------------------------------------
-    def counts(self) -> dict[InstanceState, int]:
-        out = {s: 0 for s in InstanceState}
-        for i in self.instances.values():
-            out[i.state] += 1
-        return out
-
-    def provisioned(self) -> int:
-        return sum(1 for i in self.instances.values() if i.state.provisioned)
-
     # ---- observing ---------------------------------------------------------------------------
     async def observe(self) -> None:
         now = self.clock()
         self._bill(now)
-        live = [i for i in self.instances.values() if i.handle is not None and i.state is not S.STOPPING]
+        live = [i for i in self.book if i.handle is not None and i.state is not S.STOPPING]
         runs = await asyncio.gather(*(self.provider.status(i.handle) for i in live))
         due = [(i, run) for i, run in zip(live, runs) if self._probe_due(i, now)]
         probes = await asyncio.gather(*(self._prober.ready(i.handle, run) for i, run in due))
         now = self.clock()
+        act = self.executor.apply
         for (inst, _), probe in zip(due, probes):
             inst.last_probe, inst.probed_at = probe, now
-            self._judge(inst, probe, now)
+            act(probe_effects(inst.id, inst.state, probe, now - inst.created, self.config.start_timeout_s), now)
         for inst, run in zip(live, runs):
             if inst.state in (S.READY, S.DRAINING):
-                self._watch_serving(inst, run, now)
-        self._watch_capacity(live, runs, now)  # reclaim notices, slow spot starts
-        for inst in list(self.instances.values()):
-            if inst.handle is None and inst.state is not S.STOPPING and \
-                    now - inst.created > self.config.start_timeout_s:
-                self._fail(inst, f"the provider gave no address within {self.config.start_timeout_s:g}s")
+                act(self._watch_serving(inst, run, now), now)
+        for inst, run in zip(live, runs):
+            if run.reclaim_at is not None and inst.reclaim_at is None:
+                act(self.capacity.notice(inst, run.reclaim_at), now)
+        for effects in self.capacity.slow_spot(now):
+            act(effects, now)
+        timeout = self.config.start_timeout_s
+        act([Fail(i.id, f"the provider gave no address within {timeout:g}s") for i in self.book
+             if i.handle is None and i.state is not S.STOPPING and now - i.created > timeout], now)
         await self._advance_drains(now)
-        self._start_replacements(now)
+        act([Start(f"replaces {failed}, which failed", self.capacity.replacement_class(failed), replaces=failed)
+             for failed in self.executor.due_replacements(now)], now)
 
     def _probe_due(self, inst: ManagedInstance, now: float) -> bool:
         if inst.state in (S.STARTING, S.WARMING):
@@ -225,64 +261,51 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
         return inst.state is S.READY and (
             inst.probed_at is None or now - inst.probed_at >= self.config.ready_probe_interval_s)
 
-    def _judge(self, inst: ManagedInstance, probe: Probe, now: float) -> None:
+    def _watch_serving(self, inst: ManagedInstance, run: RunStatus, now: float) -> list[Effect]:
         if inst.id not in self.instances:
-            return
-        verdict = judge(inst.state, probe, now - inst.created, self.config.start_timeout_s)
-        if verdict is None:
-            return
-        target, reason = verdict
-        if target is S.FAILED:
-            self._fail(inst, reason)
-            return
-        for state in path(inst.state, target):
-            self._transition(inst, state, reason)
-        if inst.state is S.READY:
-            self._join_pool(inst, now)
-
-    def _watch_serving(self, inst: ManagedInstance, run: RunStatus, now: float) -> None:
+            return []
         if run.gone:
-            self._fail(inst, f"{run.detail or run.state.value} while {inst.state.value}")
-            return
+            return [Fail(inst.id, f"{run.detail or run.state.value} while {inst.state.value}")]
         seen = self.pool.get(inst.id)
         if seen is None or seen.ready or inst.state is not S.READY:
             inst.unready_since = None
-            return
+            return []
         if inst.unready_since is None:
             inst.unready_since = now
         elif now - inst.unready_since > self.config.unready_grace_s:
-            self._fail(inst, f"not answering /ready for {now - inst.unready_since:.0f}s")
+            return [Fail(inst.id, f"not answering /ready for {now - inst.unready_since:.0f}s")]
+        return []
 
     async def _advance_drains(self, now: float) -> None:
-        draining = [i for i in self.instances.values() if i.state is S.DRAINING]
+        draining = self.book.in_state(S.DRAINING)
         if not draining:
             return
         loads = await asyncio.gather(*(self._prober.load(i.handle) for i in draining))
+        seen = []
         for inst, report in zip(draining, loads):
             if inst.state is not S.DRAINING:
                 continue  # revived, failed or stopping while we waited for the report
             inst.last_load = report or inst.last_load
-            gateway = self._gateway_inflight(inst)
             engine = (report.num_running + report.num_waiting) if report is not None else None
-            waited = now - (inst.drain_started or now)
-            if gateway == 0 and engine == 0:
-                self._begin_stop(inst, f"drained in {waited:.1f}s", in_flight=0)
-            elif waited > self.config.drain_timeout_s:
-                self._begin_stop(inst, f"drain timeout after {waited:.0f}s", in_flight=gateway,
-                                 engine_in_flight=engine)
+            seen.append(Draining(inst.id, self.router.in_flight(inst), engine, now - (inst.drain_started or now)))
+        self.executor.apply(drain_effects(seen, self.config.drain_timeout_s), now)
 
-    def _gateway_inflight(self, inst: ManagedInstance) -> int:
-        seen = self.pool.get(inst.id)
-        return seen.inflight if seen is not None else 0
+    def _bill(self, now: float) -> None:
+        if self._last_billing is not None:
+            if self.metrics is not None:
+                billed = sum(1 for i in self.book if i.state.billed)
+                self.metrics.instance_seconds.labels(self.model, self.version).inc(billed * (now - self._last_billing))
+            self.capacity.bill(now - self._last_billing)
+        self._last_billing = now
 
     # ---- deciding -----------------------------------------------------------------------------
     def signals(self, now: float) -> PoolSignals:
         loads = []
-        for inst in self.instances.values():
+        for inst in self.book:
             seen = self.pool.get(inst.id)
             if inst.state is S.READY and seen is not None and seen.report is not None:
                 loads.append(seen.report)
-        seen = self.pool.signals()
+        seen = self.pool.stats()
         return self.collector.snapshot(now, loads, seen.queue_depth, self.counts(), seen.inflight)
 
     def tick(self, now: float) -> None:
@@ -290,12 +313,12 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
         ctx = self.signals(now)
         self.last_signals = ctx
         step = scaling_step(self.policy, self.policy_state, ctx, self.statuses(), self._active_override(now),
-                            self._start_not_before, self.planner())
+                            self.executor.start_not_before, self.planner())
         self.policy_state = step.state
         wall = self.wall()
         self.desired = step.desired
         self.history.decision(wall, step.provisioned, step.desired, step.reason, step.source, step.policy_desired)
-        self.history.sample(self._sample(wall, ctx, step.desired))
+        self.history.sample(sample(wall, ctx, step.desired))
         if step.changes:
             if self.metrics is not None:
                 direction = "up" if step.desired > step.provisioned else "down"
@@ -303,63 +326,73 @@ class PoolController(InstanceActions, CapacityActions, ControllerViews):
             log.info("%s: %d -> %d (%s)", self.key, step.provisioned, step.desired, step.reason)
         if step.held_starts:
             log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, step.held_starts,
-                     self._start_not_before - now)
+                     self.executor.start_not_before - now)
         self.apply(step.plan, step.reason, now)
 
     def statuses(self) -> list[InstanceStatus]:
         """What reconciliation sees: instances not on their way out (stopping, or under
         a reclaim notice: its replacement is already on its way)."""
-        return [InstanceStatus(i.id, i.state, self._gateway_inflight(i), i.since)
-                for i in self.instances.values() if i.state is not S.STOPPING and i.reclaim_at is None]
+        return self.book.statuses(self.router.in_flight)
 
     def planner(self) -> Planner:
         """Which instances to act on: by capacity class when spot is on."""
-        return self._plan_mix if self.autoscale.capacity.spot_enabled else plan_scaling
+        return self.capacity.plan
 
     def apply(self, plan: ScalePlan, reason: str, now: float) -> None:
-        for iid in plan.revive:
-            inst = self.instances[iid]
-            self._transition(inst, S.READY, f"revived: {reason}")
-            inst.drain_started = None
-            self.pool.set_draining(iid, False)
-        for iid in plan.cancel:
-            self._begin_stop(self.instances[iid], f"cancelled: {reason}")
-        for iid in plan.drain:
-            inst = self.instances[iid]
-            self._transition(inst, S.DRAINING, reason)
-            inst.drain_started = now
-            self.pool.set_draining(iid, True)
-        for c in (plan.start_classes or (ON_DEMAND,) * plan.start)[:plan.start]:
-            self._launch(reason, now, capacity_class=c)
+        self.executor.apply(plan_effects(plan, reason), now)
+
+    async def reclaim(self, instance_id: str, notice_s: float) -> float:
+        """Ask the provider to reclaim an instance (operators, tests, benchmarks): its
+        deadline (unix time). Needs a provider with ``reclaim`` (the local one)."""
+        inst = self.instances.get(instance_id)
+        if inst is None or inst.handle is None:
+            raise NoReclaim(f"no started instance {instance_id!r} in {self.key}")
+        take = getattr(self.provider, "reclaim", None)
+        if take is None:
+            raise NoReclaim(f"the {self.provider.name} provider cannot simulate reclaims")
+        at = await take(inst.handle, notice_s)
+        if at is None:
+            raise NoReclaim(f"instance {instance_id!r} is not running")
+        if inst.reclaim_at is None and inst.id in self.instances:
+            self.executor.apply(self.capacity.notice(inst, at), self.clock())
+        return at
 
     def _active_override(self, now: float) -> Override | None:
-        o = self.override
-        if o is not None and not o.in_force(now):
-            self.history.event(self.wall(), "-", "override", f"{o.instances}", "expired", o.reason)
-            self.override = o = None
-        return o
+        return self.manual.active(now)
+
+    @property
+    def override(self) -> Override | None:
+        return self.manual.override
 
     def override_active(self) -> bool:
         return self._active_override(self.clock()) is not None
 
     def set_override(self, instances: int | None, duration_s: float | None, reason: str) -> Override | None:
         """Pin the instance count (``None`` clears it); counted as a manual intervention."""
-        max_n = self.autoscale.bounds.max_instances
-        if instances is not None and not 0 <= instances <= max_n:
-            raise ValueError(f"instances must be in [0, {max_n}] (max_instances), got {instances}")
-        if duration_s is not None and duration_s <= 0:
-            raise ValueError(f"duration_s must be positive, got {duration_s}")
-        wall = self.wall()
-        if instances is None:
-            old, self.override = self.override, None
-            self.history.event(wall, "-", "override", str(old.instances) if old else None, "cleared", reason)
-            action = "clear"
-        else:
-            until = None if duration_s is None else self.clock() + duration_s
-            self.override = Override(instances, until, reason, wall)
-            self.history.event(wall, "-", "override", None, str(instances), reason, duration_s=duration_s)
-            action = "scale"
-        if self.metrics is not None:
-            self.metrics.manual.labels(self.model, self.version, action).inc()
+        o = self.manual.set(instances, duration_s, reason)
         self._next_tick = None  # act on it at the next step, not a tick later
-        return self.override
+        return o
+
+    # ---- views --------------------------------------------------------------------------------
+    def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
+        return describe_instance(inst, self.pool.get(inst.id), now)
+
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        return describe_pool(self.key, self.model, self.version, self.autoscale, self.provider.name, self.desired,
+                             self.counts(), self.class_counts(), self.cost_dollars, self._active_override(now),
+                             now, (self.history.decisions(limit=1) or [None])[0])
+
+    def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
+        now = self.clock()
+        out = [self.describe_instance(i, now) for i in self.book]
+        if include_finished:
+            out += [self.describe_instance(i, now) for i in reversed(self.book.finished)]
+        return out
+
+    def dashboard(self) -> dict[str, Any]:
+        """Everything the dashboard shows of this pool, in one JSON-able dict."""
+        return {**self.describe(), "instances": self.instance_views(),
+                "timeline": self.history.samples(limit=600),
+                "events": self.history.events(limit=60),
+                "decisions": self.history.decisions(limit=30, changes_only=True)}

@@ -80,6 +80,15 @@ class History:
     def samples(self, since_time: float = 0.0, limit: int | None = None) -> list[dict[str, Any]]:
         return _tail(self._samples, lambda s: s["time"] > since_time, limit)
 
+    def window(self, since: float, limit: int) -> dict[str, list[dict[str, Any]]]:
+        """This pool on its model's timeline (``gateway/timeline.py``), newer than ``since``
+        (wall seconds): instances by state and the desired count per tick, the scaling
+        decisions that changed the count, and the events."""
+        return {"samples": [{k: s[k] for k in ("time", "ready", "warming", "starting", "draining", "desired")}
+                            for s in self.samples(since, limit)],
+                "decisions": [d for d in self.decisions(limit=limit, changes_only=True) if d["time"] > since],
+                "events": [e for e in self.events(limit=limit) if e["time"] > since]}
+
 
 def _tail(items: deque, newer: Callable[[Any], bool], limit: int | None) -> list[Any]:
     """The newest items that pass ``newer`` (at most ``limit``), oldest first. Items are
@@ -92,3 +101,4 @@ def _tail(items: deque, newer: Callable[[Any], bool], limit: int | None) -> list
         out.append(item)
     out.reverse()
     return out
+

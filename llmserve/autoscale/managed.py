@@ -69,5 +69,5 @@ class ManagedInstance:
     last_probe: Probe | None = None
     probed_at: float | None = None
     last_load: LoadReport | None = None
-    capacity_class: str = "on_demand"  # or "spot" (capacity_mix.py)
+    capacity_class: str = "on_demand"  # or "spot" (capacity_classes.py)
     reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)

@@ -10,17 +10,29 @@ one is an operator overriding the policy.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmserve.autoscale.capacity_mix import CLASSES
+from llmserve.autoscale.capacity_classes import CLASSES
+from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import ALLOWED, InstanceState
 
-if TYPE_CHECKING:
-    from llmserve.autoscale.controller import PoolController
+
+class Exported(Protocol):
+    """What the gauges read of a pool's controller (``controller.PoolController`` is one)."""
+
+    model: str
+    version: str
+    desired: int
+    last_signals: PoolSignals | None
+
+    def counts(self) -> dict[InstanceState, int]: ...
+    def override_active(self) -> bool: ...
+    def class_counts(self) -> dict[str, int]: ...
+
 
 P = "llmserve:autoscale_"
 _COLD_START_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -49,10 +61,10 @@ class AutoscaleMetrics:
                                     buckets=_COLD_START_BUCKETS, registry=registry)
         self.drain = Histogram(f"{P}drain_seconds", "Drain started to the instance stopped", labels,
                                buckets=_COLD_START_BUCKETS, registry=registry)
-        self._controllers: list[PoolController] = []
+        self._controllers: list[Exported] = []
         registry.register(_Gauges(self._controllers))
 
-    def attach(self, controller: PoolController) -> None:
+    def attach(self, controller: Exported) -> None:
         """Export the controller's gauges, and every counter at 0 from the start (so a
         dashboard shows 0, not "no data", and ``rate()`` sees the first increment)."""
         self._controllers.append(controller)
@@ -75,7 +87,7 @@ class AutoscaleMetrics:
 
 
 class _Gauges(Collector):
-    def __init__(self, controllers: list[PoolController]) -> None:
+    def __init__(self, controllers: list[Exported]) -> None:
         self._controllers = controllers
 
     def describe(self) -> Iterable[GaugeMetricFamily]:

@@ -4,7 +4,7 @@ A new instance takes ``lead_time_s`` (cold start plus a tick) to take traffic, s
 this policy sizes the pool for the arrival rate forecast that far ahead (Holt's
 linear trend, or yesterday's profile at the same hour once a full day has been
 seen), in units of one instance's saturation throughput measured online
-(:mod:`llmserve.autoscale.capacity`), plus a square-root staffing margin: with
+(:mod:`llmserve.autoscale.saturation`), plus a square-root staffing margin: with
 each request holding a batch seat for its whole generation, a pool is a
 many-server queue, and the headroom such a queue needs grows like the square
 root of the load, not in proportion to it.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmserve.autoscale.capacity import CapacityEstimate, update_capacity
+from llmserve.autoscale.saturation import CapacityEstimate, update_capacity
 from llmserve.autoscale.config import PredictiveConfig, SLOConfig
 from llmserve.autoscale.forecast import (
     HoltState,

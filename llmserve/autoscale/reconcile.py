@@ -37,7 +37,7 @@ class ScalePlan:
     revive: list[Hashable] = field(default_factory=list)
     cancel: list[Hashable] = field(default_factory=list)
     drain: list[Hashable] = field(default_factory=list)
-    # The capacity class of each start (see capacity_mix.py); empty: the pool's only class.
+    # The capacity class of each start (see capacity_classes.py); empty: the pool's only class.
     start_classes: tuple[str, ...] = ()
 
     @property

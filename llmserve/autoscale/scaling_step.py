@@ -8,7 +8,7 @@ the live decisions by construction, not by keeping a copy in step: the policy
 with its bounds, a manual override and its expiry, the restart back-off that
 holds starts while replacements keep failing, and which instances to start,
 revive, cancel or drain (:func:`~llmserve.autoscale.reconcile.plan_scaling`, or
-:func:`~llmserve.autoscale.capacity_mix.plan_mix` by capacity class).
+:func:`~llmserve.autoscale.capacity_classes.plan_mix` by capacity class).
 
 Instances on their way out (``stopping``) are the caller's to leave out of
 ``instances``: they are neither capacity nor candidates for an action.
@@ -24,7 +24,7 @@ from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan, plan_scaling
 from llmserve.autoscale.signals import PoolSignals
 
-# Which instances to act on for a desired count: plan_scaling, or capacity_mix.plan_mix
+# Which instances to act on for a desired count: plan_scaling, or capacity_classes.plan_mix
 # (bound to the pool's classes) where spot is on.
 Planner = Callable[[int, Sequence[InstanceStatus]], ScalePlan]
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from llmserve.bench.records import RequestRecord
+from llmserve.percentiles import percentile
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -130,9 +131,9 @@ class LatencyStats:
         return cls(
             count=len(ms),
             mean_ms=float(np.mean(ms)),
-            median_ms=float(np.median(ms)),
+            median_ms=percentile(ms, 50),
             std_ms=float(np.std(ms)),
-            percentiles_ms={percentile_key(p): float(np.percentile(ms, p)) for p in percentiles},
+            percentiles_ms={percentile_key(p): percentile(ms, p) for p in percentiles},
         )
 
 

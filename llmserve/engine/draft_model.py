@@ -109,7 +109,7 @@ class DraftModelProposer:
 
 
 def _load_draft(config: SpeculativeConfig, model_store: str | None) -> LlamaForCausalLM:
-    from llmserve.models.loading import load_weights
+    from llmserve.models.model_source import load_weights
     from llmserve.models.store import locate
     from llmserve.models.weights import linear_factory_for
 

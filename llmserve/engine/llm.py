@@ -22,14 +22,14 @@ def _source(config: EngineConfig):
 
 def load_engine_tokenizer(config: EngineConfig):
     """The model's tokenizer alone (the API process of a process engine needs no weights)."""
-    from llmserve.models.loading import load_tokenizer
+    from llmserve.models.model_source import load_tokenizer
 
     return load_tokenizer(*_source(config))
 
 
 def build_engine(config: EngineConfig, tokenizer: Any | None = None) -> EngineCore:
     """Resolve the model (store name, .gguf path or HF folder), load it, build the core."""
-    from llmserve.models.loading import load_tokenizer, load_weights, prepared_dir
+    from llmserve.models.model_source import load_tokenizer, load_weights, prepared_dir
 
     source, store = _source(config)
     model_config, weights = load_weights(source, store)

@@ -22,7 +22,7 @@ from llmserve.gateway.batches.config import BatchConfig, StateConfig
 from llmserve.gateway.canary import CanaryConfig
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.health import OutlierConfig, RetryBudgetConfig
-from llmserve.http_guard import HttpLimits
+from llmserve.http_guard import Count, HttpLimits, Seconds
 from llmserve.priority import PriorityClass
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
@@ -91,7 +91,7 @@ class PoolSettings(_Strict):
     balancer: BalancerConfig = BalancerConfig()
 
 
-class ModelConfig(PoolSettings):
+class ServedModelConfig(PoolSettings):
     name: str  # the served model name clients put in "model"
     versions: list[VersionConfig] = Field(min_length=1)
     canary: CanarySettings | None = None
@@ -107,7 +107,7 @@ class ModelConfig(PoolSettings):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> ModelConfig:
+    def _check(self) -> ServedModelConfig:
         names = [v.name for v in self.versions]
         if len(set(names)) != len(names):
             raise ValueError(f"model {self.name!r}: version names must be unique, got {names}")
@@ -209,33 +209,22 @@ class AuthConfig(_Strict):
         return ClientAuth(keys, self.open_privileges.privileges(self.default_priority))
 
 
-class LimitsConfig(_Strict):
-    """What one client may send and hold; the connection-level ones are enforced by
-    ``llmserve.http_guard`` on every way the gateway is served."""
+class LimitsConfig(HttpLimits):
+    """What one client may send and hold. The connection-level ones are the shared
+    :class:`~llmserve.http_guard.HttpLimits` (enforced by ``llmserve.http_guard`` on
+    every way the gateway is served), with the gateway's defaults."""
 
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     # All request headers together: twice the instance's 16 KiB, for clients' own
     # tracing and auth headers, which the gateway does not forward.
-    max_header_bytes: int = Field(32 * 1024, ge=1024)
-    max_url_bytes: int = Field(8 * 1024, ge=256)  # the API's paths are short; nginx's default line cap
-    # A whole head within 10 s, a whole body within 30 s of it (a 4 MiB body needs
-    # only ~140 KB/s): slower is a slowloris, not a client.
-    header_timeout_s: float = Field(10.0, gt=0.0)
-    body_timeout_s: float = Field(30.0, gt=0.0)
-    # A client that reads nothing of its response for this long is dropped (nginx: 60 s).
-    send_timeout_s: float = Field(30.0, gt=0.0)
-    keep_alive_timeout_s: float = Field(30.0, gt=0.0)  # idle client connections
-    # Open client connections served; a request beyond gets 503. Each stream holds one
-    # for its whole length, so this is far above the instances' batch sizes.
-    max_connections: int = Field(4096, ge=1)
+    max_header_bytes: Annotated[Count, Field(ge=1024)] = 32 * 1024
+    max_url_bytes: Annotated[Count, Field(ge=256)] = 8 * 1024
+    # Slower than the instance's head and body timeouts is a slowloris, not a client.
+    keep_alive_timeout_s: Seconds = 30.0  # idle client connections
+    # Each stream holds a connection for its whole length: far above the instances' batches.
+    max_connections: Count = 4096
     connect_timeout_s: float = Field(5.0, gt=0.0)
     request_timeout_s: float = Field(600.0, gt=0.0)  # upstream, whole response
-
-    def http_limits(self) -> HttpLimits:
-        return HttpLimits(max_header_bytes=self.max_header_bytes, max_url_bytes=self.max_url_bytes,
-                          header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                          send_timeout_s=self.send_timeout_s, keep_alive_timeout_s=self.keep_alive_timeout_s,
-                          max_connections=self.max_connections)
 
 
 class PollingConfig(_Strict):
@@ -265,7 +254,7 @@ class GatewaySettings(_Strict):
 
 
 class GatewayConfig(GatewaySettings):
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ServedModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:
@@ -274,7 +263,7 @@ class GatewayConfig(GatewaySettings):
             raise ValueError(f"model names must be unique, got {names}")
         return self
 
-    def model(self, name: str) -> ModelConfig | None:
+    def model(self, name: str) -> ServedModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
 
     @classmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 
 
@@ -23,7 +22,8 @@ class InstanceView:
     url: str = ""
     ready: bool = True  # the last active /ready check passed (health, not lifecycle)
     healthy: bool = True  # not ejected as an outlier
-    state: InstanceState = InstanceState.READY  # starting, ready, or draining (the pool's owner said)
+    accepting: bool = True  # the pool's owner lets new requests come (False: draining)
+    has_been_ready: bool = True  # some /ready check passed: requests wait for one that never did
     breaker_available: bool = True  # circuit closed, or half-open with the probe free
     inflight: int = 0
     inflight_at_report: int = 0
@@ -34,7 +34,7 @@ class InstanceView:
         """Eligible for new requests, load aside."""
         if self.report is not None and (self.report.draining or not self.report.ready):
             return False
-        return self.ready and self.healthy and self.state is not InstanceState.DRAINING and self.breaker_available
+        return self.ready and self.healthy and self.accepting and self.breaker_available
 
     @property
     def _delta(self) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import httpx
 
 from llmserve.gateway.config import PollingConfig
-from llmserve.gateway.pool import Instance, Pool
+from llmserve.gateway.pool import Pool, Upstream
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.load_report import LoadReport, MetricsLoadParser
 
@@ -65,7 +65,7 @@ class Monitor:
                 t.cancel()
             tasks.clear()
 
-    async def poll_load(self, pool: Pool, inst: Instance) -> None:
+    async def poll_load(self, pool: Pool, inst: Upstream) -> None:
         inflight_at_send = inst.inflight
         try:
             report = await self._fetch_load(inst)
@@ -82,7 +82,7 @@ class Monitor:
         inst.report_at = time.monotonic()
         pool.pump()
 
-    async def _fetch_load(self, inst: Instance) -> LoadReport:
+    async def _fetch_load(self, inst: Upstream) -> LoadReport:
         timeout = self.config.timeout_s
         if inst.load_source == "load":
             status, body = await self._client.get(f"{inst.url}/load", timeout=timeout)
@@ -97,7 +97,7 @@ class Monitor:
         assert inst.metrics_parser is not None
         return inst.metrics_parser.parse(body.decode("utf-8", "replace"), time.time())
 
-    async def check_ready(self, pool: Pool, inst: Instance) -> None:
+    async def check_ready(self, pool: Pool, inst: Upstream) -> None:
         try:
             status, _ = await self._client.get(f"{inst.url}{inst.ready_path}",
                                                timeout=self.config.timeout_s)
@@ -113,6 +113,6 @@ class Monitor:
         pool.set_ready(inst, ready)
 
 
-def _check(status: int, inst: Instance, path: str) -> None:
+def _check(status: int, inst: Upstream, path: str) -> None:
     if status >= 400:
         raise httpx.HTTPError(f"{path} of {inst.instance_id} answered {status}")

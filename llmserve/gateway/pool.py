@@ -8,12 +8,12 @@ an instance with room; the slot is reserved before the caller wakes) and
 The autoscaler and the admin API change the instance set at run time through a
 small interface; all of it is safe to call from the event loop at any moment:
 
-- ``add_instance(url, instance_id=None, ready=False) -> Instance``
-- ``remove_instance(instance_id) -> Instance``  (in-flight requests finish)
-- ``set_draining(instance_id, draining=True)``   (no new requests)
+- ``add_instance(url, instance_id=None, ready=False) -> Upstream``
+- ``remove_instance(instance_id) -> Upstream``  (in-flight requests finish)
+- ``set_draining(instance_id, draining=True)``   (no new requests; False: accepting again)
 - ``set_ready(instance, ready)``                  (the monitor's ``/ready`` checks)
-- ``instances() -> list[Instance]``, ``get(instance_id)``
-- ``signals() -> PoolSignals``                    (queue depth, wait, in flight, totals)
+- ``instances() -> list[Upstream]``, ``get(instance_id)``
+- ``stats() -> PoolStats``                        (queue depth, wait, in flight, totals)
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from llmserve.gateway.config import normalize_url
 from llmserve.gateway.dispatch import Dispatcher, Stop
 from llmserve.gateway.health import OutlierConfig, OutlierDetector
 from llmserve.gateway.instance import InstanceView
-from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport, MetricsLoadParser
 from llmserve.priority import PriorityClass
 
@@ -67,22 +66,23 @@ class Outcome(enum.Enum):
 
 
 @dataclass(eq=False)
-class Instance:
-    """The live state of one upstream instance (owned by its pool).
+class Upstream:
+    """What routing needs of one upstream instance (owned by its pool).
 
-    ``state`` is its place in the lifecycle as this gateway knows it: ``starting``
-    until its first ``/ready`` pass (requests wait for a starting instance, and fail
-    fast when only failing ones are left), then ``ready``, or ``draining`` while its
-    owner keeps new requests away. ``ready`` is the last ``/ready`` check, and the
-    breaker and the outlier detector are its health: those come and go without the
-    instance moving in its lifecycle.
+    No lifecycle here: that is its controller's (:mod:`llmserve.autoscale.book`).
+    The pool keeps only what routing reads: ``accepting`` (the owner lets new
+    requests come; False while it drains), ``ready`` (the last ``/ready`` check)
+    and ``has_been_ready`` (one passed once: requests wait for an instance that
+    never passed yet, and fail fast when only failing ones are left), the breaker
+    and the outlier detector (its health) and its load.
     """
 
     instance_id: str
     url: str
     breaker: CircuitBreaker
     ready: bool = False
-    state: InstanceState = InstanceState.STARTING
+    accepting: bool = True
+    has_been_ready: bool = False
     inflight: int = 0
     report: LoadReport | None = None
     inflight_at_report: int = 0
@@ -95,8 +95,8 @@ class Instance:
 
     def snapshot(self, now: float, ejected: bool, report_ttl_s: float) -> dict:
         return {
-            "instance_id": self.instance_id, "url": self.url, "ready": self.ready, "state": self.state.value,
-            "draining": self.state is InstanceState.DRAINING, "ejected": ejected, "inflight": self.inflight,
+            "instance_id": self.instance_id, "url": self.url, "ready": self.ready,
+            "draining": not self.accepting, "ejected": ejected, "inflight": self.inflight,
             "breaker": self.breaker.state(now).value, "served": self.served,
             "load_source": self.load_source,
             "report": (self.report.model_dump()
@@ -109,7 +109,7 @@ class Instance:
 class Lease:
     """A reserved slot on an instance for one attempt of one request."""
 
-    instance: Instance
+    instance: Upstream
     queued_s: float
     released: bool = False
 
@@ -140,7 +140,7 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSignals:
+class PoolStats:
     """What the autoscaler reads of a pool."""
 
     instances: int
@@ -168,7 +168,7 @@ class Pool:
         self._breaker_config = breaker or BreakerConfig()
         self._report_ttl_s = report_ttl_s
         self._clock = clock
-        self._instances: dict[str, Instance] = {}
+        self._instances: dict[str, Upstream] = {}
         self._ids = itertools.count(1)
         # Set by the pool's elastic controller: it can start instances, so a pool with
         # nothing routable but draining instances queues (it revives or starts one)
@@ -177,7 +177,7 @@ class Pool:
 
     # ---- the run-time interface (autoscaler, admin API) -----------------------------
     def add_instance(self, url: str, instance_id: str | None = None, *,
-                     ready: bool = False) -> Instance:
+                     ready: bool = False) -> Upstream:
         """Add an upstream; it takes traffic once ready (``/ready`` passes)."""
         url = normalize_url(url)
         if any(i.url == url for i in self._instances.values()):
@@ -185,13 +185,12 @@ class Pool:
         instance_id = instance_id or url.split("://", 1)[1].replace("/", "_")
         if instance_id in self._instances:
             raise ValueError(f"instance id {instance_id!r} is already in pool {self.name}")
-        inst = Instance(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready,
-                        state=InstanceState.READY if ready else InstanceState.STARTING)
+        inst = Upstream(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready, has_been_ready=ready)
         self._instances[instance_id] = inst
         self.pump()
         return inst
 
-    def remove_instance(self, instance_id: str) -> Instance:
+    def remove_instance(self, instance_id: str) -> Upstream:
         """Take an instance out at once; its in-flight requests run to completion."""
         inst = self._instances.pop(instance_id)
         self.outlier.forget(instance_id)
@@ -201,35 +200,33 @@ class Pool:
         return inst
 
     def set_draining(self, instance_id: str, draining: bool = True) -> None:
-        """Draining, or back in service: ready if its last ``/ready`` check passed, else
-        starting again until one does."""
+        """No new requests (draining), or accepting them again (routable once its
+        ``/ready`` check passes; one taken back unready waits as a new one)."""
         inst = self._instances[instance_id]
-        if draining:
-            inst.state = InstanceState.DRAINING
-        elif inst.state is InstanceState.DRAINING:
-            inst.state = InstanceState.READY if inst.ready else InstanceState.STARTING
+        if not draining and not inst.accepting and not inst.ready:
+            inst.has_been_ready = False
+        inst.accepting = not draining
         self.pump()
 
-    def set_ready(self, inst: Instance, ready: bool) -> None:
+    def set_ready(self, inst: Upstream, ready: bool) -> None:
         """What the last ``/ready`` check (or a refused poll) said; the first pass ends
         the instance's start."""
         inst.ready = ready
         if ready:
-            if inst.state is InstanceState.STARTING:
-                inst.state = InstanceState.READY
+            inst.has_been_ready = True
             self.pump()
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[Upstream]:
         return list(self._instances.values())
 
-    def get(self, instance_id: str) -> Instance | None:
+    def get(self, instance_id: str) -> Upstream | None:
         return self._instances.get(instance_id)
 
-    def signals(self) -> PoolSignals:
+    def stats(self) -> PoolStats:
         now = self._clock()
         stats = self.admission.stats(now)
         views = self.views(now)
-        return PoolSignals(
+        return PoolStats(
             instances=len(views), routable=sum(v.routable for v in views),
             inflight=sum(i.inflight for i in self._instances.values()),
             queue_depth={p.name.lower(): s.depth for p, s in stats.items()},
@@ -241,7 +238,7 @@ class Pool:
     def cold(self) -> bool:
         """No instance could take a request now (none, or none ready): a request
         queued now waits for a start (scale from zero) or a revival."""
-        return not any(i.ready and i.state is not InstanceState.DRAINING for i in self._instances.values())
+        return not any(i.ready and i.accepting for i in self._instances.values())
 
     def capacity_shortfall(self) -> str | None:
         """Why an elastic pool cannot be judged on its requests now, if it cannot: no
@@ -253,7 +250,7 @@ class Pool:
             return "has no ready instance (starting, warming or scaled to zero)"
         queued = len(self.admission)
         now = self._clock()
-        if queued and all(v.routable for v in self.views(now) if v.ready and v.state is not InstanceState.DRAINING):
+        if queued and all(v.routable for v in self.views(now) if v.ready and v.accepting):
             return f"queued for capacity ({queued} waiting)"
         return None
 
@@ -269,11 +266,12 @@ class Pool:
     def views(self, now: float) -> list[InstanceView]:
         return [self._view(i, now) for i in self._instances.values()]
 
-    def _view(self, i: Instance, now: float) -> InstanceView:
+    def _view(self, i: Upstream, now: float) -> InstanceView:
         fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
         return InstanceView(
             instance_id=i.instance_id, url=i.url, ready=i.ready,
-            healthy=not self.outlier.is_ejected(i.instance_id, now), state=i.state,
+            healthy=not self.outlier.is_ejected(i.instance_id, now), accepting=i.accepting,
+            has_been_ready=i.has_been_ready,
             breaker_available=i.breaker.available(now), inflight=i.inflight,
             inflight_at_report=i.inflight_at_report if fresh else 0,
             report=i.report if fresh else None)
@@ -360,9 +358,10 @@ class Pool:
     def _broken(self, views: Sequence[InstanceView]) -> bool:
         if not views or any(v.routable for v in views):
             return False
-        if self.can_grow and all(v.state is InstanceState.DRAINING for v in views):
+        if self.can_grow and not any(v.accepting for v in views):
             return False
-        return all(v.state is not InstanceState.STARTING for v in views)
+        # Fail fast only where every instance has been ready once: one still starting may come.
+        return all(v.has_been_ready or not v.accepting for v in views)
 
     def _broken_message(self) -> str:
         return (f"no healthy instance in pool {self.name}: every instance is failing, "

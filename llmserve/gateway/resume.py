@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
+from llmserve.api.stream_format import DONE, HEAD, IDS_KEY, take_ids
 from llmserve.gateway.errors import GatewayError, sse_error_event
-from llmserve.gateway.pool import Instance, Lease, Outcome, Pool
+from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 
@@ -39,14 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The instance writes a chunk's ids as its choice's last key (server/responses.py), with
-# json.dumps' separators; a '"' after ', ' cannot be inside a JSON string. Found with
-# bytes.find: a regular expression costs ~10 us an event, several times the rest.
-_IDS_KEY = b', "token_ids": ['
-_IDS_LEN = len(_IDS_KEY)
-_DONE = b"data: [DONE]"
-# A chunk's head: the stream's id, object and created (server/responses.py ResponseMeta).
-_HEAD = re.compile(rb'data: (\{"id": "[^"\\]*", "object": "[a-z._]*", "created": [0-9]+)')
+# The stream's wire format (chunk head, the ids' key) is api/stream_format.py's, which
+# the instance writes with.
+_IDS_LEN = len(IDS_KEY)
 _DEAD = b'"code": "engine_dead"'  # the instance's engine died: an instance failure
 
 
@@ -97,7 +92,7 @@ def not_resumable(body: dict) -> str | None:
     return None
 
 
-def is_engine(inst: Instance) -> bool:
+def is_engine(inst: Upstream) -> bool:
     """Whether an instance can continue a stream by token ids: an llmserve engine (it has ``/load``)."""
     return inst.load_source == "load"
 
@@ -116,23 +111,6 @@ def open_resume(body: dict, content: bytes, stream: bool, max_resumes: int) -> t
     return state, content[:i] + b'"return_token_ids": true, ' + content[i:]
 
 
-def _take_ids(events: bytes, ids: list[int], strip: bool = True) -> tuple[bytes, int]:
-    """Append the token ids in ``events`` to ``ids``; the events without them if ``strip``,
-    and how many chunks had them."""
-    parts, found, at = [], 0, 0
-    while (i := events.find(_IDS_KEY, at)) >= 0:
-        j = events.index(b"]", i)
-        inner = events[i + _IDS_LEN:j]
-        if inner:
-            ids += map(int, inner.split(b",")) if b"," in inner else (int(inner),)
-        parts.append(events[at:i])
-        at, found = j + 1, found + 1
-    if not strip or not found:
-        return events, found
-    parts.append(events[at:])
-    return b"".join(parts), found
-
-
 class ResumeState:
     """One stream's resume bookkeeping: the token ids the client has, its head, the resumes left."""
 
@@ -148,7 +126,7 @@ class ResumeState:
         self.done = False
         self.instance = ""
 
-    def start(self, inst: Instance) -> None:
+    def start(self, inst: Upstream) -> None:
         """A new upstream's events follow (the first, or a resumed one)."""
         self.upstream_head, self.instance = None, inst.instance_id
         if self.why_not is None and not is_engine(inst):
@@ -166,12 +144,12 @@ class ResumeState:
         if datas is None:
             datas = events.count(b"data: ")
         if datas == 1 and self.why_not is None and self.upstream_head is not None:
-            i = events.find(_IDS_KEY)
+            i = events.find(IDS_KEY)
             if i >= 0:
                 # One data event with the ids' key is a chunk (the key cannot be inside a JSON
                 # string): neither an error nor [DONE], and its head is this upstream's.
                 j = events.index(b"]", i)
-                if events.find(_IDS_KEY, j) < 0:
+                if events.find(IDS_KEY, j) < 0:
                     inner = events[i + _IDS_LEN:j]
                     if b"," in inner:
                         self.ids += map(int, inner.split(b","))
@@ -191,19 +169,19 @@ class ResumeState:
             i = events.find(_DEAD)
             events, failed = events[:events.rfind(b"data: ", 0, i)], True
         if self.why_not is None:
-            events, found = _take_ids(events, self.ids, self.strip)
+            events, found = take_ids(events, self.ids, self.strip)
             if found < events.count(b'"choices": [{'):  # an instance that ignores return_token_ids
                 self.why_not = f"instance {self.instance} sent chunks without their token ids"
-        elif self.strip and _IDS_KEY in events:
-            events = _take_ids(events, [])[0]
-        m = _HEAD.search(events) if self.upstream_head is None else None
+        elif self.strip and IDS_KEY in events:
+            events = take_ids(events, [])[0]
+        m = HEAD.search(events) if self.upstream_head is None else None
         if m is not None:
             if self.head is None:
                 self.head = m.group(1)
             self.upstream_head = m.group(1)
         if self.head is not None and self.upstream_head not in (None, self.head):
             events = events.replace(self.upstream_head, self.head)
-        if _DONE in events:
+        if DONE in events:
             self.done = True
         if failed:
             raise UpstreamFailed("the instance reported its engine dead", pending=events)
@@ -244,10 +222,10 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                             out = state.feed(out, datas)
                             done = state.done
                         else:
-                            done = _DONE in out
+                            done = DONE in out
                         if done:
                             outcome = Outcome.SUCCESS  # the client has it all: a close now is no 499
-                            datas -= out.count(_DONE)
+                            datas -= out.count(DONE)
                         ctx.output_tokens += datas
                         if out:
                             yield out

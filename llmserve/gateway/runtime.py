@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
-from llmserve.gateway.config import GatewayConfig, ModelConfig
+from llmserve.gateway.config import GatewayConfig, ServedModelConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
 from llmserve.gateway.health import RetryBudget
 from llmserve.gateway.metrics import GatewayMetrics, gauge
@@ -43,7 +43,7 @@ class ModelRuntime:
     ``metrics`` and ``observers`` are the gateway's (``observers`` is its list itself,
     so services that join later are seen); ``sinks`` adds this model's window stats."""
 
-    def __init__(self, config: ModelConfig, gateway_config: GatewayConfig, *,
+    def __init__(self, config: ServedModelConfig, gateway_config: GatewayConfig, *,
                  metrics: GatewayMetrics, observers: list[RequestObserver],
                  rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config

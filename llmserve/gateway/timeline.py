@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from llmserve.lifecycle import InstanceState
 
 if TYPE_CHECKING:
     from llmserve.gateway.pool import Pool
@@ -49,10 +48,7 @@ class PoolHistorySource(Protocol):
 
     model: str
     version: str
-
-    def pool_history(self, since: float, limit: int) -> dict[str, list[dict[str, Any]]]:
-        """``{"samples", "decisions", "events"}`` newer than ``since`` (wall seconds)."""
-        ...
+    history: Any  # autoscale.history.History: window(since, limit) -> {"samples", "decisions", "events"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +68,10 @@ def pool_sample(rt: ModelRuntime) -> dict[str, dict[str, Any]]:
         inflight = 0
         for i in pool.instances():
             inflight += i.inflight
-            if i.state is InstanceState.DRAINING:
+            # The gateway keeps no lifecycle (the controller owns it): what routing knows.
+            if not i.accepting:
                 counts["draining"] += 1
-            elif i.state is InstanceState.STARTING:
+            elif not i.has_been_ready:
                 counts["starting"] += 1
             else:
                 counts["ready" if i.ready else "not_ready"] += 1
@@ -109,7 +106,7 @@ class Timeline:
         interventions = [asdict(i) for i in self._interventions if i.model == name and i.time > since]
         for src in sources:
             if isinstance(src, PoolHistorySource) and src.model == name and src.version in rt.pools:
-                h = src.pool_history(since, limit)
+                h = src.history.window(since, limit)
                 pools[src.version] = h
                 interventions += [{"time": e["time"], "model": name, "version": src.version, "action": "scale_override",
                                    "reason": f"{e['new']}: {e['reason']}"} for e in h["events"] if e["kind"] == "override"]

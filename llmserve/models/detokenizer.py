@@ -12,10 +12,13 @@ technique of vLLM's and TGI's detokenizers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from llmserve.models.tokenizer import Tokenizer
+
+class Decodes(Protocol):
+    """What a detokenizer needs of a tokenizer (``models.tokenizer.Tokenizer`` is one)."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 REPLACEMENT = "\ufffd"
 PROMPT_CONTEXT = 5  # prompt tokens decoded as context for the first output tokens
@@ -24,7 +27,7 @@ PROMPT_CONTEXT = 5  # prompt tokens decoded as context for the first output toke
 class IncrementalDetokenizer:
     """Feed ids with ``add``; get the text they complete. ``finish`` flushes the rest."""
 
-    def __init__(self, tokenizer: "Tokenizer", prompt_ids: Sequence[int] = (),
+    def __init__(self, tokenizer: Decodes, prompt_ids: Sequence[int] = (),
                  skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens

@@ -334,13 +334,13 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     return asyncio.run(main())
 
 
-def _engine_builder(engine_config: EngineConfig, in_process: bool) -> Callable[[], Any]:
+def _engine_builder(engine_config: EngineConfig, own_process: bool) -> Callable[[], Any]:
     """The engine process is forked here, before the event loop starts any thread;
     in-thread when asked, or when this process already runs threads (fork unsafe)."""
     from llmserve.engine import core_proc
     from llmserve.engine.llm import build_engine, load_engine_tokenizer
 
-    if not in_process:
+    if not own_process:
         return lambda: build_engine(engine_config)
     if not core_proc.can_fork():
         log.warning("this process runs threads: the engine runs in a thread, not its own process")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
@@ -25,7 +25,9 @@ def _priority_range(bounds: list[int]) -> PriorityRange:
     return PriorityRange(*bounds)
 
 
-class ServerConfig(BaseModel):
+class ServerConfig(HttpLimits):
+    """The connection-level limits are :class:`HttpLimits`' fields (and flags), its defaults."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = "127.0.0.1"
@@ -44,22 +46,6 @@ class ServerConfig(BaseModel):
     max_tokens_limit: int | None = None
     max_batch_prompts: int = Field(64, ge=1)
     max_body_bytes: int = Field(4 << 20, ge=1)
-    # Connection-level limits (see llmserve/http_guard.py). The gateway forwards a few
-    # small headers, so 16 KiB is far above any legitimate request's headers.
-    max_header_bytes: int = 16 << 10
-    max_url_bytes: int = 8 << 10  # the API's paths are short; nginx's default line cap
-    # A client (the gateway, over a local network) sends each head and body in one go:
-    # seconds are already generous; a 4 MiB body at 30 s needs only ~140 KB/s.
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    # A client that reads nothing for this long is dropped (nginx's send_timeout is 60 s).
-    send_timeout_s: float = 30.0
-    # Above the gateway's upstream keep-alive expiry (4 s), so it never reuses a
-    # connection the instance is closing.
-    keep_alive_timeout_s: float = 5.0
-    # Open connections: the gateway's pool plus direct clients, with room above the
-    # request queue (max_queued_requests) and the running batch.
-    max_connections: int = 1024
     # Outputs a stream may have queued for a client that is not reading, per sequence,
     # before the request is aborted (each holds one step's delta: a token or a few).
     stream_buffer_outputs: int = Field(256, ge=1)
@@ -85,16 +71,9 @@ class ServerConfig(BaseModel):
     access_log: bool = Field(False, description="one JSON line per generation request on stderr")
 
     @model_validator(mode="after")
-    def _limits(self) -> "ServerConfig":
-        self.http_limits()  # validates the connection limits
-        self.tracing()  # and the collector's URL
+    def _tracing(self) -> "ServerConfig":
+        self.tracing()  # validates the collector's URL
         return self
-
-    def http_limits(self) -> HttpLimits:
-        return HttpLimits(max_header_bytes=self.max_header_bytes, max_url_bytes=self.max_url_bytes,
-                          header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                          send_timeout_s=self.send_timeout_s, keep_alive_timeout_s=self.keep_alive_timeout_s,
-                          max_connections=self.max_connections)
 
     def tracing(self) -> TracingConfig:
         return TracingConfig(otlp_endpoint=self.otlp_endpoint, service_name="llmserve-instance",

@@ -4,10 +4,10 @@ shapes them."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve.api.stream_format import IDS_FIELD, attach_ids, head
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser
 
@@ -27,8 +27,7 @@ class ResponseMeta:
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
+        return {**head(self.id, obj, self.created), "model": self.model, "choices": choices, **extra}
 
 
 class ChoiceWriter:
@@ -49,7 +48,7 @@ class ChoiceWriter:
     def final(self, out: RequestOutput) -> dict[str, Any]:
         c = out.outputs[0]
         lp = self.logprobs(_visible(c.logprobs, out)) if self.meta.logprobs else None
-        ids = {"token_ids": list(c.token_ids)} if self.meta.token_ids else {}
+        ids = {IDS_FIELD: list(c.token_ids)} if self.meta.token_ids else {}
         if not self.meta.chat:
             return {"index": self.index, "text": (self.echo or "") + c.text, "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, **ids}
@@ -77,7 +76,8 @@ class ChoiceWriter:
         if self.meta.token_ids:
             self.unsent_ids += out.outputs[0].delta_token_ids
             if choices:
-                choices[0]["token_ids"], self.unsent_ids = self.unsent_ids, []
+                attach_ids(choices[0], self.unsent_ids)
+                self.unsent_ids = []
         return choices
 
     def _chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
@@ -184,5 +184,3 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from llmserve.api.stream_format import sse
 from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from llmserve.engine.engine import ContextLengthError
 from llmserve.engine.llm import fan_out
@@ -29,7 +30,7 @@ from llmserve.engine.sampling_params import InvalidParameterError, SamplingParam
 from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.constraints import structured_outputs
-from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, sse, usage
+from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.server.tool_calls import render_messages

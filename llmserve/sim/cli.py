@@ -18,7 +18,7 @@ from rich.console import Console
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
-from llmserve.autoscale.deployment import deep_merge
+from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.canary_power import add_canary_power_args, run_canary_power
@@ -229,7 +229,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.calibrate:
         return run_calibrate(args)
     if args.fidelity:
-        from llmserve.sim.fidelity_check import run_fidelity
+        from llmserve.fidelity.fidelity_check import run_fidelity
 
         return run_fidelity(args, trace_from_args(args))
     if args.deployment:
@@ -283,8 +283,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_deployment(args: argparse.Namespace) -> int:
-    from llmserve.autoscale.serve_config import ServeConfig
-    from llmserve.sim.deployment import simulate_deployment, starting_weights
+    from llmserve.serve.serve_config import ServeConfig
+    from llmserve.sim.deployment import replay_deployment, starting_weights
 
     serve = ServeConfig.load(args.deployment)
     profile = load_profile(args.profile)
@@ -292,8 +292,11 @@ def run_deployment(args: argparse.Namespace) -> int:
         profile = profile.with_cold_start(args.cold_start)
     trace = trace_from_args(args)
     model = args.deployment_model or serve.pools()[0].model
-    results = simulate_deployment(serve, trace, profile, model, seed=args.seed)
+    results, rollout = replay_deployment(serve, trace, profile, model, seed=args.seed)
     weights = ", ".join(f"{v} {w:.0%}" for v, w in starting_weights(serve, model).items())
+    if rollout is not None:  # the canary's replayed rollout: where it ended
+        last = rollout.events[-1]
+        weights += f"; canary {last['state']} at {last['weight']:.0%} after {len(rollout.events) - 1} checks"
     table_console = Console() if sys.stdout.isatty() else Console(width=200)
     print_comparison([r.summary for r in results.values()], console=table_console,
                      title=f"{trace.name} over {model} ({weights}), {profile.name}")

@@ -1,16 +1,15 @@
 """Replay a multi-version deployment (``llmserve serve``'s ``models:`` file) in the simulator.
 
 Each request of the trace (one served model's traffic) is given a version by the
-gateway's own :class:`~llmserve.gateway.version_router.VersionRouter`, with the
-weights the gateway starts with: a canary that starts with the gateway sits at
-its ``start_weight``. Each pool then runs the ordinary one-pool simulator on its
-share, with its own ``autoscale`` (the file's, merged per version) and the
-controller and gateway settings of the same file. So the capacity each weight
-split needs, and its cost, come out per pool.
+gateway's own :class:`~llmserve.gateway.version_router.VersionRouter`. Each pool
+runs the ordinary one-pool simulator on its share, with its own ``autoscale``
+(the file's, merged per version) and the controller and gateway settings of the
+same file. So the capacity each weight split needs, and its cost, come out per
+pool. A canary that starts with the gateway has its rollout replayed
+(:mod:`llmserve.sim.canary_replay`: the live analysis on the simulated outcomes
+moves the weights); ``rollout=False`` holds the starting weights all day.
 
-Not simulated: the canary analysis moving the weights (its verdicts need the
-versions' own errors and latencies, which the instance profile does not model)
-and foreign ``command`` versions (no profile of them).
+Not simulated: foreign ``command`` versions (no profile of them).
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ import random
 
 import numpy as np
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve_config import ServeConfig
 from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.sim.canary_replay import Rollout, replay
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import SimResult
 from llmserve.sim.simulator import SimConfig, Simulator
@@ -51,24 +51,40 @@ def split_trace(trace: Trace, weights: dict[str, float], seed: int) -> dict[str,
 
 
 def simulate_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile,
-                        model: str | None = None, seed: int = 0) -> dict[str, SimResult]:
+                        model: str | None = None, seed: int = 0, rollout: bool = True) -> dict[str, SimResult]:
     """Every pool of ``model`` (default: the file's first) over its share of ``trace``,
     by pool key (``model/version``)."""
+    return replay_deployment(serve, trace, profile, model, seed, rollout)[0]
+
+
+def replay_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile, model: str | None = None,
+                      seed: int = 0, rollout: bool = True) -> tuple[dict[str, SimResult], Rollout | None]:
+    """:func:`simulate_deployment`'s results, and the canary's replayed rollout (None
+    without a canary that starts with the gateway, or with ``rollout=False``)."""
     pools = serve.pools()
     model = model or pools[0].model
     gateway = serve.gateway_config(_ADMIN_PLACEHOLDER)
     cfg = next(m for m in gateway.models if m.name == model)
     ctrl = serve.controller_config()
-    shares = split_trace(trace, starting_weights(serve, model), seed)
-    out = {}
-    for p in pools:
-        if p.model != model:
-            continue
+    mine = [p for p in pools if p.model == model]
+    for p in mine:
         if p.command:
             raise ValueError(f"{p.key}: a foreign command version has no instance profile to simulate")
-        auto = serve.autoscale_config(p)
-        sim = SimConfig.like(ctrl, initial_instances=auto.bounds.min_instances,
-                             poll_interval_s=gateway.polling.load_interval_s, seed=seed)
-        out[p.key] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency, cfg.balancer,
-                               label=p.key).run()
-    return out
+
+    def simulate(shares: dict[str, Trace]) -> dict[str, SimResult]:
+        out = {}
+        for p in mine:
+            auto = serve.autoscale_config(p)
+            sim = SimConfig.like(ctrl, initial_instances=auto.bounds.min_instances,
+                                 poll_interval_s=gateway.polling.load_interval_s, seed=seed)
+            out[p.version] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency,
+                                       cfg.balancer, label=p.key).run()
+        return out
+
+    c = cfg.canary
+    if not rollout or c is None or not c.auto_start:
+        by_version, replayed = simulate(split_trace(trace, starting_weights(serve, model), seed)), None
+    else:
+        replayed = replay(c, c.version, c.stable, cfg.base_weights, trace, seed, simulate)
+        by_version = replayed.results
+    return {f"{model}/{v}": r for v, r in by_version.items()}, replayed

@@ -7,7 +7,7 @@ decisions that changed the count. Everything is counted over the same window,
 the trace's duration from its first arrival slot; latency percentiles are
 numpy's linear ones over the completed requests, as in the simulator's table.
 Pure: the orchestration that produces the inputs is in
-:mod:`llmserve.sim.fidelity_check`.
+:mod:`llmserve.fidelity.fidelity_check`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each observation is one streamed request of a burst of ``concurrency``
 simultaneous requests per busy instance (measured by
-:mod:`llmserve.sim.http_measure`). With one instance busy, the burst is
+:mod:`llmserve.fidelity.http_measure`). With one instance busy, the burst is
 admitted in one step, so a request's TTFT is that prefill step plus a fixed
 request overhead (gateway, API process, tokenising, the engine-process hop, the
 first SSE event: latency outside the engine), and its TPOT is one decode step of

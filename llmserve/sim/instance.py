@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llmserve.lifecycle import InstanceState, check_transition
+from llmserve.lifecycle import InstanceState
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.sharing import BusyInstances
 
@@ -58,7 +58,8 @@ class SimInstance:
     events carrying an older version are stale and dropped.
     """
 
-    __slots__ = ("id", "profile", "state", "since", "created", "stopped_at", "running", "waiting",
+    __slots__ = ("id", "profile", "state", "since", "created", "stopped_at", "reason", "capacity_class", "replaces",
+                 "reclaim_at", "drain_started", "ready_at", "exit_code", "running", "waiting",
                  "kv_reserved", "kind", "seg_start", "seg_steps", "seg_end", "seg_n", "seg_ctx0",
                  "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "cores", "_a", "_b",
                  "_c", "_d")
@@ -71,6 +72,14 @@ class SimInstance:
         self.since = now
         self.created = now
         self.stopped_at: float | None = None
+        # The record the simulator's InstanceBook keeps, as the live controller's:
+        self.reason = ""
+        self.capacity_class = "on_demand"
+        self.replaces: int | None = None
+        self.reclaim_at: float | None = None  # when the provider takes it (a reclaim notice)
+        self.drain_started: float | None = None
+        self.ready_at: float | None = None
+        self.exit_code: int | None = None
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
         self.kv_reserved = 0
@@ -98,14 +107,21 @@ class SimInstance:
             if busy:
                 self._time_steps(self.cores.slowdown())
 
-    # ---- lifecycle -----------------------------------------------------------------
-    def set_state(self, new: InstanceState, now: float) -> None:
-        check_transition(self.state, new)
-        self.state = new
-        self.since = now
+    # ---- lifecycle (its state is moved by the simulator's InstanceBook) -------------------
+    def moved(self, old: InstanceState, new: InstanceState, now: float) -> None:
+        """Heard after each transition: a stopped instance is billed no more, busy no more."""
         if not new.billed:
             self.stopped_at = now
             self._mark(False)
+
+    def cut(self) -> list[Seq]:
+        """Everything on it, taken away at once (a reclaim's deadline): its segment is stale."""
+        gone = [*self.running, *self.waiting]
+        self.running.clear()
+        self.waiting.clear()
+        self.kv_reserved = 0
+        self.version += 1
+        return gone
 
     @property
     def in_flight(self) -> int:

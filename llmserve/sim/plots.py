@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from llmserve.percentiles import percentile  # noqa: E402
 from llmserve.sim.results import COMPLETED, SimResult  # noqa: E402
 from llmserve.sim.traces import Trace  # noqa: E402
 
@@ -57,7 +58,7 @@ def _interval_p99(r: SimResult, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     edges = np.flatnonzero(np.diff(bins)) + 1
     for chunk_b, chunk_v in zip(np.split(bins, edges), np.split(v, edges)):
         out_t.append((chunk_b[0] + 0.5) * bin_s)
-        out_v.append(np.percentile(chunk_v, 99))
+        out_v.append(percentile(chunk_v, 99))
     return np.array(out_t), np.array(out_v)
 
 

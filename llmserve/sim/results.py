@@ -10,27 +10,59 @@ spot reclaim's deadline (``RECLAIMED``) missed both SLOs.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
+from llmserve.autoscale.capacity_classes import CLASSES, ON_DEMAND
+from llmserve.autoscale.config import SLOConfig
 from llmserve.autoscale.usage import held_seconds
-
-if TYPE_CHECKING:
-    from llmserve.sim.simulator import Simulator
+from llmserve.percentiles import percentile as _percentile
+from llmserve.sim.traces import Trace
 
 PENDING, COMPLETED, REJECTED, EXPIRED, RECLAIMED = 0, 1, 2, 3, 4
 
-TIMELINE_COLUMNS = ("t", "arrival_rps", "arrival_tokens_per_s", "ready", "coming", "draining", "desired",
-                    "queued", "ttft_p99")
+
+class TimelineRow(NamedTuple):
+    """One tick as the controller saw it."""
+
+    t: float
+    arrival_rps: float
+    arrival_tokens_per_s: float
+    ready: int
+    coming: int
+    draining: int
+    desired: int
+    queued: int
+    ttft_p99: float
+
+
+TIMELINE_COLUMNS = TimelineRow._fields
+
+
+@dataclass(frozen=True, slots=True)
+class SimRecord:
+    """What :meth:`Simulator.run` hands over: plain data, read by name."""
+
+    label: str
+    trace: Trace
+    slo: SLOConfig
+    status: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    timeline: list[TimelineRow]
+    events: list[tuple[float, int, int, str]]  # (time, provisioned, desired, reason) of each change
+    lifetimes: dict[Hashable, tuple[float, float | None]]  # (created, stopped) by instance
+    classes: dict[Hashable, str]  # capacity class by instance
+    prices_per_hour: dict[str, float]
+    reclaims: int
 
 
 def percentile(values: np.ndarray, q: float) -> float:
-    """numpy's linear percentile over the values that are not NaN (NaN when there are none)."""
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return float(np.percentile(values, q)) if len(values) else float("nan")
+    """The project's percentile (nearest rank) of the values that are not NaN; NaN when none."""
+    return _percentile(np.asarray(values, dtype=float), q, empty=float("nan"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,46 +116,47 @@ class SimResult:
         return self.timeline[:, TIMELINE_COLUMNS.index(name)] if len(self.timeline) else np.zeros(0)
 
     @classmethod
-    def build(cls, sim: "Simulator", wall_s: float, cpu_s: float = float("nan")) -> "SimResult":
-        trace, slo = sim.trace, sim.autoscale.slo
+    def build(cls, rec: SimRecord, wall_s: float, cpu_s: float = float("nan")) -> "SimResult":
+        trace, slo = rec.trace, rec.slo
         duration = trace.duration_s
-        held = {i.id: (i.created, i.stopped_at) for i in [*sim.stopped, *sim.instances.values()]}
-        lifetimes = list(held.values())
+        lifetimes = list(rec.lifetimes.values())
         seconds = held_seconds(lifetimes, 0.0, duration)
-        by_class = sim.capacity.held_hours(held, duration)
-        timeline = np.array(sim.timeline, dtype=float) if sim.timeline else np.zeros((0, len(TIMELINE_COLUMNS)))
+        by_class = {c: held_seconds([span for iid, span in rec.lifetimes.items()
+                                     if rec.classes.get(iid, ON_DEMAND) == c], 0.0, duration) / 3600.0
+                    for c in CLASSES}
+        timeline = np.array(rec.timeline, dtype=float) if rec.timeline else np.zeros((0, len(TIMELINE_COLUMNS)))
+        col = {name: timeline[:, i] for i, name in enumerate(TIMELINE_COLUMNS)}
         n = max(len(trace), 1)
-        cut = sim.status == RECLAIMED
-        ttft_ok = (np.nan_to_num(sim.ttft, nan=np.inf) <= slo.ttft_s) & ~cut
-        e2e_ok = (np.nan_to_num(sim.e2e, nan=np.inf) <= slo.e2e_s) & ~cut
-        provisioned = timeline[:, 3] + timeline[:, 4] if len(timeline) else np.zeros(1)
-        in_day = timeline[:, 0] <= duration if len(timeline) else np.ones(1, bool)
+        cut = rec.status == RECLAIMED
+        ttft_ok = (np.nan_to_num(rec.ttft, nan=np.inf) <= slo.ttft_s) & ~cut
+        e2e_ok = (np.nan_to_num(rec.e2e, nan=np.inf) <= slo.e2e_s) & ~cut
+        provisioned = col["ready"] + col["coming"] if len(timeline) else np.zeros(1)
+        in_day = col["t"] <= duration if len(timeline) else np.ones(1, bool)
         summary = Summary(
-            policy=sim.label,
+            policy=rec.label,
             requests=len(trace),
-            completed=int(np.sum(sim.status == COMPLETED)),
-            rejected=int(np.sum(sim.status == REJECTED)),
-            expired=int(np.sum(sim.status == EXPIRED)),
+            completed=int(np.sum(rec.status == COMPLETED)),
+            rejected=int(np.sum(rec.status == REJECTED)),
+            expired=int(np.sum(rec.status == EXPIRED)),
             ttft_slo_s=slo.ttft_s,
             e2e_slo_s=slo.e2e_s,
             ttft_attainment=float(np.sum(ttft_ok)) / n,
             e2e_attainment=float(np.sum(e2e_ok)) / n,
-            ttft_p50_s=percentile(sim.ttft, 50),
-            ttft_p90_s=percentile(sim.ttft, 90),
-            ttft_p99_s=percentile(sim.ttft, 99),
-            e2e_p50_s=percentile(sim.e2e, 50),
-            e2e_p99_s=percentile(sim.e2e, 99),
+            ttft_p50_s=percentile(rec.ttft, 50),
+            ttft_p90_s=percentile(rec.ttft, 90),
+            ttft_p99_s=percentile(rec.ttft, 99),
+            e2e_p50_s=percentile(rec.e2e, 50),
+            e2e_p99_s=percentile(rec.e2e, 99),
             instance_hours=seconds / 3600.0,
             mean_instances=seconds / duration if duration > 0 else 0.0,
             peak_instances=int(provisioned[in_day].max()) if np.any(in_day) else 0,
-            scale_events=len(sim.events),
+            scale_events=len(rec.events),
             duration_h=duration / 3600.0,
             wall_s=wall_s,
             cpu_s=cpu_s,
-            cost_dollars=sim.capacity.dollars(by_class),
+            cost_dollars=sum(h * rec.prices_per_hour[c] for c, h in by_class.items()),
             spot_hours=by_class["spot"],
-            reclaims=sim.capacity.reclaims,
+            reclaims=rec.reclaims,
             reclaimed=int(np.sum(cut)),
         )
-        return cls(summary, trace.arrival_s, sim.status.copy(), sim.ttft.copy(), sim.e2e.copy(), timeline,
-                   list(sim.events), lifetimes)
+        return cls(summary, trace.arrival_s, rec.status, rec.ttft, rec.e2e, timeline, list(rec.events), lifetimes)

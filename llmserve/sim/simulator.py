@@ -10,9 +10,11 @@ decision point:
 - every ``tick_s`` the controller builds :class:`PoolSignals` with the real
   :class:`~llmserve.autoscale.collector.SignalCollector` and takes the live
   controller's own :func:`~llmserve.autoscale.scaling_step.scaling_step` (policy
-  stack, override, plan); only carrying the plan out is simulated, through the
-  lifecycle ``starting -> warming -> ready -> draining -> stopping -> stopped``;
-  a draining instance stops only once its last request has finished.
+  stack, override, plan), and the live :class:`~llmserve.autoscale.executor.Executor`
+  carries out its effects (:mod:`llmserve.autoscale.effects`) on an
+  :class:`~llmserve.autoscale.book.InstanceBook` of simulated instances; only
+  what backs them is simulated (:mod:`llmserve.sim.provider`); a draining
+  instance stops only once its last request has finished.
 
 Instance-hours are billed from an instance's start until it stops, over the
 trace's duration; requests still in flight when the trace ends are run to
@@ -22,6 +24,7 @@ completion so that every request ends exactly once.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from typing import TYPE_CHECKING, Annotated
@@ -33,7 +36,11 @@ from llmserve.autoscale import AutoscaleConfig, build_policy
 from llmserve.autoscale.collector import (CHARS_PER_TOKEN, LATENCY_WINDOW_S, OUTPUT_TOKENS_PRIOR, SIGNAL_WINDOW_S,
                                           SignalCollector, estimate_prompt_tokens)
 from llmserve.autoscale.policy import ScalingPolicy
-from llmserve.autoscale.reconcile import InstanceStatus, ScalePlan
+from llmserve.autoscale.book import InstanceBook
+from llmserve.autoscale.capacity_classes import CLASSES, SPOT, replacement_class
+from llmserve.autoscale.effects import (Advance, Draining, Effect, Start, Stop, Undrain, drain_effects, plan_effects,
+                                        reclaim_effects)
+from llmserve.autoscale.executor import Executor
 from llmserve.autoscale.scaling_step import Override, scaling_step
 from llmserve.flags import Flag
 from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
@@ -43,7 +50,8 @@ from llmserve.priority import PriorityClass
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
-from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, RECLAIMED, REJECTED, SimResult
+from llmserve.sim.provider import SimLauncher, SimRouter
+from llmserve.sim.results import PENDING, COMPLETED, EXPIRED, RECLAIMED, REJECTED, SimRecord, SimResult, TimelineRow
 from llmserve.sim.sharing import BusyInstances
 from llmserve.sim.spot import SimCapacity
 from llmserve.sim.traces import Trace
@@ -117,17 +125,21 @@ class Simulator:
         self.gateway = SimGateway(self._deliver, admission, concurrency, balancer, seed=self.cfg.seed)
         self.collector = SignalCollector(self.cfg.signal_window_s, self.cfg.latency_window_s,
                                          self.cfg.output_tokens_prior, start=0.0)
-        self.instances: dict[int, SimInstance] = {}  # not yet stopped
+        self.now = 0.0  # the time of the event being handled
         self.cores = BusyInstances(profile.sharing) if profile.sharing else None
-        self.stopped: list[SimInstance] = []
+        self.book: InstanceBook[SimInstance] = InstanceBook(lambda: self.now, lambda: self.now, keep_finished=None)
+        self.book.listeners.append(lambda inst, old, new, now: inst.moved(old, new, now))
+        self.launcher = SimLauncher(profile, self.cores, self._reach, self._born)
+        self.executor = Executor(self.book, self.launcher, SimRouter(self.gateway, lambda: self.now),
+                                 itertools.count().__next__, name=self.label)
+        self.launcher.exited = self.executor.exited
         self._heap: list[tuple] = []
         self._seq = 0
-        self._next_id = 0
         n = len(trace)
         self.status = np.zeros(n, np.int8)
         self.ttft = np.full(n, np.nan)
         self.e2e = np.full(n, np.nan)
-        self.timeline: list[tuple] = []
+        self.timeline: list[TimelineRow] = []
         self.events: list[tuple[float, int, int, str]] = []
         c = self.cfg
         self.capacity = SimCapacity(autoscale.capacity, autoscale.bounds.min_instances, c.reclaim_rate_per_h,
@@ -143,57 +155,51 @@ class Simulator:
     def _schedule(self, inst: SimInstance) -> None:
         self._push(inst.seg_end, _STEP, inst, inst.version)
 
-    # ---- lifecycle (the controller's job) ------------------------------------------------------
-    def _new_instance(self, now: float, state: InstanceState, capacity_class: str = "on_demand") -> SimInstance:
-        inst = SimInstance(self._next_id, self.profile, now, state, self.cores)
-        self._next_id += 1
-        self.instances[inst.id] = inst
-        notice_at = self.capacity.added(inst, capacity_class)
+    # ---- lifecycle: the live executor's effects -------------------------------------------
+    @property
+    def instances(self) -> dict[int, SimInstance]:
+        return self.book.instances  # not yet stopped
+
+    def _reach(self, t: float, state: InstanceState, inst: SimInstance) -> None:
+        self._push(t, _LIFECYCLE, inst, state)
+
+    def _born(self, inst: SimInstance) -> None:
+        notice_at = self.capacity.added(inst, inst.capacity_class)
         if notice_at is not None:
             self._push(notice_at, _RECLAIM, inst)
-        if state is S.READY:
-            self.gateway.add_instance(inst, now)
-        else:
-            p = self.profile
-            self._push(now + p.cold_start_s - p.warmup_s, _LIFECYCLE, inst, S.WARMING)
-            self._push(now + p.cold_start_s, _LIFECYCLE, inst, S.READY)
-        return inst
+
+    def _act(self, effects: list[Effect], now: float) -> None:
+        """Apply ``effects``; a drained instance with nothing left on it stops at once."""
+        self.executor.apply(effects, now)
+        drained = [Draining(i.id, 0, 0, now - (i.drain_started or now))
+                   for i in self.book.in_state(S.DRAINING) if i.in_flight == 0]
+        if drained:
+            self.executor.apply(drain_effects(drained, math.inf), now)
+        if any(isinstance(e, Undrain) or (isinstance(e, Advance) and e.to is S.READY) for e in effects):
+            self._dispatch(now)
 
     def _lifecycle(self, inst: SimInstance, target: InstanceState, now: float) -> None:
-        if target is S.WARMING and inst.state is S.STARTING:
-            inst.set_state(S.WARMING, now)
-        elif target is S.READY and inst.state is S.WARMING:
-            inst.set_state(S.READY, now)
-            self.gateway.add_instance(inst, now)
-            self._dispatch(now)
+        if inst.state is (S.STARTING if target is S.WARMING else S.WARMING):  # not cancelled since its start
+            self._act([Advance(inst.id, target, "cold start")], now)
 
-    def _stop(self, inst: SimInstance, now: float) -> None:
-        if inst.in_flight:
-            raise RuntimeError(f"instance {inst.id} stopped with {inst.in_flight} requests in flight")
-        inst.set_state(S.STOPPING, now)  # a simulated process exits at once
-        inst.set_state(S.STOPPED, now)
-        del self.instances[inst.id]
-        self.stopped.append(inst)
+    def _notice(self, inst: SimInstance, now: float) -> None:
+        """A reclaim notice, handled as the live controller does; at the deadline it is taken."""
+        if inst.id not in self.instances:
+            return  # it stopped before its notice came
+        self.capacity.reclaims += 1
+        inst.reclaim_at = now + self.capacity.notice_s
+        self._act(reclaim_effects(inst.id, inst.state, self.capacity.notice_s,
+                                  replacement_class(SPOT, self.capacity.cfg, True)), now)
+        if inst.id in self.instances:
+            self._push(inst.reclaim_at, _TAKEN, inst)
 
-    def _drain(self, inst: SimInstance, now: float) -> None:
-        inst.set_state(S.DRAINING, now)
-        self.gateway.remove_instance(inst)
-        if inst.in_flight == 0:
-            self._stop(inst, now)
-
-    def _apply(self, plan: ScalePlan, now: float) -> None:
-        for iid in plan.revive:
-            inst = self.instances[iid]
-            inst.set_state(S.READY, now)
-            self.gateway.add_instance(inst, now)
-        for c in self.capacity.start_classes(plan):
-            self._new_instance(now, S.STARTING, c)
-        for iid in plan.cancel:
-            self._stop(self.instances[iid], now)
-        for iid in plan.drain:
-            self._drain(self.instances[iid], now)
-        if plan.revive:
-            self._dispatch(now)
+    def _taken(self, inst: SimInstance, now: float) -> None:
+        """The provider takes it: what still runs on it is cut (a miss for both SLOs)."""
+        if inst.id not in self.instances:
+            return
+        for seq in inst.cut():
+            self._finish(seq.rid, RECLAIMED, now)
+        self._act([Stop(inst.id, "taken by the provider")], now)
 
     # ---- controller tick ----------------------------------------------------------------------------
     def _tick(self, now: float, state: object) -> object:
@@ -205,14 +211,14 @@ class Simulator:
                                       sum(i.in_flight for i in self.instances.values()))
         if self.override is not None and not self.override.in_force(now):
             self.override = None
-        statuses = [InstanceStatus(i.id, i.state, i.in_flight, i.since) for i in self.instances.values()]
+        statuses = self.book.statuses(lambda i: i.in_flight)
         step = scaling_step(self.policy, state, ctx, statuses, self.override, planner=self.capacity.plan)
         if step.changes:
             self.events.append((now, step.provisioned, step.desired, step.reason))
-            self._apply(step.plan, now)
-        self.timeline.append((now, ctx.arrival_rate, ctx.arrival_tokens_per_s, ctx.ready, ctx.coming,
-                              ctx.draining, step.desired, ctx.queued,
-                              ctx.ttft_p99 if ctx.ttft_p99 is not None else np.nan))
+            self._act(plan_effects(step.plan, step.reason), now)
+        self.timeline.append(TimelineRow(now, ctx.arrival_rate, ctx.arrival_tokens_per_s, ctx.ready, ctx.coming,
+                                         ctx.draining, step.desired, ctx.queued,
+                                         ctx.ttft_p99 if ctx.ttft_p99 is not None else np.nan))
         return step.state
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -248,7 +254,8 @@ class Simulator:
         if inst.plan(now):
             self._schedule(inst)
         if inst.state is S.DRAINING and inst.in_flight == 0:
-            self._stop(inst, now)
+            self.executor.apply(drain_effects([Draining(inst.id, 0, 0, now - (inst.drain_started or now))],
+                                              math.inf), now)
         if freed:
             self.gateway.changed(inst)
             self._dispatch(now)
@@ -267,8 +274,11 @@ class Simulator:
     def run(self) -> SimResult:
         wall, cpu = time.perf_counter(), time.process_time()
         cfg, trace = self.cfg, self.trace
-        for c in self.capacity.start_classes(self.capacity.plan(cfg.initial_instances, [])):
-            self._new_instance(0.0, S.READY, c)
+        self.launcher.ready_at_once = True  # the pool the day starts with is warm
+        first = self.capacity.start_classes(self.capacity.plan(cfg.initial_instances, []))
+        for inst in self.executor.apply([Start("initial", c) for c in first], 0.0):
+            self.executor.apply([Advance(inst.id, S.READY, "initial")], 0.0)
+        self.launcher.ready_at_once = False
         tick_s = self.autoscale.tick_s
         self._push(tick_s, _TICK)
         self._push(cfg.poll_interval_s, _POLL)
@@ -280,21 +290,21 @@ class Simulator:
         while heap:
             t_next = arrivals[k] if k < n else math.inf
             if heap[0][0] > t_next:
+                self.now = t_next
                 self._arrive(k, t_next)
                 k += 1
                 continue
             now, _, kind, a, b = heapq.heappop(heap)
+            self.now = now
             if kind == _STEP:
                 if b == a.version:
                     self._step(a, now)
             elif kind == _LIFECYCLE:
                 self._lifecycle(a, b, now)
             elif kind == _RECLAIM:
-                deadline = self.capacity.notice(self, a, now)
-                if deadline is not None:
-                    self._push(deadline, _TAKEN, a)
+                self._notice(a, now)
             elif kind == _TAKEN:
-                self.capacity.deadline(self, a, now, RECLAIMED)
+                self._taken(a, now)
             elif kind == _POLL:
                 self.gateway.poll(now)
                 for rid in self.gateway.expire(now):
@@ -308,4 +318,13 @@ class Simulator:
                     self._push(now + tick_s, _TICK)
         if k < n or np.any(self.status == PENDING):
             raise RuntimeError("simulation ended with requests unresolved")
-        return SimResult.build(self, time.perf_counter() - wall, time.process_time() - cpu)
+        return SimResult.build(self.record(), time.perf_counter() - wall, time.process_time() - cpu)
+
+    def record(self) -> SimRecord:
+        """What the run produced, as plain data (:class:`SimResult` reads it by name)."""
+        insts = [*self.book.finished, *self.instances.values()]
+        cap = self.capacity
+        return SimRecord(self.label, self.trace, self.autoscale.slo, self.status.copy(), self.ttft.copy(),
+                         self.e2e.copy(), list(self.timeline), list(self.events),
+                         {i.id: (i.created, i.stopped_at) for i in insts}, {i.id: i.capacity_class for i in insts},
+                         {c: cap.cfg.price(c) for c in CLASSES}, cap.reclaims)

@@ -1,6 +1,6 @@
 """Run a real ``llmserve serve`` process for tests (and the live benchmark script).
 
-:class:`~llmserve.autoscale.serve_process.ServeProcess` (in the package: the
+:class:`~llmserve.serve.serve_process.ServeProcess` (in the package: the
 simulator's fidelity check uses it too) starts it from a config dict and talks to
 its admin API; here are a compressed-time config for tests and a :class:`Sampler`
 thread that records every instance's state, pool membership and served count a
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from llmserve.percentiles import nearest_rank as collector_percentile
-from llmserve.autoscale.serve_process import ServeProcess
+from llmserve.percentiles import percentile
+from llmserve.serve.serve_process import ServeProcess
 
 __all__ = ["ADMIN", "FAST_GATEWAY", "Load", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile",
            "serve_config"]
@@ -142,8 +142,3 @@ def settled_at(n: int):
 # ---- figures of a run ---------------------------------------------------------------------------
 def peak_ready(samples: list[Sample]) -> int:
     return max((sum(1 for i in s.instances if i["state"] == "ready") for s in samples), default=0)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest rank, as the controller's signals compute it."""
-    return collector_percentile(sorted(values), q)

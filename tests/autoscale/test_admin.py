@@ -8,8 +8,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from llmserve.autoscale.serve import build_app
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve import build_app
+from llmserve.serve.serve_config import ServeConfig
 
 from .fakes import FakeProber, FakeProvider
 
@@ -161,7 +161,7 @@ def test_the_grafana_dashboard_and_docs_name_metrics_that_exist(served):
 
 
 def test_serve_flags_override_the_yaml(tmp_path):
-    from llmserve.autoscale.serve import overrides_from_args
+    from llmserve.serve.serve import overrides_from_args
     from llmserve.cli import build_parser
 
     cfg_file = tmp_path / "serve.yaml"

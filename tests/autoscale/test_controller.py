@@ -26,7 +26,7 @@ REQ = RouteRequest()
 async def settle(ctl) -> None:
     """Let the starts and stops the last step launched run to completion."""
     for _ in range(5):
-        tasks = list(ctl._tasks.values())
+        tasks = list(ctl.launcher.tasks.values())
         if not tasks:
             await asyncio.sleep(0)
             return
@@ -119,7 +119,7 @@ async def test_scale_down_drains_first_and_stops_only_when_nothing_is_in_flight(
     draining = [iid for iid, s in states(ctl).items() if s == "draining"]
     assert len(draining) == 1
     victim = draining[0]
-    assert pool.get(victim).state is S.DRAINING
+    assert not pool.get(victim).accepting
     # New requests avoid the draining instance.
     c = await pool.acquire(REQ, PriorityClass.REALTIME)
     assert c.instance.instance_id != victim
@@ -167,7 +167,7 @@ async def test_a_failed_ready_instance_leaves_the_pool_and_is_replaced_at_once()
     provider.engines["v1-1"].exit_code = -9
     await step(ctl, clock, 0.1)  # a probe round, before the next policy tick
     assert "v1-1" not in ctl.instances and pool.get("v1-1") is None
-    assert ctl.finished[-1].state is S.FAILED and "code -9" in ctl.finished[-1].reason
+    assert ctl.book.finished[-1].state is S.FAILED and "code -9" in ctl.book.finished[-1].reason
     assert states(ctl) == {"v1-2": "ready", "v1-3": "starting"}
     assert ctl.instances["v1-3"].replaces == "v1-1"
     provider.engines["v1-3"].state = "ready"
@@ -188,7 +188,7 @@ async def test_a_ready_instance_whose_engine_died_under_a_live_process_is_replac
         waited += 0.5
     assert waited <= 2.0  # within one ready probe interval, no grace period
     assert pool.get("v1-1") is None
-    failed = ctl.finished[-1]
+    failed = ctl.book.finished[-1]
     assert failed.state is S.FAILED and "engine died while ready: boom" in failed.reason
     assert "v1-1" in provider.stops  # the live process is stopped, not left behind
     assert states(ctl) == {"v1-2": "ready", "v1-3": "starting"} and ctl.instances["v1-3"].replaces == "v1-1"
@@ -210,7 +210,7 @@ async def test_a_vanished_actor_and_an_unreachable_instance_are_failed_and_repla
         await step(ctl, clock, 1.5)
         waited += 1.5
     assert "v1-2" not in ctl.instances and waited > 5.0
-    reasons = {i.id: i.reason for i in ctl.finished}
+    reasons = {i.id: i.reason for i in ctl.book.finished}
     assert "actor died" in reasons["v1-1"] and "not answering /ready" in reasons["v1-2"]
     assert sorted(i.replaces for i in ctl.instances.values()) == ["v1-1", "v1-2"]
     assert "v1-2" in provider.stops  # the unreachable process was released too
@@ -221,7 +221,7 @@ async def test_instances_that_fail_to_start_are_retried_with_a_growing_backoff()
     await step(ctl, clock)
     provider.engines["v1-1"].state = "failed"
     await step(ctl, clock)
-    assert ctl.finished[-1].id == "v1-1" and "engine failed to start: boom" in ctl.finished[-1].reason
+    assert ctl.book.finished[-1].id == "v1-1" and "engine failed to start: boom" in ctl.book.finished[-1].reason
     assert ctl.instances == {}  # the replacement waits out the backoff (4 s)
     await step(ctl, clock, 2.0)
     assert ctl.instances == {}
@@ -235,22 +235,22 @@ async def test_instances_that_fail_to_start_are_retried_with_a_growing_backoff()
     assert list(ctl.instances) == ["v1-3"]
     provider.engines["v1-3"].state = "ready"
     await step(ctl, clock)
-    assert ctl._start_not_before == 0.0  # a ready instance resets the backoff
+    assert ctl.executor.start_not_before == 0.0  # a ready instance resets the backoff
 
 
 async def test_a_provider_that_cannot_start_fails_the_instance():
     ctl, provider, pool, clock = make_controller()
     provider.fail_start = True
     await step(ctl, clock)
-    assert ctl.instances == {} and "start failed: RuntimeError: no capacity" in ctl.finished[-1].reason
+    assert ctl.instances == {} and "start failed: RuntimeError: no capacity" in ctl.book.finished[-1].reason
 
 
 async def test_a_start_that_never_gets_ready_times_out():
     ctl, provider, pool, clock = make_controller(start_timeout_s=30.0)
     await step(ctl, clock)
     await step(ctl, clock, 31.0)
-    assert ctl.finished[-1].state is S.FAILED and "start timeout" in ctl.finished[-1].reason
-    assert ctl.finished[-1].id in provider.stops
+    assert ctl.book.finished[-1].state is S.FAILED and "start timeout" in ctl.book.finished[-1].reason
+    assert ctl.book.finished[-1].id in provider.stops
 
 
 async def test_scale_down_cancels_starting_instances_which_never_join_the_pool():
@@ -279,7 +279,7 @@ async def test_scale_up_revives_a_draining_instance_before_starting_a_new_one():
     assert states(ctl)[busy] == "draining"
     ctl.set_override(1, None, "back")
     await step(ctl, clock)
-    assert states(ctl)[busy] == "ready" and pool.get(busy).state is S.READY
+    assert states(ctl)[busy] == "ready" and pool.get(busy).accepting
     assert len(provider.engines) == 2  # nothing new started
     assert transitions(ctl, busy)[-2:] == ["draining", "ready"]
     pool.release(lease, Outcome.SUCCESS)
@@ -354,7 +354,7 @@ async def test_the_pools_in_flight_count_is_the_gateways_own_when_reports_lag():
     queued = [asyncio.create_task(pool.acquire(REQ, PriorityClass.REALTIME)) for _ in range(3)]
     await asyncio.sleep(0)
     ctx = ctl.signals(clock.t)
-    seen = pool.signals()
+    seen = pool.stats()
     assert (seen.inflight, sum(seen.queue_depth.values())) == (4, 3)
     assert ctx.running + ctx.waiting < 4  # the fake engines report nothing running
     assert ctx.in_flight == 7
@@ -392,5 +392,5 @@ async def test_an_instance_whose_stop_is_under_way_is_stopping_billed_and_no_lon
     assert states(ctl)[victim] == "stopping"
     exited.set()
     await settle(ctl)
-    assert victim not in ctl.instances and ctl.finished[-1].state is S.STOPPED
+    assert victim not in ctl.instances and ctl.book.finished[-1].state is S.STOPPED
     assert transitions(ctl, victim)[-3:] == ["draining", "stopping", "stopped"]

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from llmserve.autoscale.serve import build_deployment
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve import build_deployment
+from llmserve.serve.serve_config import ServeConfig
 
 from .fakes import FakeProber, FakeProvider
 

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llmserve.autoscale.providers.ray import engine_host
-from llmserve.autoscale.serve import build_app
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve import build_app
+from llmserve.serve.serve_config import ServeConfig
 
 from .fakes import FakeProvider
 

@@ -48,7 +48,7 @@ def test_a_static_pool_is_brought_to_its_count():
 
 
 def test_the_planner_is_the_callers_and_held_starts_take_their_classes_along():
-    def by_class(desired, instances):  # what capacity_mix.plan_mix returns for a spot burst
+    def by_class(desired, instances):  # what capacity_classes.plan_mix returns for a spot burst
         return ScalePlan(start=desired - len(instances), start_classes=("spot",) * (desired - len(instances)))
 
     step = scaling_step(POLICY, POLICY.initial_state(), ctx(), ONE_READY, planner=by_class)

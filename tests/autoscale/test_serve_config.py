@@ -7,7 +7,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve_config import ServeConfig
 
 
 def load(tmp_path, data: dict, overrides: dict | None = None) -> ServeConfig:
@@ -105,7 +105,7 @@ def test_a_version_overrides_merge_over_the_top_level(tmp_path):
 def test_flags_override_the_file_and_leave_the_rest(tmp_path):
     import argparse
 
-    from llmserve.autoscale.serve import add_serve_args, overrides_from_args
+    from llmserve.serve.serve import add_serve_args, overrides_from_args
 
     p = argparse.ArgumentParser()
     add_serve_args(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def test_serve_hands_its_collector_and_access_log_to_every_llmserve_instance():
     from llmserve.autoscale.providers.base import InstanceSpec
-    from llmserve.autoscale.serve import traced_specs
+    from llmserve.serve.serve import traced_specs
     from llmserve.tracing.config import TracingConfig
 
     def specs(iid: str) -> InstanceSpec:

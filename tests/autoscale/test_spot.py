@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from llmserve.autoscale.capacity_actions import NoReclaim
 
-from llmserve.autoscale.capacity_mix import CapacityConfig, SpotConfig
+from llmserve.autoscale.capacity_classes import CapacityConfig, SpotConfig
 from llmserve.lifecycle import InstanceState as S
 from llmserve.autoscale.metrics import AutoscaleMetrics
 from llmserve.gateway.balancer import RouteRequest
@@ -87,7 +87,7 @@ async def test_a_reclaim_notice_drains_at_once_and_the_replacement_starts_in_the
     provider.engines[spot_id].reclaim_at = clock() + 30.0
     await step(ctl, clock)
     assert states(ctl)[spot_id] == "draining"
-    assert pool.get(spot_id).state is S.DRAINING
+    assert not pool.get(spot_id).accepting
     new = next(i for i in ctl.instances.values() if i.replaces == spot_id)
     assert new.capacity_class == "spot" and new.state is S.STARTING
     assert provider.stops == []  # a request is still in flight on it

@@ -88,7 +88,7 @@ def test_the_template_reports_exit_codes_and_refuses_bad_messages(tmp_path):
     try:
         assert t.wait_ready(120), t.error
         assert t.preload_s is not None and t.preload_s > 0
-        child = t.spawn(["engine", "--model", str(tmp_path / "missing")], tmp_path / "child.log")
+        child = t.spawn(["--model", str(tmp_path / "missing")], tmp_path / "child.log")
         assert child.wait(60) == 1
         assert "model load failed: unknown model" in (tmp_path / "child.log").read_text()
         with pytest.raises(TemplateError):
@@ -106,7 +106,7 @@ def test_closing_the_template_stops_its_children(tmp_path):
     model = make_tiny_llama(tmp_path)
     t = Template(tmp_path / "template.log")
     assert t.wait_ready(120), t.error
-    child = t.spawn(["engine", "--model", str(model), "--threads", "1", "--port", str(free_port())], tmp_path / "child.log")
+    child = t.spawn(["--model", str(model), "--threads", "1", "--port", str(free_port())], tmp_path / "child.log")
     time.sleep(0.5)
     assert child.poll() is None
     t.close()

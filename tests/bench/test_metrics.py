@@ -63,17 +63,17 @@ def test_summary_pools_itls_and_excludes_failures():
     assert s.itl.count == 3
     assert s.itl.mean_ms == pytest.approx((100 + 200 + 10) / 3)
     assert s.tpot.mean_ms == pytest.approx(((0.4 - 0.1) / 2 + (0.31 - 0.3) / 1) / 2 * 1000)
-    assert s.e2el.median_ms == pytest.approx((400 + 310) / 2)
+    assert s.e2el.median_ms == pytest.approx(310.0)  # nearest rank of (310, 400)
 
 
 def test_percentiles_on_known_data():
     st = LatencyStats.of([x / 10 for x in range(1, 11)], percentiles=(90, 99, 99.9))
     assert st.mean_ms == pytest.approx(550.0)
-    assert st.median_ms == pytest.approx(550.0)
-    # numpy's linear interpolation over 100..1000 ms: 100 + p/100 * 900
-    assert st.percentiles_ms["p90"] == pytest.approx(910.0)
-    assert st.percentiles_ms["p99"] == pytest.approx(991.0)
-    assert st.percentiles_ms["p99.9"] == pytest.approx(999.1)
+    # Nearest rank over 100..1000 ms (llmserve.percentiles): a latency some request had.
+    assert st.median_ms == pytest.approx(500.0)
+    assert st.percentiles_ms["p90"] == pytest.approx(900.0)
+    assert st.percentiles_ms["p99"] == pytest.approx(1000.0)
+    assert st.percentiles_ms["p99.9"] == pytest.approx(1000.0)
     assert st.std_ms == pytest.approx(float(np.std(np.arange(100, 1001, 100))))
 
 

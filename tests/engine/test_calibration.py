@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from llmserve.engine.calibration import measure_steps
 from llmserve.sim.calibrate import calibrate
 from llmserve.sim.profile import load_profile
@@ -14,11 +17,15 @@ def test_measured_steps_fit_a_profile(tiny):
     assert any(r[0] == 0 and r[1] == 4 for r in rows)  # decode-only steps at batch 4
     assert any(r[0] > 0 and r[1] > 0 for r in rows)  # mixed steps
     assert all(r[3] > 0 for r in rows)
+    # The first steps are the prefills asked for, each whole: the token budget (64) holds it.
+    assert [r[0] for r in rows if r[1] == 0][:3] == [8, 32, 64]
     profile, report = calibrate(rows, load_profile("cpu-smollm2"), name="tiny")
     assert report.n == len(rows)
-    # Timings on a shared machine are noise at this size: check the fit is usable
-    # (non-negative, monotone), not its values; the fit itself is tested in tests/sim.
+    # Timings on a shared machine are noise at this size, so not the values: that the
+    # profile the simulator loads is the fit that was reported (its error, recomputed).
     step = profile.step
-    assert min(step.base_s, step.per_prefill_token_s, step.per_decode_seq_s, step.per_context_token_s) >= 0
-    assert step.step_time(64, 4, 400) >= step.step_time(0, 1, 10) > 0
+    predicted = np.array([step.step_time(int(a), int(b), int(c)) for a, b, c, _ in rows])
+    seconds = np.array([r[3] for r in rows])
+    assert np.sqrt(np.mean((seconds - predicted) ** 2)) == pytest.approx(report.rmse_s, rel=1e-9)
+    assert step.base_s > 0  # the fit keeps a cost per step (calibrate.nonneg_fit never drops it)
     assert eng.kv.num_free_blocks == eng.kv.num_blocks

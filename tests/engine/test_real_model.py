@@ -7,6 +7,7 @@ import torch
 
 from llmserve.engine.llm import LLM
 from llmserve.engine.sampling_params import SamplingParams
+from tests.kernel_gate import require_kernels
 
 pytestmark = pytest.mark.real_model
 
@@ -129,15 +130,13 @@ def test_int8_default_meets_the_quality_bar_on_held_out_text(smollm2_path, model
     import os
     from pathlib import Path
 
-    from llmserve.models import kernels
     from llmserve.models.llama import LlamaForCausalLM
-    from llmserve.models.loading import load_tokenizer, load_weights
+    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
     from llmserve.models.quant import round_activations
     from llmserve.models.weights import linear_factory_for
 
-    if kernels.load() is None:
-        pytest.skip("no int8 kernel here")
+    require_kernels()
     mc, w = load_weights(smollm2_path, model_store)
     text = (Path(os.__file__).parent / "idlelib" / "NEWS2x.txt").read_text()
     ids = load_tokenizer(smollm2_path, model_store).encode(text)[:1025]

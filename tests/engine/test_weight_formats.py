@@ -7,6 +7,7 @@ import pytest
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import run_to_completion
+from tests.kernel_gate import require_kernels
 
 
 @pytest.mark.parametrize("fmt,tol", [("bf16", 0.05), ("int8", 0.02), ("w8a8", 0.15)])
@@ -76,11 +77,9 @@ def q4_1_tiny(seed: int):
 def test_prefill_weights_choose_where_prefill_rows_go(tiny):
     """unpack (default): no fp32 copies, one shared buffer; fp32: copies kept; int8: neither,
     every row through the kernel; all generate."""
-    from llmserve.models import kernels
     from llmserve.models.quant import WeightOnlyInt8Linear
 
-    if kernels.load() is None:
-        pytest.skip("without the kernels every int8 layer keeps fp32 weights")
+    require_kernels()  # without them every int8 layer keeps fp32 weights
     assert EngineConfig().prefill_weights == "unpack"
     for choice, kept, unpacks in (("unpack", False, True), ("fp32", True, False), ("int8", False, False)):
         eng = tiny.engine(dtype="int8", prefill_weights=choice, num_kv_blocks=64, block_size=4)
@@ -95,10 +94,8 @@ def test_prefill_weights_choose_where_prefill_rows_go(tiny):
 def test_unpacked_prefill_is_the_fp32_copies_prefill_bit_for_bit():
     """On Q4_1-grid weights the unpacked weights are the fp32 ones: prompts longer than the
     kernel's SMALL_M rows give the same tokens and log-probabilities either way."""
-    from llmserve.models import kernels
 
-    if kernels.load() is None:
-        pytest.skip("no kernels: no unpacking")
+    require_kernels()  # without them no unpacking
     t = q4_1_tiny(seed=4)
     prompts = [list(range(3, 3 + n)) for n in (100, 130)]
     got = {}

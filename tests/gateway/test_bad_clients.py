@@ -112,7 +112,7 @@ def test_over_the_gateways_connection_cap_requests_get_503(stack):
 
 
 def test_llmserve_serve_hosts_the_gateway_behind_the_guard(monkeypatch, tmp_path):
-    from llmserve.autoscale import serve
+    from llmserve.serve import serve
     from tests.autoscale.fakes import FakeProvider
 
     served = {}

@@ -19,7 +19,9 @@ from .fake_upstream import Behaviour
 pytestmark = pytest.mark.slow
 
 CANARY = {"version": "canary", "stable": "v1", "start_weight": 0.1, "step_weight": 0.3, "max_weight": 0.7,
-          "interval_s": 1.5, "failure_threshold": 2, "min_requests": 3, "latency_slack_s": 0.05}
+          "interval_s": 1.5, "failure_threshold": 2, "min_requests": 3, "latency_slack_s": 0.05,
+          # wide margins: a verdict on a few dozen requests (the statistics are not under test here)
+          "max_error_rate_delta": 0.05, "max_refusal_rate_delta": 0.05}
 VIEW = """document.readyState !== "complete" ? null : JSON.stringify({  // null while the page loads
   paths: Object.fromEntries([...document.querySelectorAll('#chart-timeline path')].map(p =>
     [p.dataset.series, {points: Number(p.dataset.points), d: p.getAttribute('d')}])),

@@ -8,7 +8,6 @@ from llmserve.gateway.admission import AdmissionConfig, ClassLimits, Concurrency
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.pool import NoHealthyInstance, Outcome, Pool, QueueTimeout
-from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
 
 REQ = RouteRequest()
@@ -30,7 +29,7 @@ async def test_acquire_reserves_a_slot_and_release_frees_it():
     assert a.instance is inst and inst.inflight == 2
     waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
-    assert not waiting.done() and p.signals().queue_depth["realtime"] == 1
+    assert not waiting.done() and p.stats().queue_depth["realtime"] == 1
     p.release(a, Outcome.SUCCESS)
     c = await asyncio.wait_for(waiting, 1)
     assert c.instance is inst and inst.inflight == 2
@@ -69,7 +68,7 @@ async def test_a_cancelled_waiter_leaves_the_queue():
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert p.signals().queue_depth["realtime"] == 0
+    assert p.stats().queue_depth["realtime"] == 0
     assert p.queue_stats()[PriorityClass.REALTIME].removed == 1
     p.release(hold, Outcome.SUCCESS)
     assert inst.inflight == 0
@@ -88,7 +87,7 @@ async def test_a_starting_instance_serves_waiters_once_ready():
     waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME))
     await asyncio.sleep(0.01)
     p.set_ready(inst, True)  # what the monitor does when /ready passes
-    assert inst.state is InstanceState.READY
+    assert inst.has_been_ready and inst.accepting
     assert (await asyncio.wait_for(waiting, 1)).instance is inst
 
 
@@ -144,13 +143,13 @@ async def test_signals_count_admissions_rejections_and_dispatches():
     await asyncio.sleep(0.01)
     with pytest.raises(Exception, match="queue is full"):
         await p.acquire(REQ, PriorityClass.REALTIME)
-    sig = p.signals()
+    sig = p.stats()
     assert (sig.instances, sig.routable, sig.inflight) == (1, 1, 1)
     assert sig.queue_depth == {"realtime": 1, "batch": 0}
     assert (sig.admitted_total, sig.rejected_total, sig.dispatched_total) == (2, 1, 1)
     p.release(lease, Outcome.SUCCESS)
     p.release(await waiting, Outcome.SUCCESS)
-    assert p.signals().dispatched_total == 2
+    assert p.stats().dispatched_total == 2
 
 
 async def test_a_pool_that_can_grow_queues_while_its_only_instance_drains():
@@ -191,28 +190,29 @@ async def test_capacity_shortfall_is_cold_or_a_queue_behind_healthy_instances_on
     assert "no ready instance" in p.capacity_shortfall()
 
 
-async def test_an_instance_is_starting_until_its_first_ready_pass_and_a_health_dip_is_no_lifecycle_move():
+async def test_an_instance_has_not_been_ready_until_its_first_ready_pass_and_a_health_dip_is_not_a_drain():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9006", "a")
-    assert inst.state is InstanceState.STARTING and p.snapshot()[0]["state"] == "starting"
+    assert not inst.has_been_ready and inst.accepting and "state" not in p.snapshot()[0]
     p.set_ready(inst, True)
-    assert inst.state is InstanceState.READY
-    p.set_ready(inst, False)  # unreachable for a moment: unhealthy, still a started instance
-    assert inst.state is InstanceState.READY and not inst.ready
+    assert inst.has_been_ready
+    p.set_ready(inst, False)  # unreachable for a moment: unhealthy, still an instance that was ready
+    assert inst.has_been_ready and inst.accepting and not inst.ready
     p.set_draining("a")
-    assert inst.state is InstanceState.DRAINING and p.snapshot()[0]["draining"]
+    assert not inst.accepting and p.snapshot()[0]["draining"]
     p.set_ready(inst, True)  # a /ready pass does not end a drain
-    assert inst.state is InstanceState.DRAINING
+    assert not inst.accepting
     p.set_draining("a", False)
-    assert inst.state is InstanceState.READY
+    assert inst.accepting and inst.has_been_ready
 
 
-async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_starting_again():
+async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_waited_for_again():
     p = _pool()
     inst = p.add_instance("http://127.0.0.1:9007", "a", ready=True)
     p.set_draining("a")
     p.set_ready(inst, False)
     p.set_draining("a", False)
-    assert inst.state is InstanceState.STARTING  # requests wait for it rather than fail fast
+    assert not inst.has_been_ready  # requests wait for it rather than fail fast
+    assert not p._broken(p.views(0.0))
     p.set_ready(inst, True)
-    assert inst.state is InstanceState.READY
+    assert inst.has_been_ready and p.views(0.0)[0].routable

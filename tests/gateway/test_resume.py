@@ -105,3 +105,18 @@ def test_event_by_event_as_an_engine_writes_them_is_the_same_as_one_buffer(body)
 def test_a_lone_chunk_without_ids_after_the_first_still_stops_resuming():
     out, st = _fed([event("c", 1, "a", [1]), event("c", 1, "b", None)], {"model": "m"})
     assert "without their token ids" in st.why_not and st.ids == [1]
+
+
+def test_what_the_instance_writes_is_what_the_gateway_reads():
+    """One wire format (api/stream_format.py): a chunk the instance's writer builds has its
+    head where HEAD finds it and its ids where take_ids finds them, even after other keys."""
+    from llmserve.api.stream_format import HEAD, attach_ids, head, sse, take_ids
+
+    choice = {"index": 0, "text": 'a ", "token_ids": [9] "', "token_ids": [0], "finish_reason": None}
+    attach_ids(choice, [5, 6])
+    event = sse({**head("cmpl-1", "text_completion", 7), "model": "m", "choices": [choice]}).encode()
+    assert HEAD.search(event).group(1) == b'{"id": "cmpl-1", "object": "text_completion", "created": 7'
+    ids: list[int] = []
+    stripped, found = take_ids(event, ids)
+    assert (ids, found) == ([5, 6], 1) and b"[5, 6]" not in stripped
+    assert json.loads(stripped[len(b"data: "):])["choices"][0]["text"] == 'a ", "token_ids": [9] "'

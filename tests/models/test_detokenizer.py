@@ -77,7 +77,7 @@ def test_any_text_any_chunking(tok, text, chunks):
 
 @pytest.mark.real_model
 def test_smollm2_streaming(smollm2_path, model_store):
-    from llmserve.models.loading import load_tokenizer
+    from llmserve.models.model_source import load_tokenizer
 
     tok = load_tokenizer(smollm2_path, model_store)
     prompt = tok.encode_chat([{"role": "user", "content": "Say hi"}])

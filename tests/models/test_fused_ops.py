@@ -5,19 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmserve.models import kernels
 from llmserve.models.ops import FusedOps, TorchOps
 from llmserve.models.rope import RotaryEmbedding
+from tests.kernel_gate import require_kernels
 
 REF = TorchOps()
 
 
 @pytest.fixture(scope="module")
 def fused() -> FusedOps:
-    module = kernels.load()
-    if module is None:
-        pytest.skip("no kernels on this machine")
-    return FusedOps(module)
+    return FusedOps(require_kernels())
 
 
 @pytest.mark.parametrize("rows", [1, 7, 40])

@@ -18,8 +18,14 @@ from llmserve.models import kernels, qlayout
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import GROUP, WeightOnlyInt8Linear, quantize_groups
 from llmserve.models.weights import PREPARED_FORMAT, PreparedCache, linear_factory_for
+from tests.kernel_gate import require_kernels
 
-needs_kernel = pytest.mark.skipif(kernels.load() is None, reason="no AVX2/FMA/F16C or no compiler here")
+@pytest.fixture
+def _kernels():
+    return require_kernels()
+
+
+needs_kernel = pytest.mark.usefixtures("_kernels")
 
 
 def q4_1_like(n: int, k: int, seed: int = 0) -> torch.Tensor:

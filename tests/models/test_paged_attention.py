@@ -9,14 +9,14 @@ import torch
 import llmserve.models.attention as attention
 from llmserve.models import kernels
 from llmserve.models.attention import AttentionMetadata, build_group, paged_attention
+from tests.kernel_gate import require_kernels
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 32), (8, 2, 40)])
 @pytest.mark.parametrize("batch", [1, 5, 33])
 def test_the_kernel_equals_gather_and_sdpa(monkeypatch, heads, kv_heads, dim, batch, cache_dtype):
-    if kernels.load() is None:
-        pytest.skip("no kernel on this machine")
+    require_kernels()
     g = torch.Generator().manual_seed(batch * 100 + heads)
     bs, blocks = 4, 512
     k_cache = torch.randn(blocks * bs, kv_heads, dim, generator=g)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmserve.models.chat_template import ChatTemplateError
-from llmserve.models.loading import cache_dir, load_tokenizer
+from llmserve.models.model_source import cache_dir, load_tokenizer
 from llmserve.models.tokenizer import Tokenizer
 from tests.helpers import make_tiny_gguf, make_tiny_llama
 

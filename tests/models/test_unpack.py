@@ -14,9 +14,12 @@ import torch.nn.functional as F
 
 from llmserve.models import kernels, qlayout
 from llmserve.models.quant import Unpacked, WeightOnlyInt8Linear, quantize_groups
+from tests.kernel_gate import require_kernels
 from tests.models.test_int8 import q4_1_like, q8_0_like
 
-pytestmark = pytest.mark.skipif(kernels.load() is None, reason="no AVX2/FMA/F16C or no compiler here")
+@pytest.fixture(autouse=True)
+def _kernels():
+    require_kernels()
 
 
 @pytest.mark.parametrize("n,k,make,bits", [(13, 96, q4_1_like, 4), (72, 64, q8_0_like, 8),

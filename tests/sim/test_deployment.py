@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.autoscale.serve_config import ServeConfig
+from llmserve.serve.serve_config import ServeConfig
 from llmserve.sim.deployment import simulate_deployment, split_trace, starting_weights
 
 from .test_simulator import short_trace, small_profile
@@ -33,7 +33,7 @@ def test_split_follows_the_weights_and_keeps_every_request_once():
 
 
 def test_each_pool_is_sized_from_its_own_share():
-    results = simulate_deployment(deployment(), short_trace(), small_profile(cold_start_s=5.0))
+    results = simulate_deployment(deployment(), short_trace(), small_profile(cold_start_s=5.0), rollout=False)
     assert list(results) == ["chat/v1", "chat/v2"]
     v1, v2 = results["chat/v1"].summary, results["chat/v2"].summary
     assert v1.requests > 2 * v2.requests

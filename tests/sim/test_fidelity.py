@@ -12,7 +12,7 @@ import pytest
 
 from llmserve.bench.tokenizer import WordCountTokenizer
 from llmserve.sim.fidelity import Row, compare, markdown, side_figures
-from llmserve.sim.live_replay import startups, trace_requests, typical_startup
+from llmserve.fidelity.live_replay import startups, trace_requests, typical_startup
 from llmserve.sim.profile import load_profile
 from llmserve.sim.traces import LengthDist, from_csv, ramp
 
@@ -28,8 +28,8 @@ def test_side_figures_percentiles_usage_and_decisions():
     f = side_figures(ttft, e2e, out, spans, changes, (0.0, 20.0))
     assert (f.requests, f.completed, f.failed) == (4, 3, 1)
     assert f.ttft_p50_s == pytest.approx(0.2)
-    assert f.ttft_p99_s == pytest.approx(np.percentile([0.1, 0.2, 0.3], 99))
-    assert f.e2e_p50_s == pytest.approx(2.0) and f.e2e_p99_s == pytest.approx(2.98)
+    assert f.ttft_p99_s == pytest.approx(0.3)  # nearest rank: a latency one request had
+    assert f.e2e_p50_s == pytest.approx(2.0) and f.e2e_p99_s == pytest.approx(3.0)
     # TPOT: (1 - 0.1) / 10 and (2 - 0.2) / 20; one-token and failed requests have none.
     assert f.tpot_p50_s == pytest.approx(0.09)
     assert f.instance_seconds == pytest.approx(10 + 15 + 3)
@@ -40,8 +40,9 @@ def test_side_figures_percentiles_usage_and_decisions():
 
 
 def test_compare_rows_and_relative_differences():
-    live = side_figures([0.1, 0.3], [1.0, 3.0], [2, 2], [(0.0, 10.0)], [], (0.0, 10.0))
-    sim = side_figures([0.2, 0.4], [1.5, 3.5], [2, 2], [(0.0, 10.0), (2.0, 7.0)], [(2.0, 1, 2)], (0.0, 10.0))
+    live = side_figures([0.1, 0.2, 0.3], [1.0, 2.0, 3.0], [2, 2, 2], [(0.0, 10.0)], [], (0.0, 10.0))
+    sim = side_figures([0.2, 0.3, 0.4], [1.5, 2.5, 3.5], [2, 2, 2], [(0.0, 10.0), (2.0, 7.0)], [(2.0, 1, 2)],
+                       (0.0, 10.0))
     rows = {r.key: r for r in compare(live, sim)}
     assert rows["ttft_p50_s"].live == pytest.approx(0.2) and rows["ttft_p50_s"].sim == pytest.approx(0.3)
     assert rows["ttft_p50_s"].relative == pytest.approx(0.5)
@@ -141,6 +142,8 @@ def test_fidelity_command_end_to_end(tmp_path):
     assert checks["requests_sent"] == n and checks["failures"] == {}
     assert checks["outputs_not_trace_length"] == 0  # ignore_eos: the live answers had the trace's lengths
     assert live["instance_seconds"] > 0 and sim["instance_seconds"] > 0
+    # A sanity bound for a 36 s ramp of a tiny model on a shared machine, not the README's
+    # claim: that is the recorded 20-minute soak's, checked in test_fidelity_claim.py.
     assert 1 / 3 <= sim["instance_seconds"] / live["instance_seconds"] <= 3
     for key in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s"):
         assert math.isfinite(sim[key]) and sim[key] > 0, key

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from llmserve.sim.http_calibration import Observation, decode_step, fit_http
-from llmserve.sim.http_measure import burst_trace, pinned_pool
+from llmserve.fidelity.http_measure import burst_trace, pinned_pool
 from llmserve.sim.profile import InstanceProfile, StepModel
 from llmserve.sim.sharing import CoreSharing
 

@@ -56,16 +56,29 @@ def test_fit_recovers_known_coefficients():
     assert fit.r2 == pytest.approx(1.0)
 
 
-def test_fit_with_noise_is_close_and_coefficients_stay_non_negative():
+def test_fit_with_noise_is_close():
     true, rows = synthetic(noise=0.05, seed=1)
     model, fit = fit_step_model(rows)
     assert model.base_s == pytest.approx(true.base_s, rel=0.15)
     assert model.per_prefill_token_s == pytest.approx(true.per_prefill_token_s, rel=0.1)
     assert fit.mean_abs_rel_error < 0.08
-    # A column that only adds noise must not come out negative.
-    rows = [(p, d, 0, 0.01 + 0.001 * d + 1e-9 * ((i % 3) - 1)) for i, (p, d, _, _) in enumerate(rows)]
-    model, _ = fit_step_model(rows)
-    assert min(model.base_s, model.per_prefill_token_s, model.per_decode_seq_s, model.per_context_token_s) >= 0
+
+
+def test_a_coefficient_the_plain_fit_makes_negative_is_zero_and_the_rest_are_refitted():
+    rng = np.random.default_rng(2)
+    pre, dec, ctx = rng.integers(0, 512, 200), rng.integers(0, 16, 200), rng.integers(0, 20_000, 200)
+    # Time falls with the prompt: the plain fit's prefill slope is negative.
+    seconds = 0.02 + 4e-3 * dec + 2e-6 * ctx - 1e-5 * pre + 1e-4 * rng.standard_normal(200)
+    x = np.column_stack([np.ones(200), pre, dec, ctx])
+    plain, *_ = np.linalg.lstsq(x, seconds, rcond=None)
+    assert plain[1] < 0
+    model, fit = fit_step_model(zip(pre, dec, ctx, seconds))
+    assert model.per_prefill_token_s == 0.0
+    # The others are the least-squares fit without that column, not the plain fit clamped.
+    refit, *_ = np.linalg.lstsq(x[:, [0, 2, 3]], seconds, rcond=None)
+    got = [model.base_s, model.per_decode_seq_s, model.per_context_token_s]
+    assert got == pytest.approx(list(refit), rel=1e-9)
+    assert got != pytest.approx([plain[0], plain[2], plain[3]], rel=1e-3)
 
 
 def test_calibrate_keeps_the_template_limits_and_reads_csv(tmp_path):

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
 from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig, PredictiveConfig
 from llmserve.autoscale.controller import ControllerConfig, PoolController
+from llmserve.autoscale.effects import Advance, Effect, Start, Stop
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.gateway.admission import ConcurrencyConfig
 from llmserve.gateway.balancer import RouteRequest
@@ -70,10 +72,41 @@ def profile() -> InstanceProfile:
                            kv_capacity_tokens=10**9, cold_start_s=COLD_S, warmup_s=WARMUP_S)
 
 
-def simulated(tr: Trace) -> list[tuple[float, int, int]]:
-    sim = SimConfig(initial_instances=0, prompt_chars_per_token=PROMPT_CHARS_PER_TOKEN)
-    res = Simulator(tr, profile(), autoscale(), sim, concurrency=CONCURRENCY).run()
-    return [(t, before, after) for t, before, after, _ in res.events if t <= SPAN_S]
+PROBE_S = 1.0  # the live loop's step: it sees a start's progress or a drain's end this much later at most
+
+
+def observed(e: Effect) -> bool:
+    """Made from what an instance was seen to do, not decided: a start's progress, a drain's end."""
+    return isinstance(e, Advance) or (isinstance(e, Stop) and e.reason.startswith("drained"))
+
+
+def effects(log: list[tuple[float, Effect]], ids: Callable[[Hashable], int]) -> list[tuple]:
+    """What the executor was told to do up to the compared span: time, effect, instance
+    (target, capacity class). Not the reasons: they quote signals that do not move the
+    decision (the live side sees no latencies here, its requests never start)."""
+    out = []
+    for t, e in log:
+        if t > SPAN_S:
+            continue
+        iid = None if isinstance(e, Start) else ids(e.id)
+        what = e.to.value if isinstance(e, Advance) else e.capacity_class if isinstance(e, Start) else None
+        out.append((t, type(e).__name__, iid, what, observed(e)))
+    return out
+
+
+def assert_same_effects(live: list[tuple], sim: list[tuple]) -> None:
+    assert [e[1:] for e in live] == [e[1:] for e in sim]  # the same effects, instances, order
+    for (t_live, *_, seen), (t_sim, *_) in zip(live, sim):
+        assert t_sim <= t_live <= t_sim + PROBE_S if seen else t_live == t_sim
+
+
+def simulated(tr: Trace) -> tuple[list[tuple[float, int, int]], list[tuple]]:
+    cfg = SimConfig(initial_instances=0, prompt_chars_per_token=PROMPT_CHARS_PER_TOKEN)
+    sim = Simulator(tr, profile(), autoscale(), cfg, concurrency=CONCURRENCY)
+    sim.executor.log = []
+    res = sim.run()
+    decisions = [(t, before, after) for t, before, after, _ in res.events if t <= SPAN_S]
+    return decisions, effects(sim.executor.log, int)
 
 
 def age_engines(ctl: PoolController, provider: FakeProvider, now: float) -> None:
@@ -86,13 +119,14 @@ def age_engines(ctl: PoolController, provider: FakeProvider, now: float) -> None
         engine.state = "ready" if age >= COLD_S else "warming" if age >= COLD_S - WARMUP_S else provider.initial_state
 
 
-async def live(tr: Trace) -> list[tuple[float, int, int]]:
+async def live(tr: Trace) -> tuple[list[tuple[float, int, int]], list[tuple]]:
     clock = Clock(0.0)
     provider = FakeProvider()
     pool = Pool("m/v1", concurrency=CONCURRENCY, clock=clock, rng=random.Random(0))
     cfg = ControllerConfig(drain_timeout_s=1e6)  # defaults otherwise: the point of the test
     ctl = PoolController(pool, "m", "v1", autoscale(), provider, lambda iid: InstanceSpec(iid, ()), cfg,
                          prober=FakeProber(provider), clock=clock, wall=clock)
+    ctl.executor.log = []
     leases, k, n = [], 0, len(tr)
     for t in range(2, int(SPAN_S) + 1):  # the first step is the first tick, as the simulator's
         clock.t = float(t)
@@ -103,16 +137,21 @@ async def live(tr: Trace) -> list[tuple[float, int, int]]:
         age_engines(ctl, provider, clock.t)
         await ctl.step()
         for _ in range(5):  # the starts and stops the step launched
-            tasks = list(ctl._tasks.values())
+            tasks = list(ctl.launcher.tasks.values())
             if not tasks:
                 break
             await asyncio.gather(*tasks, return_exceptions=True)
+    done = effects(ctl.executor.log, lambda iid: int(iid.removeprefix("v1-")) - 1)  # "v1-1" is the sim's 0
     await ctl.stop()
-    return [(d["time"], d["provisioned"], d["desired"]) for d in ctl.history.decisions(changes_only=True)]
+    return [(d["time"], d["provisioned"], d["desired"]) for d in ctl.history.decisions(changes_only=True)], done
 
 
-async def test_the_live_controller_and_the_simulator_decide_alike():
+async def test_the_live_controller_and_the_simulator_decide_alike_and_act_alike():
     tr = trace()
-    sim = simulated(tr)
+    sim, sim_effects = simulated(tr)
     assert len({after for _, _, after in sim}) >= 4 and any(a < b for _, b, a in sim)  # up and down
-    assert await live(tr) == sim
+    kinds = {kind for _, kind, *_ in sim_effects}
+    assert {"Start", "Drain"} <= kinds and ({"Stop", "Undrain"} & kinds)  # more than starts
+    decisions, live_effects = await live(tr)
+    assert decisions == sim
+    assert_same_effects(live_effects, sim_effects)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from llmserve.autoscale.book import InstanceBook
 from llmserve.lifecycle import InstanceState
 from llmserve.sim.instance import Seq, SimInstance
 from llmserve.sim.profile import InstanceProfile, StepModel
@@ -80,10 +81,14 @@ def test_a_stopped_instance_is_no_longer_busy():
     cores = BusyInstances(sharing)
     a = SimInstance(0, _profile(sharing), 0.0, InstanceState.READY, cores)
     a.add(Seq(0, 8, 4), 0.0)
-    a.set_state(InstanceState.DRAINING, 0.0)
-    a.set_state(InstanceState.STOPPING, 0.0)
-    a.set_state(InstanceState.STOPPED, 0.0)
-    assert cores.busy == set()
+    book = InstanceBook(lambda: 0.0, lambda: 0.0)  # what the simulator moves its instances with
+    book.listeners.append(lambda inst, old, new, now: inst.moved(old, new, now))
+    book.add(a, "test")
+    for state in (InstanceState.DRAINING, InstanceState.STOPPING):
+        book.transition(a, state, "test")
+        assert cores.busy == {0}
+    book.transition(a, InstanceState.STOPPED, "test")
+    assert cores.busy == set() and a.stopped_at == 0.0
 
 
 def test_profile_round_trips_sharing_and_overhead(tmp_path):

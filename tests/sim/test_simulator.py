@@ -76,7 +76,7 @@ def test_every_request_ends_exactly_once_under_overload_and_scaling():
     assert np.all(np.isfinite(res.e2e[done])) and np.all(np.isnan(res.e2e[~done]))
     assert np.all(res.ttft[done] <= res.e2e[done] + 1e-9)
     assert np.all(np.isnan(res.ttft[(res.status == REJECTED) | (res.status == EXPIRED)]))
-    assert all(i.in_flight == 0 for i in [*sim.instances.values(), *sim.stopped])
+    assert all(i.in_flight == 0 for i in [*sim.instances.values(), *sim.book.finished])
 
 
 def test_same_seed_same_run_and_another_seed_differs():
@@ -119,18 +119,13 @@ def test_warming_instances_get_no_traffic_and_draining_ones_finish_their_work(mo
     assert np.all(res.status == COMPLETED)
 
 
-def test_cold_start_delays_new_capacity(monkeypatch):
+def test_cold_start_delays_new_capacity():
+    sim = Simulator(short_trace(), small_profile(cold_start_s=45.0, warmup_s=5.0),
+                    AutoscaleConfig(policy="threshold"), SimConfig(initial_instances=1))
     ready_at = []
-    original = SimInstance.set_state
-
-    def set_state(self, new, now):
-        if new is InstanceState.READY and self.state is InstanceState.WARMING:
-            ready_at.append(now - self.created)
-        original(self, new, now)
-
-    monkeypatch.setattr(SimInstance, "set_state", set_state)
-    Simulator(short_trace(), small_profile(cold_start_s=45.0, warmup_s=5.0),
-              AutoscaleConfig(policy="threshold"), SimConfig(initial_instances=1)).run()
+    sim.book.listeners.append(lambda inst, old, new, now: ready_at.append(now - inst.created)
+                              if new is InstanceState.READY and old is InstanceState.WARMING and now > 0 else None)
+    sim.run()
     assert ready_at and all(t == pytest.approx(45.0) for t in ready_at)
 
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 
 from llmserve.autoscale import AutoscaleConfig, StaticConfig
-from llmserve.autoscale.capacity_mix import CapacityConfig, SpotConfig
+from llmserve.autoscale.capacity_classes import CapacityConfig, SpotConfig
 from llmserve.sim.results import RECLAIMED
 from llmserve.sim.simulator import SimConfig, Simulator
 

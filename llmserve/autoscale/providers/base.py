@@ -31,7 +31,7 @@ class InstanceSpec:
     # A foreign OpenAI-compatible server instead of ``llmserve engine``: its argv, with
     # ``{host}``, ``{port}`` and ``{instance_id}`` for the provider to fill in.
     command: tuple[str, ...] = ()
-    # "on_demand" or "spot" (autoscale/capacity_mix.py); a provider that cannot give
+    # "on_demand" or "spot" (autoscale/capacity_classes.py); a provider that cannot give
     # spot raises SpotUnavailable, and the controller starts it on-demand instead.
     capacity_class: str = "on_demand"
 

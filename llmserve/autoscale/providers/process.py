@@ -48,13 +48,13 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
 
 
 def engine_argv(engine_args: list[str] | tuple[str, ...], host: str, port: int, instance_id: str) -> list[str]:
-    """``llmserve``'s arguments for one instance."""
-    return ["engine", *engine_args, "--host", host, "--port", str(port), "--instance-id", instance_id]
+    """The instance server's arguments for one instance (``python -m llmserve.server``)."""
+    return [*engine_args, "--host", host, "--port", str(port), "--instance-id", instance_id]
 
 
 def engine_command(engine_args: list[str] | tuple[str, ...], host: str, port: int,
                    instance_id: str) -> list[str]:
-    return [sys.executable, "-m", "llmserve.cli", *engine_argv(engine_args, host, port, instance_id)]
+    return [sys.executable, "-m", "llmserve.server", *engine_argv(engine_args, host, port, instance_id)]
 
 
 def foreign_command(template: tuple[str, ...], host: str, port: int, instance_id: str) -> list[str]:

@@ -46,7 +46,7 @@ from typing import Any
 
 from llmserve.autoscale.providers.process import _die_with_parent
 
-PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.loading", "llmserve.cli")
+PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.model_source", "llmserve.server.entry")
 # Read at torch's import: a spec that sets one of these is spawned, not forked.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "LD_", "PYTHON")
 
@@ -85,9 +85,9 @@ def _run_child(argv: list[str], log: str, env: dict[str, str]) -> None:
 
         random.seed()
         torch.seed()  # the template's generator state would repeat in every child
-        from llmserve.cli import main
+        from llmserve.server.entry import main
 
-        sys.argv = ["llmserve", *argv]
+        sys.argv = ["llmserve.server", *argv]
         code = main(argv) or 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -6,7 +6,6 @@ from pydantic import ValidationError
 
 from llmserve.gateway.admission import ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig, NoPick, Picker, PrefixConfig, RouteRequest
-from llmserve.lifecycle import InstanceState
 
 LOAD_ONLY = BalancerConfig(weights={"queue": 1.0, "running": 1.0})
 
@@ -20,7 +19,7 @@ def test_filters_out_unroutable_and_full_instances(make_instance):
     instances = [
         make_instance("not-ready", ready=False),
         make_instance("ejected", healthy=False),
-        make_instance("draining", state=InstanceState.DRAINING),
+        make_instance("draining", accepting=False),
         make_instance("breaker-open", breaker_available=False),
         make_instance("reports-draining", report={"draining": True}),
         make_instance("reports-unready", report={"ready": False}),

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from llmserve.autoscale.serve_process import ServeProcess
+from llmserve.serve.serve_process import ServeProcess
 from llmserve.bench.cli import Plan, execute
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, LoadConfig
 from llmserve.bench.tokenizer import Tokenizer
 from llmserve.sim.http_calibration import Observation
-from llmserve.sim.live_replay import trace_requests
+from llmserve.fidelity.live_replay import trace_requests
 from llmserve.sim.traces import Trace
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.autoscale.capacity_mix import (ON_DEMAND, SPOT, CapacityConfig, ClassConfig, Mix, SpotConfig,
+from llmserve.autoscale.capacity_classes import (ON_DEMAND, SPOT, CapacityConfig, ClassConfig, Mix, SpotConfig,
                                              plan_mix, replacement_class, spot_available, target_mix)
 from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.lifecycle import InstanceState as S

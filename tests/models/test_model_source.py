@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.loader import ModelLoadError
-from llmserve.models.loading import cache_dir, load_weights
+from llmserve.models.model_source import cache_dir, load_weights
 from tests.helpers import make_tiny_gguf, make_tiny_llama
 
 

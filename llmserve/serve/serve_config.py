@@ -7,10 +7,10 @@ instance lifecycle timing (``lifecycle``) and the gateway's own settings
 (``gateway``: auth, limits, polling, retries...; ``pool``: admission,
 concurrency, balancer). See ``docs/serve.example.yaml``.
 
-``models:`` (see :mod:`llmserve.autoscale.deployment` and ``docs/deployments.md``)
+``models:`` (see :mod:`llmserve.serve.deployment` and ``docs/deployments.md``)
 serves several models and versions, each version its own elastic pool; without it
 the single-model keys are a one-version deployment. Both become the same list of
-:class:`~llmserve.autoscale.deployment.PoolDeployment` (:meth:`ServeConfig.pools`).
+:class:`~llmserve.serve.deployment.PoolDeployment` (:meth:`ServeConfig.pools`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.deployment import (ModelDeployment, PoolDeployment, check_engine_args, deep_merge,
+from llmserve.serve.deployment import (ModelDeployment, PoolDeployment, check_engine_args, deep_merge,
                                            pools_of, served_name_of)
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec

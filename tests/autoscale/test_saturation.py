@@ -1,6 +1,6 @@
 import pytest
 
-from llmserve.autoscale.capacity import CapacityEstimate, update_capacity
+from llmserve.autoscale.saturation import CapacityEstimate, update_capacity
 from llmserve.autoscale.config import PredictiveConfig
 from llmserve.autoscale.signals import PoolSignals
 
@@ -53,7 +53,7 @@ def test_no_ready_instance_or_no_throughput_means_no_update():
 # ---- capacity from the instances' own step models (issue 28) ---------------------------------
 
 def test_modelled_capacity_is_a_full_batch_of_the_mean_request():
-    from llmserve.autoscale.capacity import modelled_capacity
+    from llmserve.autoscale.saturation import modelled_capacity
 
     # 100-token prompts at 1 ms a token, 100 output tokens at 3 ms a row plus 8 ms / 64 seats:
     # 0.1 + 100 * 0.003125 = 0.4125 s of instance time per 200 tokens.
@@ -85,7 +85,7 @@ def test_capacity_from_model_off_keeps_the_prior():
 
 
 def test_the_collector_turns_reported_step_models_into_capacity():
-    from llmserve.autoscale.capacity import modelled_capacity
+    from llmserve.autoscale.saturation import modelled_capacity
     from llmserve.autoscale.collector import SignalCollector
     from llmserve.lifecycle import InstanceState
     from llmserve.load_report import LoadReport

@@ -3,7 +3,7 @@
 The steps, each reusing the code that does it elsewhere:
 
 1. the instance profile: by default measured through serve's HTTP path, as a
-   client sees it (:mod:`llmserve.sim.http_measure`: the serve config's pool,
+   client sees it (:mod:`llmserve.fidelity.http_measure`: the serve config's pool,
    fixed at one and then two busy instances, bursts of streaming requests) and
    fitted with a request overhead and core sharing
    (:mod:`llmserve.sim.http_calibration`), measured before and again after the
@@ -12,7 +12,7 @@ The steps, each reusing the code that does it elsewhere:
    (:func:`llmserve.engine.calibration.measure_steps`,
    :func:`llmserve.sim.calibrate.calibrate`); batch and KV limits are the
    engine's own either way; or ``--fidelity-profile`` gives a profile JSON;
-2. the live replay (:mod:`llmserve.sim.live_replay`): serve as a child process,
+2. the live replay (:mod:`llmserve.fidelity.live_replay`): serve as a child process,
    the trace sent by the bench client, the event log read back;
 3. the simulation: the serve config's very ``AutoscaleConfig``, gateway settings
    (admission, concurrency, balancer, load polling) and controller windows, the
@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from llmserve.autoscale.serve_config import ServeConfig, serve_file
+from llmserve.serve.serve_config import ServeConfig, serve_file
 from llmserve.autoscale.usage import spans_from_events
 from llmserve.bench.tokenizer import load_tokenizer
 from llmserve.sim.fidelity import Row, SideFigures, compare, markdown, side_figures, table
-from llmserve.sim.live_replay import LiveRun, replay_live, startups, typical_startup
+from llmserve.fidelity.live_replay import LiveRun, replay_live, startups, typical_startup
 from llmserve.sim.profile import InstanceProfile, StepModel, load_profile, save_profile
 from llmserve.sim.results import SimResult, percentile
 from llmserve.sim.simulator import SimConfig, Simulator
@@ -83,7 +83,7 @@ def settings_from_args(args: argparse.Namespace, trace: Trace) -> FidelitySettin
 # ---- 1. the instance profile ---------------------------------------------------------------------
 def engine_config_for(serve: ServeConfig):
     """The EngineConfig each serve instance builds: its flags parsed by the engine's own parser."""
-    from llmserve.cli import add_engine_args, engine_config_from
+    from llmserve.engine.argv import add_engine_args, engine_config_from
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
@@ -138,7 +138,7 @@ def measure_profile_http(serve_dict: dict[str, Any], serve: ServeConfig, tok, wo
     fitted with the new ones, so load that moved on a shared machine is averaged over both."""
     from llmserve.engine.threads import available_cores
     from llmserve.sim.http_calibration import fit_http
-    from llmserve.sim.http_measure import measure_http
+    from llmserve.fidelity.http_measure import measure_http
 
     template, max_len, engine = engine_template(serve)
     del engine  # only its limits are needed: the instances measured are serve's own
@@ -320,7 +320,7 @@ def run_fidelity(args: argparse.Namespace, trace: Trace) -> int:
                              "sim": [(round(t, 2), a, b, why) for t, a, b, why in res.events]}}
         save_profile(profile, st.out / "profile.json")
         if observations:
-            from llmserve.sim.http_measure import write_observations
+            from llmserve.fidelity.http_measure import write_observations
 
             write_observations(st.out / "calibration.csv", observations)
         (st.out / "serve.log").write_text(live.serve_log)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from llmserve.autoscale.serve_config import ServeConfig
-from llmserve.autoscale.serve_process import ServeProcess
+from llmserve.serve.serve_config import ServeConfig
+from llmserve.serve.serve_process import ServeProcess
 from llmserve.bench.cli import Plan, execute
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, LoadConfig

@@ -25,7 +25,7 @@ from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
 from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
-from llmserve.autoscale.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
+from llmserve.serve.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
 from llmserve.flags import add_flags, given
 from llmserve.tracing.config import ENV_ENDPOINT, TracingConfig
 

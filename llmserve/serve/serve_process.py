@@ -1,7 +1,7 @@
 """A ``llmserve serve`` child process, started from a config dict, and its admin API.
 
 Used where something must drive the real command end to end from Python: the
-simulator's fidelity check (:mod:`llmserve.sim.live_replay`) and the live tests.
+simulator's fidelity check (:mod:`llmserve.fidelity.live_replay`) and the live tests.
 The config is written as the YAML ``llmserve serve --config`` reads, with a free
 port, an admin key (generated when the config has none) and the instances' log
 folder filled in, so the child is exactly what a user would run.

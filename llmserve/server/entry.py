@@ -1,0 +1,74 @@
+"""The instance server's own entry point: ``python -m llmserve.server [flags]`` runs :func:`main`.
+
+What ``llmserve engine`` runs, without the console script: the engine's flags
+(``engine/argv.py``) and the server's (``ServerConfig``). The process provider and
+the template's children start instances with it. ``LLMSERVE_API_KEY`` is one more
+accepted key (an environment variable is not in ``ps`` output); ``LLMSERVE_NO_KERNELS``
+runs without the C++ kernels; ``OTEL_EXPORTER_OTLP_ENDPOINT`` is the default of
+``--otlp-endpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    from llmserve.flags import add_flags
+    from llmserve.server.config import ServerConfig
+
+    add_flags(p.add_argument_group("server"), ServerConfig)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Serve one engine instance over HTTP with the flags parsed into ``args``."""
+    # numpy's OpenBLAS pool would start a thread at import; the engine process is forked
+    # from this one, which must then have one thread (torch does the arithmetic).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from llmserve.engine.argv import engine_config_from
+    from llmserve.flags import given
+    from llmserve.server.app import run_server
+    from llmserve.server.config import ServerConfig
+
+    env_key = os.environ.get("LLMSERVE_API_KEY")
+    server = given(ServerConfig, args)
+    server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
+    server.setdefault("otlp_endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
+    scfg = ServerConfig(**server)
+    ecfg = engine_config_from(args)
+    if ecfg.threads is None:  # its share of this machine's cores
+        from llmserve.engine.threads import available_cores, engine_threads
+
+        ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores(), ecfg.instances)})
+    return run_server(ecfg, scfg)
+
+
+def parser() -> argparse.ArgumentParser:
+    from llmserve.engine.argv import add_engine_args
+
+    p = argparse.ArgumentParser(prog="python -m llmserve.server",
+                                description="serve one engine instance over HTTP (OpenAI API)")
+    add_engine_args(p)
+    add_server_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if os.environ.get("LLMSERVE_NO_KERNELS"):
+        from llmserve.models import kernels
+
+        kernels.disable()
+    try:
+        return int(serve(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - a clear one-line error for the user
+        from llmserve.models.loader import ModelLoadError
+
+        if isinstance(e, (ModelLoadError, ValueError, FileNotFoundError)):
+            print(f"llmserve: error: {e}", file=sys.stderr)
+            return 2
+        raise
