@@ -39,16 +39,26 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                       "long_factor": [2.0, 2.5, 3.0, 4.0, 5.0, 6.0]})),
 }
+# What a GGUF can say of each family (llama.cpp's metadata): Mistral converts to the llama
+# architecture without its window, Qwen2's window is not stored, Gemma's attention scale is
+# head_dim ** -0.5 and Gemma 3's window pattern is every sixth layer full.
+GGUF_VARIANTS: dict[str, dict[str, Any]] = {
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(use_sliding_window=False),
+    "gemma2": dict(query_pre_attn_scalar=16),
+    "gemma3": dict(query_pre_attn_scalar=16, num_hidden_layers=6, layer_types=None),
+}
 # Gemma applies its norms as 1 + w: random weights around 0 there, around 1 elsewhere
 NORM_CENTRE = {"gemma2": 0.0, "gemma3": 0.0}
 
 
-def make_family(family: str, folder: Path, seed: int = 0):
-    """Write the tiny ``family`` model to ``folder``; returns the transformers model."""
+def make_family(family: str, folder: Path, seed: int = 0, **overrides: Any):
+    """Write the tiny ``family`` model to ``folder``; returns the transformers model.
+    ``overrides``: config fields over the family's."""
     import transformers
 
     cfg_cls, model_cls, fields = FAMILIES[family]
-    config = getattr(transformers, cfg_cls)(**{**BASE, **fields})
+    config = getattr(transformers, cfg_cls)(**{**BASE, **fields, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, model_cls)(config).eval()

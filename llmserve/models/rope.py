@@ -1,4 +1,4 @@
-"""Rotary position embeddings with the model's rope settings (default, linear, llama3, longrope),
+"""Rotary position embeddings with the model's rope settings (default, linear, llama3, longrope, GGUF freq factors),
 over the whole head or its first ``rotary_dim`` dimensions (partial rotary)."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ def inv_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None,
         return inv
     if kind == "linear":
         return inv / float(scaling["factor"])
+    if kind == "freq_factors":  # a GGUF's rope_freqs: Llama 3's scaling as one divisor per frequency
+        return inv / torch.tensor(scaling["factors"], dtype=torch.float32)
     if kind == "longrope":
         ext = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
         return 1.0 / (ext * theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
