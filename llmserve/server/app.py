@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmserve.engine.async_engine import AsyncEngine
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.core_client import ProcessEngine
+from llmserve.engine.core_proc import model_facts
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
@@ -131,6 +132,16 @@ class Instance:
             timestamp=time.time()).model_dump()
 
 
+def _model_facts(engine: Any) -> dict[str, Any]:
+    """Family and context length, from the engine process's ready message or the in-process core."""
+    if engine is None:
+        return {"family": None, "context_length": None}
+    info = getattr(engine, "info", None)
+    if isinstance(info, dict):
+        return {k: info.get(k) for k in ("family", "context_length")}
+    return model_facts(engine.core.model_config)
+
+
 def create_app(inst: Instance) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
@@ -190,10 +201,11 @@ def create_app(inst: Instance) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         names = cfg.served_names(inst.model_name) if inst.model_name else []
+        facts = _model_facts(inst.engine)
         return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
                                             "owned_by": "llmserve", "max_model_len":
-                                                inst.engine.max_model_len if inst.engine else None}
-                                           for n in names]}
+                                                inst.engine.max_model_len if inst.engine else None,
+                                            **facts} for n in names]}
 
     # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
     # nesting, huge integers, NaN and lone surrogates become 400s, never 500s.
