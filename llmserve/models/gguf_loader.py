@@ -26,7 +26,7 @@ import torch
 
 from llmserve.models.config import ModelConfig
 from llmserve.models.gguf_families import PERMUTED_QK, ROPE_TENSORS, SUPPORTED_ARCHITECTURES, arch_fields, layer_names
-from llmserve.models.loader import ModelLoadError, check_weights
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
     meta = _fields(reader, path)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
+        raise UnsupportedFamily(f"{path}: architecture {arch!r} is not supported "
+                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     names = {t.name: t for t in reader.tensors}
 
     def need(key: str) -> Any:

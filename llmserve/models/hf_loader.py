@@ -15,7 +15,7 @@ import torch
 from llmserve.models.config import ModelConfig
 from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel
 from llmserve.models.files import read_json
-from llmserve.models.loader import ModelLoadError, check_weights
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
 
 INDEX = "model.safetensors.index.json"
 __all__ = ["SUPPORTED_MODEL_TYPES", "HFLoader", "read_hf_config"]
@@ -31,7 +31,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
     try:
         config = ModelConfig.from_hf_dict(d, name=folder.name)
     except UnsupportedModel as e:
-        raise ModelLoadError(f"{path}: {e}") from e
+        raise UnsupportedFamily(f"{path}: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{path}: invalid config ({type(e).__name__}: {e})") from e
     gen = folder / "generation_config.json"

@@ -34,6 +34,10 @@ class ModelLoadError(ValueError):
     """A model file or folder is missing, truncated, corrupt or unsupported."""
 
 
+class UnsupportedFamily(ModelLoadError):
+    """The model is of a family (architecture) the decoder does not implement."""
+
+
 def expected_weight_shapes(config: ModelConfig, weights: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor the config's decoder needs, by HF name, with its shape. Where ``weights``
     hold a layer's fused q/k/v or gate/up matrix (Phi-3), that name replaces the parts."""

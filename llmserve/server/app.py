@@ -278,6 +278,7 @@ class _DrainingServer(uvicorn.Server):
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Serve until drained; returns the process exit code."""
+    _refuse_unsupported(engine_config)
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     inst = Instance(server_config, _engine_builder(engine_config, server_config.engine_process))
@@ -298,6 +299,18 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
+
+
+def _refuse_unsupported(engine_config: EngineConfig) -> None:
+    """A model of an unsupported family stops the start here, in one line (the CLI prints it)."""
+    from llmserve.models.loading import refuse_unsupported
+    from llmserve.models.store import locate
+
+    try:
+        source, _ = locate(engine_config.model, engine_config.model_store)
+    except Exception:  # noqa: BLE001 - not found, not pulled: the engine's load reports it as before
+        return
+    refuse_unsupported(source)
 
 
 def _engine_builder(engine_config: EngineConfig, in_process: bool) -> Callable[[], Any]:

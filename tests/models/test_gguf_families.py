@@ -11,6 +11,7 @@ from llmserve.models.attention import AttentionMetadata, build_group
 from llmserve.models.gguf_loader import GGUFLoader
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.llama import LlamaForCausalLM
+from llmserve.models.loading import load_weights
 from tests.family_gguf import write_gguf
 from tests.family_models import FAMILIES, GGUF_VARIANTS, VOCAB, make_family
 
@@ -32,7 +33,14 @@ def test_gguf_equals_transformers(family, tmp_path):
     ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    config, weights = GGUFLoader().load(write_gguf(folder, tmp_path / "f32.gguf"))
+    f32 = write_gguf(folder, tmp_path / "f32.gguf")
+    config, weights = GGUFLoader().load(f32)
+    # the store's fp32 conversion cache gives the same model back
+    load_weights(f32, tmp_path / "store")
+    cached, cached_weights = load_weights(f32, tmp_path / "store")
+    assert (cached.family, cached.rope_scaling, cached.layer_types) == (config.family, config.rope_scaling,
+                                                                          config.layer_types)
+    torch.testing.assert_close(_logits(cached, cached_weights, ids), ref, atol=1e-4, rtol=1e-4)
     assert config.family == ("llama" if family == "mistral" else hf_config.family)  # converted as llama
     assert (config.layer_types, config.sliding_window) == (hf_config.layer_types, hf_config.sliding_window)
     torch.testing.assert_close(_logits(config, weights, ids), ref, atol=1e-4, rtol=1e-4)
