@@ -49,8 +49,10 @@ def test_config_names_the_family(family):
 def test_greedy_tokens_and_logprobs_equal_transformers(family, spec):
     _, config, weights, prompts, ref = family
     sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, logprobs=0)
-    # 4-token blocks, a 7-token step budget (chunked prefill), 20 blocks (preemption)
-    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=7, num_kv_blocks=20,
+    # 4-token blocks, a 7-token step budget (chunked prefill), a pool that preempts: 20 blocks,
+    # 12 where every layer slides (a request holds its window's blocks only)
+    blocks = 12 if config.max_window else 20
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=7, num_kv_blocks=blocks,
                                   enable_prefix_caching=True, speculative_config=spec, dtype="fp32"),
                      config, weights)
     arrivals = {0: [(str(i), p, sp) for i, p in enumerate(prompts[:2])],
@@ -74,3 +76,27 @@ def test_greedy_tokens_and_logprobs_equal_transformers(family, spec):
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
     if spec:
         assert eng.spec.num_draft_tokens > 0
+
+
+def test_blocks_left_of_every_window_are_freed(tmp_path):
+    """Mistral slides on every layer: a long request holds its window's blocks, not its
+    whole context, and the freed blocks stay in the prefix cache for the next request."""
+    hf = make_family("mistral", tmp_path / "m")  # a 12-token window
+    config, weights = HFLoader().load(tmp_path / "m")
+    prompt = [random.Random(9).randrange(VOCAB) for _ in range(70)]
+    ref, _ = hf_greedy(hf, prompt, N)
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=64,
+                                  enable_prefix_caching=True, dtype="fp32"), config, weights)
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    peak = 0
+    for rid in ("a", "b"):
+        eng.add_request(rid, prompt, sp)
+        out = None
+        while eng.has_unfinished():
+            for o in eng.step():
+                out = o if o.finished else out
+            peak = max(peak, eng.kv.num_blocks - eng.kv.num_free_blocks)
+        assert out.outputs[0].token_ids == ref, rid
+    # 86 tokens fill 22 blocks; held at once: the window (12), a chunk (8) and two partial blocks
+    assert peak <= (12 + 8) // 4 + 2
+    assert eng.kv.prefix_hits > 0  # "b" reused the blocks "a" freed
