@@ -237,13 +237,12 @@ class ChatCompletionRequest(_SamplingFields):
     # extra variables for the chat template (Qwen3's enable_thinking), as in vLLM
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v and (taken := sorted(set(v) & TEMPLATE_VARIABLES)):
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> "ChatCompletionRequest":
+        if self.chat_template_kwargs and (taken := sorted(set(self.chat_template_kwargs) & TEMPLATE_VARIABLES)):
             raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(taken)} "
                                                      "(the request's own fields do)")
-        return v
+        return self
 
     @model_validator(mode="after")
     def _tools(self) -> "ChatCompletionRequest":
