@@ -133,3 +133,32 @@ def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedModel(f"model family {model_type!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     return FAMILIES[model_type](d)
+
+
+# Multimodal checkpoints whose text decoder is a supported family: the vision tower is left
+# out, the decoder's config and weights are read from their place in the checkpoint.
+_TEXT_OF = {"gemma3": ("gemma3_text", "Gemma3TextConfig")}
+_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+
+
+def text_config_of(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` itself, or the text decoder's full config of a multimodal ``d`` (the Hub's
+    ``text_config`` lists only what differs from the defaults: transformers fills them)."""
+    if d.get("model_type") not in _TEXT_OF or not isinstance(d.get("text_config"), dict):
+        return d
+    import transformers
+
+    model_type, cls = _TEXT_OF[d["model_type"]]
+    text = getattr(transformers, cls)(**d["text_config"]).to_dict()
+    keep = {k: d[k] for k in ("tie_word_embeddings", "eos_token_id", "bos_token_id") if k in d}
+    return {**text, **keep, "model_type": model_type}
+
+
+def text_weight_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name as the text decoder's, None for the vision parts."""
+    if name in ("language_model.lm_head.weight", "lm_head.weight"):
+        return "lm_head.weight"
+    for prefix in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix):]
+    return None

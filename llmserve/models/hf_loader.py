@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from llmserve.models.config import ModelConfig
-from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel
+from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel, text_config_of, text_weight_name
 from llmserve.models.files import read_json
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
 
@@ -29,7 +29,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path}: cannot read config ({e})") from e
     try:
-        config = ModelConfig.from_hf_dict(d, name=folder.name)
+        config = ModelConfig.from_hf_dict(text_config_of(d), name=folder.name)
     except UnsupportedModel as e:
         raise UnsupportedFamily(f"{path}: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
@@ -91,6 +91,8 @@ class HFLoader:
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         config = read_hf_config(path)
         weights = load_safetensors(safetensors_files(path))
+        if "text_config" in read_json(path / "config.json"):  # a multimodal checkpoint: its decoder
+            weights = {new: w for name, w in weights.items() if (new := text_weight_name(name)) is not None}
         if config.tie_word_embeddings:
             # One layout for the model code: a tied head is the embedding, never a copy.
             weights.pop("lm_head.weight", None)
