@@ -14,7 +14,6 @@ from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.config import ModelConfig
 from llmserve.models.hf_loader import HFLoader
-from tests.engine.conftest import run_to_completion
 from tests.family_models import FAMILIES, VOCAB, hf_greedy, make_family
 
 N = 16
