@@ -38,3 +38,15 @@ def test_unsupported_family_is_refused_in_one_line(tmp_path, kind):
     assert len(lines) == 1, r.stderr
     assert "'falco" in lines[0] and "not supported" in lines[0]
     assert all(name in lines[0] for name in supported)
+
+
+def test_pull_takes_a_local_model_and_refuses_an_unsupported_one(tmp_path):
+    folder = make_tiny_llama(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(folder)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(folder.resolve())
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(folder)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "model family 'falcon' is not supported" in r.stderr
