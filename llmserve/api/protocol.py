@@ -59,6 +59,8 @@ UNSUPPORTED: dict[str, str] = {
     "guided_decoding_backend": "choosing the guided decoding backend is not supported (xgrammar is used)",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
 }
+# Chat template variables the request sets itself: chat_template_kwargs may not.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
 # Accepted, documented as having no effect on generation (docs/openai-api.md).
 NO_OP = ("store", "metadata", "service_tier", "user", "modalities")
 
@@ -234,6 +236,15 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # extra variables for the chat template (Qwen3's enable_thinking), as in vLLM
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> "ChatCompletionRequest":
+        if self.chat_template_kwargs and (taken := sorted(set(self.chat_template_kwargs) & TEMPLATE_VARIABLES)):
+            raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(taken)} "
+                                                     "(the request's own fields do)")
+        return self
 
     @model_validator(mode="after")
     def _tools(self) -> "ChatCompletionRequest":

@@ -146,7 +146,13 @@ def ready_info(core) -> dict[str, Any]:
     tok = core.tokenizer
     return {"max_model_len": core.max_model_len, "vocab_size": core.model_config.vocab_size,
             "model_name": core.model_config.name, "eos_token_ids": sorted(core.eos_token_ids),
-            "has_tokenizer": tok is not None, "pid": os.getpid(), "threads": _torch_threads()}
+            "has_tokenizer": tok is not None, "pid": os.getpid(), "threads": _torch_threads(),
+            **model_facts(core.model_config)}
+
+
+def model_facts(config) -> dict[str, Any]:
+    """What ``/v1/models`` says of the model beyond its name."""
+    return {"family": config.family, "context_length": config.max_position_embeddings}
 
 
 def _torch_threads() -> int:

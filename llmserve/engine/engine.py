@@ -74,10 +74,14 @@ class EngineCore:
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
                                            self.max_model_len, available_memory())
-        self.max_model_len = min(self.max_model_len, num_blocks * config.block_size)
+        spec_tokens = config.speculative_config.max_speculative_tokens if config.speculative_config else 0
         self.kv = KVCacheManager(num_blocks, config.block_size,
                                  enable_prefix_caching=config.enable_prefix_caching,
-                                 model_key=model_config.name)
+                                 model_key=model_config.name, sliding_window=model_config.max_window,
+                                 step_tokens=config.max_num_batched_tokens + spec_tokens)
+        # a draft model's pool mirrors this one's without freeing: it bounds the length then
+        draft = config.speculative_config is not None and config.speculative_config.method == "draft"
+        self.max_model_len = min(self.max_model_len, num_blocks * config.block_size if draft else self.kv.token_capacity)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -8,6 +8,7 @@ slot ``block_table[t // block_size] * block_size + t % block_size``.
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from dataclasses import dataclass, field
 
@@ -35,11 +36,17 @@ class KVGeometry:
     block_size: int
 
 
+# Stands in a block table for a block freed because it left every layer's sliding window:
+# positions stay aligned, and attention masks those keys (reading block 0 there is harmless).
+_FREED = KVBlock(0)
+
+
 @dataclass
 class _ReqBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)  # hashes of the request's full blocks
     num_registered: int = 0  # leading blocks registered in the prefix cache
+    num_freed: int = 0  # leading blocks freed outside the sliding window (``_FREED`` in ``blocks``)
 
 
 class KVCacheManager:
@@ -47,10 +54,16 @@ class KVCacheManager:
 
     ``watermark_blocks`` stay free when admitting a new request, so requests that
     are already running can grow a little before anything must be preempted.
+
+    ``sliding_window``: the window of every layer, when all of them slide (Mistral): a
+    request's blocks whose keys no future query can see are freed as it advances, as
+    vLLM's sliding-window manager does. Registered in the prefix cache first, they stay
+    reusable until evicted. ``step_tokens``: the most tokens one step adds to a request.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 watermark: float = 0.01, model_key: str = "") -> None:
+                 watermark: float = 0.01, model_key: str = "", sliding_window: int | None = None,
+                 step_tokens: int = 0) -> None:
         if block_size < 1:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
@@ -58,6 +71,12 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = max(1, int(watermark * num_blocks)) if num_blocks > 8 else 0
         self._model_key = model_key.encode()
+        self.sliding_window = sliding_window
+        # with every layer sliding, a request holds at most its window, a step's tokens and two
+        # partial blocks: when the pool has that room, it bounds no request's length
+        held = (sliding_window or 0) + step_tokens + 4 * block_size
+        self.token_capacity = sys.maxsize if sliding_window and num_blocks * block_size >= held \
+            else num_blocks * block_size
         self._reqs: dict[str, _ReqBlocks] = {}
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
@@ -160,23 +179,34 @@ class KVCacheManager:
         return True
 
     def cache_computed_blocks(self, request: Request) -> None:
-        """Register the request's full, computed blocks in the prefix cache.
+        """Register the request's full, computed blocks in the prefix cache, then free
+        those left of the sliding window.
 
         Only tokens counted in ``num_computed_tokens`` are hashed: draft tokens that
         were rejected never reach the cache.
         """
-        if not self.enable_prefix_caching:
-            return
         rb = self._reqs.get(request.request_id)
         if rb is None:
             return
         num_full = min(request.num_computed_tokens // self.block_size, len(rb.blocks))
-        if num_full <= rb.num_registered:
+        if self.enable_prefix_caching and num_full > rb.num_registered:
+            rb.hashes = self._full_block_hashes(request, num_full * self.block_size, rb.hashes[:num_full])
+            for i in range(rb.num_registered, num_full):
+                self.pool.register(rb.blocks[i], rb.hashes[i])
+            rb.num_registered = num_full
+        if self.sliding_window is not None:
+            self._free_outside_window(request, rb)
+
+    def _free_outside_window(self, request: Request, rb: _ReqBlocks) -> None:
+        # The next query sits at num_computed_tokens; it and later ones see keys > position - window.
+        first_seen = request.num_computed_tokens - self.sliding_window + 1
+        n = min(max(0, first_seen) // self.block_size, len(rb.blocks))
+        if n <= rb.num_freed:
             return
-        rb.hashes = self._full_block_hashes(request, num_full * self.block_size, rb.hashes[:num_full])
-        for i in range(rb.num_registered, num_full):
-            self.pool.register(rb.blocks[i], rb.hashes[i])
-        rb.num_registered = num_full
+        out = rb.blocks[rb.num_freed:n]
+        rb.blocks[rb.num_freed:n] = [_FREED] * len(out)
+        rb.num_freed = n
+        self.pool.release(list(reversed(out)))
 
     def trim(self, request: Request, keep_tokens: int) -> None:
         """Free the request's blocks beyond those holding its first ``keep_tokens`` tokens."""
@@ -193,7 +223,7 @@ class KVCacheManager:
         """Release all of a request's blocks (finish, abort or preemption)."""
         rb = self._reqs.pop(request.request_id, None)
         if rb is not None:
-            self.pool.release(list(reversed(rb.blocks)))
+            self.pool.release(list(reversed(rb.blocks[rb.num_freed:])))
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

@@ -97,7 +97,7 @@ class Scheduler:
     # ---- queue management ------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a request; raises ValueError at once if it could never run."""
-        cap = min(self.config.max_model_len, self.kv.num_blocks * self.kv.block_size)
+        cap = min(self.config.max_model_len, self.kv.token_capacity)
         need = request.num_prompt_tokens + request.max_tokens
         if request.num_prompt_tokens == 0:
             raise ValueError("the prompt is empty")

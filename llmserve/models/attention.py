@@ -36,6 +36,15 @@ class AttnGroup:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] slot of each new token
     groups: list[AttnGroup] = field(default_factory=list)
+    _windowed: dict[int, list[AttnGroup]] = field(default_factory=dict, repr=False)
+
+    def groups_for(self, window: int | None) -> list[AttnGroup]:
+        """The groups as a layer with this sliding window sees them (built once per step)."""
+        if window is None:
+            return self.groups
+        if window not in self._windowed:
+            self._windowed[window] = [windowed(g, window) for g in self.groups]
+        return self._windowed[window]
 
 
 def build_group(start: int, q_len: int, context_lens: list[int], block_tables: list[list[int]],
@@ -55,19 +64,44 @@ def build_group(start: int, q_len: int, context_lens: list[int], block_tables: l
     return AttnGroup(start, b, q_len, kv_index, mask, ctx.view(b))
 
 
+def windowed(g: AttnGroup, window: int) -> AttnGroup:
+    """The group with each query seeing only the ``window`` latest keys, itself included
+    (transformers' sliding mask: key position > query position - window)."""
+    lens = g.lens
+    if g.q_len == 1:
+        # decode: gather the window itself, so the kernel reads no key outside it
+        new_lens = lens.clamp(max=window)
+        width = int(new_lens.max())
+        cols = ((lens - new_lens).view(-1, 1) + torch.arange(width).view(1, -1)).clamp(max=g.kv_index.shape[1] - 1)
+        valid = torch.arange(width).view(1, -1) < new_lens.view(-1, 1)
+        n_rep = g.mask.shape[2]
+        mask = valid.view(g.num_seqs, 1, 1, width).expand(-1, 1, n_rep, -1).contiguous()
+        return AttnGroup(g.start, g.num_seqs, 1, g.kv_index.gather(1, cols), mask, new_lens)
+    lo = max(0, int(lens.min()) - g.q_len - window + 1)  # keys left of every query's window
+    pos = torch.arange(lo, g.kv_index.shape[1])
+    q_pos = lens.view(-1, 1, 1) - g.q_len + torch.arange(g.q_len).view(1, -1, 1)
+    near = (pos.view(1, 1, -1) > q_pos - window).unsqueeze(1)
+    n_rep = g.mask.shape[2] // g.q_len
+    mask = g.mask[..., lo:] & near.repeat(1, 1, n_rep, 1)
+    return AttnGroup(g.start, g.num_seqs, g.q_len, g.kv_index[:, lo:].contiguous(), mask, None)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, D]; caches: [S, KVH, D], the step's new keys and values already written.
+    ``window``: the layer's sliding window; ``softcap``: Gemma 2's cap on the scores.
     Returns [T, H * D]."""
     t, h, d = q.shape
     kvh = k_cache.shape[1]
+    groups = meta.groups_for(window)
     kernel = _decode_kernel() if k_cache.dtype in (torch.float32, torch.float16) and q.dtype == torch.float32 \
-        else None
-    if kernel is not None and len(meta.groups) == 1 and meta.groups[0].q_len == 1 and meta.groups[0].lens is not None:
-        g = meta.groups[0]  # a pure decode step (the common case): no output copy
+        and softcap is None else None
+    if kernel is not None and len(groups) == 1 and groups[0].q_len == 1 and groups[0].lens is not None:
+        g = groups[0]  # a pure decode step (the common case): no output copy
         return kernel.paged_decode_attention(q, k_cache, v_cache, g.kv_index, g.lens, scale).view(t, h * d)
     out = torch.empty(t, h * d, dtype=q.dtype)
-    for g in meta.groups:
+    for g in groups:
         b, lq = g.num_seqs, g.q_len
         rows = slice(g.start, g.start + b * lq)
         if kernel is not None and lq == 1 and g.lens is not None:
@@ -82,9 +116,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         vg = v_cache.index_select(0, flat).view(b, -1, kvh, d).permute(0, 2, 1, 3)
         if kg.dtype != qg.dtype:
             kg, vg = kg.to(qg.dtype), vg.to(qg.dtype)
-        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale) if softcap is None \
+            else _capped_attention(qg, kg, vg, g.mask, scale, softcap)
         out[rows] = o.reshape(b, h, lq, d).permute(0, 2, 1, 3).reshape(b * lq, h * d)
     return out
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, cap: float) -> torch.Tensor:
+    """Attention with scores capped as ``cap * tanh(score / cap)`` before the mask and softmax."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def _decode_kernel():

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from llmserve.models.config import ModelConfig
-from llmserve.models.loader import ModelLoadError, check_weights
+from llmserve.models.gguf_families import PERMUTED_QK, ROPE_TENSORS, SUPPORTED_ARCHITECTURES, arch_fields, layer_names
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
 GGUF_MAGIC = b"GGUF"
 
 _GLOBAL_NAMES = {
@@ -37,27 +37,17 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, or None when it has no Llama counterpart."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None when it has no counterpart."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    names = layer_names(arch)
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -88,7 +78,8 @@ def _fields(reader: Any, path: Path) -> dict[str, Any]:
     """Scalar and string metadata; large arrays (token lists) are skipped, their length kept."""
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
-        if field.types and field.types[0].name == "ARRAY" and len(field.data) > 16:
+        if field.types and field.types[0].name == "ARRAY" and len(field.data) > 16 \
+                and not key.endswith("sliding_window_pattern"):
             out[key + "#len"] = len(field.data)
             continue
         try:
@@ -125,11 +116,9 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
     meta = _fields(reader, path)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
+        raise UnsupportedFamily(f"{path}: architecture {arch!r} is not supported "
+                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     names = {t.name: t for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs, Llama 3.1-style scaling) "
-                             "are not supported")
 
     def need(key: str) -> Any:
         if (v := meta.get(f"{arch}.{key}")) is None:
@@ -138,10 +127,6 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
 
     hidden, n_head = int(need("embedding_length")), int(need("attention.head_count"))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // n_head)
-    rope_dim = meta.get(f"{arch}.rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
-        raise ModelLoadError(f"{path}: partial rotary embedding (rope dim {rope_dim} < head dim {head_dim}) "
-                             "is not supported")
     # The embedding's rows are the model's vocabulary (it may be padded past the tokenizer's).
     embd = names.get("token_embd.weight")
     vocab = int(embd.shape[-1]) if embd is not None else meta.get("tokenizer.ggml.tokens#len")
@@ -150,8 +135,12 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
     eos = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                   "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
     bos = meta.get("tokenizer.ggml.bos_token_id")
+
+    def read(name: str) -> np.ndarray | None:
+        return _dequantize(names[name], path).numpy() if name in names else None
+
     try:
-        return ModelConfig(
+        base = dict(
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=int(need("feed_forward_length")),
@@ -169,6 +158,7 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
             name=path.stem,
             quantized_source=_block_quantized(reader),
         )
+        return ModelConfig(**{**base, **arch_fields(arch, meta, base, read)})
     except (TypeError, ValueError) as e:
         raise ModelLoadError(f"{path}: invalid model metadata ({e})") from e
 
@@ -178,7 +168,7 @@ _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 
 def _block_quantized(reader: Any) -> bool:
     """True when every matrix is stored in a block-quantised type of at most 8 bits."""
-    mats = [t for t in reader.tensors if len(t.shape) == 2]
+    mats = [t for t in reader.tensors if len(t.shape) == 2 and t.name not in ROPE_TENSORS]
     return bool(mats) and all(t.tensor_type.name not in _FLOAT_TYPES for t in mats)
 
 
@@ -200,7 +190,7 @@ def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
 
 
 class GGUFLoader:
-    """``WeightLoader`` for ``.gguf`` files of the Llama architecture."""
+    """``WeightLoader`` for ``.gguf`` files of the supported architectures."""
 
     def can_load(self, path: Path) -> bool:
         return path.is_file() and path.suffix.lower() == ".gguf"
@@ -212,14 +202,19 @@ class GGUFLoader:
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         reader = _open(path)
         config = config_from_reader(reader, path)
+        arch = _fields(reader, path)["general.architecture"]
         weights: dict[str, torch.Tensor] = {}
         for tensor in reader.tensors:
-            name = hf_name(tensor.name)
+            if tensor.name in ROPE_TENSORS:
+                continue  # read into the config's rope scaling
+            name = hf_name(tensor.name, arch)
             if name is None:
-                log.warning("%s: ignoring tensor %s (no Llama counterpart)", path, tensor.name)
+                log.warning("%s: ignoring tensor %s (no counterpart in the decoder)", path, tensor.name)
                 continue
             w = _dequantize(tensor, path)
-            if ".self_attn.q_proj." in name:
+            if arch not in PERMUTED_QK:
+                pass
+            elif ".self_attn.q_proj." in name:
                 w = torch.from_numpy(reverse_permute(w.numpy(), config.num_attention_heads).copy())
             elif ".self_attn.k_proj." in name:
                 w = torch.from_numpy(reverse_permute(w.numpy(), config.num_key_value_heads).copy())

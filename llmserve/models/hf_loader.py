@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from llmserve.models.config import ModelConfig
+from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel, text_config_of, text_weight_name
 from llmserve.models.files import read_json
-from llmserve.models.loader import ModelLoadError, check_weights
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
 
 INDEX = "model.safetensors.index.json"
-# Architectures whose checkpoints are plain Llama: same tensors, same math.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+__all__ = ["SUPPORTED_MODEL_TYPES", "HFLoader", "read_hf_config"]
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -28,13 +28,10 @@ def read_hf_config(folder: Path) -> ModelConfig:
         d: dict[str, Any] = read_json(path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path}: cannot read config ({e})") from e
-    model_type = d.get("model_type", "llama")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
-    if model_type == "mistral" and d.get("sliding_window"):
-        raise ModelLoadError(f"{path}: sliding-window attention is not supported")
     try:
-        config = ModelConfig.from_hf_dict(d, name=folder.name)
+        config = ModelConfig.from_hf_dict(text_config_of(d), name=folder.name)
+    except UnsupportedModel as e:
+        raise UnsupportedFamily(f"{path}: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{path}: invalid config ({type(e).__name__}: {e})") from e
     gen = folder / "generation_config.json"
@@ -86,7 +83,7 @@ def load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 class HFLoader:
-    """``WeightLoader`` for a Hugging Face Llama folder."""
+    """``WeightLoader`` for a Hugging Face folder of a supported family."""
 
     def can_load(self, path: Path) -> bool:
         return path.is_dir() and (path / "config.json").is_file()
@@ -94,6 +91,8 @@ class HFLoader:
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         config = read_hf_config(path)
         weights = load_safetensors(safetensors_files(path))
+        if "text_config" in read_json(path / "config.json"):  # a multimodal checkpoint: its decoder
+            weights = {new: w for name, w in weights.items() if (new := text_weight_name(name)) is not None}
         if config.tie_word_embeddings:
             # One layout for the model code: a tied head is the embedding, never a copy.
             weights.pop("lm_head.weight", None)

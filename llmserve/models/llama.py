@@ -1,4 +1,6 @@
-"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV pool.
+"""The decoder of every supported family (RMSNorm, RoPE, grouped-query attention, a gated MLP)
+over a paged KV pool; the config chooses the parts in which families differ (norm offsets,
+q/k norms, qkv biases, GeGLU, sandwich norms, soft-caps, partial rotary, sliding windows).
 
 Weights come in Hugging Face names and layout (see ``llmserve.models.loader``). The
 model works on a flat batch of tokens ``[T]`` from many requests at once: matrix
@@ -8,6 +10,7 @@ products see no padding; only attention is grouped (``llmserve.models.attention`
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from llmserve.models.attention import AttentionMetadata, paged_attention
 from llmserve.models.config import ModelConfig
@@ -39,19 +42,35 @@ def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
+def _fused(w: dict[str, torch.Tensor], fused: str, parts: list[str]) -> torch.Tensor:
+    """Phi-3 stores q/k/v and gate/up fused; the others apart (concatenated here, once)."""
+    return w[fused] if fused in w else torch.cat([w[n] for n in parts])
+
+
 class _Layer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory) -> None:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, linear: LinearFactory,
+                 ropes: dict[str, RotaryEmbedding]) -> None:
         p = f"model.layers.{i}."
-        # copies: a view would keep the whole memory-mapped weights file resident
-        self.input_norm = w[p + "input_layernorm.weight"].float().clone()
-        self.post_norm = w[p + "post_attention_layernorm.weight"].float().clone()
-        self.qkv: LinearLayer = linear(torch.cat([w[p + "self_attn.q_proj.weight"],
-                                                  w[p + "self_attn.k_proj.weight"],
-                                                  w[p + "self_attn.v_proj.weight"]]))
+
+        def norm(name: str) -> torch.Tensor:
+            # a new tensor: a view would keep the whole memory-mapped weights file resident
+            return w[p + name].float() + cfg.norm_offset
+
+        attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        self.input_norm = norm("input_layernorm.weight")
+        self.post_norm = norm("post_attention_layernorm.weight")  # Gemma: after attention; else before the MLP
+        self.pre_ff_norm = norm("pre_feedforward_layernorm.weight") if cfg.sandwich_norm else None
+        self.post_ff_norm = norm("post_feedforward_layernorm.weight") if cfg.sandwich_norm else None
+        self.qkv: LinearLayer = linear(_fused(w, p + "self_attn.qkv_proj.weight", [n + ".weight" for n in attn]))
+        self.qkv_bias = torch.cat([w[n + ".bias"].float() for n in attn]) if cfg.qkv_bias else None
+        self.q_norm = norm("self_attn.q_norm.weight") if cfg.qk_norm else None
+        self.k_norm = norm("self_attn.k_norm.weight") if cfg.qk_norm else None
         self.o: LinearLayer = linear(w[p + "self_attn.o_proj.weight"])
-        self.gate_up: LinearLayer = linear(torch.cat([w[p + "mlp.gate_proj.weight"],
-                                                      w[p + "mlp.up_proj.weight"]]))
+        self.gate_up: LinearLayer = linear(_fused(w, p + "mlp.gate_up_proj.weight",
+                                                  [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]))
         self.down: LinearLayer = linear(w[p + "mlp.down_proj.weight"])
+        self.window = cfg.window(i)
+        self.rope = ropes["sliding" if self.window is not None and "sliding" in ropes else "full"]
 
 
 LINEAR_KINDS = ("qkv", "o", "gate_up", "down", "head")
@@ -68,14 +87,20 @@ class LlamaForCausalLM:
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = c.attn_scale
         self.eps = c.rms_norm_eps
         missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in weights]
         if missing:
             raise ValueError(f"model weights lack {missing}")
         self.embed = weights["model.embed_tokens.weight"].float()
-        self.layers = [_Layer(c, weights, i, linear) for i in range(c.num_hidden_layers)]
-        self.norm = weights["model.norm.weight"].float().clone()
+        self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling,
+                                    c.rotary_dim)
+        ropes = {"full": self.rope}
+        if c.rope_local_theta is not None:
+            ropes["sliding"] = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_local_theta,
+                                               None, c.rotary_dim)
+        self.layers = [_Layer(c, weights, i, linear, ropes) for i in range(c.num_hidden_layers)]
+        self.norm = weights["model.norm.weight"].float() + c.norm_offset
         head = weights.get("lm_head.weight")
         if head is None or c.tie_word_embeddings:
             head = self.embed
@@ -84,7 +109,6 @@ class LlamaForCausalLM:
         self._rows = getattr(self.lm_head, "rows", None) if head is self.embed else None
         if self._rows is not None:
             self.embed = None
-        self.rope = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
         self.ops: TorchOps = layer_ops()
 
     def linears_by_kind(self) -> dict[str, list[LinearLayer]]:
@@ -102,25 +126,52 @@ class LlamaForCausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm, for every input token."""
-        ops, eps = self.ops, self.eps
+        ops, eps, c = self.ops, self.eps, self.config
         # the residual stream: a fresh tensor, updated in place
         x = self._rows(input_ids) if self._rows is not None else self.embed.index_select(0, input_ids)
+        if c.embed_scale != 1.0:
+            x.mul_(c.embed_scale)
         delta = None  # what the previous sublayer adds to x
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \
                 else ops.add_rms_norm_(x, delta, layer.input_norm, eps)
-            q = ops.rope_and_cache_(layer.qkv(h), positions, self.rope, kc, vc, meta.slot_mapping,
+            qkv = layer.qkv(h)
+            if layer.qkv_bias is not None:
+                qkv.add_(layer.qkv_bias)
+            if layer.q_norm is not None:
+                self._qk_norm_(qkv, layer)
+            q = ops.rope_and_cache_(qkv, positions, layer.rope, kc, vc, meta.slot_mapping,
                                     self.num_heads, self.num_kv_heads)
-            h = ops.add_rms_norm_(x, layer.o(paged_attention(q, kc, vc, meta, self.scale)), layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(h)))
+            a = layer.o(paged_attention(q, kc, vc, meta, self.scale, layer.window, c.attn_softcap))
+            if layer.pre_ff_norm is None:
+                h = ops.add_rms_norm_(x, a, layer.post_norm, eps)
+                delta = layer.down(self._gate(layer.gate_up(h)))
+            else:
+                h = ops.add_rms_norm_(x, ops.rms_norm(a, layer.post_norm, eps), layer.pre_ff_norm, eps)
+                delta = ops.rms_norm(layer.down(self._gate(layer.gate_up(h))), layer.post_ff_norm, eps)
         if delta is not None:
             x.add_(delta)
         return x
 
+    def _gate(self, gu: torch.Tensor) -> torch.Tensor:
+        act = self.config.hidden_act
+        return self.ops.silu_mul(gu) if act == "silu" else \
+            self.ops.gelu_mul(gu, "tanh" if act == "gelu_tanh" else "none")
+
+    def _qk_norm_(self, qkv: torch.Tensor, layer: _Layer) -> None:
+        """RMSNorm over each head of q and of k, in place in ``qkv``."""
+        t, d, eps = qkv.shape[0], self.head_dim, self.eps
+        q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
+        q.copy_(F.rms_norm(q.reshape(t, self.num_heads, d), (d,), layer.q_norm, eps).view(t, -1))
+        k.copy_(F.rms_norm(k.reshape(t, self.num_kv_heads, d), (d,), layer.k_norm, eps).view(t, -1))
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and output head for the rows that sample only."""
-        return self.lm_head(self.ops.rms_norm(hidden.contiguous(), self.norm, self.eps)).float()
+        logits = self.lm_head(self.ops.rms_norm(hidden.contiguous(), self.norm, self.eps)).float()
+        if (cap := self.config.logit_softcap) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int,
                           dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:

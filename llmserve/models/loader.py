@@ -1,6 +1,6 @@
 """Weight loaders: turn a model file or folder into (ModelConfig, HF-named fp32 tensors).
 
-Every loader returns tensors under Hugging Face Llama names
+Every loader returns tensors under Hugging Face names
 (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``,
 ``model.layers.{i}.mlp.gate_proj.weight``, ``model.norm.weight``, ``lm_head.weight``
 when untied, ...), in the layout ``transformers`` uses, so the model code has a
@@ -34,29 +34,44 @@ class ModelLoadError(ValueError):
     """A model file or folder is missing, truncated, corrupt or unsupported."""
 
 
-def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama-family model needs, by HF name, with its shape."""
-    c = config
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+class UnsupportedFamily(ModelLoadError):
+    """The model is of a family (architecture) the decoder does not implement."""
+
+
+def expected_weight_shapes(config: ModelConfig, weights: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config's decoder needs, by HF name, with its shape. Where ``weights``
+    hold a layer's fused q/k/v or gate/up matrix (Phi-3), that name replaces the parts."""
+    c, weights = config, weights or {}
+    q, kv, d, hid = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.head_dim, c.hidden_size
     shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-        "model.norm.weight": (c.hidden_size,),
+        "model.embed_tokens.weight": (c.vocab_size, hid),
+        "model.norm.weight": (hid,),
     }
     if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        shapes["lm_head.weight"] = (c.vocab_size, hid)
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (c.hidden_size,),
-            p + "post_attention_layernorm.weight": (c.hidden_size,),
-            p + "self_attn.q_proj.weight": (q, c.hidden_size),
-            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.o_proj.weight": (c.hidden_size, q),
-            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-        })
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if c.sandwich_norm:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        shapes.update({p + n + ".weight": (hid,) for n in norms})
+        if p + "self_attn.qkv_proj.weight" in weights:
+            shapes[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, hid)
+        else:
+            shapes.update({p + "self_attn.q_proj.weight": (q, hid), p + "self_attn.k_proj.weight": (kv, hid),
+                           p + "self_attn.v_proj.weight": (kv, hid)})
+        if c.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if c.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        shapes[p + "self_attn.o_proj.weight"] = (hid, q)
+        if p + "mlp.gate_up_proj.weight" in weights:
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * c.intermediate_size, hid)
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (c.intermediate_size, hid),
+                           p + "mlp.up_proj.weight": (c.intermediate_size, hid)})
+        shapes[p + "mlp.down_proj.weight"] = (hid, c.intermediate_size)
     return shapes
 
 
@@ -67,7 +82,7 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source:
     here, naming the file and the tensor, instead of deep inside the model.
     Extra tensors (biases, rotary caches) are allowed.
     """
-    expected = expected_weight_shapes(config)
+    expected = expected_weight_shapes(config, weights)
     missing = [n for n in expected if n not in weights]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -21,7 +21,7 @@ from llmserve.models.config import ModelConfig
 from llmserve.models.files import atomic_target, atomic_write_json
 from llmserve.models.gguf_loader import GGUFLoader
 from llmserve.models.hf_loader import HFLoader
-from llmserve.models.loader import ModelLoadError, WeightLoader
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, WeightLoader
 from llmserve.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,23 @@ def prepared_dir(source: Path, store_dir: Path) -> Path:
     st = (source / "config.json").stat()
     ident = f"{CACHE_FORMAT}|{source.resolve()}|{st.st_mtime_ns}"
     return Path(store_dir) / "prepared" / f"{source.name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def refuse_unsupported(source: Path) -> None:
+    """Raise ``UnsupportedFamily`` when ``source`` is of a family the decoder lacks, reading
+    its config only (a server checks before it starts). Other faults are left to the load."""
+    from llmserve.models.hf_loader import read_hf_config
+
+    try:
+        loader = find_loader(Path(source))
+        if isinstance(loader, GGUFLoader):
+            loader.read_config(Path(source))
+        else:
+            read_hf_config(Path(source))
+    except UnsupportedFamily:
+        raise
+    except (ModelLoadError, OSError):
+        return
 
 
 def load_weights(source: Path, store_dir: Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

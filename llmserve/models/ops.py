@@ -29,6 +29,11 @@ class TorchOps:
         g, u = gu.chunk(2, dim=-1)
         return F.silu(g) * u
 
+    def gelu_mul(self, gu: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+        """GeGLU's gate (Gemma): gelu(gate) * up."""
+        g, u = gu.chunk(2, dim=-1)
+        return F.gelu(g, approximate=approximate) * u
+
     def rope_and_cache_(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                         k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                         heads: int, kv_heads: int) -> torch.Tensor:
@@ -65,7 +70,8 @@ class FusedOps(TorchOps):
         return self.k.argmax_rows(logits.float().contiguous())
 
     def rope_and_cache_(self, qkv, positions, rope, k_cache, v_cache, slots, heads, kv_heads):
-        if k_cache.dtype not in (torch.float32, torch.float16):  # the kernel writes these pools
+        # the kernel writes these pools, rotating whole heads
+        if k_cache.dtype not in (torch.float32, torch.float16) or rope.rotary_dim != rope.head_dim:
             return super().rope_and_cache_(qkv, positions, rope, k_cache, v_cache, slots, heads, kv_heads)
         self.k.rope_and_cache_(qkv, positions, rope.cos, rope.sin, k_cache, v_cache, slots, heads, kv_heads)
         return qkv[:, :heads * rope.head_dim].view(qkv.shape[0], heads, rope.head_dim)

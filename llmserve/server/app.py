@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmserve.engine.async_engine import AsyncEngine
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.core_client import ProcessEngine
+from llmserve.engine.core_proc import model_facts
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
@@ -159,6 +160,16 @@ class Instance:
             timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads")).model_dump()
 
 
+def _model_facts(engine: Any) -> dict[str, Any]:
+    """Family and context length, from the engine process's ready message or the in-process core."""
+    if engine is None:
+        return {"family": None, "context_length": None}
+    info = getattr(engine, "info", None)
+    if isinstance(info, dict):
+        return {k: info.get(k) for k in ("family", "context_length")}
+    return model_facts(engine.core.model_config)
+
+
 def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
@@ -228,10 +239,11 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         names = cfg.served_names(inst.model_name) if inst.model_name else []
+        facts = _model_facts(inst.engine)
         return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
                                             "owned_by": "llmserve", "max_model_len":
-                                                inst.engine.max_model_len if inst.engine else None}
-                                           for n in names]}
+                                                inst.engine.max_model_len if inst.engine else None,
+                                            **facts} for n in names]}
 
     # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
     # nesting, huge integers, NaN and lone surrogates become 400s, never 500s.
@@ -309,6 +321,7 @@ class _DrainingServer(uvicorn.Server):
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Serve until drained; returns the process exit code."""
+    _refuse_unsupported(engine_config)
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     inst = Instance(server_config, _engine_builder(engine_config, server_config.engine_process))
@@ -332,6 +345,18 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
+
+
+def _refuse_unsupported(engine_config: EngineConfig) -> None:
+    """A model of an unsupported family stops the start here, in one line (the CLI prints it)."""
+    from llmserve.models.model_source import refuse_unsupported
+    from llmserve.models.store import locate
+
+    try:
+        source, _ = locate(engine_config.model, engine_config.model_store)
+    except Exception:  # noqa: BLE001 - not found, not pulled: the engine's load reports it as before
+        return
+    refuse_unsupported(source)
 
 
 def _engine_builder(engine_config: EngineConfig, own_process: bool) -> Callable[[], Any]:

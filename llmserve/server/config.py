@@ -11,7 +11,7 @@ The command line is generated from these fields (``llmserve/flags.py``).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -69,6 +69,13 @@ class ServerConfig(HttpLimits):
     trace_sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded (a "
                                       "request with a traceparent follows its caller)")
     access_log: bool = Field(False, description="one JSON line per generation request on stderr")
+    # The model's formats (docs/families.md); None: follow the model.
+    chat_template: str | None = Field(None, description="chat template instead of the model's: a file, "
+                                                        "or the Jinja text itself")
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = Field(
+        None, description="notation tool calls are read in (default: the one the chat template writes)")
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
+        None, description="return <think> reasoning as reasoning_content")
 
     @model_validator(mode="after")
     def _tracing(self) -> "ServerConfig":

@@ -9,7 +9,9 @@ from typing import Any
 
 from llmserve.api.stream_format import IDS_FIELD, attach_ids, head
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
-from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser
+from llmserve.server.reasoning_parser import Reasoning, ReasoningParser
+from llmserve.server.tool_formats import tool_call_parser
+from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event
 
 
 @dataclass
@@ -24,6 +26,8 @@ class ResponseMeta:
     parallel_tool_calls: bool = True
     token_ids: bool = False  # return_token_ids: each choice carries its (new) token ids
     resumed: list[int] | None = None  # output another instance streamed (server/resume.py)
+    tool_parser: str = "hermes"  # tool_formats.TOOL_CALL_PARSERS
+    reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -35,7 +39,8 @@ class ChoiceWriter:
 
     def __init__(self, index: int, meta: ResponseMeta, tokenizer: Any, echo: str | None = None) -> None:
         self.index, self.meta, self.tok, self.echo = index, meta, tokenizer, echo
-        self.parser = ToolCallParser(meta.parallel_tool_calls) if meta.tool_calls else None
+        self.parser = tool_call_parser(meta.tool_parser, meta.parallel_tool_calls) if meta.tool_calls else None
+        self.reasoning = ReasoningParser(meta.reasoning_parser) if meta.chat and meta.reasoning_parser else None
         self.started = False
         self.text_offset = len(echo or "")
         self.unsent_ids: list[int] = []  # token ids of outputs that made no chunk yet
@@ -52,10 +57,16 @@ class ChoiceWriter:
         if not self.meta.chat:
             return {"index": self.index, "text": (self.echo or "") + c.text, "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, **ids}
-        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        text = c.text
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.reasoning is not None:  # tool calls are read after the reasoning
+            self.reasoning.feed(text)
+            self.reasoning.finish()
+            text = message["content"] = self.reasoning.content
+            message["reasoning_content"] = self.reasoning.reasoning or None
         calls: list[dict[str, Any]] = []
         if self.parser is not None:
-            self.parser.feed(c.text)
+            self.parser.feed(text)
             self.parser.finish()
             calls = self.parser.tool_calls()
             content = self.parser.content
@@ -93,11 +104,16 @@ class ChoiceWriter:
             choice = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": None}
             return self._end([choice], out)
         deltas: list[dict[str, Any]] = []
+        text = c.delta_text
+        if self.reasoning is not None:
+            split = self.reasoning.feed(text) + (self.reasoning.finish() if out.finished else [])
+            deltas += [{"reasoning_content": e.text} for e in split if isinstance(e, Reasoning)]
+            text = "".join(e.text for e in split if isinstance(e, Content))
         if self.parser is None:
-            if c.delta_text:
-                deltas.append({"content": c.delta_text})
+            if text:
+                deltas.append({"content": text})
         else:
-            events = self.parser.feed(c.delta_text) + (self.parser.finish() if out.finished else [])
+            events = self.parser.feed(text) + (self.parser.finish() if out.finished else [])
             deltas += [_delta(e) for e in events]
         if not self.started:
             deltas = deltas or [{"content": ""}]

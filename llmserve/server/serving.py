@@ -29,6 +29,7 @@ from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
+from llmserve.server.formats import output_formats
 from llmserve.server.constraints import structured_outputs
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
@@ -56,6 +57,7 @@ class OpenAIServing:
         self.config = config
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
+        self.formats = output_formats(self.tokenizer, config)
         self.queued = 0  # accepted requests that have not produced their first token
         self.queued_tokens = 0
         self.in_flight = 0
@@ -194,21 +196,22 @@ class OpenAIServing:
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=True)
         tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools and r.tool_mode != "none" else None
-        ids = self.encode_chat(r.messages, r.add_generation_prompt, tools)
+        ids = self.encode_chat(r.messages, r.add_generation_prompt, tools, r.chat_template_kwargs or {})
         await self.compile_grammar(sp, r)
         return await self._serve([ids], sp, r, raw, chat=True)
 
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+                    tools: list[dict[str, Any]] | None = None, kwargs: dict[str, Any] | None = None) -> list[int]:
         """Prompt ids; tools go through the template when it renders them, else tool_calls.py's format."""
         msgs = [m.for_template() for m in messages]
+        kwargs = kwargs or {}
         try:
             if self.tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
                 extra = {"tools": tools} if tools else {}
-                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **extra)
+                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs, **extra)
             if tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs):
                 msgs = render_messages(msgs, tools)
-            return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
             raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
 
@@ -252,7 +255,9 @@ class OpenAIServing:
         tool_calls = chat and r.tool_mode != "none"
         meta = ResponseMeta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
                             chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
-                            chat and r.parallel_tool_calls, r.return_token_ids, resume)
+                            chat and r.parallel_tool_calls, r.return_token_ids, resume,
+                            self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",
+                            self.formats.reasoning_parser if chat else None)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",

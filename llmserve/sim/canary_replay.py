@@ -1,10 +1,10 @@
 """A canary rollout replayed in the simulator: the live analysis judges simulated outcomes.
 
 The gateway's own :class:`~llmserve.gateway.canary.CanaryAnalysis` (through its
-public ``start``/``tick``/``events`` only) is fed the simulated requests' outcomes
-as the live gateway's :class:`~llmserve.gateway.window_stats.WindowStats` would
-hold them, checks at every ``interval_s`` from the gateway's start, and moves the
-canary's weight; the :class:`~llmserve.gateway.version_router.VersionRouter`
+public ``start``/``record``/``tick``/``events`` only) is fed the simulated requests'
+outcomes as the live gateway's recorder would send them (an
+:class:`~llmserve.gateway.canary_evidence.Outcome` when a request ends), looks at
+every ``interval_s`` from the gateway's start, and moves the canary's weight; the :class:`~llmserve.gateway.version_router.VersionRouter`
 splits each request by the weights in force when it arrives.
 
 The weights depend on outcomes and the outcomes on the weights, so the rollout is
@@ -30,7 +30,7 @@ import numpy as np
 
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryConfig
 from llmserve.gateway.version_router import VersionRouter, with_weight
-from llmserve.gateway.window_stats import WindowStats
+from llmserve.gateway.canary_evidence import Outcome
 from llmserve.sim.results import COMPLETED, SimResult
 from llmserve.sim.traces import Trace
 
@@ -95,20 +95,19 @@ def judge(cfg: CanaryConfig, canary: str, stable: str, base: dict[str, float], r
     analysis = CanaryAnalysis(canary, stable, cfg)
     analysis.start(0.0, "started with the gateway")
     schedule: Schedule = [(0.0, with_weight(base, canary, analysis.weight))]
-    stats = WindowStats(cfg.interval_s)
     outcomes = sorted(o for v in (canary, stable) for o in _outcomes(v, results[v]))
     k, last = 0, None
     for step in range(int(horizon_s // cfg.interval_s) + 1):
         now = step * cfg.interval_s
         while k < len(outcomes) and outcomes[k][0] <= now:
             t, version, ok, ttft, e2e = outcomes[k]
-            stats.record(version, t, ok, ttft, e2e)
+            # A simulated failure is a request the pool could not serve (rejected, expired, reclaimed).
+            analysis.record(version, t, Outcome(ttft_s=ttft, e2e_s=e2e) if ok else Outcome(error="unserved"))
             k += 1
         short = _shortfall(results[canary], last, now)
-        d = analysis.tick(now, stats.snapshot(canary, now), stats.snapshot(stable, now),
-                          f"not judged: the canary pool {short}" if short else None)
+        d = analysis.tick(now, f"not judged: the canary pool {short}" if short else None)
         last = now
-        if d.action not in (Action.NONE, Action.SKIP, Action.HOLD):
+        if d.action not in (Action.NONE, Action.SKIP, Action.HOLD, Action.INCONCLUSIVE):
             schedule.append((now, with_weight(base, canary, d.weight)))
     return schedule, analysis.events()
 

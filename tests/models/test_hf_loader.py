@@ -85,8 +85,9 @@ def test_truncated_safetensors_is_named(tmp_path):
 def test_unsupported_or_incomplete_folders(tmp_path):
     folder = make_tiny_llama(tmp_path)
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
-    with pytest.raises(ModelLoadError, match="model_type 'qwen2' is not supported"):
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    with pytest.raises(ModelLoadError, match="model family 'falcon' is not supported "
+                                             r"\(supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3\)"):
         HFLoader().load(folder)
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "model.safetensors").unlink()

@@ -45,7 +45,9 @@ def metric(server, name: str, labels: str = "") -> float:
 
 
 def test_models_and_completion(client):
-    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny", "tiny-alias"]
+    assert (models[0].family, models[0].context_length) == ("llama", 256)
     r = client.completions.create(model="tiny", prompt="hello world", max_tokens=7, temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 7

@@ -11,8 +11,11 @@ from .test_deployment import deployment
 from .test_simulator import short_trace, small_profile
 
 PROFILE = small_profile(cold_start_s=5.0)
-# Latency checks off: the canary runs the same profile, so only traffic decides when it moves.
-LENIENT = {"interval_s": 30.0, "step_weight": 0.1, "max_ttft_p99_ratio": None, "max_e2e_p99_ratio": None}
+# Latency and length checks off and a 5-point error margin: the canary runs the same
+# profile, so only traffic decides when it moves.
+LENIENT = {"interval_s": 30.0, "step_weight": 0.1, "max_ttft_ratio": None, "max_e2e_ratio": None,
+           "max_tpot_ratio": None, "min_output_ratio": None, "max_error_rate_delta": 0.05,
+           "max_refusal_rate_delta": 0.05}
 
 
 def test_a_passing_canary_steps_up_to_max_weight_and_is_promoted_and_then_takes_everything():
@@ -32,19 +35,21 @@ def test_a_passing_canary_steps_up_to_max_weight_and_is_promoted_and_then_takes_
     assert again == rollout.schedule and rollout.passes >= 2
 
 
-def test_without_enough_traffic_every_check_is_skipped_and_the_weight_holds():
+def test_without_enough_traffic_no_check_decides_and_the_weight_holds():
     _, rollout = replay_deployment(deployment(**LENIENT, min_requests=10**6), short_trace(), PROFILE)
-    assert {e["action"] for e in rollout.events} == {"start", "skip"}
+    assert {e["action"] for e in rollout.events} <= {"start", "skip", "inconclusive"}
     assert rollout.schedule == [(0.0, {"v1": 0.75, "v2": 0.25})] and rollout.passes == 1
 
 
-def test_a_canary_slower_than_stable_is_held_and_rolled_back_by_the_live_analysis():
-    # The latency checks on, at the live defaults: the scale-from-zero canary pool is slower under load.
-    results, rollout = replay_deployment(deployment(interval_s=30.0, step_weight=0.1), short_trace(), PROFILE)
+def test_a_canary_no_worse_than_stable_is_never_rolled_back_at_the_live_defaults():
+    """The canary runs the stable version's profile. The old per-window p99 check rolled it
+    back here (a scale-from-zero pool's one slow window); the statistical analysis sees
+    its latencies are not worse, and keeps collecting until the error margin is proven."""
+    _, rollout = replay_deployment(deployment(interval_s=30.0, step_weight=0.1), short_trace(), PROFILE)
     actions = [e["action"] for e in rollout.events]
-    assert "hold" in actions and actions[-1] == "rollback"
-    assert rollout.schedule[-1][1] == {"v1": 1.0, "v2": 0.0}
-    assert not np.any(results["chat/v2"].arrival_s >= rollout.schedule[-1][0])
+    assert "rollback" not in actions and "hold" not in actions
+    assert rollout.schedule[-1][1]["v2"] >= 0.25
+    assert any("pass: TTFT" in e["reason"] for e in rollout.events if e["action"] == "inconclusive")
 
 
 def test_the_split_follows_the_schedule_segment_by_segment():

@@ -1,0 +1,101 @@
+"""Every supported family against transformers: greedy tokens and logprobs, with chunked
+prefill, prefix caching, preemption and n-gram speculation on together, and prompts longer
+than the sliding windows. The models are tiny random ones from ``tests.family_models``,
+loaded from their safetensors folders by our loader."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmserve.engine.config import EngineConfig
+from llmserve.engine.engine import EngineCore
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.models.config import ModelConfig
+from llmserve.models.hf_loader import HFLoader
+from tests.family_models import FAMILIES, VOCAB, hf_greedy, make_family
+
+N = 16
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param) / request.param
+    hf = make_family(request.param, folder)
+    config, weights = HFLoader().load(folder)
+    rng = random.Random(5)
+    rep = [rng.randrange(VOCAB) for _ in range(9)]
+    base = [rng.randrange(VOCAB) for _ in range(30)]
+    prompts = [
+        rep * 4,                                        # repeats: n-gram drafts get accepted
+        base + [rng.randrange(VOCAB) for _ in range(7)],  # longer than every window
+        base[:20] + [rng.randrange(VOCAB) for _ in range(5)],  # shares a prefix with the one above
+        [rng.randrange(VOCAB) for _ in range(3)],
+        list(base),
+    ]
+    return request.param, config, weights, prompts, [hf_greedy(hf, p, N) for p in prompts]
+
+
+def test_config_names_the_family(family):
+    name, config, *_ = family
+    assert config.family == ("llama" if name == "llama3" else name)
+    assert ModelConfig.from_hf_dict(config.to_hf_dict(), config.name) == config
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                         "prompt_lookup_max": 3, "min_acceptance": 0.0}])
+def test_greedy_tokens_and_logprobs_equal_transformers(family, spec):
+    _, config, weights, prompts, ref = family
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, logprobs=0)
+    # 4-token blocks, a 7-token step budget (chunked prefill), a pool that preempts: 20 blocks,
+    # 12 where every layer slides (a request holds its window's blocks only)
+    blocks = 12 if config.max_window else 20
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=7, num_kv_blocks=blocks,
+                                  enable_prefix_caching=True, speculative_config=spec, dtype="fp32"),
+                     config, weights)
+    arrivals = {0: [(str(i), p, sp) for i, p in enumerate(prompts[:2])],
+                3: [(str(i), p, sp) for i, p in enumerate(prompts[2:], start=2)]}
+    outs: dict[str, list] = {}
+    step = 0
+    while eng.has_unfinished() or any(s >= step for s in arrivals):
+        for args in arrivals.get(step, []):
+            eng.add_request(*args)
+        for out in eng.step():
+            if out.finished:
+                outs[out.request_id] = out.outputs[0]
+        step += 1
+        assert step < 5000
+    for i, (tokens, logprobs) in enumerate(ref):
+        got = outs[str(i)]
+        assert got.token_ids == tokens, f"prompt {i}"
+        assert [lp.logprob for lp in got.logprobs] == pytest.approx(logprobs, abs=2e-4), f"prompt {i}"
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.kv.prefix_hits > 0
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks
+    if spec:
+        assert eng.spec.num_draft_tokens > 0
+
+
+def test_blocks_left_of_every_window_are_freed(tmp_path):
+    """Mistral slides on every layer: a long request holds its window's blocks, not its
+    whole context, and the freed blocks stay in the prefix cache for the next request."""
+    hf = make_family("mistral", tmp_path / "m")  # a 12-token window
+    config, weights = HFLoader().load(tmp_path / "m")
+    prompt = [random.Random(9).randrange(VOCAB) for _ in range(70)]
+    ref, _ = hf_greedy(hf, prompt, N)
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=64,
+                                  enable_prefix_caching=True, dtype="fp32"), config, weights)
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    peak = 0
+    for rid in ("a", "b"):
+        eng.add_request(rid, prompt, sp)
+        out = None
+        while eng.has_unfinished():
+            for o in eng.step():
+                out = o if o.finished else out
+            peak = max(peak, eng.kv.num_blocks - eng.kv.num_free_blocks)
+        assert out.outputs[0].token_ids == ref, rid
+    # 86 tokens fill 22 blocks; held at once: the window (12), a chunk (8) and two partial blocks
+    assert peak <= (12 + 8) // 4 + 2
+    assert eng.kv.prefix_hits > 0  # "b" reused the blocks "a" freed

@@ -1,0 +1,52 @@
+"""A model of a family the decoder does not implement is refused at start, in one line that
+names the family and the supported ones, for a HF folder and for a GGUF file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from llmserve.models.families import SUPPORTED_MODEL_TYPES
+from llmserve.models.gguf_families import SUPPORTED_ARCHITECTURES
+from tests.helpers import make_tiny_gguf, make_tiny_llama
+
+
+def _start(path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmserve.cli", "engine", "--model", str(path), "--port", "59871"],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_unsupported_family_is_refused_in_one_line(tmp_path, kind):
+    folder = make_tiny_llama(tmp_path)
+    if kind == "hf":
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+        path, supported = folder, SUPPORTED_MODEL_TYPES
+    else:
+        path = make_tiny_gguf(folder, tmp_path / "tiny.gguf")
+        data = path.read_bytes()
+        # the architecture string is written twice (general.architecture and the key prefixes)
+        path.write_bytes(data.replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00falco"))
+        path, supported = path, SUPPORTED_ARCHITECTURES
+    r = _start(path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "'falco" in lines[0] and "not supported" in lines[0]
+    assert all(name in lines[0] for name in supported)
+
+
+def test_pull_takes_a_local_model_and_refuses_an_unsupported_one(tmp_path):
+    folder = make_tiny_llama(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(folder)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(folder.resolve())
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(folder)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "model family 'falcon' is not supported" in r.stderr
