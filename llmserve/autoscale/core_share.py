@@ -103,3 +103,17 @@ class CoreShare:
             if r.status_code == 200:
                 self.told[iid] = threads
                 log.info("instance %s: %d of %d cores", iid, threads, self.cores)
+
+
+def cap_to_cores(autoscale, cores: int):
+    """A pool whose instances share this machine's cores runs at most one instance per core:
+    beyond that, each added instance only takes threads from the others (and their step
+    models, slower, would ask for more instances still)."""
+    b = autoscale.bounds
+    most = max(1, cores)
+    if b.max_instances <= most:
+        return autoscale
+    log.warning("max_instances %d capped at %d: instances on this machine share its %d cores",
+                b.max_instances, most, cores)
+    bounds = b.model_copy(update={"max_instances": most, "min_instances": min(b.min_instances, most)})
+    return autoscale.model_copy(update={"bounds": bounds})

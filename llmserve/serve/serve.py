@@ -104,11 +104,16 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
     controllers = []
+    from llmserve.autoscale.core_share import cap_to_cores
+    from llmserve.engine.threads import available_cores
+
     for i, p in enumerate(pools):
         key = keys[p.key]
+        auto = cap_to_cores(cfg.autoscale_config(p), available_cores()) if cfg.shares_cores(p) else \
+            cfg.autoscale_config(p)
         # Instance ids name their pool: the version alone while there is one model.
         prefix = f"{p.version}-" if len({q.model for q in pools}) == 1 else f"{safe_id(p.model)}-{p.version}-"
-        controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, cfg.autoscale_config(p),
+        controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, auto,
                                     provider, traced_specs(functools.partial(cfg.instance_spec, instance_key=key,
                                                                              pool=p), tracing),
                                     cfg.controller_config(), metrics=metrics, prober=prober,
@@ -120,7 +125,6 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
         controllers.append(controller)
     if cfg.provider.kind == "local":  # instances on this machine share its cores
         from llmserve.autoscale.core_share import CoreShare, SharedPool
-        from llmserve.engine.threads import available_cores
 
         gw.services.append(CoreShare([SharedPool(c, cfg.shares_cores(p), keys[p.key])
                                       for c, p in zip(controllers, pools)], available_cores()))

@@ -69,3 +69,13 @@ async def test_a_real_instance_takes_its_share_between_steps(tmp_path):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "threads"
     finally:
         a.stop()
+
+
+def test_a_pool_sharing_the_cores_runs_at_most_one_instance_per_core():
+    from llmserve.autoscale.config import AutoscaleConfig
+    from llmserve.autoscale.core_share import cap_to_cores
+
+    auto = AutoscaleConfig.model_validate({"bounds": {"min_instances": 3, "max_instances": 4}})
+    capped = cap_to_cores(auto, 2)
+    assert (capped.bounds.min_instances, capped.bounds.max_instances) == (2, 2)
+    assert cap_to_cores(auto, 8) is auto  # within the cores: as configured

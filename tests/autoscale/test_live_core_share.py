@@ -39,6 +39,7 @@ def _wait_threads(serve: ServeProcess, n: int, timeout: float = 60) -> dict[str,
         time.sleep(0.5)
 
 
+@pytest.mark.skipif(available_cores() < 2, reason="two instances need two cores (one each at most)")
 def test_instances_get_the_cores_of_the_instances_running(tmp_path):
     cfg = serve_config(make_tiny_llama(tmp_path), autoscale={"policy": "static", "static": {"instances": 1},
                                                             "bounds": {"min_instances": 1, "max_instances": 4}})
