@@ -73,6 +73,13 @@ class StoredModel:
     size: int
 
 
+def served_name(model: str | Path) -> str:
+    """The name a model is served under by default: what the user named it by (a store
+    name as it is, a file's stem, a folder's name), for ``llmserve engine`` and ``serve`` alike."""
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else p.name
+
+
 def default_store_dir() -> Path:
     """``~/.cache/llmserve/models``; the CLI overrides it (``--model-store``)."""
     return Path.home() / ".cache" / "llmserve" / "models"

@@ -135,8 +135,9 @@ class PoolDeployment:
 
 
 def served_name_of(model: str) -> str:
-    p = Path(model)
-    return p.stem if p.suffix == ".gguf" else p.name
+    from llmserve.models.store import served_name
+
+    return served_name(model)
 
 
 def merged_autoscale(base: AutoscaleConfig, over: dict[str, Any], where: str) -> AutoscaleConfig:

@@ -36,8 +36,12 @@ def serve(args: argparse.Namespace) -> int:
     server = given(ServerConfig, args)
     server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
     server.setdefault("otlp_endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
-    scfg = ServerConfig(**server)
     ecfg = engine_config_from(args)
+    if not server.get("served_model_name"):  # the name it was asked for, as `llmserve serve` does
+        from llmserve.models.store import served_name
+
+        server["served_model_name"] = [served_name(ecfg.model)]
+    scfg = ServerConfig(**server)
     if ecfg.threads is None:  # its share of this machine's cores
         from llmserve.engine.threads import available_cores, engine_threads
 
