@@ -102,7 +102,7 @@ class EngineCore:
             proposer = build_proposer(sc, self.kv.geometry, model_config.vocab_size, config.model_store)
             self.spec = SpeculativeDecoder(sc, proposer, max_model_len=self.max_model_len, rows=self.rows.row,
                                            live_ids=self.scheduler.requests.keys, guided=lambda: self._guided,
-                                           generator=self.sampler.generator)
+                                           generator=self.sampler.generator, costs=self.stats.step_costs)
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,

@@ -44,14 +44,15 @@ class EngineStats:
 
     def on_step(self, t0: float, t1: float, plan) -> None:
         self.num_steps += 1
-        decodes = prefill = start = 0
+        decodes = prefill = start = drafts = 0
         for x in plan.scheduled:
             if x.request.num_computed_tokens == x.request.num_tokens - 1:
                 decodes += 1
+                drafts += len(x.spec_token_ids)
             else:
                 prefill += x.num_tokens
                 start += x.num_tokens * x.request.num_computed_tokens
-        self.cost_model.observe(prefill, decodes, start // prefill if prefill else 0, t1 - t0)
+        self.cost_model.observe(prefill, decodes, start // prefill if prefill else 0, t1 - t0, drafts)
         if self.step_log is not None:
             ctx = sum(x.request.num_tokens for x in plan.scheduled
                       if x.request.num_computed_tokens == x.request.num_tokens - 1)
