@@ -111,7 +111,7 @@ class EngineConfig(BaseModel):
     # request's draft length follows what its drafts earn (spec_policy.py), down to none.
     speculative_config: Annotated[SpeculativeConfig | None, Flag(type=parse_speculative)] = Field(
         default_factory=SpeculativeConfig, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": '
-                                                       '4}\'; none turns speculation off (default: n-gram)')
+                                                       '4}\'; none turns speculation off')
     seed: int | None = Field(None, description="seeds the engine's sampler")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance's steps "
                                 "(default: its share of the machine's cores)")

@@ -250,12 +250,11 @@ class EngineCore:
                 r.spec_token_ids = []
 
     def _sample(self, plan, run, masks: dict[str, torch.Tensor]) -> StepSamples:
-        if self.spec is not None:
-            return self.spec.verify(plan, run, masks)
-        out = StepSamples()
+        # drafts are verified by the speculative decoder, every other row sampled here
+        out = self.spec.verify(plan, run, masks) if self.spec is not None else StepSamples()
         rows, order, idx = [], [], []
         for s in plan.scheduled:
-            if s.sample:
+            if s.sample and not s.spec_token_ids:
                 mask = masks.get(s.request.request_id)
                 rows.append(self.rows.row(s.request, allowed=None if mask is None else mask[0]))
                 order.append(s.request.request_id)
@@ -275,8 +274,10 @@ class EngineCore:
         return out
 
     def _forget(self, request_id: str) -> None:
-        """Drop a finished request's generator and grammar matcher."""
+        """Drop a finished request's generator, grammar matcher and speculation state."""
         self.rows.remove(request_id)
+        if self.spec is not None:
+            self.spec.release(request_id)
         if self._guided is not None:
             self._guided.remove(request_id)
 

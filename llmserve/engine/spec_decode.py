@@ -25,7 +25,7 @@ from llmserve.engine.proposer import NgramProposer, Proposer
 from llmserve.engine.request import Request
 from llmserve.engine.sampler import (NonFiniteError, RowFn, Sampler, StepSamples, constrain, draw, non_finite_rows,
                                      process)
-from llmserve.engine.spec_policy import Acceptance, draft_lengths
+from llmserve.engine.spec_policy import RATE_BUCKETS, Acceptance, draft_lengths
 from llmserve.engine.step_cost import StepCosts
 
 if TYPE_CHECKING:
@@ -87,6 +87,16 @@ class SpecCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # finished requests that drafted, by acceptance rate (cumulative per RATE_BUCKETS), and the rates' sum
+    request_rate_buckets: list[int] = field(default_factory=lambda: [0] * len(RATE_BUCKETS))
+    request_rate_sum: float = 0.0
+
+    def record_request(self, proposed: int, accepted: int) -> None:
+        rate = accepted / proposed
+        self.request_rate_sum += rate
+        for i, bound in enumerate(RATE_BUCKETS):
+            if rate <= bound:
+                self.request_rate_buckets[i] += 1
 
 
 class SpeculativeDecoder:
@@ -134,14 +144,15 @@ class SpeculativeDecoder:
     def propose(self, running: list[Request]) -> None:
         live = set(self.live_ids())
         for rid in [r for r in self._accept if r not in live]:
-            self._accept.pop(rid, None)
-            self.proposer.release(rid)
+            self.release(rid)
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         for r in running:
             r.spec_token_ids = []
         self._q.clear()
-        caps = [min(self.k_max, r.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
-                for r in decoding]
+        # A seeded sampled request gets no drafts: its draws then depend on (seed, position)
+        # only, so a stream resumed elsewhere from its tokens goes on exactly (resume.py).
+        caps = [0 if _seeded(r) else min(self.k_max, r.max_tokens - r.num_output_tokens - 1,
+                                         self.max_model_len - r.num_tokens - 1) for r in decoding]
         accs = [self._accept.setdefault(r.request_id, Acceptance()) for r in decoding]
         if self.config.adaptive:
             lengths = draft_lengths([a.rate for a in accs], caps, self.costs(), decoding=len(decoding),
@@ -169,15 +180,23 @@ class SpeculativeDecoder:
                 r.spec_token_ids = tokens
                 self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
+    def release(self, request_id: str) -> None:
+        """A request ended: count its acceptance, drop its state."""
+        acc = self._accept.pop(request_id, None)
+        if acc is not None and acc.proposed_total:
+            self.counters.record_request(acc.proposed_total, acc.accepted_total)
+        self.proposer.release(request_id)
+
     def verify(self, plan: SchedulerOutput, run: RunOutput,
                masks: dict[str, torch.Tensor] | None = None) -> StepSamples:
-        """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone.
-        ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
+        """Rejection-sample every sampling request with draft tokens (the others are the plain
+        sampler's: the same draws as without speculation); one whose rows cannot be sampled
+        fails alone. ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
         masks = masks or {}
         out = StepSamples()
         bad_rows = non_finite_rows(run.logits)  # one reduction when every row is fine
         for s in plan.scheduled:
-            if not s.sample:
+            if not s.sample or not s.spec_token_ids:
                 continue
             rid = s.request.request_id
             start, n_rows = run.rows[rid]
@@ -227,3 +246,8 @@ class SpeculativeDecoder:
         for i in range(accepted):
             c.accepted_per_pos[i] += 1
         self._accept.setdefault(req.request_id, Acceptance()).observe(proposed, accepted)
+
+
+def _seeded(req: Request) -> bool:
+    p = req.sampling_params
+    return p.seed is not None and not p.greedy

@@ -34,6 +34,8 @@ IDLE_DECAY = 0.99
 # A draft token must beat the step's tokens per second by this much: the rate and the
 # costs are estimates, and a guess that only breaks even is not worth the risk.
 MARGIN = 1.2
+# Upper bounds of the per-request acceptance histogram in /metrics (accepted / proposed).
+RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 @dataclass(slots=True)
@@ -42,6 +44,8 @@ class Acceptance:
 
     accepted: float = 0.0  # draft tokens accepted (decayed)
     rejected: float = 0.0  # drafts that ended in a rejection (decayed)
+    proposed_total: int = 0  # draft tokens verified, all told (for the metrics)
+    accepted_total: int = 0
 
     @property
     def rate(self) -> float:
@@ -51,6 +55,8 @@ class Acceptance:
     def observe(self, proposed: int, accepted: int) -> None:
         self.accepted = self.accepted * DECAY + accepted
         self.rejected = self.rejected * DECAY + (1 if accepted < proposed else 0)
+        self.proposed_total += proposed
+        self.accepted_total += accepted
 
     def idle(self) -> None:
         self.accepted *= IDLE_DECAY

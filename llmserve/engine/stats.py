@@ -124,4 +124,6 @@ def core_snapshot(core) -> dict[str, Any]:
     return {**core.load_snapshot(), "prompt_tokens": core.stats.prompt_tokens,
             "generation_tokens": core.stats.generation_tokens, "finished": dict(core.stats.finished),
             "spec": None if spec is None else [spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                                               list(spec.accepted_per_pos)]}
+                                               list(spec.accepted_per_pos),
+                                               list(spec.counters.request_rate_buckets),
+                                               spec.counters.request_rate_sum]}

@@ -202,15 +202,20 @@ def test_broken_rejection_sampler_is_caught():
     assert not _chi2_ok(_first_tokens(q_given=True, broken=True), P)
 
 
-def test_seeded_sampling_with_speculation_is_reproducible(setup):
+def test_seeded_sampling_is_the_same_with_speculation_on_and_off(setup):
+    """Seeded sampled requests get no drafts, so their draws depend on (seed, position) only:
+    the same tokens as without speculation, which is what lets a resumed stream go on exactly."""
     tiny, prompts, _ = setup
     sp = SamplingParams(max_tokens=20, temperature=0.8, top_k=50, seed=11, ignore_eos=True)
     outs = []
-    for _ in range(2):
-        eng = tiny.engine(num_kv_blocks=128, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                                  "prompt_lookup_min": 1})
+    for cfg in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}, None):
+        eng = tiny.engine(num_kv_blocks=128, speculative_config=cfg)
         eng.add_request("a", prompts[0], sp)
-        outs.append(run_to_completion(eng)["a"])
+        eng.add_request("g", prompts[0], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+        done = run_to_completion(eng)
+        outs.append(done["a"])
+        if cfg is not None:
+            assert eng.spec.num_drafts > 0  # the greedy one beside it speculates
     assert outs[0] == outs[1]
 
 
