@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--texts", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=120)
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 16], help="random-prompt runs (none: skip)")
+    ap.add_argument("--prompts", type=float, default=1.0, help="scale the random runs' prompt counts (8 at c = 1, "
+                                                               "32 at c = 16)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="spec-"))
@@ -115,7 +117,7 @@ def main() -> int:
             pair = ["llmserve", "llmserve, no speculation"]
             for n in pair if c % 2 else pair[::-1]:
                 out = work / f"rand-{c}-{len(rand[c])}.json"
-                cmd = bench(servers[n][1], args.gguf, out, concurrency=c, prompts={1: 8, 16: 32}.get(c, 2 * c))
+                cmd = bench(servers[n][1], args.gguf, out, concurrency=c, prompts=max(c, int(args.prompts * {1: 8, 16: 32}.get(c, 2 * c))))
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 rand[c][n] = summary(out)
             print(f"random c={c}: " + ", ".join(f"{n} {s['output_throughput']:.1f} tok/s" for n, s in rand[c].items()),
