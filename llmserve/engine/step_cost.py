@@ -29,8 +29,9 @@ class StepCosts:
     # Extra per prompt token for each 1,024 tokens of context before it (attention).
     context_s: float = 0.0005
     # A draft token's row in a decoding step (speculation): the kernels' few-row path
-    # reads the weights once for all rows, so a row adds its arithmetic only.
-    draft_row_s: float = 0.0012
+    # reads the weights once for all rows, so a row adds its arithmetic only (8-row
+    # verification steps took ~2.2 one-row steps: benchmarks/spec/README.md).
+    draft_row_s: float = 0.0017
 
     def prefill(self, n: int, start: int) -> float:
         """Seconds to compute prompt tokens ``start .. start + n``."""
