@@ -34,19 +34,13 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None
-    # Stop speculating for a request whose recent acceptance rate falls below this
-    # (at batch 1) ...
-    min_acceptance: float = 0.25
-    # ... plus this much per other decoding request: verifying draft tokens costs
-    # more as the batch grows, so a guess must be likelier to pay for itself.
-    acceptance_slope: float = 0.05
-    # Skip speculation when this many requests are decoding (compute-bound already).
-    max_batch_for_spec: int = 16
-    # Each request's draft length adapts: it grows by 2 after a fully accepted draft,
-    # up to this, and falls to (accepted + 1) after a rejection. Long verbatim copies
-    # then get long drafts, while text that rarely matches pays for one guess at a
-    # time. None: 2 x num_speculative_tokens for n-gram (a guess costs nothing to
-    # make), num_speculative_tokens for a draft model (each guess is a forward pass).
+    # Each request's draft length follows its measured acceptance and what a draft row
+    # costs in this step (spec_policy.py): up to max_speculative_tokens, none where it does
+    # not pay. False: always num_speculative_tokens (where the proposer finds that many).
+    adaptive: bool = True
+    # The longest draft a request gets. None: 2 x num_speculative_tokens for n-gram (a
+    # guess costs nothing to make), num_speculative_tokens for a draft model (each guess
+    # is a forward pass).
     max_speculative_tokens: int | None = None
 
     @model_validator(mode="before")
@@ -68,6 +62,11 @@ class SpeculativeConfig(BaseModel):
         if self.max_speculative_tokens < self.num_speculative_tokens:
             raise ValueError("max_speculative_tokens must be at least num_speculative_tokens")
         return self
+
+
+def parse_speculative(text: str) -> dict[str, Any] | None:
+    """The ``--speculative-config`` flag: JSON, or ``none`` for no speculation."""
+    return None if text.strip().lower() in ("none", "null", "off") else json.loads(text)
 
 
 class EngineConfig(BaseModel):
@@ -108,8 +107,11 @@ class EngineConfig(BaseModel):
                               "time (default), on kept fp32 copies (~0.55 GB more for SmolLM2), or through "
                               "the int8 kernel like decode rows")
     enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
-    speculative_config: Annotated[SpeculativeConfig | None, Flag(type=json.loads)] = Field(
-        None, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    # On by default: prompt lookup costs next to nothing when it finds no match, and each
+    # request's draft length follows what its drafts earn (spec_policy.py), down to none.
+    speculative_config: Annotated[SpeculativeConfig | None, Flag(type=parse_speculative)] = Field(
+        default_factory=SpeculativeConfig, description='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": '
+                                                       '4}\'; none turns speculation off')
     seed: int | None = Field(None, description="seeds the engine's sampler")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for this instance's steps "
                                 "(default: its share of the machine's cores)")

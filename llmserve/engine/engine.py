@@ -107,7 +107,7 @@ class EngineCore:
             proposer = build_proposer(sc, self.kv.geometry, model_config.vocab_size, config.model_store)
             self.spec = SpeculativeDecoder(sc, proposer, max_model_len=self.max_model_len, rows=self.rows.row,
                                            live_ids=self.scheduler.requests.keys, guided=lambda: self._guided,
-                                           generator=self.sampler.generator)
+                                           generator=self.sampler.generator, costs=self.stats.step_costs)
 
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -273,12 +273,11 @@ class EngineCore:
                 r.spec_token_ids = []
 
     def _sample(self, plan, run, masks: dict[str, torch.Tensor]) -> StepSamples:
-        if self.spec is not None:
-            return self.spec.verify(plan, run, masks)
-        out = StepSamples()
+        # drafts are verified by the speculative decoder, every other row sampled here
+        out = self.spec.verify(plan, run, masks) if self.spec is not None else StepSamples()
         rows, order, idx = [], [], []
         for s in plan.scheduled:
-            if s.sample:
+            if s.sample and not s.spec_token_ids:
                 mask = masks.get(s.request.request_id)
                 rows.append(self.rows.row(s.request, allowed=None if mask is None else mask[0]))
                 order.append(s.request.request_id)
@@ -298,8 +297,10 @@ class EngineCore:
         return out
 
     def _forget(self, request_id: str) -> None:
-        """Drop a finished request's generator and grammar matcher."""
+        """Drop a finished request's generator, grammar matcher and speculation state."""
         self.rows.remove(request_id)
+        if self.spec is not None:
+            self.spec.release(request_id)
         if self._guided is not None:
             self._guided.remove(request_id)
 

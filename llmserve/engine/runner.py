@@ -1,8 +1,14 @@
 """Turns a scheduler plan into tensors, runs the model, returns logits for sampling rows.
 
-Tokens of one step are laid out group by group (requests with the same number of
-new tokens are adjacent, decodes first), so attention can batch each group while
-the matrix products see one flat, unpadded batch.
+Tokens of one step are laid out group by group, so attention can batch each group
+while the matrix products see one flat, unpadded batch. Requests with at most
+``ROW_ATTENTION_MAX`` new tokens (decodes, and decodes with draft tokens to verify)
+come first, as one group of *rows*: each new token is its own query over its own
+causal context (the tokens before it, the step's earlier ones included, all written
+to the pool before attention runs). The decode kernel then attends for the whole
+step in one call, reading keys and values where they lie, instead of a padded
+gather of every context per layer for each draft length. Longer chunks (prompts)
+are grouped by length for batched attention.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.scheduler import ScheduledRequest, SchedulerOutput
 from llmserve.models.attention import AttentionMetadata, build_group
 from llmserve.models.llama import LlamaForCausalLM
+
+# New tokens of a request up to which its rows attend one by one (a draft of up to 15).
+ROW_ATTENTION_MAX = 16
 
 
 @dataclass(slots=True)
@@ -36,7 +45,8 @@ class ModelRunner:
         bs = self.block_size
         by_len: dict[int, list[ScheduledRequest]] = {}
         for s in plan.scheduled:
-            by_len.setdefault(s.num_tokens + len(s.spec_token_ids), []).append(s)
+            q_len = s.num_tokens + len(s.spec_token_ids)
+            by_len.setdefault(1 if q_len <= ROW_ATTENTION_MAX else q_len, []).append(s)
 
         ids: list[int] = []
         positions: list[int] = []
@@ -44,27 +54,32 @@ class ModelRunner:
         groups = []
         sample_rows: list[int] = []
         rows: dict[str, tuple[int, int]] = {}
-        for q_len in sorted(by_len):
-            members = by_len[q_len]
+        for key in sorted(by_len):
+            members = by_len[key]
             start = len(ids)
             ctx_lens, tables = [], []
             for s in members:
                 req = s.request
                 c = req.num_computed_tokens
                 tokens = req.all_token_ids[c:c + s.num_tokens] + s.spec_token_ids
+                q_len = len(tokens)
                 table = self.kv.block_ids(req.request_id)
                 # plain lists, one tensor each at the end: per-request tensor ops cost more than this
                 positions.extend(range(c, c + q_len))
                 slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q_len))
                 row0 = len(ids)
                 ids.extend(tokens)
-                ctx_lens.append(c + q_len)
-                tables.append(table)
+                if key == 1:  # one query row per token, each over its own causal context
+                    ctx_lens.extend(range(c + 1, c + q_len + 1))
+                    tables.extend([table] * q_len)
+                else:
+                    ctx_lens.append(c + q_len)
+                    tables.append(table)
                 if s.sample:
                     n_rows = 1 + len(s.spec_token_ids)
                     rows[req.request_id] = (len(sample_rows), n_rows)
                     sample_rows.extend(range(row0 + q_len - n_rows, row0 + q_len))
-            groups.append(build_group(start, q_len, ctx_lens, tables, bs, self.n_rep))
+            groups.append(build_group(start, key, ctx_lens, tables, bs, self.n_rep))
 
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long), groups)
         input_ids = torch.tensor(ids, dtype=torch.long)

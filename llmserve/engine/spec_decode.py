@@ -14,6 +14,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import time
+
 import torch
 
 from llmserve.engine.config import SpeculativeConfig
@@ -23,6 +25,8 @@ from llmserve.engine.proposer import NgramProposer, Proposer
 from llmserve.engine.request import Request
 from llmserve.engine.sampler import (NonFiniteError, RowFn, Sampler, StepSamples, constrain, draw, non_finite_rows,
                                      process)
+from llmserve.engine.spec_policy import RATE_BUCKETS, Acceptance, draft_lengths
+from llmserve.engine.step_cost import StepCosts
 
 if TYPE_CHECKING:
     from llmserve.engine.guided import GuidedDecoding
@@ -78,25 +82,21 @@ def rejection_sample(p_rows: list[torch.Tensor], drafts: list[int], q_rows: torc
 
 
 @dataclass
-class _Acceptance:
-    k: int  # this request's current draft length
-    rate: float = 1.0  # EWMA of accepted / proposed
-    paused_until: int = 0  # output length at which to try speculating again
-
-    def adapt(self, proposed: int, accepted: int, k_max: int) -> None:
-        """Grow after a draft accepted whole at full length; shrink to what was accepted."""
-        if accepted == proposed == self.k:
-            self.k = min(k_max, self.k + 2)
-        elif accepted < proposed:
-            self.k = max(1, accepted + 1)
-
-
-@dataclass
 class SpecCounters:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # finished requests that drafted, by acceptance rate (cumulative per RATE_BUCKETS), and the rates' sum
+    request_rate_buckets: list[int] = field(default_factory=lambda: [0] * len(RATE_BUCKETS))
+    request_rate_sum: float = 0.0
+
+    def record_request(self, proposed: int, accepted: int) -> None:
+        rate = accepted / proposed
+        self.request_rate_sum += rate
+        for i, bound in enumerate(RATE_BUCKETS):
+            if rate <= bound:
+                self.request_rate_buckets[i] += 1
 
 
 class SpeculativeDecoder:
@@ -104,10 +104,11 @@ class SpeculativeDecoder:
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, *, max_model_len: int, rows: RowFn,
                  live_ids: Callable[[], Collection[str]], guided: Callable[[], GuidedDecoding | None],
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, costs: Callable[[], StepCosts] = StepCosts) -> None:
         """``rows`` builds a request's sampling rows; ``live_ids`` are the requests still unfinished
         (state of the others is dropped); ``guided`` gives the grammar matchers (None until the first
-        structured-output request); ``generator`` is what unseeded requests draw from."""
+        structured-output request); ``generator`` is what unseeded requests draw from; ``costs``
+        what a step costs on this machine (the engine's measured fit)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.k_max = config.max_speculative_tokens
@@ -117,8 +118,10 @@ class SpeculativeDecoder:
         self.live_ids = live_ids
         self.guided = guided
         self.generator = generator
+        self.costs = costs
         self.counters = SpecCounters(accepted_per_pos=[0] * self.k_max)
-        self._accept: dict[str, _Acceptance] = {}
+        self._accept: dict[str, Acceptance] = {}
+        self._token_s = 0.0  # the proposer's seconds per draft token (EWMA)
         self._q: dict[str, torch.Tensor | None] = {}
 
     # vLLM-named counters, read by the metrics layer
@@ -141,27 +144,32 @@ class SpeculativeDecoder:
     def propose(self, running: list[Request]) -> None:
         live = set(self.live_ids())
         for rid in [r for r in self._accept if r not in live]:
-            self._accept.pop(rid, None)
-            self.proposer.release(rid)
+            self.release(rid)
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
         for r in running:
             r.spec_token_ids = []
         self._q.clear()
-        # A large batch is compute-bound already: extra positions would cost, not save.
-        if len(decoding) > self.config.max_batch_for_spec:
-            return
-        want = []
-        for r in decoding:
-            acc = self._accept.setdefault(r.request_id, _Acceptance(self.k))
-            if acc.paused_until > r.num_output_tokens:
-                continue
-            room = min(acc.k, r.max_tokens - r.num_output_tokens - 1,
-                       self.max_model_len - r.num_tokens - 1)
-            if room > 0:
-                want.append((r, room))
+        # A seeded sampled request gets no drafts: its draws then depend on (seed, position)
+        # only, so a stream resumed elsewhere from its tokens goes on exactly (resume.py).
+        caps = [0 if _seeded(r) else min(self.k_max, r.max_tokens - r.num_output_tokens - 1,
+                                         self.max_model_len - r.num_tokens - 1) for r in decoding]
+        accs = [self._accept.setdefault(r.request_id, Acceptance()) for r in decoding]
+        if self.config.adaptive:
+            lengths = draft_lengths([a.rate for a in accs], caps, self.costs(), decoding=len(decoding),
+                                    token_cost_s=self._token_s)
+        else:
+            lengths = [min(self.k, c) for c in caps]
+        want = [(r, n) for r, n in zip(decoding, lengths) if n > 0]
+        for acc, n in zip(accs, lengths):
+            if n <= 0:
+                acc.idle()  # back towards the prior: tried again later
         if not want:
             return
-        props = self.proposer.propose([r for r, _ in want], max(room for _, room in want), self.rows)
+        t0 = time.perf_counter()
+        props = self.proposer.propose([r for r, _ in want], max(n for _, n in want), self.rows)
+        made = sum(len(p.tokens) for p in props.values())
+        if made:
+            self._token_s += 0.2 * ((time.perf_counter() - t0) / made - self._token_s)
         guided = self.guided()
         for r, room in want:
             prop = props.get(r.request_id)
@@ -172,25 +180,30 @@ class SpeculativeDecoder:
                 r.spec_token_ids = tokens
                 self._q[r.request_id] = None if prop.q is None else prop.q[:len(tokens)]
 
+    def release(self, request_id: str) -> None:
+        """A request ended: count its acceptance, drop its state."""
+        acc = self._accept.pop(request_id, None)
+        if acc is not None and acc.proposed_total:
+            self.counters.record_request(acc.proposed_total, acc.accepted_total)
+        self.proposer.release(request_id)
+
     def verify(self, plan: SchedulerOutput, run: RunOutput,
                masks: dict[str, torch.Tensor] | None = None) -> StepSamples:
-        """Rejection-sample every sampling request; one whose rows cannot be sampled fails alone.
-        ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
+        """Rejection-sample every sampling request with draft tokens (the others are the plain
+        sampler's: the same draws as without speculation); one whose rows cannot be sampled
+        fails alone. ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
         masks = masks or {}
         out = StepSamples()
-        decoding = sum(1 for s in plan.scheduled if s.sample)
-        required = self.config.min_acceptance + self.config.acceptance_slope * max(0, decoding - 1)
         bad_rows = non_finite_rows(run.logits)  # one reduction when every row is fine
         for s in plan.scheduled:
-            if not s.sample:
+            if not s.sample or not s.spec_token_ids:
                 continue
             rid = s.request.request_id
             start, n_rows = run.rows[rid]
             try:
                 if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
                     raise NonFiniteError("the model's logits are not finite")
-                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], required,
-                                                        masks.get(rid))
+                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], masks.get(rid))
             except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
                 out.failed[rid] = str(e) or type(e).__name__
                 continue
@@ -198,8 +211,7 @@ class SpeculativeDecoder:
                 out.logprobs[rid] = lps
         return out
 
-    def _verify_one(self, s: ScheduledRequest, logits: torch.Tensor, required: float,
-                    mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
+    def _verify_one(self, s: ScheduledRequest, logits: torch.Tensor, mask: torch.Tensor | None) -> tuple[list[int], list[TokenLogprob] | None]:
         req = s.request
         drafts = s.spec_token_ids
         params = req.sampling_params
@@ -219,24 +231,23 @@ class SpeculativeDecoder:
             p_rows = [process(logits[j], rows[j]) for j in range(len(logits))]
         tokens, accepted = rejection_sample(p_rows, drafts, self._q.get(req.request_id), params.greedy, gen)
         if drafts:
-            self._count(req, len(drafts), accepted, required)
+            self._count(req, len(drafts), accepted)
         if params.logprobs is None:
             return tokens, None
         raw = torch.log_softmax(raw_logits.float(), dim=-1)
         return tokens, [TokenLogprob(t, d.logprob, d.top_logprobs or [])
                         for j, t in enumerate(tokens) for d in [Sampler.describe(t, base, raw[j])]]
 
-    def _count(self, req: Request, proposed: int, accepted: int, required: float) -> None:
+    def _count(self, req: Request, proposed: int, accepted: int) -> None:
         c = self.counters
         c.num_drafts += 1
         c.num_draft_tokens += proposed
         c.num_accepted_tokens += accepted
         for i in range(accepted):
             c.accepted_per_pos[i] += 1
-        acc = self._accept.setdefault(req.request_id, _Acceptance(self.k))
-        acc.rate = 0.7 * acc.rate + 0.3 * (accepted / proposed)
-        acc.adapt(proposed, accepted, self.k_max)
-        if acc.rate < required:
-            # Not paying for itself: pause, then probe again later.
-            acc.paused_until = req.num_output_tokens + 32
-            acc.rate = required + 0.1
+        self._accept.setdefault(req.request_id, Acceptance()).observe(proposed, accepted)
+
+
+def _seeded(req: Request) -> bool:
+    p = req.sampling_params
+    return p.seed is not None and not p.greedy

@@ -51,14 +51,15 @@ class EngineStats:
 
     def on_step(self, t0: float, t1: float, plan) -> None:
         self.num_steps += 1
-        decodes = prefill = start = 0
+        decodes = prefill = start = drafts = 0
         for x in plan.scheduled:
             if x.request.num_computed_tokens == x.request.num_tokens - 1:
                 decodes += 1
+                drafts += len(x.spec_token_ids)
             else:
                 prefill += x.num_tokens
                 start += x.num_tokens * x.request.num_computed_tokens
-        self.cost_model.observe(prefill, decodes, start // prefill if prefill else 0, t1 - t0)
+        self.cost_model.observe(prefill, decodes, start // prefill if prefill else 0, t1 - t0, drafts)
         if self.step_log is not None:
             ctx = sum(x.request.num_tokens for x in plan.scheduled
                       if x.request.num_computed_tokens == x.request.num_tokens - 1)
@@ -132,4 +133,6 @@ def core_snapshot(core) -> dict[str, Any]:
     return {**core.load_snapshot(), "prompt_tokens": core.stats.prompt_tokens,
             "generation_tokens": core.stats.generation_tokens, "finished": dict(core.stats.finished),
             "spec": None if spec is None else [spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                                               list(spec.accepted_per_pos)]}
+                                               list(spec.accepted_per_pos),
+                                               list(spec.counters.request_rate_buckets),
+                                               spec.counters.request_rate_sum]}

@@ -28,13 +28,18 @@ class StepCosts:
     decode_seq_s: float = 0.003
     # Extra per prompt token for each 1,024 tokens of context before it (attention).
     context_s: float = 0.0005
+    # A draft token's row in a decoding step (speculation): the kernels' few-row path
+    # reads the weights once for all rows, so a row adds its arithmetic only (8-row
+    # verification steps took ~2.2 one-row steps: benchmarks/spec/README.md).
+    draft_row_s: float = 0.0017
 
     def prefill(self, n: int, start: int) -> float:
         """Seconds to compute prompt tokens ``start .. start + n``."""
         return n * (self.prefill_token_s + self.context_s * (start + n / 2) / 1024)
 
-    def step(self, prefill_tokens: int, decode_seqs: int, start: int = 0) -> float:
-        return self.base_s + self.prefill(prefill_tokens, start) + decode_seqs * self.decode_seq_s
+    def step(self, prefill_tokens: int, decode_seqs: int, start: int = 0, draft_rows: int = 0) -> float:
+        return (self.base_s + self.prefill(prefill_tokens, start) + decode_seqs * self.decode_seq_s
+                + draft_rows * self.draft_row_s)
 
     def tokens_within(self, seconds: float, start: int) -> int:
         """The most prompt tokens from ``start`` that fit in ``seconds``."""
@@ -58,10 +63,12 @@ class StepCostModel:
         self.prefill_scale = 1.0
         self.observed = 0
 
-    def observe(self, prefill_tokens: int, decode_seqs: int, prefill_start: int, seconds: float) -> None:
-        """One step: prompt tokens computed (from context ``prefill_start`` on average), decodes, time."""
+    def observe(self, prefill_tokens: int, decode_seqs: int, prefill_start: int, seconds: float,
+                draft_rows: int = 0) -> None:
+        """One step: prompt tokens computed (from context ``prefill_start`` on average), decodes,
+        their draft tokens, time."""
         p = self.prior
-        fixed = p.base_s + decode_seqs * p.decode_seq_s
+        fixed = p.base_s + decode_seqs * p.decode_seq_s + draft_rows * p.draft_row_s
         a = self.alpha
         self.observed += 1
         if prefill_tokens == 0:
@@ -73,7 +80,7 @@ class StepCostModel:
 
     def costs(self) -> StepCosts:
         p, d, s = self.prior, self.decode_scale, self.prefill_scale
-        return replace(p, base_s=p.base_s * d, decode_seq_s=p.decode_seq_s * d,
+        return replace(p, base_s=p.base_s * d, decode_seq_s=p.decode_seq_s * d, draft_row_s=p.draft_row_s * d,
                        prefill_token_s=p.prefill_token_s * s, context_s=p.context_s * s)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from llmserve.engine.spec_policy import RATE_BUCKETS
 
 if TYPE_CHECKING:
     from llmserve.engine.async_engine import AsyncEngine
@@ -95,7 +97,7 @@ class _EngineCollector:
         yield ok
         spec = snap["spec"]
         if spec is not None:
-            drafts, draft_tokens, accepted, per_pos = spec
+            drafts, draft_tokens, accepted, per_pos, rate_buckets, rate_sum = spec
             yield counter("vllm:spec_decode_num_drafts", "Speculative drafts proposed.", drafts)
             yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", draft_tokens)
             yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", accepted)
@@ -104,3 +106,14 @@ class _EngineCollector:
             for i, n in enumerate(per_pos):
                 per.add_metric([name, str(i)], n)
             yield per
+            yield _request_rates(name, rate_buckets, rate_sum)
+
+
+def _request_rates(name: str, buckets: list[int], total: float) -> HistogramMetricFamily:
+    """Finished requests that drafted, by their share of draft tokens accepted."""
+    h = HistogramMetricFamily("llmserve:spec_decode_request_acceptance_rate",
+                              "Per finished request that drafted: accepted / proposed draft tokens.",
+                              labels=["model_name"])
+    pairs = [(str(b), n) for b, n in zip(RATE_BUCKETS, buckets)] + [("+Inf", buckets[-1])]
+    h.add_metric([name], pairs, total)
+    return h

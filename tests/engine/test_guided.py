@@ -129,7 +129,7 @@ def _everything_on(tiny, tok, monkeypatch, method: str | None) -> EngineCore:
         monkeypatch.setattr(draft_model, "_load_draft",
                             lambda cfg, store: LlamaForCausalLM(draft.config, draft.weights))
         opts["speculative_config"] = {"method": method, "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-                                      "prompt_lookup_max": 4, "min_acceptance": 0.0,
+                                      "prompt_lookup_max": 4, "adaptive": False,
                                       "model": "draft" if method == "draft" else None}
     return _engine(tiny, tok, **opts)
 

@@ -116,3 +116,22 @@ def test_a_short_realtime_prompt_is_not_split_but_a_batch_one_is():
     out, _ = step(s)
     got = {x.request.request_id: x.num_tokens for x in out.scheduled}
     assert got["b"] < 48
+
+
+def test_draft_rows_count_in_the_fit_and_scale_with_the_machine():
+    """Steps that verify drafts are costed with their draft rows (a slower machine: all parts slower)."""
+    prior = StepCosts()
+    truth = StepCosts(base_s=2 * prior.base_s, decode_seq_s=2 * prior.decode_seq_s, draft_row_s=2 * prior.draft_row_s)
+    m = StepCostModel(prior=prior)
+    for i in range(200):
+        d, k = 1 + i % 8, 5 * (i % 3)
+        m.observe(0, d, 0, truth.step(0, d, draft_rows=k), draft_rows=k)
+    got = m.costs()
+    assert abs(got.draft_row_s - truth.draft_row_s) < 0.05 * truth.draft_row_s
+    assert abs(got.step(0, 4, draft_rows=10) - truth.step(0, 4, draft_rows=10)) < 0.05 * truth.step(0, 4, draft_rows=10)
+    # without the draft rows in the fit, the same steps would read as a slower machine
+    blind = StepCostModel(prior=prior)
+    for i in range(200):
+        d, k = 1 + i % 8, 5 * (i % 3)
+        blind.observe(0, d, 0, truth.step(0, d, draft_rows=k))
+    assert blind.costs().base_s > 1.2 * got.base_s
