@@ -1,4 +1,4 @@
-"""Completions and chat completions over the AsyncEngine: validation, fan-out, SSE.
+"""Completions and chat completions over an engine client: validation, fan-out, SSE.
 
 Everything a request needs is validated before the first byte is sent, so a bad
 request gets a 4xx JSON error rather than a broken stream. A request that fails in
@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from llmserve.api.stream_format import sse
-from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
-from llmserve.engine.engine import ContextLengthError
+from llmserve.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from llmserve.engine.request import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -52,7 +52,7 @@ class _Job:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, config: ServerConfig, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, config: ServerConfig, model_name: str) -> None:
         self.engine = engine
         self.config = config
         self.model_name = model_name
