@@ -133,7 +133,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
 def gateway_telemetry(tracing: TracingConfig | None):
     if tracing is None or not (tracing.enabled or tracing.access_log):
         return None
-    from llmserve.tracing.config import start_tracing
+    from llmserve.tracing.start import start_tracing
     from llmserve.tracing.gateway import GatewayTelemetry
 
     return GatewayTelemetry(start_tracing(tracing), tracing.access_log)

@@ -47,7 +47,7 @@ from llmserve.api.parse import parse_model
 from llmserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ThreadsRequest,
                                    TokenizeRequest)
 from llmserve.server.serving import OpenAIServing
-from llmserve.tracing.config import start_tracing
+from llmserve.tracing.start import start_tracing
 from llmserve.tracing.instance import InstanceTelemetry
 
 if TYPE_CHECKING:
