@@ -1,18 +1,19 @@
 """llmserve: an elastic, OpenAI-compatible LLM serving platform.
 
-The engine API (``LLM``, ``SamplingParams``, ``AsyncEngine``) is imported lazily so
+The engine API (``LLM``, ``SamplingParams``, ``InThreadEngine``) is imported lazily so
 that the gateway and controller, which never need torch, stay light.
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "AsyncEngine", "EngineConfig", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "InThreadEngine", "EngineClient", "EngineConfig", "RequestOutput"]
 
 _LAZY = {
     "LLM": "llmserve.engine.llm",
     "SamplingParams": "llmserve.engine.sampling_params",
-    "AsyncEngine": "llmserve.engine.async_engine",
+    "InThreadEngine": "llmserve.engine.in_thread",
+    "EngineClient": "llmserve.engine.client",
     "EngineConfig": "llmserve.engine.config",
     "RequestOutput": "llmserve.engine.outputs",
 }

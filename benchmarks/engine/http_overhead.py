@@ -198,7 +198,7 @@ CATEGORIES = [  # first match wins, checked against the whole stack of a sample
     ("sampling (engine._sample)", "_sample (llmserve/engine/engine.py"),
     ("scheduler", "llmserve/engine/scheduler.py"),
     ("detokenise / outputs (output_processor)", "llmserve/engine/output_processor.py"),
-    ("AsyncEngine delivery", "llmserve/engine/async_engine.py"),
+    ("InThreadEngine delivery", "llmserve/engine/in_thread.py"),
     ("llmserve/server (OpenAI layer, SSE)", "llmserve/server/"),
     ("uvicorn / h11 / starlette / fastapi", ("uvicorn", "/h11/", "starlette", "fastapi")),
     ("httpx / bench client", ("httpx", "httpcore", "llmserve/bench/")),

@@ -215,7 +215,7 @@ def drive_loaded(core: EngineCore, rt: list[list[int]], gaps: list[float], batch
 
     The core runs in this thread, so a request that arrives during a step is added
     when the step ends, with its true arrival time: its TTFT includes the rest of
-    the step in progress, as with the AsyncEngine.
+    the step in progress, as with the InThreadEngine.
     """
     n_batch = 0
     plans: list[Any] = []

@@ -89,7 +89,9 @@ class PoolController:
         self.wall = wall
         self.policy = build_policy(autoscale)
         self.policy_state: Any = self.policy.initial_state()
-        self.collector = SignalCollector(cfg.signal_window_s, cfg.latency_window_s, cfg.output_tokens_prior)
+        # The window starts now (the simulator's at 0): early arrivals are not spread over a whole one.
+        self.collector = SignalCollector(cfg.signal_window_s, cfg.latency_window_s, cfg.output_tokens_prior,
+                                         start=clock())
         self.history = History()
         self.book: InstanceBook[ManagedInstance] = InstanceBook(clock, wall, self.history)
         self.book.listeners.append(self._heard)

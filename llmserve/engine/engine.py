@@ -23,27 +23,27 @@ import torch
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
+from llmserve.engine.input_processor import InputProcessor
 from llmserve.engine.kv_budget import available_memory
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.output_processor import Ended, OutputProcessor
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
-from llmserve.engine.request import REALTIME, ContextLengthError, Request, RequestStatus
-from llmserve.engine.resume import check_resume, prime
+from llmserve.engine.request import Request, RequestStatus
+from llmserve.engine.resume import prime
 from llmserve.engine.runner import ModelRunner
 from llmserve.engine.sampler import RowBuilder, Sampler, StepSamples
-from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from llmserve.engine.sampling_params import SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import round_activations
-from llmserve.priority import parse_priority
 
 log = logging.getLogger(__name__)
 
 
 class EngineCore:
-    """One model, one KV pool, one scheduler; not thread-safe (AsyncEngine serialises)."""
+    """One model, one KV pool, one scheduler; not thread-safe (its client serialises)."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig,
                  weights: dict[str, torch.Tensor], tokenizer: Any | None = None,
@@ -97,6 +97,8 @@ class EngineCore:
         self.eos_token_ids = frozenset(model_config.eos_token_id or [])
         if tokenizer is not None:
             self.eos_token_ids |= frozenset(getattr(tokenizer, "eos_token_ids", []) or [])
+        self.inputs = InputProcessor(tokenizer, model_config.vocab_size, self.max_model_len, self.eos_token_ids,
+                                     self.compile_grammar)
         self._threads_wanted: int | None = None  # set_threads: applied before the next step
         self._guided: GuidedDecoding | None = None  # built while the instance warms up (warm_grammar)
         self._guided_lock = threading.Lock()
@@ -114,51 +116,10 @@ class EngineCore:
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, resume_token_ids: list[int] | None = None) -> Request:
         """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
-        req, prompt_text = self.prepare_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
-                                                arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+        req, prompt_text = self.inputs.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                               arrival_time=arrival_time, resume_token_ids=resume_token_ids)
         self.enqueue(req, prompt_text)
         return req
-
-    def prepare_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
-                        priority: int | str | None = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                        resume_token_ids: list[int] | None = None) -> tuple[Request, str | None]:
-        """Tokenise and check a request without touching engine state (safe from any thread)."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer: pass token ids")
-            if not prompt:
-                raise InvalidParameterError("prompt", "must not be empty")
-            prompt_ids = self.tokenizer.encode(prompt)
-            prompt_text: str | None = prompt
-        else:
-            prompt_ids = [int(t) for t in prompt]
-            prompt_text = None
-        if not prompt_ids:
-            raise InvalidParameterError("prompt", "must not be empty")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidParameterError("cache_salt", "must be a string")
-        vocab = self.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise InvalidParameterError("prompt", f"has token ids outside the vocabulary [0, {vocab})")
-        n_prompt = len(prompt_ids)
-        if n_prompt >= self.max_model_len:
-            raise ContextLengthError(n_prompt, self.max_model_len)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
-        if n_prompt + max_tokens > self.max_model_len:
-            raise ContextLengthError(n_prompt, self.max_model_len, max_tokens)
-        try:
-            prio = parse_priority(priority)
-        except ValueError as e:
-            raise InvalidParameterError("priority", str(e).removeprefix("priority ")) from None
-        prio = REALTIME if prio is None else prio
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise InvalidParameterError("logit_bias", f"has token ids outside the vocabulary [0, {vocab})")
-        grammar = self.compile_grammar(params)
-        now = arrival_time if arrival_time is not None else time.monotonic()
-        req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar,
-                      all_token_ids=prompt_ids + check_resume(resume_token_ids, vocab, max_tokens))
-        return req, prompt_text
 
     @property
     def guided(self) -> GuidedDecoding | None:

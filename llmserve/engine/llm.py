@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from llmserve.engine.async_engine import merge_choices
+from llmserve.engine.outputs import merge_choices
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.outputs import RequestOutput

@@ -63,3 +63,15 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+def merge_choices(outs: list[RequestOutput], request_id: str) -> RequestOutput:
+    """Combine the final outputs of ``n`` fan-out sequences into one output with n choices."""
+    comps = []
+    for i, o in enumerate(outs):
+        c = o.outputs[0]
+        comps.append(CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs))
+    first = outs[0]
+    return RequestOutput(request_id, first.prompt_token_ids, comps, all(o.finished for o in outs),
+                         first.prompt, first.num_cached_tokens, first.metrics,
+                         next((o.error for o in outs if o.error is not None), None))

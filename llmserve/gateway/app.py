@@ -34,7 +34,8 @@ from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
 from llmserve.http_guard import uvicorn_options
-from llmserve.tracing.config import TracingConfig, start_tracing
+from llmserve.tracing.config import TracingConfig
+from llmserve.tracing.start import start_tracing
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when asked for
     from llmserve.tracing.gateway import GatewayTelemetry

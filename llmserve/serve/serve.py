@@ -92,7 +92,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     """The gateway app with one controller per pool (every version of every model),
     all sharing ``provider``; returns ``(app, controllers)``. ``prober`` replaces the
     HTTP prober (tests with a fake provider)."""
-    from llmserve.autoscale.admin import autoscale_router
+    from llmserve.serve.admin import autoscale_router
     from llmserve.autoscale.metrics import AutoscaleMetrics
     from llmserve.gateway.admin import admin_guard
     from llmserve.gateway.app import create_app
@@ -137,7 +137,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
 def gateway_telemetry(tracing: TracingConfig | None):
     if tracing is None or not (tracing.enabled or tracing.access_log):
         return None
-    from llmserve.tracing.config import start_tracing
+    from llmserve.tracing.start import start_tracing
     from llmserve.tracing.gateway import GatewayTelemetry
 
     return GatewayTelemetry(start_tracing(tracing), tracing.access_log)

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,11 +28,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmserve.engine.async_engine import AsyncEngine
+from llmserve.engine.client import EngineClient, EngineStart
 from llmserve.engine.config import EngineConfig
-from llmserve.engine.core_client import ProcessEngine
 from llmserve.engine.core_proc import model_facts
-from llmserve.engine.engine import EngineCore
+from llmserve.engine.in_thread import InThreadEngine
+from llmserve.engine.multi_process import MultiProcessEngine
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
 from llmserve.lifecycle import InstanceState
@@ -47,7 +47,7 @@ from llmserve.api.parse import parse_model
 from llmserve.api.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ThreadsRequest,
                                    TokenizeRequest)
 from llmserve.server.serving import OpenAIServing
-from llmserve.tracing.config import start_tracing
+from llmserve.tracing.start import start_tracing
 from llmserve.tracing.instance import InstanceTelemetry
 
 if TYPE_CHECKING:
@@ -63,12 +63,12 @@ S = InstanceState
 class Instance:
     """Holds the engine once loaded and the instance's lifecycle state."""
 
-    def __init__(self, config: ServerConfig, build: Callable[[], EngineCore]) -> None:
+    def __init__(self, config: ServerConfig, build: EngineStart) -> None:
         self.config = config
         self.build = build
         self.state = S.STARTING
         self.error: str | None = None
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.serving: OpenAIServing | None = None
         self.metrics: EngineMetrics | None = None
         self.model_name = ""
@@ -81,9 +81,7 @@ class Instance:
         if self.config.startup_delay_s:
             await asyncio.sleep(self.config.startup_delay_s)
         try:
-            built = await asyncio.to_thread(self.build)
-            # A core runs in a thread here; a ProcessEngine's core is in its own process.
-            self.engine = await built.connect() if isinstance(built, ProcessEngine) else AsyncEngine(built)
+            self.engine = await self.build()
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             log.error("model load failed: %s", e)
             self.state, self.error = S.FAILED, str(e)
@@ -359,17 +357,17 @@ def _refuse_unsupported(engine_config: EngineConfig) -> None:
     refuse_unsupported(source)
 
 
-def _engine_builder(engine_config: EngineConfig, own_process: bool) -> Callable[[], Any]:
+def _engine_builder(engine_config: EngineConfig, own_process: bool) -> EngineStart:
     """The engine process is forked here, before the event loop starts any thread;
     in-thread when asked, or when this process already runs threads (fork unsafe)."""
     from llmserve.engine import core_proc
     from llmserve.engine.llm import build_engine, load_engine_tokenizer
 
     if not own_process:
-        return lambda: build_engine(engine_config)
+        return lambda: InThreadEngine.start(lambda: build_engine(engine_config))
     if not core_proc.can_fork():
         log.warning("this process runs threads: the engine runs in a thread, not its own process")
-        return lambda: build_engine(engine_config)
+        return lambda: InThreadEngine.start(lambda: build_engine(engine_config))
     import tempfile
 
     try:
@@ -377,12 +375,12 @@ def _engine_builder(engine_config: EngineConfig, own_process: bool) -> Callable[
     except Exception as e:  # noqa: BLE001 - reported as the load failure, as in-thread
         err = e
 
-        def fail():
+        async def fail() -> EngineClient:
             raise err
         return fail
     handle = core_proc.start(lambda: build_engine(engine_config, tokenizer),
                              tempfile.mkdtemp(prefix="llmserve-engine-"))
-    return lambda: ProcessEngine(handle, tokenizer)
+    return lambda: MultiProcessEngine(handle, tokenizer).connect()
 
 
 if __name__ == "__main__":  # pragma: no cover

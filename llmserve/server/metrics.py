@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from llmserve.engine.spec_policy import RATE_BUCKETS
 
 if TYPE_CHECKING:
-    from llmserve.engine.async_engine import AsyncEngine
+    from llmserve.engine.client import EngineClient
 
 TTFT_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -27,7 +27,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class EngineMetrics:
     """One registry per server; label ``model_name`` as vLLM does."""
 
-    def __init__(self, engine: "AsyncEngine", model_name: str) -> None:
+    def __init__(self, engine: "EngineClient", model_name: str) -> None:
         """``engine``: in-thread or in another process; either has ``snapshot()`` and
         ``add_stats_listener()`` (the process engine replays the core's events)."""
         self.registry = CollectorRegistry()

@@ -1,4 +1,4 @@
-"""Completions and chat completions over the AsyncEngine: validation, fan-out, SSE.
+"""Completions and chat completions over an engine client: validation, fan-out, SSE.
 
 Everything a request needs is validated before the first byte is sent, so a bad
 request gets a 4xx JSON error rather than a broken stream. A request that fails in
@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from llmserve.api.stream_format import sse
-from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
-from llmserve.engine.engine import ContextLengthError
+from llmserve.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from llmserve.engine.request import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
@@ -31,6 +31,7 @@ from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.formats import output_formats
 from llmserve.server.constraints import structured_outputs
+from llmserve.server.disconnect import until_disconnect
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
@@ -52,7 +53,7 @@ class _Job:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, config: ServerConfig, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, config: ServerConfig, model_name: str) -> None:
         self.engine = engine
         self.config = config
         self.model_name = model_name
@@ -263,7 +264,7 @@ class OpenAIServing:
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            finals = await _until_disconnect(raw, self._collect(jobs, tracker))
+            finals = await until_disconnect(raw, self._collect(jobs, tracker))
         except (RequestFailedError, EngineDeadError) as e:
             raise _engine_error(e) from None
         finally:
@@ -377,27 +378,3 @@ def _engine_error(e: Exception) -> APIError:
     if isinstance(e, RequestFailedError):
         return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
     return APIError(500, str(e) or type(e).__name__, "server_error")
-
-
-async def _until_disconnect(raw: Request, coro):
-    """Run ``coro`` but cancel it as soon as the client goes away (non-streaming requests).
-
-    The body is read by now, so the next ASGI message can only be the disconnect:
-    one task waits for it (polling ``Request.is_disconnected`` instead costs a
-    wake-up per interval and adds up to that interval to every abort)."""
-    task = asyncio.ensure_future(coro)
-    gone = asyncio.ensure_future(_disconnected(raw.receive))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            raise APIError(499, "client disconnected", "invalid_request_error")
-        return task.result()
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-
-
-async def _disconnected(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

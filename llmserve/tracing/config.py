@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-if TYPE_CHECKING:
-    from llmserve.tracing.provider import Tracing
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"  # OpenTelemetry's own name: collectors' docs use it
 TRACES_PATH = "/v1/traces"
@@ -56,11 +52,3 @@ class TracingConfig(BaseModel):
         return cls(otlp_endpoint=flag or env.get(ENV_ENDPOINT) or None, service_name=service_name,
                    access_log=access_log, sample_ratio=sample_ratio)
 
-
-def start_tracing(config: TracingConfig) -> Tracing | None:
-    """The process's tracer when tracing is on; OpenTelemetry is not even imported otherwise."""
-    if not config.enabled:
-        return None
-    from llmserve.tracing.provider import Tracing
-
-    return Tracing.start(config)

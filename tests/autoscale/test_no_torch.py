@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-MODULES = ["llmserve.autoscale.controller", "llmserve.serve.serve", "llmserve.autoscale.admin",
+MODULES = ["llmserve.autoscale.controller", "llmserve.serve.serve", "llmserve.serve.admin",
            "llmserve.autoscale.providers.local", "llmserve.autoscale.providers.ray", "llmserve.gateway.dashboard"]
 
 

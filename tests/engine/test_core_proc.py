@@ -10,9 +10,10 @@ import tempfile
 import pytest
 
 from llmserve.engine import core_proc
-from llmserve.engine.async_engine import AsyncEngine, EngineDeadError
+from llmserve.engine.client import EngineDeadError
+from llmserve.engine.in_thread import InThreadEngine
 from llmserve.engine.config import EngineConfig
-from llmserve.engine.core_client import ProcessEngine
+from llmserve.engine.multi_process import MultiProcessEngine
 from llmserve.engine.llm import build_engine, load_engine_tokenizer
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import SamplingParams
@@ -33,10 +34,10 @@ def config(tmp_path_factory):
     return EngineConfig(model=str(path), threads=1, dtype="fp32")
 
 
-async def _start(config) -> ProcessEngine:
+async def _start(config) -> MultiProcessEngine:
     tok = load_engine_tokenizer(config)
     handle = core_proc.start(lambda: build_engine(config, tok), tempfile.mkdtemp(prefix="llmserve-test-"))
-    return await ProcessEngine(handle, tok).connect()
+    return await MultiProcessEngine(handle, tok).connect()
 
 
 async def _finals(engine) -> dict[str, RequestOutput]:
@@ -64,7 +65,7 @@ def test_the_wire_carries_requests_and_outputs_as_data():
 
 
 async def test_outputs_equal_the_in_thread_engine_token_for_token(config):
-    local = AsyncEngine(build_engine(config))
+    local = InThreadEngine(build_engine(config))
     try:
         want = await _finals(local)
     finally:
@@ -132,7 +133,7 @@ async def test_a_killed_engine_process_ends_every_stream_and_is_dead(config):
 async def test_a_build_failure_is_raised_by_connect(config, tmp_path):
     bad = EngineConfig(model=str(tmp_path / "missing"), threads=1)
     handle = core_proc.start(lambda: build_engine(bad), tempfile.mkdtemp(prefix="llmserve-test-"))
-    eng = ProcessEngine(handle, None)
+    eng = MultiProcessEngine(handle, None)
     with pytest.raises(RuntimeError):
         await eng.connect()
     eng.shutdown()
@@ -193,4 +194,41 @@ async def test_a_compiling_grammar_never_stops_the_step_loop(config, monkeypatch
         assert reason == "stop" and isinstance(json.loads(text)["ok"], bool), text
         await task
     finally:
+        eng.shutdown()
+
+
+BAD_INPUTS = [  # (prompt, params, keyword arguments): each refused before it reaches a core
+    ([], SamplingParams(max_tokens=4), {}),
+    ([5, 10**6], SamplingParams(max_tokens=4), {}),
+    (PROMPTS["a"], SamplingParams(max_tokens=10_000), {}),
+    (PROMPTS["a"], SamplingParams(max_tokens=4), {"priority": "urgent"}),
+    (PROMPTS["a"], SamplingParams(max_tokens=4, logit_bias={10**6: 1.0}), {}),
+    (PROMPTS["a"], SamplingParams(max_tokens=4), {"cache_salt": 7}),
+]
+
+
+def _refusal(engine, prompt, params, kw) -> str:
+    with pytest.raises(ValueError) as e:
+        engine.add_request(prompt, params, "bad", **kw)
+    return f"{type(e.value).__name__}: {e.value}"
+
+
+async def test_both_clients_are_one_seam_and_refuse_bad_input_alike(config):
+    """One protocol, one input processor: the in-thread and the multi-process client
+    refuse the same inputs with the same error, at once, and then serve on."""
+    from llmserve.engine.client import EngineClient
+    from llmserve.engine.input_processor import InputProcessor
+    from llmserve.server.app import _engine_builder
+
+    local = await _engine_builder(config, own_process=False)()  # the builder's type is the protocol
+    eng = await _start(config)
+    try:
+        for client in (local, eng):
+            assert isinstance(client, EngineClient) and type(client.inputs) is InputProcessor
+        refused_here = [_refusal(local, *bad) for bad in BAD_INPUTS]
+        assert refused_here == [_refusal(eng, *bad) for bad in BAD_INPUTS]
+        assert len(set(refused_here)) == len(BAD_INPUTS)  # six different reasons, not one catch-all
+        assert all(o.finished for o in (await _finals(eng)).values())
+    finally:
+        local.shutdown()
         eng.shutdown()

@@ -209,7 +209,7 @@ def test_n_copies_share_one_compiled_grammar(tiny, tok):
 def test_a_grammar_that_does_not_compile_is_the_callers_error(tiny, tok, spec, param):
     eng = _engine(tiny, tok)
     with pytest.raises(GrammarError) as e:
-        eng.prepare_request("r", "hi", SamplingParams(structured_outputs=_so(**spec)))
+        eng.inputs.process("r", "hi", SamplingParams(structured_outputs=_so(**spec)))
     assert e.value.param == param
 
 

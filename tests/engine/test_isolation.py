@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from llmserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from llmserve.engine.client import EngineDeadError, RequestFailedError
+from llmserve.engine.in_thread import InThreadEngine
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.llm import build_engine
 from llmserve.engine.sampling_params import SamplingParams
@@ -140,7 +141,7 @@ async def test_the_async_stream_of_a_failed_request_raises_and_the_others_finish
     baseline = _run(_core(tiny_path), dict.fromkeys(PROMPTS, GREEDY))
     core = _core(tiny_path)
     poison_logits(core, monkeypatch, lambda r: r.prompt_token_ids == POISON, after_tokens=2)
-    eng = AsyncEngine(core)
+    eng = InThreadEngine(core)
     try:
         streams = [eng.add_request(ids, GREEDY, rid) for rid, ids in PROMPTS.items()]
         streams.append(eng.add_request(POISON, GREEDY, "poison"))
@@ -159,7 +160,7 @@ async def test_the_async_stream_of_a_failed_request_raises_and_the_others_finish
 
 async def test_a_batch_failure_kills_the_engine_and_ends_every_stream(tiny_path, monkeypatch):
     core = _core(tiny_path)
-    eng = AsyncEngine(core)
+    eng = InThreadEngine(core)
     try:
         break_forward(core, monkeypatch)
         streams = [eng.add_request(ids, GREEDY, rid) for rid, ids in PROMPTS.items()]
@@ -177,7 +178,7 @@ async def test_a_batch_failure_kills_the_engine_and_ends_every_stream(tiny_path,
 
 async def test_a_crashed_engine_loop_ends_every_stream(tiny_path, monkeypatch):
     core = _core(tiny_path)
-    eng = AsyncEngine(core)
+    eng = InThreadEngine(core)
     try:
         stream = eng.add_request(PROMPTS["a"], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
         first = await stream.__anext__()

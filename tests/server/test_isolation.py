@@ -17,6 +17,7 @@ import pytest
 from llmserve.autoscale.probe import judge, probe_ready
 from llmserve.autoscale.providers.base import RunState, RunStatus
 from llmserve.engine.config import EngineConfig
+from llmserve.engine.in_thread import InThreadEngine
 from llmserve.engine.llm import build_engine
 from llmserve.gateway.config import PollingConfig
 from llmserve.gateway.monitor import Monitor
@@ -41,7 +42,7 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture()
 def served(tiny_path):
     core = build_engine(EngineConfig(model=str(tiny_path), num_kv_blocks=128, block_size=4))
-    inst = Instance(ServerConfig(served_model_name=["tiny"]), lambda: core)
+    inst = Instance(ServerConfig(served_model_name=["tiny"]), lambda: InThreadEngine.start(lambda: core))
     asyncio.run(inst.start())  # load and warm up, as the server does before /ready turns 200
     assert inst.state.value == "ready"
     srv = ServerThread(create_app(inst)).start()

@@ -9,7 +9,7 @@ A spec with a ``command`` (a foreign OpenAI-compatible server) is spawned from
 that command, its ``{host}`` / ``{port}`` / ``{instance_id}`` filled in.
 
 By default instances are forked from a template process that has already
-imported torch and the server (``providers/template.py``): that is ~2.5 s of
+imported torch and the server (``server/fork_server.py``): that is ~2.5 s of
 each start-up paid once. ``fork_from_template=False`` spawns a fresh
 interpreter per instance.
 
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import (engine_argv, engine_command, foreign_command, free_port, spawn,
                                                   tail)
-from llmserve.autoscale.providers.template import ForkedProcess, Template, TemplateError, needs_fresh_process
+from llmserve.server.fork_server import ForkedProcess, Template, TemplateError, needs_fresh_process
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""``AsyncEngine``'s interface over an engine core in another process.
+"""The multi-process engine client: an engine core in a child process.
 
 The API process keeps the tokenizer: it tokenises and validates a request at once
-(bad input fails fast, as in-thread), sends it, and hands each output to the
-request's stream from one reader task on the event loop. The engine process
+with the same input processor as in-thread (bad input fails fast), sends it, and
+hands each output to the request's stream from one reader task on the event loop. The engine process
 (``llmserve.engine.core_proc``) sends one message per step with every output of
 that step, the stats events for the Prometheus histograms, and now and then a
 snapshot that ``/load`` and ``/metrics`` read.
@@ -23,12 +23,11 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-from llmserve.engine.async_engine import EngineDeadError, RequestStreams
+from llmserve.engine.client import EngineDeadError, RequestStreams
 from llmserve.engine.core_proc import EngineProcHandle
-from llmserve.engine.engine import EngineCore
+from llmserve.engine.input_processor import InputProcessor
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.engine.wire import decode_output, encode_request, pack, unpack
@@ -38,30 +37,9 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 0.2
 
 
-@dataclass
-class _Front:
-    """What ``EngineCore.prepare_request`` reads, without a core: it reads no other state."""
+class MultiProcessEngine(RequestStreams):
+    """The engine client whose core runs in its own process (``core_proc``)."""
 
-    tokenizer: Any
-    model_config: Any
-    max_model_len: int
-    eos_token_ids: frozenset[int]
-
-    prepare_request = EngineCore.prepare_request
-
-    @staticmethod
-    def compile_grammar(params: Any) -> None:
-        """Grammars are compiled where they run, in the engine process (a compiled one
-        cannot cross the wire); schemas were already checked at the edge."""
-        return None
-
-
-@dataclass
-class _VocabOnly:
-    vocab_size: int
-
-
-class ProcessEngine(RequestStreams):
     def __init__(self, handle: EngineProcHandle, tokenizer: Any) -> None:
         import zmq
         import zmq.asyncio
@@ -84,11 +62,11 @@ class ProcessEngine(RequestStreams):
         self._listeners: list[Any] = []
         self._snapshot: dict[str, Any] = {}
         self._ids = itertools.count()
-        self._front: _Front | None = None
+        self.inputs: InputProcessor | None = None  # once the child says its limits
         self._tasks: list[asyncio.Task] = []
 
     # ---- start ------------------------------------------------------------------------
-    async def connect(self) -> "ProcessEngine":
+    async def connect(self) -> "MultiProcessEngine":
         """Wait for the child's ``ready`` (raising its build error), then start reading."""
         while True:
             if await self._rx.poll(int(WATCH_EVERY_S * 1000)):
@@ -101,12 +79,14 @@ class ProcessEngine(RequestStreams):
             elif self._child_gone():
                 raise RuntimeError(f"the engine process exited during start ({self._exit_code})")
         self.info = info = msg[1]
-        self._front = _Front(self.tokenizer if info["has_tokenizer"] else None, _VocabOnly(info["vocab_size"]),
-                             info["max_model_len"], frozenset(info["eos_token_ids"]))
+        # Grammars compile where they run, in the engine process (a compiled one cannot cross
+        # the wire); ``compile_grammar`` below checks a schema here first.
+        self.inputs = InputProcessor(self.tokenizer if info["has_tokenizer"] else None, info["vocab_size"],
+                                     info["max_model_len"], frozenset(info["eos_token_ids"]))
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
         return self
 
-    # ---- the AsyncEngine interface ---------------------------------------------------------
+    # ---- the EngineClient interface ---------------------------------------------------------
     def compile_grammar(self, params: SamplingParams):
         """Check a structured output's grammar here, before the first byte: a bad one is the
         client's 400. The engine process compiles its own copy (none crosses the wire)."""
@@ -123,7 +103,7 @@ class ProcessEngine(RequestStreams):
                 from llmserve.engine.guided import GuidedDecoding
 
                 self._grammar = GuidedDecoding.for_tokenizer(self.tokenizer, self.vocab_size,
-                                                             self._front.eos_token_ids)
+                                                             self.inputs.eos_token_ids)
         return self._grammar
 
     @property
@@ -151,8 +131,8 @@ class ProcessEngine(RequestStreams):
         if not self.is_alive():
             raise EngineDeadError(f"the engine is not running: {self.death}")
         rid = request_id or f"req-{next(self._ids)}"
-        req, text = self._front.prepare_request(rid, prompt, params, priority=priority, cache_salt=cache_salt,
-                                                arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+        req, text = self.inputs.process(rid, prompt, params, priority=priority, cache_salt=cache_salt,
+                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids)
         req.trace = trace  # a W3C traceparent: the engine process records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (q, req.prompt_token_ids, text)

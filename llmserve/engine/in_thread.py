@@ -1,17 +1,12 @@
-"""asyncio front of the engine: a dedicated engine thread, async iterators per request.
+"""The in-thread engine client: the core on a dedicated thread, async iterators per request.
 
 The engine core is not thread-safe, so only the engine thread touches it; the
 event loop talks to it through a command queue (add / abort) and receives
-outputs via ``call_soon_threadsafe``. Tokenising and validation happen on the
-caller's side (``prepare_request`` reads no mutable state), so bad input fails
-fast without waiting for a step.
-
-Two ways a stream ends in error. A request that failed alone (the core's output
-has ``error`` set) raises :class:`RequestFailedError` in its own stream; the others
-go on. A fault of the whole batch (the forward pass raised) or of the engine loop
-itself kills the engine: every stream raises :class:`EngineDeadError`, new requests
-are refused, and ``is_alive()`` is False with the reason in ``death``, so the
-server's ``/ready`` says so and the instance gets replaced.
+outputs via ``call_soon_threadsafe``. The input processor checks and tokenises on
+the caller's side (it reads no mutable state), so bad input fails fast without
+waiting for a step. A batch's fault or a crashed loop kills the engine (see
+``llmserve.engine.client``), so the server's ``/ready`` says so and the instance
+gets replaced.
 """
 
 from __future__ import annotations
@@ -25,72 +20,20 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from llmserve.engine.client import EngineDeadError, RequestStreams
 from llmserve.engine.engine import EngineCore
-from llmserve.engine.outputs import CompletionOutput, RequestOutput
+from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop is not running: the batch's forward pass failed or the loop crashed."""
+class InThreadEngine(RequestStreams):
+    """The engine client whose core runs on a thread of this process."""
 
-
-class RequestFailedError(RuntimeError):
-    """This request alone failed; ``output`` is its last output (what it generated so far)."""
-
-    def __init__(self, output: RequestOutput) -> None:
-        super().__init__(output.error or "the request failed")
-        self.output = output
-
-
-async def request_stream(q: asyncio.Queue, on_close: Callable[[bool], None]) -> AsyncIterator[RequestOutput]:
-    """One request's outputs from its queue, for both engines (thread and process): an
-    exception put there is raised, a failed output raises RequestFailedError, the
-    final output ends it; ``on_close(finished)`` runs however the consumer leaves."""
-    finished = False
-    try:
-        while True:
-            item = await q.get()
-            if isinstance(item, BaseException):
-                finished = True
-                raise item
-            if item.error is not None:
-                finished = True
-                raise RequestFailedError(item)
-            yield item
-            if item.finished:
-                finished = True
-                return
-    finally:
-        on_close(finished)
-
-
-class RequestStreams:
-    """What both engines (thread and process) do with a request's stream once added:
-    hand it out, and on close forget it (aborting it if it had not finished).
-    The engine provides ``_streams`` (by request id), ``add_request`` and ``abort``."""
-
-    _streams: dict
-
-    def _stream(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        return request_stream(q, lambda finished: self._close_stream(rid, finished))
-
-    def _close_stream(self, rid: str, finished: bool) -> None:
-        self._streams.pop(rid, None)
-        if not finished:
-            self.abort(rid)  # type: ignore[attr-defined]
-
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       **kw: Any) -> AsyncIterator[RequestOutput]:
-        """``add_request`` and iterate, as one async generator."""
-        async for out in self.add_request(prompt, params, request_id, **kw):  # type: ignore[attr-defined]
-            yield out
-
-
-class AsyncEngine(RequestStreams):
     def __init__(self, core: EngineCore) -> None:
         self.core = core
+        self.inputs = core.inputs  # reads no state the engine thread changes
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -100,6 +43,11 @@ class AsyncEngine(RequestStreams):
         self.last_heartbeat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="llmserve-engine", daemon=True)
         self._thread.start()
+
+    @classmethod
+    async def start(cls, build: Callable[[], EngineCore]) -> "InThreadEngine":
+        """Build the core off the event loop (a model load takes seconds), then run it."""
+        return cls(await asyncio.to_thread(build))
 
     # ---- public API ---------------------------------------------------------------------
     @property
@@ -159,8 +107,8 @@ class AsyncEngine(RequestStreams):
         if not self.is_alive():
             raise EngineDeadError(f"the engine is not running: {self.death or 'shut down'}")
         rid = request_id or f"req-{next(self._ids)}"
-        req, text = self.core.prepare_request(rid, prompt, params, priority=priority, cache_salt=cache_salt,
-                                              arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+        req, text = self.inputs.process(rid, prompt, params, priority=priority, cache_salt=cache_salt,
+                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids)
         req.trace = trace  # a W3C traceparent: the engine records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), q)
@@ -268,14 +216,3 @@ class AsyncEngine(RequestStreams):
                 _, _, loop, fut = a
                 loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_exception(err))
 
-
-def merge_choices(outs: list[RequestOutput], request_id: str) -> RequestOutput:
-    """Combine the final outputs of ``n`` fan-out sequences into one output with n choices."""
-    comps = []
-    for i, o in enumerate(outs):
-        c = o.outputs[0]
-        comps.append(CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs))
-    first = outs[0]
-    return RequestOutput(request_id, first.prompt_token_ids, comps, all(o.finished for o in outs),
-                         first.prompt, first.num_cached_tokens, first.metrics,
-                         next((o.error for o in outs if o.error is not None), None))

@@ -6,7 +6,7 @@ instances when latency is already rising, so it keeps one process that has paid
 for those imports once and forks each instance from it (Android's zygote;
 multiprocessing's forkserver, which talks pickle and so is not used here).
 
-The template is started with ``python -m llmserve.autoscale.providers.template``
+The template is started with ``python -m llmserve.server.fork_server``
 and speaks JSON lines over its stdin / stdout pipes:
 
 - ``{"op": "spawn", "argv": [...], "log": PATH, "env": {...}}`` →
@@ -246,7 +246,7 @@ class Template:
         self.reply_timeout_s = reply_timeout_s
         with open(log_path, "ab") as log:
             # Popen on the caller's thread: PR_SET_PDEATHSIG follows the thread that forked.
-            self.proc = subprocess.Popen([sys.executable, "-m", "llmserve.autoscale.providers.template"],
+            self.proc = subprocess.Popen([sys.executable, "-m", "llmserve.server.fork_server"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
                                          preexec_fn=_die_with_parent)  # noqa: PLW1509 - only a prctl call
