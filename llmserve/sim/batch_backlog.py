@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
 from llmserve.sim.results import COMPLETED, EXPIRED, REJECTED, SimResult
 from llmserve.sim.simulator import Simulator
 from llmserve.sim.traces import Trace
@@ -85,6 +85,10 @@ class BacklogSimulator(Simulator):
         self._release(now)
 
     def _tick(self, now: float, state: object) -> object:
+        b = self.backlog
+        # what the live runner tells the controller: the rate the window requires
+        left = b.submit_s + b.window_s - now
+        self.collector.set_batch_need(required_rate(b.lines - self.finished, left) if now >= b.submit_s else 0.0)
         out = super()._tick(now, state)
         self._release(now)
         return out
