@@ -21,11 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llmserve.sim.batch_backlog import Backlog, BacklogSimulator, report  # noqa: E402
+from llmserve.sim.batch_backlog import Backlog, compare_day  # noqa: E402
 from llmserve.sim.cli import add_simulate_args, autoscale_from_args, sim_from_args, trace_from_args  # noqa: E402
 from llmserve.sim.compare import initial_instances  # noqa: E402
 from llmserve.sim.profile import load_profile  # noqa: E402
-from llmserve.sim.simulator import Simulator  # noqa: E402
 
 
 def main() -> None:
@@ -46,12 +45,9 @@ def main() -> None:
     start = args.initial_instances or initial_instances(trace, 1, autoscale.bounds.min_instances)
     sim = sim.model_copy(update={"initial_instances": start})
     slo = autoscale.slo.ttft_s
-    base = Simulator(trace, profile, autoscale, sim).run()
-    without = report(base, None, slo)
     backlog = Backlog(own.lines, own.submit_h * 3600, own.window_h * 3600,
                       int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()))
-    bs = BacklogSimulator(trace, backlog, profile, autoscale, sim)
-    withb = report(bs.run(), bs.is_line, slo, backlog.submit_s, bs.done_at)
+    without, withb = compare_day(trace, backlog, profile, autoscale, sim)
     res = {"trace": trace.name, "requests": len(trace), "policy": own.policy_name, "cold_start_s": own.cold_start,
            "ttft_slo_s": slo, "backlog": asdict(backlog), "without": asdict(without), "with": asdict(withb),
            "instance_hours_ratio": withb.instance_hours / without.instance_hours}

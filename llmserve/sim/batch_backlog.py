@@ -112,6 +112,15 @@ class DayReport:
     batch_lines: int
 
 
+def compare_day(trace: Trace, backlog: Backlog, *args, **kw) -> tuple[DayReport, DayReport]:
+    """The day without the backlog and with it (the same pool, policy and settings: ``args``, ``kw``
+    as :class:`Simulator` takes them); the realtime TTFT SLO is the autoscale config's."""
+    slo = args[1].slo.ttft_s if len(args) > 1 else kw["autoscale"].slo.ttft_s
+    without = report(Simulator(trace, *args, **kw).run(), None, slo)
+    sim = BacklogSimulator(trace, backlog, *args, **kw)
+    return without, report(sim.run(), sim.is_line, slo, backlog.submit_s, sim.done_at)
+
+
 def report(res: SimResult, is_line: np.ndarray | None, ttft_slo_s: float, submit_s: float = 0.0,
            done_at: float = float("nan")) -> DayReport:
     rt = ~is_line if is_line is not None else np.ones(len(res.status), bool)
