@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--window-h", type=float, default=24.0)
     ap.add_argument("--cold-start", type=float, default=120.0)
     ap.add_argument("--policy-name", default="predictive")
+    ap.add_argument("--max-concurrency", type=int, default=64, help="batches.max_concurrency: the widened release's cap")
     own, rest = ap.parse_known_args()
     sp = argparse.ArgumentParser()
     add_simulate_args(sp)
@@ -46,7 +47,7 @@ def main() -> None:
     sim = sim.model_copy(update={"initial_instances": start})
     slo = autoscale.slo.ttft_s
     backlog = Backlog(own.lines, own.submit_h * 3600, own.window_h * 3600,
-                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()))
+                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()), ceiling=own.max_concurrency)
     without, withb = compare_day(trace, backlog, profile, autoscale, sim)
     res = {"trace": trace.name, "requests": len(trace), "policy": own.policy_name, "cold_start_s": own.cold_start,
            "ttft_slo_s": slo, "backlog": asdict(backlog), "without": asdict(without), "with": asdict(withb),
@@ -57,7 +58,8 @@ def main() -> None:
     (out / "sim_batch_backlog.json").write_text(json.dumps(res, indent=1) + "\n")
     done = "not finished" if withb.batch_done_s is None else f"{withb.batch_done_s / 3600:.2f} h"
     (out / "sim_batch_backlog.md").write_text(
-        f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines}` "
+        f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines} "
+        f"--max-concurrency {own.max_concurrency}` "
         f"({trace.name}, {len(trace)} realtime requests, {own.policy_name}, cold start {own.cold_start:g} s)\n\n"
         "| | realtime TTFT attainment | realtime TTFT p99 | instance-hours | batch done after |\n|---|---|---|---|---|\n"
         f"| without | {without.realtime_ttft_attainment:.4%} | {without.realtime_ttft_p99_s:.2f} s | "
