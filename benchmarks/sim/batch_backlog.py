@@ -7,7 +7,7 @@ Reports realtime TTFT SLO attainment and p99, instance-hours and when the batch 
 
     python benchmarks/sim/batch_backlog.py [--lines 20000] [--cold-start 120]
 
-Results: ``benchmarks/results/sim_batch_backlog.{md,json}``.
+Results: ``benchmarks/results/sim_batch_backlog_<lines>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def main() -> None:
     print(json.dumps(res, indent=1))
     out = ROOT / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
-    (out / "sim_batch_backlog.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"sim_batch_backlog_{own.lines}.json").write_text(json.dumps(res, indent=1) + "\n")
     done = "not finished" if withb.batch_done_s is None else f"{withb.batch_done_s / 3600:.2f} h"
-    (out / "sim_batch_backlog.md").write_text(
+    (out / f"sim_batch_backlog_{own.lines}.md").write_text(
         f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines} "
         f"--max-concurrency {own.max_concurrency}` "
         f"({trace.name}, {len(trace)} realtime requests, {own.policy_name}, cold start {own.cold_start:g} s)\n\n"
