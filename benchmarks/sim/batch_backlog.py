@@ -7,7 +7,7 @@ Reports realtime TTFT SLO attainment and p99, instance-hours and when the batch 
 
     python benchmarks/sim/batch_backlog.py [--lines 20000] [--cold-start 120]
 
-Results: ``benchmarks/results/sim_batch_backlog.{md,json}``.
+Results: ``benchmarks/results/sim_batch_backlog_<lines>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llmserve.sim.batch_backlog import Backlog, BacklogSimulator, report  # noqa: E402
+from llmserve.sim.batch_backlog import Backlog, compare_day  # noqa: E402
 from llmserve.sim.cli import add_simulate_args, autoscale_from_args, sim_from_args, trace_from_args  # noqa: E402
 from llmserve.sim.compare import initial_instances  # noqa: E402
 from llmserve.sim.profile import load_profile  # noqa: E402
-from llmserve.sim.simulator import Simulator  # noqa: E402
 
 
 def main() -> None:
@@ -35,6 +34,7 @@ def main() -> None:
     ap.add_argument("--window-h", type=float, default=24.0)
     ap.add_argument("--cold-start", type=float, default=120.0)
     ap.add_argument("--policy-name", default="predictive")
+    ap.add_argument("--max-concurrency", type=int, default=64, help="batches.max_concurrency: the widened release's cap")
     own, rest = ap.parse_known_args()
     sp = argparse.ArgumentParser()
     add_simulate_args(sp)
@@ -46,22 +46,20 @@ def main() -> None:
     start = args.initial_instances or initial_instances(trace, 1, autoscale.bounds.min_instances)
     sim = sim.model_copy(update={"initial_instances": start})
     slo = autoscale.slo.ttft_s
-    base = Simulator(trace, profile, autoscale, sim).run()
-    without = report(base, None, slo)
     backlog = Backlog(own.lines, own.submit_h * 3600, own.window_h * 3600,
-                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()))
-    bs = BacklogSimulator(trace, backlog, profile, autoscale, sim)
-    withb = report(bs.run(), bs.is_line, slo, backlog.submit_s, bs.done_at)
+                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()), ceiling=own.max_concurrency)
+    without, withb = compare_day(trace, backlog, profile, autoscale, sim)
     res = {"trace": trace.name, "requests": len(trace), "policy": own.policy_name, "cold_start_s": own.cold_start,
            "ttft_slo_s": slo, "backlog": asdict(backlog), "without": asdict(without), "with": asdict(withb),
            "instance_hours_ratio": withb.instance_hours / without.instance_hours}
     print(json.dumps(res, indent=1))
     out = ROOT / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
-    (out / "sim_batch_backlog.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"sim_batch_backlog_{own.lines}.json").write_text(json.dumps(res, indent=1) + "\n")
     done = "not finished" if withb.batch_done_s is None else f"{withb.batch_done_s / 3600:.2f} h"
-    (out / "sim_batch_backlog.md").write_text(
-        f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines}` "
+    (out / f"sim_batch_backlog_{own.lines}.md").write_text(
+        f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines} "
+        f"--max-concurrency {own.max_concurrency}` "
         f"({trace.name}, {len(trace)} realtime requests, {own.policy_name}, cold start {own.cold_start:g} s)\n\n"
         "| | realtime TTFT attainment | realtime TTFT p99 | instance-hours | batch done after |\n|---|---|---|---|---|\n"
         f"| without | {without.realtime_ttft_attainment:.4%} | {without.realtime_ttft_p99_s:.2f} s | "

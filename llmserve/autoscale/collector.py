@@ -13,6 +13,13 @@ the rate jump with every long prompt, while what fills an instance's batch
 seats is how many requests arrive and how long they hold a seat (mostly
 decode), which the mean describes better.
 
+Arrivals carry their priority class: batch-class ones are counted apart
+(``batch_arrival_*``), their latencies stay out of the percentiles (the SLO is
+realtime's), and whoever runs the batches (the gateway's batch runner, the
+simulator's backlog) tells :meth:`SignalCollector.set_batch_need` the lines per
+second their completion windows require, which the snapshot prices at the mean
+request: policies size for realtime demand plus that need only.
+
 One set of defaults for every caller (the live controller, the simulator, the
 fidelity check): :data:`OUTPUT_TOKENS_PRIOR` stands in for the mean output
 length until the first request finishes, and :func:`estimate_prompt_tokens`
@@ -81,24 +88,35 @@ class SignalCollector:
         self._n_prompts = self._n_outputs = 0
         self._start = start
         self._arrivals: deque[float] = deque()
+        self._batch_arrivals: deque[float] = deque()
+        self.batch_need_lines_per_s = 0.0
         # Times and values apart, so a snapshot sorts the values without unpacking.
         self._ttft_t: deque[float] = deque()
         self._ttft_v: deque[float] = deque()
         self._e2e_t: deque[float] = deque()
         self._e2e_v: deque[float] = deque()
 
-    def record_arrival(self, t: float, prompt_tokens: int) -> None:
+    def set_batch_need(self, lines_per_s: float) -> None:
+        """The batch lines per second the active batches' windows require (0: none)."""
+        self.batch_need_lines_per_s = max(lines_per_s, 0.0)
+
+    def record_arrival(self, t: float, prompt_tokens: int, batch: bool = False) -> None:
         self._arrivals.append(t)
+        if batch:
+            self._batch_arrivals.append(t)
         self._n_prompts += 1
         self.mean_prompt_tokens += (prompt_tokens - self.mean_prompt_tokens) / min(self._n_prompts, self._tau)
 
-    def record_first_token(self, t: float, ttft_s: float) -> None:
+    def record_first_token(self, t: float, ttft_s: float, batch: bool = False) -> None:
+        if batch:
+            return
         self._ttft_t.append(t)
         self._ttft_v.append(ttft_s)
 
-    def record_finish(self, t: float, e2e_s: float, output_tokens: int) -> None:
-        self._e2e_t.append(t)
-        self._e2e_v.append(e2e_s)
+    def record_finish(self, t: float, e2e_s: float, output_tokens: int, batch: bool = False) -> None:
+        if not batch:
+            self._e2e_t.append(t)
+            self._e2e_v.append(e2e_s)
         # A plain average until ``tau`` samples, an EWMA after: the prior only
         # stands in until the first request finishes, not for ``tau`` requests.
         self._n_outputs += 1
@@ -111,15 +129,19 @@ class SignalCollector:
             values.popleft()
 
     def snapshot(self, now: float, loads: Iterable[InstanceLoad], queue_depth: Mapping[str, int],
-                 counts: Mapping[InstanceState, int], dispatched: int = 0) -> PoolSignals:
+                 counts: Mapping[InstanceState, int], dispatched: int = 0,
+                 batch_dispatched: int = 0) -> PoolSignals:
         """The signals at ``now``; ``loads`` are the ready instances' latest reports,
-        ``dispatched`` the requests the gateway has in flight to instances."""
-        arrivals, since = self._arrivals, now - self.window_s
-        while arrivals and arrivals[0] <= since:
-            arrivals.popleft()
+        ``dispatched`` the requests the gateway has in flight to instances
+        (``batch_dispatched`` of them batch class)."""
+        since = now - self.window_s
+        for arrivals in (self._arrivals, self._batch_arrivals):
+            while arrivals and arrivals[0] <= since:
+                arrivals.popleft()
         self._prune(self._ttft_t, self._ttft_v, now - self.latency_window_s)
         self._prune(self._e2e_t, self._e2e_v, now - self.latency_window_s)
-        n_arr = len(self._arrivals)
+        n_arr, n_batch = len(self._arrivals), len(self._batch_arrivals)
+        per_request = self.mean_prompt_tokens + self.mean_output_tokens
         if self._start is None:
             self._start = now
         # Right after start the window is not full yet: divide by what has elapsed.
@@ -149,7 +171,11 @@ class SignalCollector:
             now=now,
             window_s=self.window_s,
             arrival_rate=n_arr / span,
-            arrival_tokens_per_s=n_arr * (self.mean_prompt_tokens + self.mean_output_tokens) / span,
+            arrival_tokens_per_s=n_arr * per_request / span,
+            batch_arrival_rate=n_batch / span,
+            batch_arrival_tokens_per_s=n_batch * per_request / span,
+            batch_need_tokens_per_s=self.batch_need_lines_per_s * per_request,
+            batch_dispatched=batch_dispatched,
             queue_depth=dict(queue_depth),
             waiting=waiting,
             running=running,

@@ -7,8 +7,7 @@ TTFT and e2e from the gateway's request observers; queue depth from the pool;
 load from the ready instances' ``/load`` reports) and takes
 :func:`~llmserve.autoscale.scaling_step.scaling_step`, the simulator's code too.
 Whatever it observes or decides becomes effects (:mod:`llmserve.autoscale.effects`)
-that its :class:`~llmserve.autoscale.executor.Executor` applies to its
-:class:`~llmserve.autoscale.book.InstanceBook`, the provider and the gateway pool.
+that its :class:`~llmserve.autoscale.executor.Executor` applies to its InstanceBook, the provider and the gateway pool.
 
 The rules that protect requests: an instance joins the gateway's pool only once
 ``/ready`` answered 200 (a cold instance never gets traffic); a drain stops new
@@ -63,10 +62,9 @@ class PoolController:
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
-    for the dashboard) and a request observer (the gateway calls ``on_arrival``,
-    ``on_first_token`` and ``on_finish`` for every request; those of other pools
-    are ignored). Its instances are its :class:`InstanceBook`'s; every change to
-    them is an effect its :class:`Executor` applies.
+    for the dashboard) and a request observer (``on_arrival``, ``on_first_token``,
+    ``on_finish`` and ``on_batch_need``; other pools' are ignored). Its instances
+    are its :class:`InstanceBook`'s; every change is an effect its :class:`Executor` applies.
     """
 
     def __init__(self, pool: Pool, model: str, version: str, autoscale: AutoscaleConfig,
@@ -216,18 +214,22 @@ class PoolController:
             self._next_tick = now + tick_s if self._next_tick is None else max(self._next_tick + tick_s, now)
 
     # ---- request observer ---------------------------------------------------------------
-    def on_arrival(self, model: str, version: str, t: float, prompt_chars: int) -> None:
+    def on_arrival(self, model: str, version: str, t: float, prompt_chars: int, batch: bool = False) -> None:
         if model == self.model and version == self.version:
-            self.collector.record_arrival(t, estimate_prompt_tokens(prompt_chars, self.config.chars_per_token))
+            self.collector.record_arrival(t, estimate_prompt_tokens(prompt_chars, self.config.chars_per_token), batch)
 
-    def on_first_token(self, model: str, version: str, t: float, ttft_s: float) -> None:
+    def on_first_token(self, model: str, version: str, t: float, ttft_s: float, batch: bool = False) -> None:
         if model == self.model and version == self.version:
-            self.collector.record_first_token(t, ttft_s)
+            self.collector.record_first_token(t, ttft_s, batch)
 
     def on_finish(self, model: str, version: str, t: float, e2e_s: float, output_tokens: int,
-                  ok: bool) -> None:
+                  ok: bool, batch: bool = False) -> None:
         if ok and model == self.model and version == self.version:
-            self.collector.record_finish(t, e2e_s, output_tokens)
+            self.collector.record_finish(t, e2e_s, output_tokens, batch)
+
+    def on_batch_need(self, model: str, lines_per_s: float) -> None:
+        if model == self.model:  # every version's pool is told the model's whole need
+            self.collector.set_batch_need(lines_per_s)
 
     # ---- observing ---------------------------------------------------------------------------
     async def observe(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llmserve.autoscale.batch_need import observed_capacity, with_batch_need
 from llmserve.autoscale.config import KPAConfig
 from llmserve.autoscale.policy import Decision
 from llmserve.autoscale.signals import PoolSignals
@@ -39,6 +40,10 @@ class KPAPolicy:
     policy panics: it follows the panic window, never goes below the highest
     count it asked for during the panic, and leaves panic only once a whole
     stable window has passed without the threshold being crossed.
+
+    Batch-class requests are left out of the concurrency; the pool grows for a
+    batch only as far as its completion window needs
+    (:func:`~llmserve.autoscale.batch_need.with_batch_need`).
     """
 
     def __init__(self, config: KPAConfig) -> None:
@@ -60,7 +65,7 @@ class KPAPolicy:
         now = ctx.now
         target = self.target(ctx)
         samples = tuple((t, c) for t, c in state.samples if t > now - cfg.stable_window_s)
-        samples += ((now, float(ctx.in_flight)),)
+        samples += ((now, float(ctx.realtime_in_flight)),)
         stable = _window_mean(samples, now, cfg.stable_window_s)
         panic = _window_mean(samples, now, cfg.panic_window_s)
 
@@ -83,6 +88,11 @@ class KPAPolicy:
             desired = max(desired, want_panic, max_panic)
             max_panic = desired
             reason = f"panic: concurrency {panic:.1f} over {cfg.panic_window_s:g}s; no scale-down"
+        need = ctx.batch_need_tokens_per_s
+        with_need = with_batch_need(desired, ctx.realtime_tokens_per_s, need, observed_capacity(ctx),
+                                    cfg.target_utilisation)
+        if with_need > desired:
+            desired, reason = with_need, f"{reason}; batch windows need {need:.0f} tok/s -> {with_need}"
         if ctx.in_flight == 0 and ctx.arrival_rate == 0 and desired == 0:
             reason = "idle"
         return Decision(max(desired, 0), KPAState(samples, panic_since, max_panic), reason)

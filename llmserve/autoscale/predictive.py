@@ -16,6 +16,10 @@ building, or p99 latency over target while batches are full, with nothing on its
 way, adds a fraction of the pool at once. Latency alone is not enough: one long
 prompt can put a window's p99 over target on an idle pool, and more instances
 would not help.
+
+Batch-class work is not demand: the forecast learns realtime arrivals only, the
+reactive floors count realtime queues and latency, and the pool grows for a
+batch only as far as its completion window needs (:mod:`llmserve.autoscale.batch_need`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llmserve.autoscale.batch_need import with_batch_need
 from llmserve.autoscale.saturation import CapacityEstimate, update_capacity
 from llmserve.autoscale.config import PredictiveConfig, SLOConfig
 from llmserve.autoscale.forecast import (
@@ -90,7 +95,7 @@ class PredictivePolicy:
 
     def decide(self, ctx: PoolSignals, state: PredictiveState) -> Decision:
         cfg = self.config
-        y = ctx.arrival_tokens_per_s
+        y = ctx.realtime_tokens_per_s
         holt = holt_update(state.holt, ctx.now, y, cfg.level_tau_s, cfg.trend_tau_s)
         recent = ewma_update(state.recent, ctx.now, y, cfg.let_go_tau_s)
         let_go = recent[0] < cfg.let_go_ratio * holt.level
@@ -111,6 +116,10 @@ class PredictivePolicy:
             desired = max(desired, 1)
         reason = (f"{how} forecast {demand:.0f} tok/s in {cfg.lead_time_s:g}s / "
                   f"{cap:.0f} tok/s per instance -> {desired}{' (let go: arrivals fell)' if let_go else ''}")
+        need = ctx.batch_need_tokens_per_s
+        with_need = with_batch_need(desired, demand, need, cap, cfg.target_utilisation)
+        if with_need > desired:
+            desired, reason = with_need, f"{reason}; batch windows need {need:.0f} tok/s -> {with_need}"
 
         if ctx.ready > 0:
             desired, reason = self._fallback(ctx, desired, reason)
@@ -125,16 +134,17 @@ class PredictivePolicy:
         target with full batches while nothing is coming, add a fraction at once.
         """
         cfg = self.config
-        queue_per_instance = ctx.queued / ctx.ready
+        queued, in_flight = ctx.realtime_queued, ctx.realtime_in_flight  # batch work waits for idle seats
+        queue_per_instance = queued / ctx.ready
         over = ctx.latency_over(self.slo.ttft_s, self.slo.e2e_s)
         seats_per_instance = ctx.seats_per_instance
-        if ctx.queued > 0 and seats_per_instance > 0:
-            floor = math.ceil(ctx.in_flight / seats_per_instance - 1e-9)
+        if queued > 0 and seats_per_instance > 0:
+            floor = math.ceil(in_flight / seats_per_instance - 1e-9)
             if floor > desired:
                 desired = floor
-                reason = f"backlog: {ctx.in_flight} requests need {floor} instances of {seats_per_instance:.0f} seats"
+                reason = f"backlog: {in_flight} requests need {floor} instances of {seats_per_instance:.0f} seats"
         queue_building = queue_per_instance > cfg.max_queue_per_instance
-        slow_and_busy = over > 1.0 and ctx.batch_fill >= cfg.fallback_fill
+        slow_and_busy = over > 1.0 and ctx.batch_fill * ctx.realtime_share >= cfg.fallback_fill
         if ctx.coming == 0 and (queue_building or slow_and_busy):
             bump = ctx.provisioned + max(1, math.ceil(cfg.fallback_step_fraction * ctx.provisioned))
             if bump > desired:

@@ -20,6 +20,14 @@ class PoolSignals:
     # Demand seen at the gateway.
     arrival_rate: float = 0.0
     arrival_tokens_per_s: float = 0.0
+    # The batch class's part of those two, and the tokens/s its completion windows
+    # require (remaining lines / time left, from the batch pace rule): a policy sizes
+    # for realtime demand plus only that need, and leaves the rest to idle capacity.
+    batch_arrival_rate: float = 0.0
+    batch_arrival_tokens_per_s: float = 0.0
+    batch_need_tokens_per_s: float = 0.0
+    # Batch-class requests the gateway has sent to instances and not seen finish.
+    batch_dispatched: int = 0
     queue_depth: dict[str, int] = field(default_factory=dict)
     # Summed over ready instances' load reports.
     waiting: int = 0
@@ -49,10 +57,11 @@ class PoolSignals:
 
     def __post_init__(self) -> None:
         for name in ("window_s", "arrival_rate", "arrival_tokens_per_s", "throughput_per_instance",
-                     "modelled_capacity"):
+                     "modelled_capacity", "batch_arrival_rate", "batch_arrival_tokens_per_s",
+                     "batch_need_tokens_per_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("waiting", "running", "dispatched", "ready", "warming", "starting", "draining"):
+        for name in ("waiting", "running", "dispatched", "batch_dispatched", "ready", "warming", "starting", "draining"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pool signals: {name} must be >= 0, got {getattr(self, name)}")
 
@@ -60,6 +69,29 @@ class PoolSignals:
     def queued(self) -> int:
         """Requests held at the gateway, all classes."""
         return sum(self.queue_depth.values())
+
+    @property
+    def realtime_queued(self) -> int:
+        """Requests held at the gateway, batch class left out."""
+        return self.queued - self.queue_depth.get("batch", 0)
+
+    @property
+    def realtime_tokens_per_s(self) -> float:
+        """Arrival tokens per second, batch class left out."""
+        return self.arrival_tokens_per_s - self.batch_arrival_tokens_per_s
+
+    @property
+    def realtime_in_flight(self) -> int:
+        """``in_flight`` without the batch class's requests (queued or dispatched)."""
+        return max(self.in_flight - self.queue_depth.get("batch", 0) - self.batch_dispatched, 0)
+
+    @property
+    def realtime_share(self) -> float:
+        """The realtime part of the requests in the engines (1.0 with no batch in them)."""
+        if self.batch_dispatched <= 0:
+            return 1.0
+        engines = max(self.waiting + self.running, self.dispatched)
+        return max(engines - self.batch_dispatched, 0) / engines if engines > 0 else 1.0
 
     @property
     def coming(self) -> int:

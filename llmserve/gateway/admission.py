@@ -142,13 +142,18 @@ class AdmissionQueue(Generic[T]):
                 return True
         return False
 
-    def next_to_dispatch(self, now: float, has_capacity: bool) -> Ticket[T] | None:
-        """The item to send upstream now, or None (nothing waiting or no capacity)."""
+    def next_to_dispatch(self, now: float, has_capacity: bool, batch_capacity: bool | None = None) -> Ticket[T] | None:
+        """The item to send upstream now, or None (nothing waiting or no capacity);
+        ``batch_capacity`` False: only realtime may go (the room left is realtime's)."""
         self._set_aside_expired(now)
         if not has_capacity:
             return None
         rt, batch = self._queues[PriorityClass.REALTIME], self._queues[PriorityClass.BATCH]
-        if rt.items and batch.items:
+        if batch_capacity is False:
+            if not rt.items:
+                return None
+            chosen = rt
+        elif rt.items and batch.items:
             self._batch_credit += self.config.batch_min_share
             if self._batch_credit >= 1.0 - 1e-9:
                 self._batch_credit -= 1.0
@@ -225,6 +230,10 @@ class ConcurrencyConfig(BaseModel):
     fixed: int | None = Field(None, ge=1)
     oversubscription: float = Field(1.0, gt=0.0)
     default: int = Field(8, ge=1)
+    # The share of an instance's room batch-class requests leave free (rounded down):
+    # a realtime request then finds a seat at once beside a batch backlog, instead
+    # of waiting for a long batch line to finish (issue 33).
+    realtime_reserve: float = Field(0.25, ge=0.0, lt=1.0)
 
 
 def concurrency_target(report: LoadReport | None, config: ConcurrencyConfig) -> int:
@@ -237,3 +246,9 @@ def concurrency_target(report: LoadReport | None, config: ConcurrencyConfig) -> 
 
 def has_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
     return instance.est_load < concurrency_target(instance.report, config)
+
+
+def has_batch_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
+    """Room for a batch-class request: the realtime reserve stays free."""
+    target = concurrency_target(instance.report, config)
+    return instance.est_load < target - math.floor(target * config.realtime_reserve)

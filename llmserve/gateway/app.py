@@ -131,7 +131,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
         return auth.identify(request.headers.get("authorization"))
 
     app.check_client = check_client
-    app.frontends = gateway_frontends(app, config, auth.identify, gw.services)
+    app.frontends = gateway_frontends(app, config, auth.identify, gw.services, gw.observers)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:

@@ -10,7 +10,8 @@ so a simulated request waits, and lands, where a live one would. Each round:
    ``broken``): stop, so the caller fails what waits instead of letting it time out;
 3. the admission queue's next request (realtime first, batch its share; it is
    only popped when a candidate exists, so nothing leaves the queue to wait
-   elsewhere); one whose caller went away is skipped;
+   elsewhere; a batch-class one only where an instance has room beyond the
+   realtime reserve, ``has_batch_room``); one whose caller went away is skipped;
 4. the picker chooses among the candidates, leaving out the request's
    ``exclude`` (instances a retry must avoid) unless only those have room;
 5. the caller's ``commit`` hands the request over (reserves the slot, takes the
@@ -26,7 +27,8 @@ import enum
 from collections.abc import Callable, Collection, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from llmserve.gateway.admission import AdmissionQueue, Ticket
+from llmserve.gateway.admission import AdmissionQueue, Ticket, has_batch_room
+from llmserve.priority import PriorityClass
 from llmserve.gateway.balancer import Picker, RouteRequest
 from llmserve.gateway.instance import InstanceView
 
@@ -85,12 +87,17 @@ class Dispatcher(Generic[Q]):
             candidates, _ = picker.candidates(views)
             if not candidates and self._broken is not None and self._broken(views):
                 return Stop.BROKEN
-            entry = queue.next_to_dispatch(now, bool(candidates))
+            concurrency = picker.concurrency
+            roomy = [c for c in candidates if has_batch_room(c, concurrency)] if candidates else candidates
+            entry = queue.next_to_dispatch(now, bool(candidates), bool(roomy))
             if entry is None:
-                return Stop.EMPTY if candidates else Stop.NO_ROOM  # with room, only expiries are left
+                # with room for both classes, only expiries are left
+                return Stop.NO_ROOM if not candidates or len(queue) else Stop.EMPTY
             item = entry.item
             if item.withdrawn():
                 continue
+            if entry.priority is PriorityClass.BATCH:
+                candidates = roomy
             exclude = item.exclude
             allowed = [c for c in candidates if c.instance_id not in exclude] if exclude else candidates
             self._commit(entry, picker.choose(item.request, allowed or candidates), now)

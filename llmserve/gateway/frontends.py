@@ -18,14 +18,15 @@ from llmserve.gateway.batches.routes import BatchRoutes
 from llmserve.gateway.batches.runner import BatchRunner
 from llmserve.gateway.batches.store import BatchStore
 from llmserve.gateway.config import GatewayConfig
-from llmserve.gateway.events import GatewayService
+from llmserve.gateway.events import GatewayService, RequestObserver
 
 
 def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[str | None], object],
-                      services: list[GatewayService]) -> Frontends:
+                      services: list[GatewayService], observers: list[RequestObserver] | None = None) -> Frontends:
     state = config.state
     store = BatchStore(state.path("batches.db"))
     runner = BatchRunner(store, config.batches, state.path("batches.lock"))
+    runner.observers = observers if observers is not None else []  # told each model's batch need
     runner.app = app
     services.append(runner)
     routes = BatchRoutes(store, config.batches, runner)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from llmserve.gateway.canary_evidence import Outcome, OutcomeSink
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.metrics import GatewayMetrics
+from llmserve.priority import PriorityClass
 from llmserve.tracing.timing import server_timing
 
 if TYPE_CHECKING:  # the request path's type; the runtime, which imports this, has no HTTP
@@ -71,7 +72,7 @@ class RequestRecord:
         if self.sinks.observers:
             chars = prompt_chars(self.parsed.body)
             for o in self.sinks.observers:
-                o.on_arrival(self.model, self.version, self.t0, chars)
+                o.on_arrival(self.model, self.version, self.t0, chars, self.batch)
 
     def waited(self, queued_s: float, cold: bool) -> None:
         """A queue wait for an instance; ``cold``: its pool had no ready instance then."""
@@ -124,7 +125,12 @@ class RequestRecord:
             return
         self.ttft_s = time.monotonic() - self.t0
         for o in self.sinks.observers:
-            o.on_first_token(self.model, self.version, self.t0 + self.ttft_s, self.ttft_s)
+            o.on_first_token(self.model, self.version, self.t0 + self.ttft_s, self.ttft_s, self.batch)
+
+    @property
+    def batch(self) -> bool:
+        """Of the batch priority class (the observers keep it apart from realtime demand)."""
+        return self.parsed.priority_class is PriorityClass.BATCH
 
     @property
     def counts_tokens(self) -> bool:
@@ -160,7 +166,7 @@ class RequestRecord:
             sinks.outcomes.record(self.version, time.time(), self._outcome(status, ok, error_kind, e2e))
         for o in sinks.observers:
             o.on_finish(self.model, self.version, self.t0 + e2e, e2e, self.output_tokens,
-                        ok and status < 400)
+                        ok and status < 400, self.batch)
         if sinks.telemetry is not None:
             self._telemetry(sinks.telemetry, status, ok, error_kind, e2e)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
 from llmserve.sim.results import COMPLETED, EXPIRED, REJECTED, SimResult
 from llmserve.sim.simulator import Simulator
 from llmserve.sim.traces import Trace
@@ -85,6 +85,10 @@ class BacklogSimulator(Simulator):
         self._release(now)
 
     def _tick(self, now: float, state: object) -> object:
+        b = self.backlog
+        # what the live runner tells the controller: the rate the window requires
+        left = b.submit_s + b.window_s - now
+        self.collector.set_batch_need(required_rate(b.lines - self.finished, left) if now >= b.submit_s else 0.0)
         out = super()._tick(now, state)
         self._release(now)
         return out
@@ -106,6 +110,15 @@ class DayReport:
     instance_hours: float
     batch_done_s: float | None  # after submission; None: no backlog, or not finished
     batch_lines: int
+
+
+def compare_day(trace: Trace, backlog: Backlog, *args, **kw) -> tuple[DayReport, DayReport]:
+    """The day without the backlog and with it (the same pool, policy and settings: ``args``, ``kw``
+    as :class:`Simulator` takes them); the realtime TTFT SLO is the autoscale config's."""
+    slo = args[1].slo.ttft_s if len(args) > 1 else kw["autoscale"].slo.ttft_s
+    without = report(Simulator(trace, *args, **kw).run(), None, slo)
+    sim = BacklogSimulator(trace, backlog, *args, **kw)
+    return without, report(sim.run(), sim.is_line, slo, backlog.submit_s, sim.done_at)
 
 
 def report(res: SimResult, is_line: np.ndarray | None, ttft_slo_s: float, submit_s: float = 0.0,

@@ -146,6 +146,7 @@ class Simulator:
                                     c.reclaim_notice_s, c.seed)
         self.capacity.horizon_s = trace.duration_s
         self.override: Override | None = None  # a manual count, as an operator sets it live
+        self.batch_out = 0  # batch-class requests on instances: the live pool's batch in flight
 
     # ---- event plumbing -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
@@ -198,6 +199,7 @@ class Simulator:
         if inst.id not in self.instances:
             return
         for seq in inst.cut():
+            self.batch_out -= int(self.trace.priority[seq.rid] > 0)
             self._finish(seq.rid, RECLAIMED, now)
         self._act([Stop(inst.id, "taken by the provider")], now)
 
@@ -208,7 +210,7 @@ class Simulator:
             counts[i.state] += 1
         # In flight to every instance not yet stopped, draining ones too: the live pool's count.
         ctx = self.collector.snapshot(now, self.gateway.reports(), self.gateway.queue_depth(), counts,
-                                      sum(i.in_flight for i in self.instances.values()))
+                                      sum(i.in_flight for i in self.instances.values()), self.batch_out)
         if self.override is not None and not self.override.in_force(now):
             self.override = None
         statuses = self.book.statuses(lambda i: i.in_flight)
@@ -227,6 +229,7 @@ class Simulator:
 
     def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
         trace = self.trace
+        self.batch_out += int(trace.priority[rid] > 0)
         if inst.add(Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid])), now):
             self._schedule(inst)
 
@@ -239,15 +242,16 @@ class Simulator:
 
     def _step(self, inst: SimInstance, now: float) -> None:
         inst.end_segment(now)
-        arrival = self.trace.arrival_s
+        arrival, batch = self.trace.arrival_s, self.trace.priority
         seen = now + self.profile.request_overhead_s  # when the client gets it: latency outside the engine
         for s in inst.first_tokens:
             ttft = seen - arrival[s.rid]
             self.ttft[s.rid] = ttft
-            self.collector.record_first_token(now, ttft)
+            self.collector.record_first_token(now, ttft, bool(batch[s.rid]))
         for s in inst.finished:
             self._finish(s.rid, COMPLETED, seen)
-            self.collector.record_finish(now, seen - arrival[s.rid], s.output)
+            self.batch_out -= int(batch[s.rid] > 0)
+            self.collector.record_finish(now, seen - arrival[s.rid], s.output, bool(batch[s.rid]))
         freed = bool(inst.finished)
         inst.first_tokens.clear()
         inst.finished.clear()
@@ -263,8 +267,9 @@ class Simulator:
     def _arrive(self, rid: int, now: float) -> None:
         cfg = self.cfg
         chars = int(self.trace.prompt_tokens[rid]) * cfg.prompt_chars_per_token
-        self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token))
         priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
+        self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token),
+                                      priority is PriorityClass.BATCH)
         if not self.gateway.offer(rid, priority, now):
             self._finish(rid, REJECTED, now)
             return

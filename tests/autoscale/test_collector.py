@@ -56,3 +56,25 @@ def test_the_output_prior_only_lasts_until_the_first_finish():
     assert c.mean_output_tokens == 500.0
     c.record_finish(1.0, 2.0, 300)
     assert c.mean_output_tokens == 400.0
+
+
+def test_batch_arrivals_are_counted_apart_and_their_latency_is_not_the_slos():
+    """Issue 33: the policies see realtime demand plus what the batch windows need."""
+    c = SignalCollector(window_s=10.0, output_tokens_prior=100.0, start=0.0)
+    for k in range(10):
+        c.record_arrival(1.0 + k * 0.5, 100)  # realtime
+    for k in range(30):
+        c.record_arrival(1.0 + k * 0.1, 100, batch=True)
+    c.record_first_token(5.0, 0.2)
+    c.record_first_token(5.0, 40.0, batch=True)  # a batch line waits for idle seats: not an SLO miss
+    c.record_finish(5.0, 1.0, 100)
+    c.record_finish(5.0, 90.0, 100, batch=True)
+    c.set_batch_need(0.5)
+    s = c.snapshot(10.0, [], {"realtime": 1, "batch": 7}, {S.READY: 1}, dispatched=6, batch_dispatched=4)
+    assert s.arrival_rate == pytest.approx(4.0) and s.batch_arrival_rate == pytest.approx(3.0)
+    assert s.realtime_tokens_per_s == pytest.approx(10 * 200 / 10.0)
+    assert s.batch_need_tokens_per_s == pytest.approx(0.5 * 200)  # priced at the mean request
+    assert s.ttft_p99 == pytest.approx(0.2) and s.e2e_p99 == pytest.approx(1.0)
+    assert s.realtime_queued == 1 and s.realtime_in_flight == 8 + 6 - 7 - 4
+    c.set_batch_need(0.0)
+    assert c.snapshot(11.0, [], {}, {}).batch_need_tokens_per_s == 0.0

@@ -21,8 +21,11 @@ def test_threshold_latency_adds_only_when_nothing_is_coming():
 
 
 def test_threshold_does_not_scale_down_with_a_queue():
-    d = THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.1, queue_depth={"batch": 1}), None)
+    d = THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.1, queue_depth={"realtime": 1}), None)
     assert d.desired == 4
+    # batch lines waiting for idle seats are not a reason to keep instances (issue 33)
+    d = THR.decide(PoolSignals(now=1, ready=4, batch_fill=0.1, queue_depth={"batch": 1}), None)
+    assert d.desired == 1
 
 
 def test_kpa_stable_window_averages_concurrency():

@@ -122,13 +122,13 @@ class _Recorder:
     def __init__(self):
         self.events = []
 
-    def on_arrival(self, model, version, t, prompt_chars):
+    def on_arrival(self, model, version, t, prompt_chars, batch=False):
         self.events.append(("arrival", model, version, prompt_chars))
 
-    def on_first_token(self, model, version, t, ttft_s):
+    def on_first_token(self, model, version, t, ttft_s, batch=False):
         self.events.append(("first_token", model, version, ttft_s > 0))
 
-    def on_finish(self, model, version, t, e2e_s, output_tokens, ok):
+    def on_finish(self, model, version, t, e2e_s, output_tokens, ok, batch=False):
         self.events.append(("finish", model, version, output_tokens, ok))
 
 

@@ -28,12 +28,12 @@ class Item:
 class Harness:
     """Instances with room for ``room`` requests each; commits are counted, not sent."""
 
-    def __init__(self, *ids: str, room: int = 1, broken: bool = False) -> None:
+    def __init__(self, *ids: str, room: int = 1, broken: bool = False, reserve: float = 0.25) -> None:
         self.inflight = {i: 0 for i in ids}
         self.down: set[str] = set()
         self.sent: list[tuple[str, str]] = []
         self.queue: AdmissionQueue[Item] = AdmissionQueue()
-        picker = Picker(concurrency=ConcurrencyConfig(fixed=room), rng=random.Random(0))
+        picker = Picker(concurrency=ConcurrencyConfig(fixed=room, realtime_reserve=reserve), rng=random.Random(0))
         self.dispatcher = Dispatcher(self.queue, picker, self.views, self.commit,
                                      (lambda views: True) if broken else None)
 
@@ -86,9 +86,23 @@ def test_a_broken_pool_stops_the_run_without_popping():
 
 
 def test_batch_gets_its_share_while_realtime_waits():
-    h = Harness("a", room=10)
+    h = Harness("a", room=10, reserve=0.0)
     h.offer(*(Item(f"rt{k}") for k in range(8)))
     h.offer(*(Item(f"b{k}") for k in range(2)), priority=BATCH)
     h.dispatcher.run(1.0)
     order = [name for name, _ in h.sent]
     assert order[4] == "b0" and order.count("b0") + order.count("b1") == 2  # share 0.2: every fifth
+
+
+def test_batch_leaves_the_realtime_reserve_free():
+    """Issue 33: a batch backlog never takes the last seats, so realtime finds one at once."""
+    h = Harness("a", room=8)  # reserve 0.25: batch may hold 6 of the 8
+    h.offer(*(Item(f"b{k}") for k in range(10)), priority=BATCH)
+    assert h.dispatcher.run(1.0) is Stop.NO_ROOM and len(h.sent) == 6 and len(h.queue) == 4
+    h.offer(Item("rt0"), Item("rt1"), Item("rt2"))
+    h.dispatcher.run(2.0)
+    assert [name for name, _ in h.sent[6:]] == ["rt0", "rt1"]  # the reserve, then full
+    one = Harness("a", room=1)  # a reserve rounds down: one seat is batch's too
+    one.offer(Item("b0"), priority=BATCH)
+    one.dispatcher.run(1.0)
+    assert one.sent == [("b0", "a")]

@@ -15,14 +15,14 @@ class Observer:
     def __init__(self) -> None:
         self.seen: list[tuple] = []
 
-    def on_arrival(self, model, version, t, chars):
-        self.seen.append(("arrival", model, version, chars))
+    def on_arrival(self, model, version, t, chars, batch=False):
+        self.seen.append(("arrival", model, version, chars) + (("batch",) if batch else ()))
 
-    def on_first_token(self, model, version, t, ttft_s):
-        self.seen.append(("first_token", model, version))
+    def on_first_token(self, model, version, t, ttft_s, batch=False):
+        self.seen.append(("first_token", model, version) + (("batch",) if batch else ()))
 
-    def on_finish(self, model, version, t, e2e_s, output_tokens, ok):
-        self.seen.append(("finish", model, version, output_tokens, ok))
+    def on_finish(self, model, version, t, e2e_s, output_tokens, ok, batch=False):
+        self.seen.append(("finish", model, version, output_tokens, ok) + (("batch",) if batch else ()))
 
 
 class Outcomes:
@@ -33,10 +33,10 @@ class Outcomes:
         self.seen.append((version, outcome))
 
 
-def _record(observers: list, outcomes=None) -> tuple[RequestRecord, GatewayMetrics]:
+def _record(observers: list, outcomes=None, cls=PriorityClass.REALTIME) -> tuple[RequestRecord, GatewayMetrics]:
     metrics = GatewayMetrics(lambda: [])
     sinks = RecordSinks("m", metrics, outcomes, observers)
-    parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=PriorityClass.REALTIME)
+    parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=cls)
     return RequestRecord(sinks, "v1", parsed, 0.0, "r1"), metrics
 
 
@@ -66,6 +66,16 @@ def test_a_request_feeds_every_counter_through_its_record():
     assert _value(m, "queue_time_seconds_sum", model="m", version="v1", **{"class": "realtime"}) == 0.25
     assert rec.instance == "i2" and rec.ttft_s is not None and rec.counts_tokens
     assert obs.seen == [("arrival", "m", "v1", 5), ("first_token", "m", "v1"), ("finish", "m", "v1", 3, True)]
+
+
+def test_the_observers_are_told_a_batch_class_request_is_one():
+    """The autoscaler keeps batch work apart from realtime demand (issue 33)."""
+    obs = Observer()
+    rec, _ = _record([obs], cls=PriorityClass.BATCH)
+    rec.arrived("weight")
+    rec.first_token()
+    rec.finish(200, ok=True)
+    assert [e[-1] for e in obs.seen] == ["batch", "batch", "batch"]
 
 
 def test_a_warm_wait_is_no_cold_start_and_no_observers_means_no_token_count():

@@ -6,13 +6,28 @@ backlog waits in the state folder rather than in the admission queues, never
 makes a pool look busier than its realtime load: the backlog alone does not
 scale a pool up. Only a batch that would miss its completion window at its
 current pace gets more lines in flight, in proportion to how far behind it is,
-up to ``ceiling``; those queue at the gateway, where the autoscaler sees them.
+up to ``ceiling``; those queue at the gateway in the batch class.
+
+The autoscaler is told :func:`required_rate` (the lines per second the window
+needs), never the backlog itself: the policies size a pool for realtime demand
+plus that rate only (:mod:`llmserve.autoscale.batch_need`), so a batch whose
+window idle capacity can meet adds no instance.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+
+
+def required_rate(remaining: int, seconds_left: float, margin: float = 0.8) -> float:
+    """Lines per second that finish ``remaining`` lines within ``margin`` of ``seconds_left``
+    (past the window: all of them within the next second)."""
+    if remaining <= 0:
+        return 0.0
+    if seconds_left <= 0:
+        return float(remaining)
+    return remaining / (seconds_left * margin)
 
 
 def lines_in_flight(base: int, ceiling: int, remaining: int, lines_per_s: float | None, seconds_left: float,
@@ -26,7 +41,7 @@ def lines_in_flight(base: int, ceiling: int, remaining: int, lines_per_s: float 
         return ceiling
     if not lines_per_s:
         return base
-    needed = remaining / (seconds_left * margin)
+    needed = required_rate(remaining, seconds_left, margin)
     if needed <= lines_per_s:
         return base
     return min(ceiling, max(base, math.ceil(base * needed / lines_per_s)))

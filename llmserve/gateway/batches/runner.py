@@ -9,6 +9,10 @@ admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
 instance yet) is tried again after ``retry_interval_s``; any other answer is the
 line's one result.
 
+Each tick the request observers (the autoscaler) are told, per model, the lines
+per second the active batches' windows require (``pace.required_rate``): a pool
+grows for a batch only as far as that rate needs, never for the backlog itself.
+
 One runner owns a state folder at a time (an exclusive lock file): two gateways
 pointed at one folder do not both run its lines. A batch ends when no line is
 pending or in flight: ``completed``, ``cancelled`` after a cancel, ``expired``
@@ -30,7 +34,8 @@ from starlette.types import ASGIApp
 from llmserve.api.asgi_call import call
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
+from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
 
@@ -51,6 +56,9 @@ class BatchRunner:
         self.in_flight: dict[tuple[str, int], asyncio.Task] = {}
         self.wake = asyncio.Event()
         self._seen: dict[str, PaceMeter] = {}  # each active batch's pace
+        self.observers: list[RequestObserver] = []  # told each model's batch need
+        self._models: dict[str, str] = {}  # batch id -> the model its lines name
+        self._told: set[str] = set()  # models last told a need (told 0 once they have none)
         self._task: asyncio.Task | None = None
         self._lock_file: Any = None
 
@@ -95,14 +103,23 @@ class BatchRunner:
                 await asyncio.wait_for(self.wake.wait(), self.config.poll_interval_s)
 
     def _allowed(self, batches: list[dict[str, Any]], now: float) -> int:
-        """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py)."""
+        """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py);
+        and each model's need told to the observers."""
         allowed = self.config.concurrency
+        need: dict[str, float] = {}
         for b in batches:
             c = b["request_counts"]
+            remaining = c["total"] - c["completed"] - c["failed"]
             rate = self._seen.setdefault(b["id"], PaceMeter(PACE_WINDOW_S)).rate(now, c["completed"] + c["failed"])
             allowed = max(allowed, lines_in_flight(self.config.concurrency, self.config.max_concurrency,
-                                                   c["total"] - c["completed"] - c["failed"], rate,
-                                                   b["expires_at"] - now))
+                                                   remaining, rate, b["expires_at"] - now))
+            model = self._models.get(b["id"])
+            if model is not None:
+                need[model] = need.get(model, 0.0) + required_rate(remaining, b["expires_at"] - now)
+        for model in self._told | need.keys():
+            for o in self.observers:
+                o.on_batch_need(model, need.get(model, 0.0))
+        self._told = set(need)
         return allowed
 
     async def tick(self) -> None:
@@ -117,6 +134,7 @@ class BatchRunner:
                 if not mine:
                     await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
                     self._seen.pop(bid, None)
+                    self._models.pop(bid, None)
                 continue
             free = allowed - len(self.in_flight)
             # at least one, to tell "nothing pending" from "no seat free"
@@ -124,7 +142,10 @@ class BatchRunner:
             if not todo and not mine:
                 await asyncio.to_thread(self.store.finalize, bid, "completed")
                 self._seen.pop(bid, None)
+                self._models.pop(bid, None)
             for idx, cid, body in todo[:max(free, 0)]:
+                if isinstance(body, dict) and isinstance(body.get("model"), str):
+                    self._models.setdefault(bid, body["model"])
                 self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
 
     async def _line(self, bid: str, endpoint: str, idx: int, cid: str, body: dict[str, Any]) -> None:
