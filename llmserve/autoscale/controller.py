@@ -128,7 +128,6 @@ class PoolController:
         if self.metrics is not None:
             self.metrics.transitions.labels(self.model, self.version, old.value, new.value).inc()
 
-    # ---- the book's records, read ------------------------------------------------------------
     @property
     def instances(self) -> dict:
         return self.book.instances
@@ -377,7 +376,6 @@ class PoolController:
         self._next_tick = None  # act on it at the next step, not a tick later
         return o
 
-    # ---- views --------------------------------------------------------------------------------
     def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
         return describe_instance(inst, self.pool.get(inst.id), now)
 
