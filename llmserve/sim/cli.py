@@ -269,7 +269,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
     live = [p for p in policies if p != "oracle"]
     with RunProgress(trace.duration_s, console, enabled=not args.no_progress) as bars:
-        results = run_jobs(args, trace, profile, autoscale, sim, live, static_n, start, args.jobs, bars, log=log)
+        results = run_jobs(trace, profile, autoscale, sim, live, static_n, start, args.jobs, bars, log=log)
     if "oracle" in policies:  # the schedule with perfect knowledge of the trace, for scale
         results.append(oracle(trace, profile, autoscale, sim, target=args.oracle_target, log=log))
     summaries = [r.summary for r in results]

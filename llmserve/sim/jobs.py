@@ -2,9 +2,9 @@
 
 Each run is independent (its own trace copy, pool, gateway and policy), so the
 policies of a comparison spread over processes with no shared state. What goes
-to a child is a plain dict (the run's flags, the autoscale and simulator
-settings as JSON-shaped dicts, the policy and pool sizes); the child rebuilds
-the trace and profile from the flags as the parent did, and returns a plain dict
+to a child is a plain dict (the trace's columns as raw bytes, the profile's
+JSON, the autoscale and simulator settings as JSON-shaped dicts, the policy and
+pool sizes), and what comes back is a plain dict
 (the summary, the timeline as lists, per-request arrays as raw bytes with their
 dtype). Children send progress as ``(label, simulated s, arrivals)`` tuples.
 Children are spawned, not forked: nothing of the parent's threads or state comes along.
@@ -12,7 +12,7 @@ Children are spawned, not forked: nothing of the parent's threads or state comes
 
 from __future__ import annotations
 
-import argparse
+import json
 import multiprocessing as mp
 import queue as queue_mod
 import threading
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmserve.autoscale import AutoscaleConfig, StaticConfig
+from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import SimResult, Summary
 from llmserve.sim.simulator import SimConfig, Simulator
 from llmserve.sim.traces import Trace
@@ -50,14 +51,25 @@ def simulate_one(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, p
 def to_plain(res: SimResult) -> dict:
     return {"summary": res.summary.as_dict(), "timeline": res.timeline.tolist(),
             "events": [list(e) for e in res.events], "lifetimes": [list(x) for x in res.lifetimes],
-            **{k: (getattr(res, k).dtype.str, getattr(res, k).tobytes()) for k in _ARRAYS}}
+            **_arrays(res, _ARRAYS)}
 
 
 def from_plain(d: dict, trace: Trace) -> SimResult:
-    arrays = {k: np.frombuffer(d[k][1], dtype=np.dtype(d[k][0])).copy() for k in _ARRAYS}
+    arrays = _unpack(d, _ARRAYS)
     timeline = np.array(d["timeline"], dtype=float).reshape(len(d["timeline"]), -1)
     return SimResult(Summary(**d["summary"]), trace.arrival_s, arrays["status"], arrays["ttft"], arrays["e2e"],
                      timeline, [tuple(e) for e in d["events"]], [tuple(x) for x in d["lifetimes"]])
+
+
+def _arrays(obj, names) -> dict:
+    return {k: (getattr(obj, k).dtype.str, getattr(obj, k).tobytes()) for k in names}
+
+
+def _unpack(d: dict, names) -> dict:
+    return {k: np.frombuffer(d[k][1], dtype=np.dtype(d[k][0])).copy() for k in names}
+
+
+_TRACE = ("arrival_s", "prompt_tokens", "output_tokens", "priority", "rate_t", "rate_rps")
 
 
 def _init(q) -> None:
@@ -66,10 +78,9 @@ def _init(q) -> None:
 
 
 def _child(spec: dict) -> dict:
-    from llmserve.sim.cli import profile_from_args, trace_from_args
-
-    args = argparse.Namespace(**spec["args"])
-    trace, profile = trace_from_args(args), profile_from_args(args)
+    t = spec["trace"]
+    trace = Trace(t["name"], duration_s=t["duration_s"], **_unpack(t, _TRACE))
+    profile = InstanceProfile.from_dict(json.loads(spec["profile"]))
     label, _ = job(spec["policy"], spec["static_n"], spec["start"])
     q = _progress
     report = (lambda t, k: q.put((label, t, k))) if q is not None else None
@@ -114,7 +125,7 @@ def _hms(t: float) -> str:
     return f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def run_jobs(args: argparse.Namespace, trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig,
+def run_jobs(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig,
              policies: list[str], static_n: int, start: int, jobs: int, progress: RunProgress | None = None,
              log=None) -> list[SimResult]:
     """Every policy's run, ``jobs`` at a time; results in the order of ``policies``."""
@@ -127,7 +138,8 @@ def run_jobs(args: argparse.Namespace, trace: Trace, profile, base: AutoscaleCon
         return out
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    specs = [{"args": vars(args), "autoscale": base.model_dump(mode="json"), "sim": sim.model_dump(mode="json"),
+    plain_trace = {"name": trace.name, "duration_s": trace.duration_s, **_arrays(trace, _TRACE)}
+    specs = [{"trace": plain_trace, "profile": profile.to_json(), "autoscale": base.model_dump(mode="json"), "sim": sim.model_dump(mode="json"),
               "policy": p, "static_n": static_n, "start": start} for p in policies]
     done = threading.Event()
 
