@@ -22,7 +22,8 @@ from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.canary_power import add_canary_power_args, run_canary_power
-from llmserve.sim.compare import initial_instances, run_policies, size_static_for_peak
+from llmserve.sim.compare import initial_instances, size_static_for_peak
+from llmserve.sim.jobs import RunProgress, run_jobs
 from llmserve.sim.plots import write_plots
 from llmserve.sim.profile import BUILTIN_PROFILES, DEFAULT_PROFILE, load_profile, save_profile
 from llmserve.sim.report import markdown_table, print_comparison, write_summaries
@@ -111,6 +112,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
     g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run the policies N at a time in separate processes (results merged into one table)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (simulated time, requests/s)")
 
     g = parser.add_argument_group("fidelity check (instead of a policy comparison)")
     g.add_argument("--fidelity", action="store_true",
@@ -206,6 +210,11 @@ def capacity_from_args(args: argparse.Namespace) -> dict:
             "spot": some(price_per_hour=args.spot_price, max_instances=args.spot_max)}
 
 
+def profile_from_args(args: argparse.Namespace):
+    profile = load_profile(args.profile)
+    return profile.with_cold_start(args.cold_start) if args.cold_start is not None else profile
+
+
 def sim_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(**given(SimConfig, args))
 
@@ -242,9 +251,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if unknown or not policies:
         console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)} or oracle[/red]")
         return 2
-    profile = load_profile(args.profile)
-    if args.cold_start is not None:
-        profile = profile.with_cold_start(args.cold_start)
+    if args.jobs < 1:
+        console.print("[red]--jobs must be >= 1[/red]")
+        return 2
+    profile = profile_from_args(args)
     trace = trace_from_args(args)
     autoscale = autoscale_from_args(args, profile, trace)
     sim = sim_from_args(args)
@@ -258,7 +268,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         static_n = int(args.static_instances)
     start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
     live = [p for p in policies if p != "oracle"]
-    results = run_policies(trace, profile, autoscale, live, static_n, sim, start, log=log)
+    with RunProgress(trace.duration_s, console, enabled=not args.no_progress) as bars:
+        results = run_jobs(trace, profile, autoscale, sim, live, static_n, start, args.jobs, bars, log=log)
     if "oracle" in policies:  # the schedule with perfect knowledge of the trace, for scale
         results.append(oracle(trace, profile, autoscale, sim, target=args.oracle_target, log=log))
     summaries = [r.summary for r in results]

@@ -22,10 +22,19 @@ With a profile's core sharing (:mod:`llmserve.sim.sharing`), instances share
 one :class:`~llmserve.sim.sharing.BusyInstances` tally, and each segment's steps
 are stretched by the slowdown for the instances busy when it is planned (one
 that becomes busy or idle mid-segment changes the next segment, not this one).
+
+The batch is kept as running totals rather than walked per step: every decoding
+sequence gains one token per step, so one step counter stands for all of them
+(a sequence's tokens are the counter minus its start), the batch's context is a
+sum kept as sequences join and leave, and the next completion is the top of a
+heap. A step costs the work of what changed in it (prompt chunks, first tokens,
+completions), not of the batch's size; the outcomes are those of the loop
+over every sequence it replaces (``tests/sim/test_golden_outcomes.py``).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -37,17 +46,19 @@ IDLE, PENDING, MIXED, DECODE = 0, 1, 2, 3
 
 
 class Seq:
-    """One request inside an engine."""
+    """One request inside an engine; ``done_at`` is the instance's step count at which it
+    has all its output (set when its prompt is computed), ``order`` its place in the batch."""
 
-    __slots__ = ("rid", "prompt", "output", "prefilled", "generated", "chunk")
+    __slots__ = ("rid", "prompt", "output", "prefilled", "chunk", "done_at", "order")
 
     def __init__(self, rid: int, prompt: int, output: int) -> None:
         self.rid = rid
         self.prompt = prompt
         self.output = output
         self.prefilled = 0
-        self.generated = 0
         self.chunk = 0
+        self.done_at = 0
+        self.order = 0
 
 
 class SimInstance:
@@ -62,7 +73,7 @@ class SimInstance:
                  "reclaim_at", "drain_started", "ready_at", "exit_code", "running", "waiting",
                  "kv_reserved", "kind", "seg_start", "seg_steps", "seg_end", "seg_n", "seg_ctx0",
                  "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "cores", "_a", "_b",
-                 "_c", "_d")
+                 "_c", "_d", "_prefilling", "_steps", "_dec_n", "_dec_ctx", "_done", "_admitted")
 
     def __init__(self, iid: int, profile: InstanceProfile, now: float, state: InstanceState,
                  cores: BusyInstances | None = None) -> None:
@@ -80,7 +91,7 @@ class SimInstance:
         self.drain_started: float | None = None
         self.ready_at: float | None = None
         self.exit_code: int | None = None
-        self.running: list[Seq] = []
+        self.running: dict[int, Seq] = {}  # by order of admission, as the engine's batch
         self.waiting: deque[Seq] = deque()
         self.kv_reserved = 0
         self.kind = IDLE
@@ -93,6 +104,12 @@ class SimInstance:
         self.first_tokens: list[Seq] = []
         self.finished: list[Seq] = []
         self.cores = cores
+        self._prefilling: list[Seq] = []  # running, prompt not yet computed, in batch order
+        self._steps = 0  # steps taken: each decoding sequence has this minus its start tokens
+        self._dec_n = 0  # decoding sequences
+        self._dec_ctx = 0  # their prompts minus their starts: context = this + n * steps
+        self._done: list[tuple[int, int, Seq]] = []  # (done_at, order, seq) of decoding sequences
+        self._admitted = 0
         self._time_steps(1.0)
 
     def _time_steps(self, slowdown: float) -> None:
@@ -116,9 +133,12 @@ class SimInstance:
 
     def cut(self) -> list[Seq]:
         """Everything on it, taken away at once (a reclaim's deadline): its segment is stale."""
-        gone = [*self.running, *self.waiting]
+        gone = [*self.running.values(), *self.waiting]
         self.running.clear()
         self.waiting.clear()
+        self._prefilling.clear()
+        self._done.clear()
+        self._dec_n = self._dec_ctx = 0
         self.kv_reserved = 0
         self.version += 1
         return gone
@@ -176,8 +196,7 @@ class SimInstance:
         if k <= 0:
             return
         dt = self._decode_time(k)
-        for s in self.running:
-            s.generated += k
+        self._steps += k
         n = self.seg_n
         self.tokens_total += n * k
         self.gen_total += n * k
@@ -191,6 +210,13 @@ class SimInstance:
         if self.kind == DECODE:
             self._commit_decode(self._steps_done(now - self.seg_start))
 
+    def _decoding(self, s: Seq) -> None:
+        """``s`` has its first token (one generated) as of the current step count."""
+        s.done_at = self._steps - 1 + s.output
+        self._dec_n += 1
+        self._dec_ctx += s.prompt - (self._steps - 1)
+        heapq.heappush(self._done, (s.done_at, s.order, s))
+
     # ---- segment end and planning --------------------------------------------------------
     def end_segment(self, now: float) -> None:
         """Apply the segment that ends now; fills ``first_tokens`` and ``finished``."""
@@ -198,42 +224,48 @@ class SimInstance:
         if self.kind == DECODE:
             self._commit_decode(self.seg_steps)
         elif self.kind == MIXED:
-            prefill = decode = firsts = 0
-            for s in self.running:
+            decode = self._dec_n
+            self._steps += 1  # every decoding sequence's token
+            prefill = firsts = 0
+            still: list[Seq] = []
+            for s in self._prefilling:
                 if s.chunk:
                     prefill += s.chunk
                     s.prefilled += s.chunk
                     s.chunk = 0
                     if s.prefilled == s.prompt:
-                        s.generated = 1
                         firsts += 1
                         first.append(s)
-                else:
-                    s.generated += 1
-                    decode += 1
+                        self._decoding(s)
+                        continue
+                if s.output <= 0:  # nothing to generate: over with the step that admitted it
+                    done.append(s)
+                    continue
+                still.append(s)
+            self._prefilling = still
             self.tokens_total += prefill + decode + firsts
             self.gen_total += decode + firsts
             self.busy_total += now - self.seg_start
-        keep = []
-        for s in self.running:
-            if s.generated >= s.output:
-                done.append(s)
+        heap, steps = self._done, self._steps
+        while heap and heap[0][0] <= steps:
+            s = heapq.heappop(heap)[2]
+            self._dec_n -= 1
+            self._dec_ctx -= s.prompt - (s.done_at - s.output)
+            done.append(s)
+        if done:
+            if len(done) > 1:
+                done.sort(key=lambda s: s.order)  # the batch's order, as the engine walks it
+            running = self.running
+            for s in done:
+                del running[s.order]
                 self.kv_reserved -= s.prompt + s.output
-            else:
-                keep.append(s)
-        self.running = keep
         self.kind = PENDING
 
     def plan(self, now: float) -> bool:
         """Choose the next segment; True when one was scheduled (False: idle)."""
         running = self.running
         budget = self.profile.max_num_batched_tokens
-        needs_prefill = False
-        for s in running:
-            if s.prefilled < s.prompt:
-                needs_prefill = True
-                break
-        if not needs_prefill and not (self.waiting and self._can_admit(self.waiting[0])):
+        if not self._prefilling and not (self.waiting and self._can_admit(self.waiting[0])):
             if not running:
                 self.kind = IDLE
                 self._mark(False)
@@ -241,30 +273,32 @@ class SimInstance:
             self._mark(True)
             self.kind = DECODE
             self.seg_start = now
-            self.seg_n = len(running)
-            self.seg_ctx0 = sum(s.prompt + s.generated for s in running)
-            self.seg_steps = min(s.output - s.generated for s in running)
+            self.seg_n = self._dec_n
+            self.seg_ctx0 = self._dec_ctx + self._dec_n * self._steps
+            self.seg_steps = self._done[0][0] - self._steps
             self.seg_end = now + self._decode_time(self.seg_steps)
             self.version += 1
             return True
 
         self._mark(True)
-        decode = ctx = prefill = 0
-        for s in running:
-            if s.prefilled == s.prompt:
-                decode += 1
-                ctx += s.prompt + s.generated
+        decode = self._dec_n
+        ctx = self._dec_ctx + decode * self._steps
+        prefill = 0
         budget -= decode
-        for s in running:
-            if s.prefilled < s.prompt and budget > 0:
-                s.chunk = min(s.prompt - s.prefilled, budget)
-                budget -= s.chunk
-                prefill += s.chunk
-                ctx += s.prefilled + s.chunk
+        for s in self._prefilling:
+            if budget <= 0:
+                break
+            s.chunk = min(s.prompt - s.prefilled, budget)
+            budget -= s.chunk
+            prefill += s.chunk
+            ctx += s.prefilled + s.chunk
         waiting = self.waiting
         while budget > 0 and waiting and self._can_admit(waiting[0]):
             s = waiting.popleft()
-            running.append(s)
+            s.order = self._admitted
+            self._admitted += 1
+            running[s.order] = s
+            self._prefilling.append(s)
             self.kv_reserved += s.prompt + s.output
             s.chunk = min(s.prompt, budget)
             budget -= s.chunk

@@ -27,6 +27,7 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
@@ -147,6 +148,7 @@ class Simulator:
         self.capacity.horizon_s = trace.duration_s
         self.override: Override | None = None  # a manual count, as an operator sets it live
         self.batch_out = 0  # batch-class requests on instances: the live pool's batch in flight
+        self.progress: Callable[[float, int], None] | None = None  # (simulated time, arrivals) each tick
 
     # ---- event plumbing -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
@@ -319,6 +321,8 @@ class Simulator:
                     self._push(now + cfg.poll_interval_s, _POLL)
             elif kind == _TICK:
                 state = self._tick(now, state)
+                if self.progress is not None:
+                    self.progress(now, k)
                 if now < trace.duration_s or pending:
                     self._push(now + tick_s, _TICK)
         if k < n or np.any(self.status == PENDING):

@@ -108,8 +108,9 @@ class Picker:
         total_w = sum(w for _, w in self.scorers)
         combined = [0.0] * len(candidates)
         for scorer, w in self.scorers:
-            for k, s in enumerate(scorer.score(request, candidates)):
-                combined[k] += w * min(1.0, max(0.0, s))
+            # min(1, max(0, s)) written out (NaN -> 0 as there): one pick per request, so it is hot.
+            combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
+                        for c, s in zip(combined, scorer.score(request, candidates), strict=True)]
         return [c / total_w for c in combined]
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
