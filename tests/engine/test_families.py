@@ -44,7 +44,7 @@ def test_config_names_the_family(family):
 
 
 @pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                                         "prompt_lookup_max": 3, "min_acceptance": 0.0}])
+                                         "prompt_lookup_max": 3, "adaptive": False}])
 def test_greedy_tokens_and_logprobs_equal_transformers(family, spec):
     _, config, weights, prompts, ref = family
     sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, logprobs=0)
