@@ -115,6 +115,9 @@ class GuidedDecoding:
             if not m.accept_token(t):
                 break  # refused: never accepted, so later positions are never sampled
             n += 1
+            if m.is_terminated():
+                break  # a stop token ended the match: the sequence ends there, and a terminated
+                # matcher allows no token at all (its mask would make the row's distribution empty)
             m.fill_next_token_bitmask(mask, j + 1)
         if n:
             m.rollback(n)

@@ -322,3 +322,20 @@ def test_a_grammar_that_raises_fails_its_own_request_alone(tiny, tok, method):
     eng.guided._matchers["bad"] = _BrokenMatcher(eng.guided._matchers["bad"], method)
     done = _run(eng, GUIDED + [PLAIN])
     _assert_alone(eng, done, baseline)
+
+
+def test_a_draft_that_ends_the_match_leaves_no_empty_mask_behind_it(tiny, tok):
+    """Drafts that complete the grammar with its stop token (prompt lookup copies the chat
+    template's <|im_end|>): the rows after the stop were filled from a terminated matcher,
+    which allows nothing, and at temperature 1 the whole request failed ("sampling
+    distribution is not finite"). Rows past the stop are never sampled: left open."""
+    eng = _engine(tiny, tok)
+    sp = SamplingParams(max_tokens=8, temperature=1.0, structured_outputs=_so(choice=["yes"]))
+    guided = eng.warm_grammar()
+    m = guided.matcher(eng.compile_grammar(sp))
+    stop = sorted(eng.eos_token_ids)[0]
+    answer = tok.encode("yes")
+    drafts = [*answer, stop, answer[0]]
+    mask = guided.backend.allocate(1 + len(drafts))
+    GuidedDecoding._fill_one(m, drafts, mask)
+    assert all(bool(row.any()) for row in mask), "a row whose mask allows no token"
