@@ -174,7 +174,9 @@ class EngineCoreProc:
         self._last_snap = 0.0
         from concurrent.futures import ThreadPoolExecutor
 
-        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        from llmserve.engine.grammar import background_thread
+
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar", initializer=background_thread)
         self._compiling: dict[str, tuple[Any, Any, str | None]] = {}  # id -> (future, request, prompt text)
 
     def run(self) -> int:

@@ -42,6 +42,18 @@ class Matcher(Protocol):
     def is_terminated(self) -> bool: ...
 
 
+def background_thread() -> None:
+    """Run this thread at the lowest CPU priority (Linux: a thread's own nice value): a
+    schema compiling beside the engine's step threads must not take a core from them,
+    or every running stream's step waits at their barrier."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: it still works, only greedier
+        pass
+
+
 def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 

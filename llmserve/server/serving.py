@@ -41,6 +41,21 @@ from llmserve.tracing.instance import request_telemetry
 log = logging.getLogger(__name__)
 
 
+_COMPILES = None
+
+
+def _compiles():
+    """One low-priority thread compiles this process's grammars (checks before the first byte)."""
+    global _COMPILES
+    if _COMPILES is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from llmserve.engine.grammar import background_thread
+
+        _COMPILES = ThreadPoolExecutor(1, thread_name_prefix="grammar-check", initializer=background_thread)
+    return _COMPILES
+
+
 @dataclass
 class _Job:
     """One prompt of a request, expanded into ``n`` (or ``best_of``) engine sequences."""
@@ -119,7 +134,7 @@ class OpenAIServing:
         if sp.structured_outputs is None:
             return
         try:
-            await asyncio.to_thread(self.engine.compile_grammar, sp)
+            await asyncio.get_running_loop().run_in_executor(_compiles(), self.engine.compile_grammar, sp)
         except InvalidParameterError as e:
             field = (r.constraints() or ["tools"])[0]
             raise APIError(400, f"{field}: {str(e).removeprefix(e.param + ' ')}", param=field,
