@@ -12,7 +12,6 @@ runs without the C++ kernels. Flags are generated from the config models
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -215,22 +214,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llmserve.server.entry import run_command
+
     args = build_parser(argv).parse_args(argv)
-    if os.environ.get("LLMSERVE_NO_KERNELS"):
-        from llmserve.models import kernels
-
-        kernels.disable()
-    try:
-        return int(args.fn(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # noqa: BLE001 - a clear one-line error for the user
-        from llmserve.models.loader import ModelLoadError
-
-        if isinstance(e, (ModelLoadError, ValueError, FileNotFoundError)):
-            print(f"llmserve: error: {e}", file=sys.stderr)
-            return 2
-        raise
+    return run_command(args.fn, args)
 
 
 if __name__ == "__main__":

@@ -59,14 +59,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run_command(fn, args: argparse.Namespace) -> int:
+    """Run a parsed command the way every llmserve entry point does: ``LLMSERVE_NO_KERNELS``
+    honoured, Ctrl-C as 130, a bad model or value as one line and exit code 2."""
     if os.environ.get("LLMSERVE_NO_KERNELS"):
         from llmserve.models import kernels
 
         kernels.disable()
     try:
-        return int(serve(args) or 0)
+        return int(fn(args) or 0)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a clear one-line error for the user
@@ -76,3 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"llmserve: error: {e}", file=sys.stderr)
             return 2
         raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(serve, parser().parse_args(argv))
