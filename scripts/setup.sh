@@ -36,14 +36,18 @@ pip install --quiet --no-deps --no-build-isolation -e .
 kernels="$("$py" -m llmserve.models.kernels 2>/dev/null || echo "not importable")"
 [ "$kernels" = "installed build" ] || echo "setup: C++ kernels: $kernels" >&2
 
-install_browser() {
-  # The dashboard test drives headless Chromium: a system package, installed here.
-  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 && return 0
-  command -v apt-get >/dev/null 2>&1 || { echo "setup: no apt-get; install chromium by hand" >&2; return 0; }
+install_system() {
+  # System packages the tests drive as real services: headless Chromium (the dashboard
+  # test) and redis-server (gateway replicas' shared state; `serve --replicas` too).
+  local want=()
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || want+=(chromium)
+  command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  [ "${#want[@]}" -eq 0 ] && return 0
+  command -v apt-get >/dev/null 2>&1 || { echo "setup: no apt-get; install ${want[*]} by hand" >&2; return 0; }
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq chromium >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
-    || echo "setup: could not install chromium; the dashboard browser test cannot run" >&2
+  apt-get install -y -qq "${want[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${want[@]}" >/dev/null 2>&1; } \
+    || echo "setup: could not install ${want[*]}; the tests that drive them cannot run" >&2
 }
 
 case "$mode" in
@@ -51,7 +55,7 @@ case "$mode" in
     exec "$venv/bin/llmserve" serve "$@"
     ;;
   test)
-    install_browser
+    install_system
     set +e
     "$py" -m pytest -q -p no:cacheprovider "$@"
     rc=$?

@@ -24,3 +24,7 @@ def smollm2_path(model_store: Path) -> Path:
     from llmserve.models.store import pull
 
     return pull("SmolLM2-135M-Instruct", model_store, quiet=True)
+
+
+# A real password-protected redis-server per test (tests/redis_server.py).
+from tests.redis_server import redis_server  # noqa: E402,F401
