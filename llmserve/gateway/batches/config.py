@@ -8,10 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class StateConfig(BaseModel):
-    """Where what must survive a restart lives: batches, their files, stored responses."""
+    """Where what must survive a restart lives: batches, their files, stored responses;
+    and, with ``redis_url``, what gateway replicas share (llmserve/state)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     dir: Path = Path("~/.cache/llmserve/state")
+    # Unset: one process, everything in memory (or in ``dir``) as before.
+    redis_url: str | None = None
+    redis_password_file: Path | None = None  # when the URL carries no password
 
     def path(self, name: str) -> Path:
         return self.dir.expanduser() / name
