@@ -33,6 +33,7 @@ from llmserve.gateway.errors import GatewayError, error_response, from_exception
 from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
+from llmserve.gateway.tenants.admin import keys_router
 from llmserve.http_guard import uvicorn_options
 from llmserve.tracing.config import TracingConfig
 from llmserve.tracing.start import start_tracing
@@ -165,7 +166,8 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     @app.get("/ready")
     async def ready() -> Response:
         if gw.ready():
-            return JSONResponse({"status": "ready"})
+            limits = {"limits": gw.tenants.status()} if gw.tenants.limited else {}
+            return JSONResponse({"status": "ready", **limits})
         return error_response(503, "no upstream instance is ready", code="not_ready")
 
     @app.get("/metrics")
@@ -174,6 +176,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(admin_router(gw))
+    app.include_router(keys_router(gw))
     app.include_router(dashboard_router(gw))
     return app
 

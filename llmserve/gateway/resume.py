@@ -229,6 +229,13 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                         ctx.output_tokens += datas
                         if out:
                             yield out
+                        tab = ctx.tab  # a key with a budget: charged as it streams (gateway/tenants)
+                        if tab is not None and ctx.output_tokens >= tab.next_at and not done:
+                            cut = await tab.charge(ctx.output_tokens)
+                            if cut is not None:  # its budget is spent: the last events say so
+                                outcome, kind = Outcome.SUCCESS, "insufficient_quota"
+                                yield cut
+                                return
                     try:
                         buf += await more()
                     except StopAsyncIteration:

@@ -27,6 +27,7 @@ from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.recorder import RecordSinks
+from llmserve.gateway.tenants.limiter import Tenants
 from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
@@ -129,6 +130,7 @@ class Gateway:
         rng = rng or random.Random()
         self.metrics = GatewayMetrics(self._gauges)
         self.retry_budget = RetryBudget(config.retry.budget)
+        self.tenants = Tenants.from_config(config, self.metrics)  # per-key limits and usage
         self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
         self.models = {m.name: ModelRuntime(m, config, metrics=self.metrics,
                                             observers=self.observers, rng=rng, telemetry=telemetry)
@@ -167,6 +169,7 @@ class Gateway:
         if self.started:
             return
         self.started = True
+        await self.tenants.start()
         lim = self.config.limits
         self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
                                        read_timeout=lim.request_timeout_s,
@@ -202,6 +205,7 @@ class Gateway:
             self.monitor.close()
         if self.upstream is not None:
             await self.upstream.aclose()
+        await self.tenants.stop()
         if self.telemetry is not None and self.telemetry.tracing is not None:
             self.telemetry.tracing.shutdown()  # export what is buffered
 

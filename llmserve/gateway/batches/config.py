@@ -16,6 +16,9 @@ class StateConfig(BaseModel):
     # Unset: one process, everything in memory (or in ``dir``) as before.
     redis_url: str | None = None
     redis_password_file: Path | None = None  # when the URL carries no password
+    # Gateway replicas sharing the store: while it is unreachable each enforces 1/replicas
+    # of every key's limits alone (gateway/tenants/limiter.py).
+    replicas: int = Field(1, ge=1)
 
     def path(self, name: str) -> Path:
         return self.dir.expanduser() / name
