@@ -66,9 +66,10 @@ class Tab:
         return budget_cost(self.limits, self.prices, self.prompt, self.completion)
 
     async def charge(self, produced: int) -> bytes | None:
-        """A stream has sent ``produced`` tokens, at or past ``next_at``: reserve the next
-        batch. None: go on; else the stream's last events (an insufficient_quota error,
-        then [DONE]): the budget has no room for another batch."""
+        """A stream is about to have sent ``produced`` tokens, past ``next_at``: reserve
+        those and the next batch. None: go on; else the stream's last events (an
+        insufficient_quota error, then [DONE]): the budget has no room for them, and
+        the stream sends only the ``room`` its reservation still covers."""
         more = self.limits.stream_charge_tokens + max(0, produced - self.completion)
         # the budget asks for the difference in cost (prices round up), the window for the tokens
         asks = [replace(a, cost=a.cost - self._reserved_cost) if a.limit is Limit.BUDGET else
@@ -79,7 +80,7 @@ class Tab:
         if denied is not None:
             self.next_at = _NEVER
             self.tenants.counted(self.name, denied.limit.value)
-            message = (f"{denied.message}; the stream was stopped after {produced} tokens "
+            message = (f"{denied.message}; the stream was stopped after {self.completion} tokens "
                        f"(the budget starts again in {denied.retry_after_s} s)")
             return (b"data: " + json.dumps(error_body(message, denied.type, None, denied.code)).encode()
                     + b"\n\ndata: [DONE]\n\n")
@@ -89,6 +90,10 @@ class Tab:
         self._tokens = next((a for a in asks if a.limit is Limit.TOKENS), self._tokens)
         self._budget = next((a for a in asks if a.limit is Limit.BUDGET), self._budget)
         return None
+
+    def room(self, produced: int) -> int:
+        """Tokens still covered by what was reserved, after ``produced``."""
+        return max(0, self.completion - produced)
 
     def close(self, prompt: int | None, completion: int, served: bool) -> None:
         """Settle once: the request used ``prompt`` (None: unknown, the estimate stands)
@@ -118,3 +123,13 @@ class Tab:
             log.warning("settling key %r's usage failed (%s); its reservation stands", self.name, e)
             self.tenants.unreachable(e)
 
+
+def first_events(events: bytes, n: int) -> bytes:
+    """The first ``n`` SSE events of whole ``events`` (the relay counts a data event a token)."""
+    end = 0
+    for _ in range(n):
+        i = events.find(b"\n\n", end)
+        if i < 0:
+            return events
+        end = i + 2
+    return events[:end]
