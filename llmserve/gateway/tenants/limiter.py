@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+# Any store failure, not only a lost connection (an OOM refusal, a failed script): serve on locally.
+_UNREACHABLE = (redis_errors.RedisError, OSError)
 _FREE = Prices()
 
 
@@ -144,7 +145,7 @@ class Tenants:
             await asyncio.sleep(self.probe_s)
             try:
                 await self.shared.client.ping()
-            except _UNREACHABLE + (redis_errors.RedisError,):
+            except _UNREACHABLE:
                 continue
             log.warning("Redis answers again: key limits are shared again (down %.1f s)",
                         time.time() - self.down_since)
