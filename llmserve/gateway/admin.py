@@ -15,6 +15,7 @@ no admin key configured the whole API answers 404.
 - ``POST /admin/models/{m}/versions/{v}/instances``        ``{"url", "instance_id"?}``
 - ``DELETE /admin/models/{m}/versions/{v}/instances/{id}``
 - ``POST /admin/models/{m}/versions/{v}/instances/{id}/drain``  ``{"draining": true}``
+- ``GET  /admin/keys/{name}/usage``                        a named key's usage and limits (gateway/tenants)
 """
 
 from __future__ import annotations

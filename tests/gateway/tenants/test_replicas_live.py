@@ -142,3 +142,18 @@ def test_with_redis_gone_each_replica_enforces_its_share_and_resumes(replicas, r
     answers = _burst(replicas, SHARE_KEY, 45)
     assert [a.status_code for a in answers].count(200) == 30  # one shared limit again (Redis came back empty)
     assert replicas[1].usage("share")["limits"]["requests"]["used"] == 30
+
+
+def test_a_replica_that_redis_refuses_does_not_start_and_says_why_in_one_line(redis_server, tmp_path):
+    path = tmp_path / "gateway.yaml"
+    wrong = redis_server.url.replace(redis_server.password, "not-the-password")
+    path.write_text(yaml.safe_dump({
+        "models": [{"name": "chat", "versions": [{"name": "v1", "weight": 1, "upstreams": []}]}],
+        "state": {"dir": str(tmp_path / "state"), "redis_url": wrong},
+        "auth": {"keys": [{"key": RATE_KEY, "name": "rate", "limits": {"requests": 5}}]}}))
+    done = subprocess.run([sys.executable, "-m", "llmserve.cli", "gateway", "--config", str(path),
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused our credentials" in lines[0]
+    assert "not-the-password" not in done.stderr
