@@ -40,7 +40,7 @@ from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, Queu
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord, prompt_chars
 from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
-from llmserve.gateway.request import disconnected, usage_tokens, parse_request, prompt_text, read_body
+from llmserve.gateway.request import disconnected, parse_request, prompt_text, read_body, usage_tokens
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion

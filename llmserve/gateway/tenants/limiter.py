@@ -126,9 +126,9 @@ class Tenants:
         return verdict(key, asks, await self.local.reserve(asks, now), now), self.local
 
     def _remember(self, asks: list[Ask], reply: Reply) -> None:
-        for i, (a, used) in enumerate(zip(asks, reply.used)):
+        for a, used in zip(asks, reply.used):  # (all or nothing: a refusal added no cost)
             if a.limit is Limit.BUDGET:
-                self._known[a.key] = used + (a.cost if reply.failed < 0 or i < reply.failed else 0)
+                self._known[a.key] = used + (a.cost if reply.failed < 0 else 0)
 
     def unreachable(self, error: BaseException) -> None:
         """The shared store did not answer: enforce local shares until a probe reaches it."""

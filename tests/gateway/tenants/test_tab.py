@@ -87,3 +87,32 @@ def test_first_events_keeps_whole_events():
     assert first_events(events, 0) == b""
     assert first_events(events, 2) == b"data: a\n\ndata: b\n\n"
     assert first_events(events, 9) == events
+
+
+async def test_with_redis_gone_a_replica_enforces_its_share_of_what_was_left(redis_server):
+    limits = KeyLimits(requests=30, window_s=60, budget=Budget(tokens=300, period=Period.DAY))
+    t = Tenants({"k": limits}, {}, StateConfig(redis_url=redis_server.url, replicas=3), 600.0,
+                GatewayMetrics(lambda: []), probe_s=0.05)
+    await t.start()
+    try:
+        (await t.admit("k", "m", BODY, 0, False, "r0")).close(8, 10, served=True)  # 18 of 300, in Redis
+        assert t.status() == {"store": "redis", "degraded": False, "replicas": 3}
+        redis_server.stop()
+        admitted = 0
+        with pytest.raises(APIError) as e:
+            for i in range(20):
+                (await t.admit("k", "m", BODY, 0, False, f"r{i + 1}")).close(8, 10, served=True)
+                admitted += 1
+        assert admitted == (300 - 18) // 3 // 18  # the share of what Redis said was left
+        assert e.value.code == "insufficient_quota"
+        assert t.status()["degraded"] and t.status()["local_share"] == "1/3"
+        redis_server.start()
+        for _ in range(100):
+            if not t.status()["degraded"]:
+                break
+            await asyncio.sleep(0.05)
+        assert not t.status()["degraded"]
+        await t.admit("k", "m", BODY, 0, False, "back")
+        assert (await t.report("k"))["counted_by"] == "every replica (redis)"
+    finally:
+        await t.stop()
