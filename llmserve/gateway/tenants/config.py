@@ -51,8 +51,9 @@ class KeyLimits(_Strict):
     # A request without max_tokens reserves this many completion tokens at admission;
     # the actual usage is settled when it ends.
     default_max_tokens: int = Field(1024, ge=1)
-    # A stream reserves its completion tokens this many at a time as it runs; when the
-    # budget refuses the next batch, the stream ends with an insufficient_quota event.
+    # A stream whose budget cannot cover its whole estimate reserves this many tokens at a
+    # time as it runs; when the budget refuses the next batch, it ends with an
+    # insufficient_quota event.
     stream_charge_tokens: int = Field(32, ge=1)
 
     @model_validator(mode="after")

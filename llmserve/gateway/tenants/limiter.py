@@ -98,10 +98,15 @@ class Tenants:
             self.counted(key, "admitted")
             return Tab(self, key, model, KeyLimits(), prices, None, [], 0, 0, stream)
         prompt, completion = estimate(limits, prompt_chars, body)
-        if stream:  # the rest is reserved as it streams
-            completion = min(completion, limits.stream_charge_tokens)
         asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
         denied, store = await self.reserve(key, asks)
+        batch = limits.stream_charge_tokens
+        if denied is not None and denied.limit is Limit.BUDGET and stream and completion > batch:
+            # The whole answer does not fit what is left: a stream may still have what does,
+            # reserved batch by batch as it runs (one script call per batch, so only here).
+            completion = batch
+            asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
+            denied, store = await self.reserve(key, asks)
         if denied is not None:
             self.counted(key, denied.limit.value)
             raise APIError(429, denied.message, type_=denied.type, code=denied.code,

@@ -1,8 +1,8 @@
 """One admitted request's account: what it reserved, the stream's charges, the settlement.
 
-Admission reserves the estimate (``decision.estimate``); a stream reserves its
-completion ``stream_charge_tokens`` at a time as it runs, the relay asking at
-``next_at``; ``close`` settles once, when the request ends however it ends: the
+Admission reserves the estimate (``decision.estimate``); a stream that goes past what
+it reserved (its budget could not cover the whole estimate, or it outruns it) reserves
+``stream_charge_tokens`` more at a time as it runs, the relay asking at ``next_at``; ``close`` settles once, when the request ends however it ends: the
 difference between the actual usage and what was reserved is given back (or added),
 and the concurrency hold is dropped.
 """
