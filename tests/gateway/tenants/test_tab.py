@@ -75,7 +75,7 @@ async def test_a_stream_its_budget_covers_reserves_it_whole_and_is_not_charged_o
     t = tenants(KeyLimits(budget=Budget(tokens=5000, period=Period.DAY), stream_charge_tokens=10))
     tab = await t.admit("k", "m", {"max_tokens": 100}, 0, True, "r1")
     assert (tab.completion, tab.next_at) == (100, 100)  # one script call for the whole stream
-    assert (await t.report("k"))["budget"]["used"] == 108
+    assert (await t.report("k"))["limits"]["budget"]["used"] == 108
 
 
 async def test_refusals_are_429s_with_retry_after_and_unlimited_keys_pass():
