@@ -5,8 +5,12 @@ priced monthly budget) counted in a real Redis, none of them reached.
 
 The same rounds, workload and paired single requests as ``overhead.py`` (its helpers),
 at concurrency 16; all three targets get the same bearer key (the engine and the open
-gateway ignore it). Each limited request costs one Lua script at admission, one per
-32 streamed tokens, and a pipelined settlement after its end.
+gateway ignore it). Each limited request costs one Lua script at admission (its budget
+covers the whole stream, so no charge on the way) and a pipelined settlement after it.
+
+First, what the limiter itself costs, without HTTP: ``admit`` + settle of 2,000
+requests in this process against the in-memory store and the same Redis, as CPU per
+request (the figure a shared machine disturbs least) and admission latency.
 
     python benchmarks/gateway/limits.py [--quick]
 
@@ -16,26 +20,70 @@ Results: ``benchmarks/results/gateway_limits[-quick].{md,json}``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as oh  # noqa: E402 - the gateway benchmarks' shared rounds and processes
 
 KEY = "bench-key-0123456789"
+# Every limit on, none reached: each request pays for all of them.
+LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 10**12, "max_concurrent": 10_000,
+          "budget": {"amount": 10**9, "period": "month"}}
 
 
 def limits_yaml(path: Path, engine_url: str, redis_url: str, state_dir: Path) -> None:
-    limits = {"requests_per_minute": 10_000_000, "tokens_per_minute": 10**12, "max_concurrent": 10_000,
-              "budget": {"amount": 10**9, "period": "month"}}
     path.write_text(json.dumps({
         "models": [{"name": oh.SERVED, "price_per_1k_prompt_tokens": 0.5, "price_per_1k_completion_tokens": 1.5,
                     "versions": [{"name": "v1", "weight": 100, "upstreams": [engine_url]}]}],
-        "auth": {"keys": [{"key": KEY, "name": "bench", "limits": limits}]},
+        "auth": {"keys": [{"key": KEY, "name": "bench", "limits": LIMITS}]},
         "state": {"dir": str(state_dir), "redis_url": redis_url}}, indent=1))
+
+
+def limiter_cost(redis_url: str, n: int = 2000) -> dict[str, Any]:
+    """CPU per admitted + settled request and admission latency, in memory and in Redis."""
+    from llmserve.gateway.batches.config import StateConfig
+    from llmserve.gateway.metrics import GatewayMetrics
+    from llmserve.gateway.tenants.config import KeyLimits, Prices
+    from llmserve.gateway.tenants.limiter import Tenants
+
+    limits, body = KeyLimits.model_validate(LIMITS), {"max_tokens": 64}
+
+    async def one_store(url: str | None) -> dict[str, float]:
+        t = Tenants({"k": limits}, {"m": Prices(prompt=0.5, completion=1.5)}, StateConfig(redis_url=url), 660.0,
+                    GatewayMetrics(lambda: []))
+        await t.start()
+        try:
+            lat = []
+            for i in range(n + 200):  # the first 200 warm up
+                if i == 200:
+                    cpu0 = time.process_time()
+                a = time.perf_counter()
+                tab = await t.admit("k", "m", body, 512, True, f"r{i}")
+                lat.append(time.perf_counter() - a)
+                tab.close(None, 64, served=True)
+                await asyncio.sleep(0)  # the settlement's turn, as between requests
+            await asyncio.gather(*t._tasks)
+            cpu = time.process_time() - cpu0
+        finally:
+            await t.stop()
+        lat = sorted(lat[200:])
+        return {"cpu_ms_per_request": 1000 * cpu / n, "admit_p50_ms": 1000 * lat[n // 2],
+                "admit_p99_ms": 1000 * lat[int(n * 0.99)]}
+
+    out = {"memory": asyncio.run(one_store(None)), "redis": asyncio.run(one_store(redis_url)),
+           "loadavg_1min": os.getloadavg()[0], "requests": n}
+    for store in ("memory", "redis"):
+        m = out[store]
+        print(f"  {store:6s}: {m['cpu_ms_per_request']:.3f} ms CPU per request (admit + settle), admission "
+              f"p50 {m['admit_p50_ms']:.3f} ms, p99 {m['admit_p99_ms']:.3f} ms", flush=True)
+    return out
 
 
 def main() -> None:
@@ -63,6 +111,8 @@ def main() -> None:
     redis = RedisServer(logdir / "redis").start()
     procs: list[oh.Proc] = []
     try:
+        print("the limiter alone:", flush=True)
+        cost = limiter_cost(redis.url)
         e_port = oh.free_port()
         engine = oh.Proc("engine", [sys.executable, "-m", "llmserve.cli", "engine", "--model", model, "--threads", "1",
                                     "--port", str(e_port), "--served-model-name", oh.SERVED,
@@ -94,10 +144,17 @@ def main() -> None:
             proc.stop()
         redis.stop()
     path = oh.write(name, info, args, over, None)
+    rows = [[store, cost[store]["cpu_ms_per_request"], cost[store]["admit_p50_ms"], cost[store]["admit_p99_ms"]]
+            for store in ("memory", "redis")]
     path.write_text(path.read_text() + (
         "`gateway`: no keys, no limits; `limits`: every request a named key's with requests and tokens per "
         "minute, max_concurrent and a priced monthly budget on, counted in a local password-protected "
-        "redis-server (state.redis_url), none reached. The machine is shared with other agents' work.\n"))
+        "redis-server (state.redis_url), none reached. The machine is shared with other agents' work.\n\n"
+        f"## The limiter alone\n\n{cost['requests']} streamed requests admitted and settled in one process "
+        f"(load {cost['loadavg_1min']:.2f}), no HTTP:\n\n"
+        + oh.md_table(["store", "CPU ms per request", "admission p50 ms", "admission p99 ms"], rows) + "\n"))
+    data = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text(json.dumps({**data, "limiter": cost}, indent=1))
     print(path.read_text())
 
 

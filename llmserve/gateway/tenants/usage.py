@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
-from llmserve.gateway.metrics import P, _Gauges, gauge
+from llmserve.gateway.metrics import P
 from llmserve.gateway.tenants.config import Prices
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ class KeyUsage:
                                    registry=r)
         self.spend = Counter(f"{P}key_spend", "Spend charged to each named key (tokens x the model's "
                              "price_per_1k_*), in the prices' currency", ["key"], registry=r)
-        r.register(_Gauges(self._gauges))
+        Gauge(f"{P}limits_degraded", "1 while the shared store is unreachable and this replica enforces its "
+              "1/N share of every key's limits alone", registry=r).set_function(lambda: float(self.degraded()))
         self.totals: dict[str, dict[str, float]] = {}
 
     def total(self, key: str) -> dict[str, float]:
@@ -50,9 +51,3 @@ class KeyUsage:
         t["prompt_tokens"] += prompt
         t["completion_tokens"] += completion
         t["spend"] += cost
-
-    def _gauges(self) -> Iterable:
-        degraded = gauge("limits_degraded", "1 while the shared store is unreachable and this replica "
-                         "enforces its 1/N share of every key's limits alone", [])
-        degraded.add_metric([], float(self.degraded()))
-        return [degraded]
