@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 _UNCAPPED = 1 << 62  # a stream's tokens go on counting past the window's cap; only the budget stops it
 _NEVER = 1 << 62
+# The relay counts each data event a token; a stream's closing chunks (the finish reason,
+# usage when asked for) are two more that cost nothing: no charge for them alone.
+_CLOSING = 2
 
 
 class Ledger(Protocol):
@@ -50,7 +53,7 @@ class Tab:
         self.tenants, self.name, self.model = tenants, name, model
         self.limits, self.prices = limits, prices
         self.prompt, self.completion = prompt, completion  # tokens reserved so far
-        self.next_at = completion if stream and self._charged(asks) else _NEVER
+        self.next_at = completion + _CLOSING if stream and self._charged(asks) else _NEVER
         self.closed = False
         self._store = store
         self._tokens = next((a for a in asks if a.limit is Limit.TOKENS), None)  # the latest of each
@@ -85,7 +88,7 @@ class Tab:
             return (b"data: " + json.dumps(error_body(message, denied.type, None, denied.code)).encode()
                     + b"\n\ndata: [DONE]\n\n")
         self.completion += more
-        self.next_at = self.completion
+        self.next_at = self.completion + _CLOSING
         self._store = store
         self._tokens = next((a for a in asks if a.limit is Limit.TOKENS), self._tokens)
         self._budget = next((a for a in asks if a.limit is Limit.BUDGET), self._budget)

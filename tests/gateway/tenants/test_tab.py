@@ -56,9 +56,9 @@ async def test_a_request_that_was_never_served_costs_nothing():
 async def test_a_stream_reserves_batch_by_batch_and_is_cut_by_its_budget():
     t = tenants(KeyLimits(budget=Budget(tokens=50, period=Period.DAY), stream_charge_tokens=10))
     tab = await t.admit("k", "m", {"max_tokens": 1000}, 0, True, "r1")
-    assert (tab.prompt, tab.completion, tab.next_at) == (8, 10, 10)  # only the first batch
+    assert (tab.prompt, tab.completion, tab.next_at) == (8, 10, 12)  # the first batch (and closing chunks)
     assert await tab.charge(12) is None  # 12 sent: those and 10 more reserved
-    assert tab.completion == 22 and tab.next_at == 22
+    assert tab.completion == 22 and tab.next_at == 24
     assert await tab.charge(23) is None
     assert tab.completion == 33
     cut = await tab.charge(34)  # 8 + 33 reserved: 11 more do not fit in 50
@@ -74,7 +74,7 @@ async def test_a_stream_reserves_batch_by_batch_and_is_cut_by_its_budget():
 async def test_a_stream_its_budget_covers_reserves_it_whole_and_is_not_charged_on_the_way():
     t = tenants(KeyLimits(budget=Budget(tokens=5000, period=Period.DAY), stream_charge_tokens=10))
     tab = await t.admit("k", "m", {"max_tokens": 100}, 0, True, "r1")
-    assert (tab.completion, tab.next_at) == (100, 100)  # one script call for the whole stream
+    assert (tab.completion, tab.next_at) == (100, 102)  # one script call for the whole stream
     assert (await t.report("k"))["limits"]["budget"]["used"] == 108
 
 
