@@ -10,7 +10,11 @@ covers the whole stream, so no charge on the way) and a pipelined settlement aft
 
 First, what the limiter itself costs, without HTTP: ``admit`` + settle of 2,000
 requests in this process against the in-memory store and the same Redis, as CPU per
-request (the figure a shared machine disturbs least) and admission latency.
+request (the figure a shared machine disturbs least) and admission latency. Then
+three gateways in this process (the tests' harness) in front of one trivial upstream:
+a named key without limits, the limits in memory, the limits in Redis, taking turns
+request by request, so that the difference in each request's latency is what the
+limits add under the same machine load.
 
     python benchmarks/gateway/limits.py [--quick]
 
@@ -86,6 +90,39 @@ def limiter_cost(redis_url: str, n: int = 2000) -> dict[str, Any]:
     return out
 
 
+def paired_stacks(redis_url: str, n: int, state_dir: Path) -> dict[str, Any]:
+    """Median whole-request latency of 16-token streams through three gateways taking turns."""
+    import contextlib
+
+    from tests.gateway.app_harness import stack
+    from tests.gateway.fake_upstream import Behaviour
+
+    keys = {"named": [{"key": KEY, "name": "bench"}], "memory": [{"key": KEY, "name": "bench", "limits": LIMITS}],
+            "redis": [{"key": KEY, "name": "bench", "limits": LIMITS}]}
+    with contextlib.ExitStack() as es:
+        stacks = {}
+        for name, key_list in keys.items():
+            state = {"dir": str(state_dir / name), **({"redis_url": redis_url} if name == "redis" else {})}
+            stacks[name] = es.enter_context(stack({"v1": [Behaviour(name, tokens=16)]}, client_key=KEY,
+                                                  auth={"keys": key_list}, state=state))
+        lat: dict[str, list[float]] = {name: [] for name in stacks}
+        for i in range(n + 50):  # the first 50 warm up
+            for name in oh.rotation(list(stacks), i):
+                t0 = time.perf_counter()
+                if stacks[name].chat(stream=True, max_tokens=16).status_code != 200:
+                    raise RuntimeError(f"{name}: a request failed")
+                if i >= 50:
+                    lat[name].append(1000 * (time.perf_counter() - t0))
+    out = {name: {"p50_ms": oh.median(v)} for name, v in lat.items()}
+    for name in ("memory", "redis"):
+        diffs = [a - b for a, b in zip(lat[name], lat["named"])]
+        out[name].update(diff_p50_ms=oh.median(diffs), diff_p25_ms=oh.pct(diffs, 25), diff_p75_ms=oh.pct(diffs, 75))
+    for name, m in out.items():
+        extra = "" if name == "named" else f", minus named: median {m['diff_p50_ms']:+.2f} ms"
+        print(f"  {name:6s}: request p50 {m['p50_ms']:.2f} ms{extra}", flush=True)
+    return {**out, "requests": n, "loadavg_1min": os.getloadavg()[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
@@ -113,6 +150,8 @@ def main() -> None:
     try:
         print("the limiter alone:", flush=True)
         cost = limiter_cost(redis.url)
+        print("gateways taking turns in front of a trivial upstream:", flush=True)
+        turns = paired_stacks(redis.url, args.pairs * 5, logdir / "stacks")
         e_port = oh.free_port()
         engine = oh.Proc("engine", [sys.executable, "-m", "llmserve.cli", "engine", "--model", model, "--threads", "1",
                                     "--port", str(e_port), "--served-model-name", oh.SERVED,
@@ -152,9 +191,15 @@ def main() -> None:
         "redis-server (state.redis_url), none reached. The machine is shared with other agents' work.\n\n"
         f"## The limiter alone\n\n{cost['requests']} streamed requests admitted and settled in one process "
         f"(load {cost['loadavg_1min']:.2f}), no HTTP:\n\n"
-        + oh.md_table(["store", "CPU ms per request", "admission p50 ms", "admission p99 ms"], rows) + "\n"))
+        + oh.md_table(["store", "CPU ms per request", "admission p50 ms", "admission p99 ms"], rows) + "\n\n"
+        f"## Gateways taking turns, trivial upstream\n\n{turns['requests']} streamed requests (16 tokens) per "
+        f"gateway, all three in this process, the order rotated each turn (load {turns['loadavg_1min']:.2f}):\n\n"
+        + oh.md_table(["gateway", "request p50 ms", "minus named key, median", "minus named key, IQR"],
+                      [[n, turns[n]["p50_ms"], "-" if n == "named" else f"{turns[n]['diff_p50_ms']:+.2f} ms",
+                        "-" if n == "named" else f"{turns[n]['diff_p25_ms']:+.2f} .. {turns[n]['diff_p75_ms']:+.2f} ms"]
+                       for n in ("named", "memory", "redis")]) + "\n"))
     data = json.loads(path.with_suffix(".json").read_text())
-    path.with_suffix(".json").write_text(json.dumps({**data, "limiter": cost}, indent=1))
+    path.with_suffix(".json").write_text(json.dumps({**data, "limiter": cost, "turns": turns}, indent=1))
     print(path.read_text())
 
 
