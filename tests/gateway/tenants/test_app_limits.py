@@ -154,3 +154,23 @@ def test_bad_key_config_is_refused(keys, match):
     with pytest.raises(ValidationError, match=match):
         GatewayConfig.model_validate({"auth": {"keys": keys}, "models": [
             {"name": "m", "versions": [{"name": "v", "weight": 1, "upstreams": []}]}]})
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot_and_pays_for_what_it_got(auth):
+    with stack({"v1": [Behaviour("a", tokens=400, token_delay_s=0.01)]}, client_key=KEY,
+               **auth({"max_concurrent": 1, "budget": {"tokens": 100_000, "period": "day"}})) as s:
+        with s.client.stream("POST", "/v1/chat/completions", json={
+                "model": "chat", "stream": True, "max_tokens": 400,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status_code == 200
+            got = 0
+            for line in r.iter_lines():
+                got += line.startswith("data: ")
+                if got >= 5:
+                    break  # and leave
+        wait_until(lambda: s.fakes["a"].running == 0, what="the upstream stream closed")
+        wait_until(lambda: s.admin("GET", "/keys/team-a/usage").json()["limits"]["concurrent"]["used"] == 0,
+                   what="the hold released")
+        spent = s.admin("GET", "/keys/team-a/usage").json()["limits"]["budget"]["used"]
+        assert 5 + 8 <= spent < 400  # what was relayed (and the prompt's estimate), not the whole reservation
+        assert s.chat(max_tokens=4).status_code == 200  # the slot is free again
