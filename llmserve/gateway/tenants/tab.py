@@ -1,10 +1,11 @@
 """One admitted request's account: what it reserved, the stream's charges, the settlement.
 
-Admission reserves the estimate (``decision.estimate``); a stream that goes past what
+Admission reserves the estimate (``decision.estimate``). A stream that goes past what
 it reserved (its budget could not cover the whole estimate, or it outruns it) reserves
-``stream_charge_tokens`` more at a time as it runs, the relay asking at ``next_at``; ``close`` settles once, when the request ends however it ends: the
-difference between the actual usage and what was reserved is given back (or added),
-and the concurrency hold is dropped.
+``stream_charge_tokens`` more at a time as it runs, the relay asking at ``next_at``.
+``close`` settles once, when the request ends however it ends: the difference between
+the actual usage and what was reserved is given back (or added), and the concurrency
+hold is dropped.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Protocol
 
 from llmserve.api.errors import error_body
