@@ -15,7 +15,8 @@ from llmserve.gateway.canary_evidence import Outcome
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.metrics import GatewayMetrics
 from llmserve.gateway.runtime import ModelRuntime
-from llmserve.state.rollouts import RolloutsFrozen, SharedRollouts
+from llmserve.state.replica import Frozen, Replica
+from llmserve.state.rollouts import SharedRollouts
 from llmserve.state.store import MemoryStore, StoreUnavailable
 
 CANARY = {"version": "canary", "stable": "v1", "start_weight": 0.2, "step_weight": 0.2,
@@ -58,13 +59,21 @@ def _feed(rt: ModelRuntime, now: float, n: int = 40) -> None:
                                              output_tokens=8))
 
 
+class Shared(SharedRollouts):
+    """A replica's rollouts and its sync, as the gateway holds them."""
+
+    def __init__(self, store, rt):
+        super().__init__(Replica(store), [rt])
+        self.sync, self.stop = self.replica.sync, self.replica.stop
+
+
 async def _pair(store):
     a, b = _replica(), _replica()
-    ra, rb = SharedRollouts(store), SharedRollouts(store)
+    ra, rb = Shared(store, a), Shared(store, b)
     a.canary.start(100.0, "started with the gateway")  # auto_start on both replicas
     b.canary.start(100.5, "started with the gateway")
-    await ra.start([a])
-    await rb.start([b])  # the rollout already in the store wins over its own start
+    await ra.replica.start()
+    await rb.replica.start()  # the rollout already in the store wins over its own start
     return a, b, ra, rb
 
 
@@ -111,18 +120,18 @@ def test_an_outage_freezes_the_rollout_and_it_resumes_when_the_store_returns():
         a, b, ra, rb = await _pair(store)
         store.down = True
         await ra.sync()
-        assert ra.frozen and ra.details()["shared_state"]["rollouts"] == "frozen"
+        assert ra.replica.frozen and ra.replica.details()["shared_state"]["rollouts"] == "frozen"
         weights = dict(a.router.weights)
         _feed(a, 100.6)
         await ra.tick(a, 102.0)  # a look is due, but no verdict without the store
         assert a.canary.weight == 0.2 and len(a.canary.events()) == 1
-        with pytest.raises(RolloutsFrozen, match="test outage"):
+        with pytest.raises(Frozen, match="test outage"):
             await ra.act(a, "promote", "during the outage")
         assert a.canary.state is CanaryState.PROGRESSING and a.router.weights == weights
-        assert [m.samples[0].value for m in ra.gauges() if m.name.endswith("shared_state_up")] == [0.0]
+        assert [m.samples[0].value for m in ra.replica.gauges() if m.name.endswith("shared_state_up")] == [0.0]
         store.down = False
         await ra.sync()
-        assert not ra.frozen
+        assert not ra.replica.frozen
         await ra.tick(a, 102.5)  # the look it waited for, on the evidence kept meanwhile
         assert a.canary.weight == pytest.approx(0.4)
         await rb.sync()
