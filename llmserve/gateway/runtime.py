@@ -184,7 +184,8 @@ class Gateway:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
         state = self.config.state
-        self.shared = await open_state(state.redis_url, state.redis_password_file, list(self.models.values()))
+        self.shared = await open_state(state.redis_url, state.redis_password_file, list(self.models.values()),
+                                       pools=state.pools)
         await self.shared.start()  # a rollout already shared wins over auto_start
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmserve.state.instance_overrides import InstanceOverrides, LocalOverrides, SharedOverrides
+from llmserve.state.pool_members import PoolMembers
 from llmserve.state.replica import Replica
 from llmserve.state.rollouts import LocalRollouts, Rollouts, SharedRollouts
 
@@ -46,15 +47,19 @@ class GatewayState:
 
 
 async def open_state(redis_url: str | None, password_file: Path | None, models: Collection[Any], *,
-                     sync_interval_s: float = 0.5) -> GatewayState:
+                     pools: str = "own", sync_interval_s: float = 0.5) -> GatewayState:
     """The local state without a URL; else the shared one on an authenticated client
-    (a StoreError, one line, when the store refuses us or cannot be reached)."""
+    (a StoreError, one line, when the store refuses us or cannot be reached).
+    ``pools``: ``state.pools`` (``pool_members.py``)."""
     if redis_url is None:
         return GatewayState.local()
     from llmserve.state.redis_conn import connect
     from llmserve.state.store import RedisStore
 
     replica = Replica(RedisStore(await connect(redis_url, password_file)), sync_interval_s=sync_interval_s)
+    if pools != "own":
+        role = "writer" if pools == "publish" else "reader"
+        replica.add(PoolMembers(rt.name, v, pool, role) for rt in models for v, pool in rt.pools.items())
     return GatewayState(SharedRollouts(replica, models), SharedOverrides(replica, models), replica)
 
 

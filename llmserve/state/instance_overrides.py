@@ -80,6 +80,8 @@ class LocalOverrides:
 class OverridesDocument:
     """One model's log of operations, and how far this replica has applied it."""
 
+    role = "peer"
+
     def __init__(self, rt: Pools) -> None:
         self.key = f"overrides:{rt.name}"
         self.pools = rt.pools

@@ -38,9 +38,12 @@ class Frozen(RuntimeError):
 
 
 class Document(Protocol):
-    """A piece of state every replica must agree on."""
+    """A piece of state every replica must agree on. ``role``: ``peer`` (any replica
+    may change it), ``writer`` (this replica alone publishes it: its snapshot goes to
+    the store whenever it differs) or ``reader`` (adopted, never written)."""
 
     key: str
+    role: str
 
     def snapshot(self) -> dict[str, Any]:
         """What this replica holds, as a JSON object."""
@@ -92,7 +95,10 @@ class Replica:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.sync_interval_s)
-            await self.sync()
+            try:
+                await self.sync()
+            except Exception:  # one bad document must not end every replica's sync
+                log.exception("shared state sync failed")
 
     async def sync(self) -> None:
         """Adopt every document that moved; publish ours where the store has none."""
@@ -155,6 +161,15 @@ class Replica:
 
     async def _sync_one(self, doc: Document) -> None:
         got = await self.store.read(doc.key)
+        if doc.role == "writer":
+            mine = doc.snapshot()
+            if got is None or got.value != mine:
+                done = await self.store.write(doc.key, mine, 0 if got is None else got.version)
+                if done is not None:
+                    self._seen[doc.key] = done.version
+            return
+        if got is None and doc.role == "reader":
+            return  # the writer has not published yet
         if got is None:  # first replica up, or the store came back empty
             done = await self.store.write(doc.key, doc.snapshot(), 0)
             if done is not None:

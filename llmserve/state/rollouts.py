@@ -67,6 +67,8 @@ class LocalRollouts:
 class RolloutDocument:
     """A model's rollout as a shared document. Its evidence stays this replica's."""
 
+    role = "peer"
+
     def __init__(self, rt: Rollout) -> None:
         assert rt.canary is not None
         self.key = f"rollout:{rt.name}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +17,9 @@ class StateConfig(BaseModel):
     # Unset: one process, everything in memory (or in ``dir``) as before.
     redis_url: str | None = None
     redis_password_file: Path | None = None  # when the URL carries no password
+    # Instances: listed in the config (own), or started by this replica's controller and
+    # published (publish), or mirrored from the replica that does (follow): serve --replicas.
+    pools: Literal["own", "publish", "follow"] = "own"
 
     def path(self, name: str) -> Path:
         return self.dir.expanduser() / name
