@@ -165,10 +165,11 @@ def safe_id(name: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    overrides = overrides_from_args(args)
-    if args.replica is not None:  # one of a --replicas set: replica 0 owns the instances
-        overrides = deep_merge(overrides, {"gateway": {"state": {"pools": "follow" if args.replica else "publish"}}})
-    cfg = ServeConfig.load(args.config, overrides)
+    cfg = ServeConfig.load(args.config, overrides_from_args(args))
+    if args.replica is not None:  # one of a --replicas set: its replica 0 owns the instances, unless none may
+        role = "follow" if args.replica or cfg.gateway.state.pools == "follow" else "publish"
+        cfg = ServeConfig.load(args.config, deep_merge(overrides_from_args(args),
+                                                       {"gateway": {"state": {"pools": role}}}))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     tracing_argv = [*(["--otlp-endpoint", args.otlp_endpoint] if args.otlp_endpoint else []),
@@ -180,7 +181,7 @@ def run_serve(args: argparse.Namespace) -> int:
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
                                     args.trace_sample_ratio)
-    if args.replica:
+    if cfg.gateway.state.pools == "follow":
         return serve_app(cfg, follower_app(cfg, admin_key, tracing), args.replica)
     provider = build_provider(cfg)
     app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
