@@ -12,7 +12,6 @@ import asyncio
 import os
 import signal
 import stat
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from llmserve.state.redis_conn import StoreError, connect
-from tests.autoscale.serve_harness import FAST_GATEWAY, ServeProcess, serve_config
+from tests.autoscale.serve_harness import FAST_GATEWAY, ServeProcess, standin_config
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +56,7 @@ def _wait(cond, timeout: float, what: str, proc) -> None:
 
 
 def test_serve_replicas_one_port_their_own_redis(tmp_path):
-    cfg = serve_config("unused", autoscale={"policy": "static", "static": {"instances": 1}, "tick_s": 0.5,
-                                            "bounds": {"min_instances": 1, "max_instances": 1}})
-    for k in ("model", "served_model_name", "engine_args", "threads_per_instance"):
-        cfg.pop(k)
-    cfg["models"] = [{"name": "chat", "versions": [{
-        "name": "ext", "model": "upstream-name",
-        "command": f"{sys.executable} -m tests.autoscale.standin_server --host {{host}} --port {{port}} "
-                   "--model {model}"}]}]
+    cfg = standin_config(max_instances=1)
     cfg["replicas"] = 2
     cfg["gateway"] = {**FAST_GATEWAY, "state": {"dir": str(tmp_path / "state")}}
     s = ServeProcess(cfg, tmp_path)

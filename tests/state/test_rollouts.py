@@ -40,6 +40,7 @@ class FlakyStore(MemoryStore):
     """The store, with an outage switch."""
 
     down = False
+    writes_fail = False  # the store went away between a replica's read and its write
 
     async def read(self, key):
         if self.down:
@@ -47,7 +48,7 @@ class FlakyStore(MemoryStore):
         return await super().read(key)
 
     async def write(self, key, value, expected):
-        if self.down:
+        if self.down or self.writes_fail:
             raise StoreUnavailable("shared store unreachable: test outage")
         return await super().write(key, value, expected)
 
@@ -155,6 +156,27 @@ def test_a_store_that_comes_back_empty_gets_the_last_known_rollout():
         await ra.act(a, "resume", "go on")  # and the versions count afresh
         await rb.sync()
         assert b.canary.state is CanaryState.PROGRESSING
+        await ra.stop()
+        await rb.stop()
+    asyncio.run(go())
+
+
+def test_a_look_the_store_did_not_take_is_taken_back_with_its_evidence_kept():
+    async def go():
+        store = FlakyStore()
+        a, b, ra, rb = await _pair(store)
+        _feed(a, 100.6)
+        seen = a.canary.evidence["canary"].requests
+        store.writes_fail = True
+        await ra.tick(a, 102.0)  # the look advanced the weight locally; the write failed
+        assert ra.replica.frozen
+        assert a.canary.weight == 0.2 and a.router.weights["canary"] == pytest.approx(0.2)
+        assert [e["action"] for e in a.canary.events()] == ["start"]
+        assert a.canary.evidence["canary"].requests == seen  # kept for the look after the outage
+        store.writes_fail = False
+        await ra.sync()
+        await ra.tick(a, 102.5)
+        assert a.canary.weight == pytest.approx(0.4)
         await ra.stop()
         await rb.stop()
     asyncio.run(go())
