@@ -9,6 +9,7 @@ become documents of one :class:`~llmserve.state.replica.Replica`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,17 @@ from llmserve.state.instance_overrides import InstanceOverrides, LocalOverrides,
 from llmserve.state.pool_members import PoolMembers
 from llmserve.state.replica import Replica
 from llmserve.state.rollouts import LocalRollouts, Rollouts, SharedRollouts
-from llmserve.state.signals import SignalForwarder, SignalIntake, SignalRelay
+from llmserve.state.outcomes import OutcomeShare
+from llmserve.state.signals import Relay, SignalForwarder, SignalIntake
 
 
 class GatewayState:
     def __init__(self, rollouts: Rollouts, overrides: InstanceOverrides,
-                 replica: Replica | None = None, signals: SignalRelay | None = None) -> None:
+                 replica: Replica | None = None, relays: list[Relay] | None = None) -> None:
         self.rollouts = rollouts
         self.overrides = overrides
         self.replica = replica
-        self.signals = signals  # serve --replicas: request signals to the controller's replica
+        self.relays = relays or []  # canary outcomes to every replica; request signals to the controller's
 
     @classmethod
     def local(cls) -> GatewayState:
@@ -35,12 +37,12 @@ class GatewayState:
     async def start(self) -> None:
         if self.replica is not None:
             await self.replica.start()
-        if self.signals is not None:
-            await self.signals.start()
+        for r in self.relays:
+            await r.start()
 
     async def stop(self) -> None:
-        if self.signals is not None:
-            await self.signals.stop()
+        for r in self.relays:
+            await r.stop()
         if self.replica is not None:
             await self.replica.stop()
 
@@ -66,7 +68,12 @@ async def open_state(redis_url: str | None, password_file: Path | None, models: 
 
     client = await connect(redis_url, password_file)
     replica = Replica(RedisStore(client), sync_interval_s=sync_interval_s)
-    signals = None
+    analyses = {rt.name: rt.canary for rt in models if rt.canary is not None}
+    share = OutcomeShare(client, analyses)
+    for rt in models:
+        if rt.canary is not None:  # new requests' outcomes go to every replica's evidence too
+            rt.sinks = dataclasses.replace(rt.sinks, outcomes=share.sink(rt.name))
+    relays = [Relay(share, sync_interval_s)]
     if pools != "own":
         role = "writer" if pools == "publish" else "reader"
         replica.add(PoolMembers(rt.name, v, pool, role) for rt in models for v, pool in rt.pools.items())
@@ -77,8 +84,8 @@ async def open_state(redis_url: str | None, password_file: Path | None, models: 
             observed.append(side)
         else:
             side = SignalIntake(client, lambda: observed)
-        signals = SignalRelay(side, sync_interval_s)
-    return GatewayState(SharedRollouts(replica, models), SharedOverrides(replica, models), replica, signals)
+        relays.append(Relay(side, sync_interval_s))
+    return GatewayState(SharedRollouts(replica, models), SharedOverrides(replica, models), replica, relays)
 
 
 def check_store(redis_url: str | None, password_file: Path | None = None) -> None:

@@ -117,15 +117,15 @@ class SignalIntake:
         self.replayed += 1
 
 
-class SignalRelay:
-    """Runs a forwarder's or an intake's ``step`` every ``interval_s``."""
+class Relay:
+    """Runs ``side.step()`` every ``interval_s`` (a forwarder, an intake, an outcome share)."""
 
-    def __init__(self, side: SignalForwarder | SignalIntake, interval_s: float = 0.5) -> None:
+    def __init__(self, side: Any, interval_s: float = 0.5) -> None:
         self.side, self.interval_s = side, interval_s
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="signal-relay")
+        self._task = asyncio.create_task(self._loop(), name="shared-state-relay")
 
     async def _loop(self) -> None:
         while True:
@@ -133,7 +133,7 @@ class SignalRelay:
             try:
                 await self.side.step()
             except Exception:  # a bad step must not end the relay
-                log.exception("signal relay step failed")
+                log.exception("relay step failed: %r", self.side)
 
     async def stop(self) -> None:
         if self._task is not None:
