@@ -1,6 +1,6 @@
 """Gateway replicas (real ``llmserve gateway --config`` processes) sharing one real,
-password-protected redis-server: a rollout driven through either replica's admin API
-is the one both show and route by; Redis killed mid-canary leaves serving untouched
+password-protected redis-server: a rollout and instance overrides driven through either
+replica's admin API are the ones both show and route by; Redis killed mid-canary leaves serving untouched
 and freezes the rollout, which resumes when Redis returns; a replica that cannot
 authenticate refuses to start with one line."""
 
@@ -99,6 +99,19 @@ def test_replicas_share_one_rollout_driven_from_either(upstreams, redis_server, 
         assert served == {"v1": 30}
         history = _events(a)
         assert history == _events(b)
+
+        def ids(gw, version="v1") -> set[str]:
+            return {i["instance_id"] for i in gw.admin("GET", f"/models/tiny/versions/{version}/instances").json()[
+                "instances"]}
+        extra = upstreams["canary"].replace("127.0.0.1", "localhost")  # one more address for v1
+        r = a.admin("POST", "/models/tiny/versions/v1/instances", json={"url": extra, "instance_id": "extra"})
+        assert r.status_code == 201, r.text
+        _wait(lambda: "extra" in ids(b), 10, "A's added instance on B")
+        assert b.admin("POST", "/models/tiny/versions/v1/instances/extra/drain").status_code == 200
+        _wait(lambda: any(i["draining"] for i in a.admin("GET", "/models/tiny/versions/v1/instances").json()[
+            "instances"] if i["instance_id"] == "extra"), 10, "B's drain on A")
+        assert b.admin("DELETE", "/models/tiny/versions/v1/instances/extra").status_code == 200
+        _wait(lambda: "extra" not in ids(a), 10, "B's removal on A")
         assert [(e["action"], e["reason"]) for e in history][1:] == [
             ("pause", "on A"), ("promote", "admin promote"), ("start", "admin start"),
             ("rollback", "on B")]
