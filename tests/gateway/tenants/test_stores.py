@@ -24,7 +24,7 @@ async def store(request):
         yield MemoryStore()
         return
     server = request.getfixturevalue("redis_server")
-    s = RedisStore(await connect(server.url))
+    s = RedisStore(await connect(server.url, timeout_s=10))
     yield s
     await s.close()
 
@@ -84,7 +84,7 @@ async def test_a_budget_counts_per_period(store):
 
 async def test_concurrent_clients_never_take_more_than_the_cap(redis_server):
     """Eight clients (as eight replicas) race for a cap of 25: exactly 25 win."""
-    clients = [RedisStore(await connect(redis_server.url)) for _ in range(8)]
+    clients = [RedisStore(await connect(redis_server.url, timeout_s=10)) for _ in range(8)]
     limits = KeyLimits(requests=25, window_s=60.0)
 
     async def one(s: RedisStore, i: int) -> bool:
