@@ -57,8 +57,10 @@ class LeaderController(PoolController):
         self.lease = lease
         self.leading = False
         self.takeovers = 0  # times this replica took the lease
-        self.took_over_at: float | None = None  # monotonic
-        self.first_tick_after_takeover: float | None = None  # monotonic: when scaling resumed here
+        self.took_over_wall: float | None = None
+        self.resumed_wall: float | None = None  # the first tick after the takeover: scaling resumed
+        self.steps_to_resume: int | None = None  # steps between taking the lease and that tick
+        self._steps_led = 0
         self._base_prefix = self._prefix
         self._last_hold: float | None = None
         self._store_error: str | None = None
@@ -81,16 +83,17 @@ class LeaderController(PoolController):
             return
         ticked = self._next_tick is None or now >= self._next_tick
         await super().step()
-        if ticked and self.first_tick_after_takeover is None:
-            self.first_tick_after_takeover = self.clock()
+        if ticked and self.resumed_wall is None:
+            self.resumed_wall, self.steps_to_resume = self.wall(), self._steps_led
+        self._steps_led += 1
         if ticked:
             await self._sweep()
         await self._publish()
 
     async def _take_over(self) -> None:
         token = self.lease.token
-        self.leading, self.takeovers, self.took_over_at = True, self.takeovers + 1, self.clock()
-        self.first_tick_after_takeover = None
+        self.leading, self.takeovers, self.took_over_wall = True, self.takeovers + 1, self.wall()
+        self.resumed_wall, self.steps_to_resume, self._steps_led = None, None, 0
         self._prefix, self._next_id = f"{self._base_prefix}t{token}-", 1
         self._next_tick = None  # tick at once: scaling resumes now, not a tick later
         adopted = []
@@ -212,4 +215,6 @@ class LeaderController(PoolController):
             "role": "leader" if self.leading else "follower", "holder": self.lease.holder,
             "token": self.lease.token if self.leading else None, "takeovers": self.takeovers,
             "refused": self.provider.refused, "store_error": self._store_error,
+            "took_over_at": self.took_over_wall, "resumed_at": self.resumed_wall,
+            "steps_to_resume": self.steps_to_resume,
             "serving": len(self.pool.instances())}}

@@ -1,0 +1,131 @@
+"""Live: three ``llmserve serve`` replicas, one Redis, stand-in instances under steady
+load; the leader is killed with -9.
+
+No request the other replicas accepted fails; a follower takes the lease and ticks in
+the same step it takes it (so scaling resumes within the TTL plus one tick; the time
+is recorded by benchmarks/ha/failover.py, not asserted); it adopts the instances the
+dead leader started (same ids: nothing orphaned, nothing doubled) and scales them.
+Then a leader paused with SIGSTOP past its lease and resumed changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from .replicas import POOL, leader_among, lease_of, live_ids, replica_config
+from .serve_harness import Load, ServeProcess
+
+pytestmark = pytest.mark.timeout(300)
+BODY = {"model": "chat", "prompt": "hi", "max_tokens": 2}
+
+
+def role(p: ServeProcess) -> str | None:
+    try:
+        return lease_of(p)["role"] if p.proc.poll() is None else None
+    except Exception:  # noqa: BLE001 - paused or gone
+        return None
+
+
+@pytest.fixture
+def replicas(redis_server, tmp_path):
+    state = tmp_path / "state"
+    cfg = replica_config(redis_server.url, state)
+    procs = []
+    for i in range(3):
+        (tmp_path / f"r{i}").mkdir()
+        procs.append(ServeProcess(cfg, tmp_path / f"r{i}"))
+    try:
+        yield procs, state
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                os.kill(p.proc.pid, signal.SIGCONT)
+        for p in sorted(procs, key=lambda p: role(p) == "leader"):  # the leader last: it stops the instances
+            p.stop()
+        from llmserve.autoscale.providers.registry import ProcessRegistry
+
+        for e in ProcessRegistry(state / "instances").live():  # whatever a failed test left running
+            os.kill(e.pid, signal.SIGKILL)
+
+
+def serving_everywhere(procs: list[ServeProcess], n: int, timeout: float = 60.0) -> None:
+    """Every replica's pool has the leader's ``n`` instances (followers: from its published view)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(lease_of(p)["serving"] == n for p in procs):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"not every replica serves {n}: {[lease_of(p) for p in procs]}")
+
+
+def test_kill_9_the_leader_under_load(replicas):
+    procs, state = replicas
+    leader = leader_among(procs)
+    leader.wait_ready(2, 90, POOL)
+    serving_everywhere(procs, 2)
+    old_token = lease_of(leader)["token"]
+    before = live_ids(state)
+    assert len(before) == 2
+    followers = [p for p in procs if p is not leader]
+    loads = [Load(f.url, BODY, clients=2, timeout_s=30) for f in followers]
+    for load in loads:
+        load.__enter__()
+    try:
+        time.sleep(1.5)
+        leader.proc.kill()
+        leader.proc.wait(10)
+        killed_at = time.time()
+        new = leader_among(followers)
+        new.wait_ready(2, 60, POOL)
+        time.sleep(1.0)
+    finally:
+        for load in loads:
+            load.__exit__(None, None, None)
+    results = [r for load in loads for r in load.results]
+    assert sum(1 for r in results if r[0] > killed_at) > 0, "no load ran through the failover"
+    assert [r for load in loads for r in load.failed()] == []  # no accepted request failed
+    lease = lease_of(new)
+    assert lease["takeovers"] == 1 and lease["token"] > old_token
+    assert lease["steps_to_resume"] == 0  # it ticked in the step that took the lease
+    # Nothing orphaned, nothing doubled: the very instances the dead leader started, adopted.
+    assert live_ids(state) == before
+    assert {i["instance_id"] for i in new.instances(finished=False)} == before
+    assert all(i["state"] == "ready" for i in new.instances(finished=False))
+    # Scaling resumed on the new leader: it starts a third instance, under its own token.
+    new.scale(3, "test: up after failover")
+    new.wait_ready(3, 60, POOL)
+    after = live_ids(state)
+    assert len(after) == 3 and before < after
+    assert [i for i in after - before if f"t{lease['token']}-" not in i] == []
+    serving_everywhere([p for p in followers], 3)
+
+
+def test_a_leader_paused_past_its_lease_changes_nothing_when_resumed(replicas):
+    procs, state = replicas
+    leader = leader_among(procs)
+    leader.wait_ready(2, 90, POOL)
+    serving_everywhere(procs, 2)
+    before = live_ids(state)
+    leader.scale(3, "test: asked just before the pause")  # what it would do on waking
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    others = [p for p in procs if p is not leader]
+    new = leader_among(others)
+    new.wait_ready(2, 60, POOL)
+    os.kill(leader.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while role(leader) != "follower":
+        assert time.monotonic() < deadline, leader.log()[-3000:]
+        time.sleep(0.2)
+    time.sleep(2.0)  # time for any late action of the resumed one to show
+    lease = lease_of(leader)
+    assert lease["role"] == "follower" and lease_of(new)["role"] == "leader"
+    # Whatever the paused one had under way: at most its third instance, which the new leader
+    # now owns or stopped; never a stop of the instances the new leader adopted.
+    after = live_ids(state)
+    assert before <= after
+    assert after == {i["instance_id"] for i in new.instances(finished=False)}
+    assert sum(1 for p in procs if role(p) == "leader") == 1
