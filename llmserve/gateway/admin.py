@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from llmserve.api.limits import bearer_token, find_key
 from llmserve.gateway.canary import InvalidTransition
 from llmserve.gateway.errors import GatewayError
+from llmserve.state.rollouts import RolloutsFrozen
 
 if TYPE_CHECKING:
     from llmserve.gateway.runtime import Gateway, ModelRuntime
@@ -79,36 +80,41 @@ def admin_router(gw: Gateway) -> APIRouter:
             raise GatewayError(404, f"no model {model!r}", code="model_not_found")
         return rt
 
-    def canary_of(model: str):
+    async def canary_of(model: str):
         rt = runtime(model)
         if rt.canary is None:
             raise GatewayError(404, f"model {model!r} has no canary configured",
                                code="no_canary")
+        await gw.rollouts.refresh(rt)  # what the replicas agree on, not this one's last poll
         return rt
 
     @r.get("/models")
     async def models() -> dict:
+        for rt in gw.models.values():
+            await gw.rollouts.refresh(rt)
         return {"models": [rt.describe() for rt in gw.models.values()]}
 
     @r.get("/models/{model}/canary")
     async def canary_status(model: str) -> dict:
-        return canary_of(model).canary.status()
+        return (await canary_of(model)).canary.status()
 
     @r.get("/models/{model}/canary/history")
     async def canary_history(model: str) -> dict:
-        return {"events": canary_of(model).canary.events()}
+        return {"events": (await canary_of(model)).canary.events()}
 
     @r.post("/models/{model}/canary/{action}")
     async def canary_action(model: str, action: str, body: ReasonBody | None = None) -> dict:
-        rt = canary_of(model)
+        rt = await canary_of(model)
         if action not in CANARY_ACTIONS:
             raise GatewayError(404, f"unknown canary action {action!r}; one of {CANARY_ACTIONS}",
                                code="unknown_action")
         reason = (body.reason if body else None) or f"admin {action}"
         try:
-            rt.canary_action(action, reason)
+            await gw.rollouts.act(rt, action, reason)
         except InvalidTransition as e:
             raise GatewayError(409, str(e), code="invalid_transition") from None
+        except RolloutsFrozen as e:
+            raise GatewayError(503, str(e), code="rollouts_frozen") from None
         gw.timeline.intervention(time.time(), model, rt.canary.canary, f"canary_{action}", reason)
         return rt.canary.status()
 

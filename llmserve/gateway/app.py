@@ -33,6 +33,7 @@ from llmserve.gateway.errors import GatewayError, error_response, from_exception
 from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
+from llmserve.state.rollouts import check_store
 from llmserve.http_guard import uvicorn_options
 from llmserve.tracing.config import TracingConfig
 from llmserve.tracing.start import start_tracing
@@ -165,7 +166,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     @app.get("/ready")
     async def ready() -> Response:
         if gw.ready():
-            return JSONResponse({"status": "ready"})
+            return JSONResponse({"status": "ready", **gw.rollouts.details()})
         return error_response(503, "no upstream instance is ready", code="not_ready")
 
     @app.get("/metrics")
@@ -183,6 +184,7 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     import uvicorn
 
     config = GatewayConfig.load(config_path)
+    check_store(config.state.redis_url, config.state.redis_password_file)
     from llmserve.tracing.gateway import GatewayTelemetry
 
     tracing = tracing or TracingConfig()

@@ -30,6 +30,7 @@ from llmserve.gateway.recorder import RecordSinks
 from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.state.rollouts import LocalRollouts, Rollouts, open_rollouts
 
 if TYPE_CHECKING:
     from llmserve.tracing.gateway import GatewayTelemetry
@@ -47,6 +48,7 @@ class ModelRuntime:
                  metrics: GatewayMetrics, observers: list[RequestObserver],
                  rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
+        self.name = config.name
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
         self.upstream_models = {v.name: v.upstream_model for v in config.versions}
@@ -80,9 +82,9 @@ class ModelRuntime:
     def apply_weights(self) -> None:
         self.router.set_weights(self._weights())
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> Action:
         if self.canary is None:
-            return
+            return Action.NONE
         if self.canary.state is CanaryState.PROGRESSING:
             # Remembered until the next check: one cold moment spoils the interval.
             short = self.pools[self.canary.canary].capacity_shortfall()
@@ -94,6 +96,7 @@ class ModelRuntime:
             log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
                      d.action.value, 100 * d.weight, d.reason)
             self.apply_weights()
+        return d.action
 
     def canary_action(self, action: str, reason: str) -> None:
         assert self.canary is not None
@@ -143,6 +146,8 @@ class Gateway:
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
+        # Where rollouts live: this process, or the replicas' shared store (state.redis_url).
+        self.rollouts: Rollouts = LocalRollouts()
         self.started = False
         self._starting: asyncio.Lock | None = None
 
@@ -181,6 +186,9 @@ class Gateway:
             if rt.canary is not None and rt.config.canary.auto_start:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
+        state = self.config.state
+        self.rollouts = await open_rollouts(state.redis_url, state.redis_password_file)
+        await self.rollouts.start(self.models.values())  # the shared rollout wins over auto_start
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary"),
                        asyncio.create_task(self._timeline_loop(), name="timeline")]
@@ -201,6 +209,7 @@ class Gateway:
         for t in self._tasks:
             with suppress(asyncio.CancelledError):
                 await t
+        await self.rollouts.stop()
         if self.monitor is not None:
             self.monitor.close()
         if self.upstream is not None:
@@ -221,7 +230,7 @@ class Gateway:
                 if self.decides is not None and not self.decides(rt.config.name):
                     continue  # another replica leads this rollout
                 try:
-                    rt.tick(now)
+                    await self.rollouts.tick(rt, now)
                 except Exception:  # one model's bug must not stop the others' rollouts
                     log.exception("canary tick failed for %s", rt.config.name)
 
@@ -264,4 +273,4 @@ class Gateway:
                     inflight.add_metric([name, version, iid], inst.inflight)
                     ready.add_metric([name, version, iid], float(inst.ready))
                     breaker.add_metric([name, version, iid], level[state.value])
-        return [depth, oldest, weight, inflight, ready, breaker]
+        return [depth, oldest, weight, inflight, ready, breaker, *self.rollouts.gauges()]
