@@ -16,40 +16,21 @@ import time
 
 import pytest
 
-from .replicas import POOL, leader_among, lease_of, live_ids, replica_config
+from .replicas import POOL, leader_among, lease_of, live_ids, replica_config, role, start_replicas, stop_replicas
 from .serve_harness import Load, ServeProcess
 
 pytestmark = pytest.mark.timeout(300)
 BODY = {"model": "chat", "prompt": "hi", "max_tokens": 2}
 
 
-def role(p: ServeProcess) -> str | None:
-    try:
-        return lease_of(p)["role"] if p.proc.poll() is None else None
-    except Exception:  # noqa: BLE001 - paused or gone
-        return None
-
-
 @pytest.fixture
 def replicas(redis_server, tmp_path):
     state = tmp_path / "state"
-    cfg = replica_config(redis_server.url, state)
-    procs = []
-    for i in range(3):
-        (tmp_path / f"r{i}").mkdir()
-        procs.append(ServeProcess(cfg, tmp_path / f"r{i}"))
+    procs = start_replicas(replica_config(redis_server.url, state), tmp_path)
     try:
         yield procs, state
     finally:
-        for p in procs:
-            if p.proc.poll() is None:
-                os.kill(p.proc.pid, signal.SIGCONT)
-        for p in sorted(procs, key=lambda p: role(p) == "leader"):  # the leader last: it stops the instances
-            p.stop()
-        from llmserve.autoscale.providers.registry import ProcessRegistry
-
-        for e in ProcessRegistry(state / "instances").live():  # whatever a failed test left running
-            os.kill(e.pid, signal.SIGKILL)
+        stop_replicas(procs, state)
 
 
 def serving_everywhere(procs: list[ServeProcess], n: int, timeout: float = 60.0) -> None:
