@@ -20,6 +20,14 @@ from llmserve.autoscale.providers.fenced import FencedProvider
 from llmserve.state.lease import Lease, LeaseConfig
 
 
+def check_replicas(provider_kind: str, ray_address: str | None, instance_api_key: str | None) -> None:
+    """What replicas need of the provider: one place every replica lists the same instances
+    from, and one instance key (a leader must probe what another started)."""
+    if provider_kind == "ray" and (ray_address is None or instance_api_key is None):
+        raise ValueError("with gateway.state.redis_url the ray provider needs provider.ray_address (a cluster "
+                         "every replica joins) and instance_api_key (the same key on every replica)")
+
+
 def registry_dir(state_dir: Path) -> str:
     """Where the local provider lists instances: beside the rest of the replicas' state."""
     return str(Path(state_dir).expanduser() / "instances")

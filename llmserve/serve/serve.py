@@ -72,7 +72,8 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
 
         ray_provider = RayProvider(RayProviderConfig(
             address=p.ray_address, num_cpus=p.ray_num_cpus, num_gpus=p.ray_num_gpus, bind_host=p.ray_bind_host,
-            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus))
+            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus,
+            detached=cfg.gateway.state.redis_url is not None))  # replicas: actors outlive their leader
         ray_provider.connect()
         return ray_provider
     from llmserve.autoscale.providers.local import LocalProvider, LocalProviderConfig
@@ -110,8 +111,9 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     leases = None
     if cfg.gateway.state.redis_url:  # replicas: one lease per pool (serve/leases.py)
         from llmserve.autoscale.leadership import LeaderController
-        from llmserve.serve.leases import PoolLeases, canary_gate
+        from llmserve.serve.leases import PoolLeases, canary_gate, check_replicas
 
+        check_replicas(cfg.provider.kind, cfg.provider.ray_address, cfg.instance_api_key)
         leases = PoolLeases(cfg.gateway.state.redis_url, cfg.gateway.state.redis_password_file, cfg.leases)
     from llmserve.autoscale.core_share import cap_to_cores
     from llmserve.engine.threads import available_cores
