@@ -191,7 +191,7 @@ class RayProvider:
             ray.kill(actor, no_restart=True)
             raise
         return InstanceHandle(spec.instance_id, ref["url"], self.name,
-                              {k: v for k, v in ref.items() if k != "url"})
+                              {k: v for k, v in ref.items() if k not in ("url", "instance_id")})
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         import ray
@@ -240,7 +240,7 @@ class RayProvider:
                 continue
             if ref.get("pool") == pool:
                 out.append(InstanceHandle(ref["instance_id"], ref["url"], self.name,
-                                          {k: v for k, v in ref.items() if k != "url"}))
+                                          {k: v for k, v in ref.items() if k not in ("url", "instance_id")}))
         return out
 
     async def adopt(self, handle: InstanceHandle, token: int | None) -> bool:
