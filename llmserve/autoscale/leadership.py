@@ -33,6 +33,7 @@ from typing import Any
 
 from llmserve.autoscale.controller import PoolController
 from llmserve.autoscale.managed import ManagedInstance
+from llmserve.autoscale.override_share import OverrideShare, SharedOverride
 from llmserve.autoscale.providers.base import InstanceHandle
 from llmserve.autoscale.providers.fenced import FencedProvider, StaleLeader
 from llmserve.lifecycle import InstanceState
@@ -64,6 +65,7 @@ class LeaderController(PoolController):
         self._base_prefix = self._prefix
         self._last_hold: float | None = None
         self._store_error: str | None = None
+        self.overrides = OverrideShare(lease.redis, self.key)
 
     # ---- the step ----------------------------------------------------------------------------
     async def step(self) -> None:
@@ -78,6 +80,7 @@ class LeaderController(PoolController):
                 self._step_down("the lease is held by another replica or expired")
         elif not self.lease.leading():
             self._step_down("the lease expired before it could be renewed")
+        await self._adopt_override()
         if not self.leading:
             await self._follow()
             return
@@ -157,6 +160,24 @@ class LeaderController(PoolController):
                     await self.provider.stop(handle, self.config.stop_grace_s)
             except StaleLeader:
                 return
+
+    # ---- the manual override, on any replica's admin API ---------------------------------------
+    def set_override(self, instances: int | None, duration_s: float | None, reason: str):
+        o = super().set_override(instances, duration_s, reason)  # checked here: a bad one is a 400 at once
+        self.overrides.set_here(SharedOverride.new(instances, duration_s, reason, self.wall()))
+        return o
+
+    async def _adopt_override(self) -> None:
+        o = await self.overrides.sync()
+        if o is None:
+            return
+        remaining = o.remaining_s(self.wall())
+        if remaining is not None and remaining <= 0:
+            return  # ended already
+        try:
+            super().set_override(o.instances, remaining, f"{o.reason} (set on another replica)")
+        except ValueError as e:
+            log.warning("%s: cannot apply the shared override: %s", self.key, e)
 
     # ---- what followers see --------------------------------------------------------------------
     async def _publish(self) -> None:

@@ -5,7 +5,7 @@ No request the other replicas accepted fails; a follower takes the lease and tic
 the same step it takes it (so scaling resumes within the TTL plus one tick; the time
 is recorded by benchmarks/ha/failover.py, not asserted); it adopts the instances the
 dead leader started (same ids: nothing orphaned, nothing doubled) and scales them.
-Then a leader paused with SIGSTOP past its lease and resumed changes nothing.
+The scale-up after it is asked of a follower: the override is shared. Then a leader paused with SIGSTOP past its lease and resumed changes nothing.
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ def test_kill_9_the_leader_under_load(replicas):
     assert live_ids(state) == before
     assert {i["instance_id"] for i in new.instances(finished=False)} == before
     assert all(i["state"] == "ready" for i in new.instances(finished=False))
-    # Scaling resumed on the new leader: it starts a third instance, under its own token.
-    new.scale(3, "test: up after failover")
+    # Scaling resumed on the new leader: asked on the other follower's admin API (the
+    # override is shared), it starts a third instance, under its own token.
+    other = next(f for f in followers if f is not new)
+    other.scale(3, "test: up after failover, asked of a follower")
     new.wait_ready(3, 60, POOL)
     after = live_ids(state)
     assert len(after) == 3 and before < after
