@@ -218,18 +218,30 @@ class LeaderController(PoolController):
             with suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        await self.lease.absent()  # first: two replicas leaving together must not count each other
         others = await self.lease.others_alive()
-        if others == 0 and not self.leading:
-            held = await self.lease.hold()  # the last one: take the pool to stop what runs
-            if held.token is not None:
-                await self._take_over()
         if others > 0 and self.leading:
             log.info("%s: leaving the pool's %d instance(s) to %d other replica(s)", self.key,
                      len(self.instances), others)
             self._step_down("shutting down")
+            await self.lease.release()  # the next leader takes over now, not a TTL later
+        elif others == 0 and not self.leading:
+            await self._take_last()
         await super().stop()
         await self.lease.release()
-        await self.lease.absent()
+
+    async def _take_last(self) -> None:
+        """The last replica out: take the pool (waiting out a leader that is leaving too,
+        or a dead one's lease) to stop what runs."""
+        deadline = self.clock() + self.lease.config.ttl_s + 1.0
+        while self.clock() < deadline:
+            held = await self.lease.hold()
+            if held.token is not None:
+                await self._take_over()
+                return
+            if held.error is not None:
+                return  # no store: nothing can be proven ours to stop
+            await asyncio.sleep(self.lease.config.renew_every_s / 2)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lease": {

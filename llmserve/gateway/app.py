@@ -33,7 +33,7 @@ from llmserve.gateway.errors import GatewayError, error_response, from_exception
 from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
-from llmserve.state.rollouts import check_store
+from llmserve.state.gateway_state import check_store
 from llmserve.http_guard import uvicorn_options
 from llmserve.tracing.config import TracingConfig
 from llmserve.tracing.start import start_tracing
@@ -166,7 +166,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     @app.get("/ready")
     async def ready() -> Response:
         if gw.ready():
-            return JSONResponse({"status": "ready", **gw.rollouts.details()})
+            return JSONResponse({"status": "ready", **gw.shared.details()})
         return error_response(503, "no upstream instance is ready", code="not_ready")
 
     @app.get("/metrics")

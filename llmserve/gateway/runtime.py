@@ -30,7 +30,7 @@ from llmserve.gateway.recorder import RecordSinks
 from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
-from llmserve.state.rollouts import LocalRollouts, Rollouts, open_rollouts
+from llmserve.state.gateway_state import GatewayState, open_state
 
 if TYPE_CHECKING:
     from llmserve.tracing.gateway import GatewayTelemetry
@@ -146,8 +146,8 @@ class Gateway:
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
-        # Where rollouts live: this process, or the replicas' shared store (state.redis_url).
-        self.rollouts: Rollouts = LocalRollouts()
+        # Rollouts and admin overrides: this process's, or the replicas' (state.redis_url).
+        self.shared = GatewayState.local()
         self.started = False
         self._starting: asyncio.Lock | None = None
 
@@ -187,8 +187,9 @@ class Gateway:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
         state = self.config.state
-        self.rollouts = await open_rollouts(state.redis_url, state.redis_password_file)
-        await self.rollouts.start(self.models.values())  # the shared rollout wins over auto_start
+        self.shared = await open_state(state.redis_url, state.redis_password_file, list(self.models.values()),
+                                       pools=state.pools)
+        await self.shared.start()  # a rollout already shared wins over auto_start
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary"),
                        asyncio.create_task(self._timeline_loop(), name="timeline")]
@@ -209,7 +210,7 @@ class Gateway:
         for t in self._tasks:
             with suppress(asyncio.CancelledError):
                 await t
-        await self.rollouts.stop()
+        await self.shared.stop()
         if self.monitor is not None:
             self.monitor.close()
         if self.upstream is not None:
@@ -230,7 +231,7 @@ class Gateway:
                 if self.decides is not None and not self.decides(rt.config.name):
                     continue  # another replica leads this rollout
                 try:
-                    await self.rollouts.tick(rt, now)
+                    await self.shared.rollouts.tick(rt, now)
                 except Exception:  # one model's bug must not stop the others' rollouts
                     log.exception("canary tick failed for %s", rt.config.name)
 
@@ -273,4 +274,4 @@ class Gateway:
                     inflight.add_metric([name, version, iid], inst.inflight)
                     ready.add_metric([name, version, iid], float(inst.ready))
                     breaker.add_metric([name, version, iid], level[state.value])
-        return [depth, oldest, weight, inflight, ready, breaker, *self.rollouts.gauges()]
+        return [depth, oldest, weight, inflight, ready, breaker, *self.shared.gauges()]

@@ -25,7 +25,9 @@ from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
 from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
-from llmserve.serve.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
+from llmserve.serve.deployment import deep_merge
+from llmserve.serve.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig, serve_file
+from llmserve.state.gateway_state import check_store
 from llmserve.flags import add_flags, given
 from llmserve.tracing.config import ENV_ENDPOINT, TracingConfig
 
@@ -41,6 +43,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-sample-ratio", type=float, default=1.0,
                    help="share of new traces recorded; instances follow the gateway's decision (default 1)")
     p.add_argument("--access-log", action="store_true", help="one JSON line per request on stderr")
+    p.add_argument("--replica", type=int, default=None, help=argparse.SUPPRESS)  # set by --replicas
     add_flags(p, ServeConfig)
     add_flags(p.add_argument_group("provider"), ProviderSettings)
     g = p.add_argument_group("autoscale (the file's autoscale section)")
@@ -178,15 +181,26 @@ def safe_id(name: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     cfg = ServeConfig.load(args.config, overrides_from_args(args))
+    if args.replica is not None:  # one of a --replicas set: each runs the controllers, the pool's
+        # lease holder leads and publishes the pool (autoscale/leadership.py); "follow": none may
+        role = "follow" if cfg.gateway.state.pools == "follow" else "own"
+        cfg = ServeConfig.load(args.config, deep_merge(overrides_from_args(args),
+                                                       {"gateway": {"state": {"pools": role}}}))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
+    tracing_argv = [*(["--otlp-endpoint", args.otlp_endpoint] if args.otlp_endpoint else []),
+                    "--trace-sample-ratio", str(args.trace_sample_ratio), *(["--access-log"] if args.access_log else [])]
+    if cfg.replicas > 1:
+        from llmserve.serve.replicas import run_replicas
+
+        return run_replicas(cfg, serve_file(args.config, overrides_from_args(args)), tracing_argv)
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
-    provider = build_provider(cfg)
     tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
                                     args.trace_sample_ratio)
+    if cfg.gateway.state.pools == "follow":
+        return serve_app(cfg, follower_app(cfg, admin_key, tracing), args.replica)
+    provider = build_provider(cfg)
     app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
     base = f"http://{cfg.host}:{cfg.port}"
     shown_key = f"#key={admin_key}" if cfg.admin_key is None else ""
@@ -203,11 +217,36 @@ def run_serve(args: argparse.Namespace) -> int:
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
+    return serve_app(cfg, app, args.replica)
+
+
+def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None):
+    """A replica without the controller: its pools mirror replica 0's (state.pools: follow)."""
+    from llmserve.gateway.app import create_app
+
+    keys = {p.key: cfg.instance_key() for p in cfg.pools()}  # Ray's is the one --replicas wrote
+    app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
+    app.state.gateway.decides = lambda model: False  # canary decisions are the pools' leaders'
+    return app
+
+
+def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:
+    """uvicorn on the port; a replica binds it with SO_REUSEPORT, beside its siblings."""
+    import uvicorn
+
     from llmserve.http_guard import uvicorn_options
 
     gcfg = app.state.gateway.config
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
-                **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
+        **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30))
+    check_store(gcfg.state.redis_url, gcfg.state.redis_password_file)  # one line, not a traceback
+    if replica is None:
+        server.run()
+        return 0
+    from llmserve.serve.replicas import reuse_port_socket
+
+    server.run(sockets=[reuse_port_socket(cfg.host, cfg.port)])
     return 0
 
 

@@ -102,6 +102,8 @@ class ServeConfig(_Strict):
     # Not a flag: argv is visible to every local user.
     instance_api_key: Annotated[str | None, Flag(skip=True)] = Field(None, min_length=8)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="serve's log level")
+    replicas: int = Field(1, ge=1, le=64, description="gateway processes on the port (SO_REUSEPORT), sharing "
+                                                    "state through Redis (their own, unless gateway.state.redis_url)")
     provider: ProviderSettings = ProviderSettings()
     # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
     autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)

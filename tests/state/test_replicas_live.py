@@ -132,7 +132,7 @@ def test_redis_killed_and_restarted_mid_canary(upstreams, redis_server, tmp_path
         assert _canary(a)["state"] == "progressing"
         assert sent[0] - before > 10 and not failures, failures[:5]  # serving went on
         r = b.admin("POST", "/models/tiny/canary/promote")
-        assert r.status_code == 503 and r.json()["error"]["code"] == "rollouts_frozen"
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shared_state_frozen"
         assert "shared_state_up 0.0" in a.client.get("/metrics").text
         ready = a.client.get("/ready").json()["shared_state"]
         assert ready["store"] == "unreachable" and ready["since"] > 0

@@ -15,7 +15,8 @@ from llmserve.gateway.canary_evidence import Outcome
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.metrics import GatewayMetrics
 from llmserve.gateway.runtime import ModelRuntime
-from llmserve.state.rollouts import RolloutsFrozen, SharedRollouts
+from llmserve.state.replica import Frozen, Replica
+from llmserve.state.rollouts import SharedRollouts
 from llmserve.state.store import MemoryStore, StoreUnavailable
 
 CANARY = {"version": "canary", "stable": "v1", "start_weight": 0.2, "step_weight": 0.2,
@@ -39,6 +40,7 @@ class FlakyStore(MemoryStore):
     """The store, with an outage switch."""
 
     down = False
+    writes_fail = False  # the store went away between a replica's read and its write
 
     async def read(self, key):
         if self.down:
@@ -46,7 +48,7 @@ class FlakyStore(MemoryStore):
         return await super().read(key)
 
     async def write(self, key, value, expected):
-        if self.down:
+        if self.down or self.writes_fail:
             raise StoreUnavailable("shared store unreachable: test outage")
         return await super().write(key, value, expected)
 
@@ -58,13 +60,21 @@ def _feed(rt: ModelRuntime, now: float, n: int = 40) -> None:
                                              output_tokens=8))
 
 
+class Shared(SharedRollouts):
+    """A replica's rollouts and its sync, as the gateway holds them."""
+
+    def __init__(self, store, rt):
+        super().__init__(Replica(store), [rt])
+        self.sync, self.stop = self.replica.sync, self.replica.stop
+
+
 async def _pair(store):
     a, b = _replica(), _replica()
-    ra, rb = SharedRollouts(store), SharedRollouts(store)
+    ra, rb = Shared(store, a), Shared(store, b)
     a.canary.start(100.0, "started with the gateway")  # auto_start on both replicas
     b.canary.start(100.5, "started with the gateway")
-    await ra.start([a])
-    await rb.start([b])  # the rollout already in the store wins over its own start
+    await ra.replica.start()
+    await rb.replica.start()  # the rollout already in the store wins over its own start
     return a, b, ra, rb
 
 
@@ -111,18 +121,18 @@ def test_an_outage_freezes_the_rollout_and_it_resumes_when_the_store_returns():
         a, b, ra, rb = await _pair(store)
         store.down = True
         await ra.sync()
-        assert ra.frozen and ra.details()["shared_state"]["rollouts"] == "frozen"
+        assert ra.replica.frozen and ra.replica.details()["shared_state"]["rollouts"] == "frozen"
         weights = dict(a.router.weights)
         _feed(a, 100.6)
         await ra.tick(a, 102.0)  # a look is due, but no verdict without the store
         assert a.canary.weight == 0.2 and len(a.canary.events()) == 1
-        with pytest.raises(RolloutsFrozen, match="test outage"):
+        with pytest.raises(Frozen, match="test outage"):
             await ra.act(a, "promote", "during the outage")
         assert a.canary.state is CanaryState.PROGRESSING and a.router.weights == weights
-        assert [m.samples[0].value for m in ra.gauges() if m.name.endswith("shared_state_up")] == [0.0]
+        assert [m.samples[0].value for m in ra.replica.gauges() if m.name.endswith("shared_state_up")] == [0.0]
         store.down = False
         await ra.sync()
-        assert not ra.frozen
+        assert not ra.replica.frozen
         await ra.tick(a, 102.5)  # the look it waited for, on the evidence kept meanwhile
         assert a.canary.weight == pytest.approx(0.4)
         await rb.sync()
@@ -146,6 +156,27 @@ def test_a_store_that_comes_back_empty_gets_the_last_known_rollout():
         await ra.act(a, "resume", "go on")  # and the versions count afresh
         await rb.sync()
         assert b.canary.state is CanaryState.PROGRESSING
+        await ra.stop()
+        await rb.stop()
+    asyncio.run(go())
+
+
+def test_a_look_the_store_did_not_take_is_taken_back_with_its_evidence_kept():
+    async def go():
+        store = FlakyStore()
+        a, b, ra, rb = await _pair(store)
+        _feed(a, 100.6)
+        seen = a.canary.evidence["canary"].requests
+        store.writes_fail = True
+        await ra.tick(a, 102.0)  # the look advanced the weight locally; the write failed
+        assert ra.replica.frozen
+        assert a.canary.weight == 0.2 and a.router.weights["canary"] == pytest.approx(0.2)
+        assert [e["action"] for e in a.canary.events()] == ["start"]
+        assert a.canary.evidence["canary"].requests == seen  # kept for the look after the outage
+        store.writes_fail = False
+        await ra.sync()
+        await ra.tick(a, 102.5)
+        assert a.canary.weight == pytest.approx(0.4)
         await ra.stop()
         await rb.stop()
     asyncio.run(go())

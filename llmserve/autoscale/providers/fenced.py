@@ -44,6 +44,8 @@ class FencedProvider:
         self.pool = pool
         self.name = inner.name
         self.refused = 0  # actions refused for a stale token (tests, metrics)
+        if hasattr(inner, "reclaim"):  # a simulated reclaim kills an instance: fenced too
+            self.reclaim = self._reclaim
 
     async def _check(self, what: str) -> int:
         token = self.fence.token
@@ -66,6 +68,10 @@ class FencedProvider:
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         await self._check(f"stop of {handle.instance_id}")
         return await self.inner.stop(handle, grace_s)
+
+    async def _reclaim(self, handle: InstanceHandle, notice_s: float) -> float | None:
+        await self._check(f"reclaim of {handle.instance_id}")
+        return await self.inner.reclaim(handle, notice_s)
 
     async def status(self, handle: InstanceHandle) -> RunStatus:
         return await self.inner.status(handle)
@@ -91,6 +97,3 @@ class FencedProvider:
 
     async def close(self) -> None:
         await self.inner.close()
-
-    def __getattr__(self, name: str):  # reclaim() and the like, where the inner provider has them
-        return getattr(self.inner, name)
