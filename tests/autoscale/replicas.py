@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 from llmserve.autoscale.providers.registry import ProcessRegistry
 
-from .serve_harness import ServeProcess, serve_config
+from .serve_harness import ServeProcess, standin_config
 
 POOL = "chat/ext"
-STANDIN = (f"{sys.executable} -m tests.autoscale.standin_server --host {{host}} --port {{port}} "
-           "--model {model} --startup-delay 0.5 --latency 0.02")
+STANDIN = standin_config(1, startup_delay_s=0.5)["models"][0]["versions"][0]["command"] + " --latency 0.02"
 # Steps of 0.2 every 2 s, judged on errors only (the stand-ins never fail): a rollout that
 # moves while the test watches, and whose every decision shows in the history.
 CANARY = {"version": "v2", "stable": "v1", "start_weight": 0.1, "step_weight": 0.2, "max_weight": 0.9,
@@ -31,16 +29,19 @@ def canary_models() -> list[dict]:
         {"name": v, "model": "upstream-name", "command": STANDIN, "autoscale": one} for v in ("v1", "v2")]}]
 
 
-def replica_config(redis_url: str, state_dir: Path, instances: int = 2, ttl_s: float = 3.0,
+def replica_config(redis_url: str | None, state_dir: Path, instances: int = 2, ttl_s: float = 3.0,
                    models: list[dict] | None = None) -> dict:
-    cfg = serve_config("unused", autoscale={"policy": "static", "static": {"instances": instances}, "tick_s": 0.5,
-                                            "bounds": {"min_instances": instances, "max_instances": instances + 2}})
-    for k in ("model", "served_model_name", "engine_args", "threads_per_instance"):
-        cfg.pop(k)
-    cfg["gateway"] = {**cfg["gateway"], "state": {"dir": str(state_dir), "redis_url": redis_url}}
+    """Stand-in pool ``chat/ext`` of ``instances`` (static), the store at ``redis_url`` (None:
+    ``serve --replicas`` starts its own), leases of ``ttl_s``."""
+    cfg = standin_config(instances + 2, startup_delay_s=0.5)
+    cfg["autoscale"] = {**cfg["autoscale"], "static": {"instances": instances},
+                        "bounds": {"min_instances": instances, "max_instances": instances + 2}}
+    cfg["models"][0]["versions"][0]["command"] += " --latency 0.02"
+    state = {"dir": str(state_dir), **({"redis_url": redis_url} if redis_url else {})}
+    cfg["gateway"] = {**cfg["gateway"], "state": state}
     cfg["leases"] = {"ttl_s": ttl_s, "renew_s": ttl_s / 3}
-    cfg["models"] = models or [{"name": "chat", "versions": [{"name": "ext", "model": "upstream-name",
-                                                             "command": STANDIN}]}]
+    if models is not None:
+        cfg["models"] = models
     return cfg
 
 
