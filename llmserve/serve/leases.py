@@ -33,6 +33,30 @@ def registry_dir(state_dir: Path) -> str:
     return str(Path(state_dir).expanduser() / "instances")
 
 
+def stop_listed(state_dir: Path, grace_s: float = 10.0) -> int:
+    """After every replica of a ``--replicas`` set has exited, no leader is left to stop the
+    instances one that was killed still listed: SIGTERM them (they drain), SIGKILL after
+    ``grace_s``. How many were still running."""
+    import signal
+    import time
+
+    from llmserve.autoscale.providers.registry import AdoptedProcess, ProcessRegistry
+
+    folder = Path(registry_dir(state_dir))
+    if not folder.is_dir():
+        return 0
+    registry = ProcessRegistry(folder)
+    left = [AdoptedProcess(e) for e in registry.live()]
+    for p in left:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in left:
+        if p.wait(max(0.0, deadline - time.monotonic())) is None:
+            p.kill()
+        registry.remove(p.entry.instance_id)
+    return len(left)
+
+
 class PoolLeases:
     """The store's client and one lease per pool, for this replica."""
 

@@ -130,6 +130,11 @@ def run_replicas(cfg: ServeConfig, file: dict[str, Any], extra_argv: list[str]) 
         code = sup.run()
     finally:
         sup.stop()
+        if redis is not None and cfg.provider.kind == "local":  # our store: no one else leads these
+            # pools, so what a replica killed on its way out left listed is ours to stop
+            from llmserve.serve.leases import stop_listed
+
+            stop_listed(cfg.gateway.state.dir, cfg.lifecycle.stop_grace_s)
         if redis is not None:
             redis.stop()
     return code
