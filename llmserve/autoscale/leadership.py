@@ -75,6 +75,7 @@ class LeaderController(PoolController):
             self._last_hold, self._store_error = now, held.error
             await self.lease.present()
             if held.token is not None and (held.new or not self.leading):
+                self._step_down("the lease was taken again, with a new token")  # start from the listing
                 await self._take_over()
             elif held.token is None and self.leading:
                 self._step_down("the lease is held by another replica or expired")
@@ -99,16 +100,15 @@ class LeaderController(PoolController):
         self.resumed_wall, self.steps_to_resume, self._steps_led = None, None, 0
         self._prefix, self._next_id = f"{self._base_prefix}t{token}-", 1
         self._next_tick = None  # tick at once: scaling resumes now, not a tick later
-        adopted = []
+        listed = []
         for handle in await self.provider.listing():
-            if handle.instance_id in self.instances:
-                continue
             try:
                 if await self.provider.adopt(handle):
-                    adopted.append(await self._adopt(handle))
+                    listed.append(handle)
             except StaleLeader:
                 self._step_down("the lease was lost during the takeover")
                 return
+        adopted = await asyncio.gather(*(self._adopt(h) for h in listed))
         log.info("%s: leader with token %d; adopted %d instance(s): %s", self.key, token, len(adopted),
                  ", ".join(adopted) or "none")
         for inst in list(self.pool.instances()):  # a follower's view the listing no longer has
@@ -117,9 +117,9 @@ class LeaderController(PoolController):
 
     async def _adopt(self, handle: InstanceHandle) -> str:
         """One listed instance into the book: ready when ``/ready`` says so, else starting."""
-        now, wall = self.clock(), self.wall()
         run = await self.provider.status(handle)
         probe = await self._prober.ready(handle, run)
+        now, wall = self.clock(), self.wall()
         ready = probe.http_status == 200 and probe.engine_state in (None, S.READY)
         rec = ManagedInstance(handle.instance_id, S.READY if ready else S.STARTING, now, wall, now,
                               f"adopted from the {self.provider.name} provider's listing", handle=handle)
