@@ -38,6 +38,7 @@ from llmserve.autoscale.providers.base import InstanceHandle
 from llmserve.autoscale.providers.fenced import FencedProvider, StaleLeader
 from llmserve.lifecycle import InstanceState
 from llmserve.state.lease import STORE_ERRORS, Lease
+from llmserve.state.signals import SignalForwarder, SignalIntake
 
 log = logging.getLogger(__name__)
 S = InstanceState
@@ -46,6 +47,29 @@ SERVING = (S.READY, S.DRAINING)
 
 def view_key(pool: str) -> str:
     return f"llmserve:view:{pool}"
+
+
+def signals_key(pool: str) -> str:
+    return f"llmserve:signals:{pool}"
+
+
+class _OwnSignals:
+    """The leader's collector as a replay target: the controller's own ``on_*``, not forwarded."""
+
+    def __init__(self, controller: PoolController) -> None:
+        self.c = controller
+
+    def on_arrival(self, *a) -> None:
+        PoolController.on_arrival(self.c, *a)
+
+    def on_first_token(self, *a) -> None:
+        PoolController.on_first_token(self.c, *a)
+
+    def on_finish(self, *a) -> None:
+        PoolController.on_finish(self.c, *a)
+
+    def on_batch_need(self, *a) -> None:
+        PoolController.on_batch_need(self.c, *a)
 
 
 class LeaderController(PoolController):
@@ -66,6 +90,10 @@ class LeaderController(PoolController):
         self._last_hold: float | None = None
         self._store_error: str | None = None
         self.overrides = OverrideShare(lease.redis, self.key)
+        # Followers forward what their requests show; the leader replays it into its own
+        # collector (state/signals.py), so it scales on all the replicas' traffic.
+        self._forward = SignalForwarder(lease.redis, key=signals_key(self.key))
+        self._intake = SignalIntake(lease.redis, lambda: [_OwnSignals(self)], key=signals_key(self.key))
 
     # ---- the step ----------------------------------------------------------------------------
     async def step(self) -> None:
@@ -83,8 +111,10 @@ class LeaderController(PoolController):
             self._step_down("the lease expired before it could be renewed")
         await self._adopt_override()
         if not self.leading:
+            await self._forward.step()
             await self._follow()
             return
+        await self._intake.step()
         ticked = self._next_tick is None or now >= self._next_tick
         await super().step()
         if ticked and self.resumed_wall is None:
@@ -160,6 +190,31 @@ class LeaderController(PoolController):
                     await self.provider.stop(handle, self.config.stop_grace_s)
             except StaleLeader:
                 return
+
+    # ---- request signals: the leader's own, and the followers' forwarded -------------------------
+    def _mine(self, model: str, version: str | None = None) -> bool:
+        return not self.leading and model == self.model and version in (None, self.version)
+
+    def on_arrival(self, model: str, version: str, t: float, prompt_chars: int, batch: bool = False) -> None:
+        if self._mine(model, version):
+            self._forward.on_arrival(model, version, t, prompt_chars, batch)
+        super().on_arrival(model, version, t, prompt_chars, batch)
+
+    def on_first_token(self, model: str, version: str, t: float, ttft_s: float, batch: bool = False) -> None:
+        if self._mine(model, version):
+            self._forward.on_first_token(model, version, t, ttft_s, batch)
+        super().on_first_token(model, version, t, ttft_s, batch)
+
+    def on_finish(self, model: str, version: str, t: float, e2e_s: float, output_tokens: int,
+                  ok: bool, batch: bool = False) -> None:
+        if self._mine(model, version):
+            self._forward.on_finish(model, version, t, e2e_s, output_tokens, ok, batch)
+        super().on_finish(model, version, t, e2e_s, output_tokens, ok, batch)
+
+    def on_batch_need(self, model: str, lines_per_s: float) -> None:
+        if self._mine(model):
+            self._forward.on_batch_need(model, lines_per_s)
+        super().on_batch_need(model, lines_per_s)
 
     # ---- the manual override, on any replica's admin API ---------------------------------------
     def set_override(self, instances: int | None, duration_s: float | None, reason: str):

@@ -188,7 +188,7 @@ class Gateway:
                 rt.apply_weights()
         state = self.config.state
         self.shared = await open_state(state.redis_url, state.redis_password_file, list(self.models.values()),
-                                       pools=state.pools)
+                                       pools=state.pools, observers=self.observers)
         await self.shared.start()  # a rollout already shared wins over auto_start
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary"),

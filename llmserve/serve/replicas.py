@@ -30,7 +30,9 @@ import yaml
 
 from llmserve.serve.deployment import deep_merge
 from llmserve.serve.serve_config import ServeConfig
+from llmserve.state.gateway_state import check_store
 from llmserve.state.local_redis import LocalRedis, write_private
+from llmserve.state.redis_conn import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class Supervisor:
                     continue
                 if time.monotonic() - self.started_at[i] < EARLY_EXIT_S:
                     tail = (self.workdir / f"replica-{i}.log").read_text(errors="replace").strip()
-                    print(f"llmserve serve: replica {i} exited with {code} at start:\n"
+                    print(f"llmserve serve: replica {i} exited with {code} at start: "
                           f"{tail.splitlines()[-1] if tail else ''}", file=sys.stderr, flush=True)
                     return code or 1
                 print(f"llmserve serve: replica {i} exited with {code}; starting it again",
@@ -107,8 +109,13 @@ def run_replicas(cfg: ServeConfig, file: dict[str, Any], extra_argv: list[str]) 
     redis = None
     state: dict[str, Any] = {}
     if cfg.gateway.state.redis_url is None:
-        redis = LocalRedis(workdir / "redis").start()
+        try:
+            redis = LocalRedis(workdir / "redis").start()
+        except StoreError as e:
+            raise SystemExit(f"llmserve: error: {e}") from None
         state = {"redis_url": redis.url, "redis_password_file": str(redis.password_file)}
+    else:
+        check_store(cfg.gateway.state.redis_url, cfg.gateway.state.redis_password_file)
     shared = {"replicas": 1, "admin_key": admin_key, "gateway": {"state": state}}
     if cfg.provider.kind == "ray" and cfg.instance_api_key is None:
         shared["instance_api_key"] = secrets.token_urlsafe(24)  # every replica must reach the instances

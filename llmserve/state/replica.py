@@ -179,12 +179,12 @@ class Replica:
             if got is None:
                 return
         if self._seen.get(doc.key) != got.version:
+            self._seen[doc.key] = got.version  # a bad one is logged once, replaced by our next write
             try:
                 doc.adopt(got.value)
             except ValueError as e:  # never half applied; keep serving as we were
-                log.error("ignoring shared document %s: %s", doc.key, e)
+                log.error("ignoring shared document %s version %d: %s", doc.key, got.version, e)
                 return
-            self._seen[doc.key] = got.version
             doc.settle()
 
     def _down(self, error: str) -> None:

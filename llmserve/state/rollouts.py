@@ -71,7 +71,8 @@ class RolloutDocument:
 
     def __init__(self, rt: Rollout) -> None:
         assert rt.canary is not None
-        self.key = f"rollout:{rt.name}"
+        # One document per rollout pair: a new canary in the config is a new rollout.
+        self.key = f"rollout:{rt.name}/{rt.canary.canary}/{rt.canary.stable}"
         self.rt = rt
         self.canary: CanaryAnalysis = rt.canary
 
@@ -107,6 +108,9 @@ class SharedRollouts:
         doc = self._docs.get(rt.name)
         if doc is None or self.replica.frozen or not self.may_decide():
             return  # evidence keeps accumulating; the look waits for the store
+        if not doc.canary.look_due(now):
+            rt.tick(now)  # samples the canary pool's capacity; changes nothing shared
+            return
         try:
             await self.replica.change(doc, lambda: rt.tick(now))
         except Frozen:

@@ -91,7 +91,7 @@ class MemoryStore:
         return None
 
 
-_OUTAGE = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+OUTAGE = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
 class RedisStore:
@@ -106,7 +106,7 @@ class RedisStore:
     async def read(self, key: str) -> Versioned | None:
         try:
             v, raw = await self._r.hmget(self._prefix + key, "v", "json")
-        except _OUTAGE as e:
+        except OUTAGE as e:
             raise StoreUnavailable(f"shared store unreachable: {e}") from None
         if v is None or raw is None:
             return None
@@ -116,7 +116,7 @@ class RedisStore:
         raw = json.dumps(value)
         try:
             got = int(await self._cas(keys=[self._prefix + key], args=[expected, raw]))
-        except _OUTAGE as e:
+        except OUTAGE as e:
             raise StoreUnavailable(f"shared store unreachable: {e}") from None
         return None if got < 0 else Versioned(got, _decode(raw))
 

@@ -37,8 +37,11 @@ def serving_everywhere(procs: list[ServeProcess], n: int, timeout: float = 60.0)
     """Every replica's pool has the leader's ``n`` instances (followers: from its published view)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(lease_of(p)["serving"] == n for p in procs):
-            return
+        try:
+            if all(lease_of(p)["serving"] == n for p in procs):
+                return
+        except (KeyError, ValueError):  # a replica still starting
+            pass
         time.sleep(0.2)
     raise TimeoutError(f"not every replica serves {n}: {[lease_of(p) for p in procs]}")
 
@@ -112,3 +115,28 @@ def test_a_leader_paused_past_its_lease_changes_nothing_when_resumed(replicas):
     assert before <= after
     assert after == {i["instance_id"] for i in new.instances(finished=False)}
     assert sum(1 for p in procs if role(p) == "leader") == 1
+
+
+def test_the_leader_sees_the_traffic_its_followers_serve(redis_server, tmp_path):
+    """Requests only through a follower: the leader's signals (what it scales on) still
+    show their arrivals and latencies, forwarded through the store."""
+    state = tmp_path / "state"
+    procs = start_replicas(replica_config(redis_server.url, state, instances=1), tmp_path, n=2)
+    try:
+        leader = leader_among(procs)
+        leader.wait_ready(1, 90, POOL)
+        serving_everywhere(procs, 1)
+        follower = next(p for p in procs if p is not leader)
+
+        def seen() -> dict:
+            return leader.admin("GET", f"/autoscale/timeline?pool={POOL}").json()["samples"][-1]
+        assert seen()["arrival_rate"] == 0  # nothing so far
+        with Load(follower.url, BODY, clients=2, timeout_s=30) as load:
+            deadline = time.monotonic() + 30
+            while seen()["arrival_rate"] == 0 or seen()["e2e_p50"] is None:
+                assert time.monotonic() < deadline, seen()
+                time.sleep(0.3)
+        assert load.results and not load.failed()
+        assert leader.pool(POOL)["lease"]["role"] == "leader"
+    finally:
+        stop_replicas(procs, state)

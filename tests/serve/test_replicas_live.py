@@ -12,12 +12,16 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
+from llmserve.autoscale.providers.process import free_port
 from llmserve.state.redis_conn import StoreError, connect
 from tests.autoscale.serve_harness import FAST_GATEWAY, ServeProcess, standin_config
 
@@ -108,3 +112,17 @@ def test_serve_replicas_one_port_their_own_redis(tmp_path):
     assert code == 0, s.log()[-3000:]
     for pid in kids:  # the replicas and the store are gone with serve
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_serve_replicas_refuse_a_store_that_refuses_them(redis_server, tmp_path):
+    cfg = standin_config(max_instances=1)
+    bad = redis_server.url.replace(redis_server.password, "not-the-password")
+    cfg.update(replicas=2, port=free_port(),
+               gateway={"state": {"dir": str(tmp_path / "state"), "redis_url": bad}})
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([sys.executable, "-m", "llmserve.cli", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert "refused our credentials" in done.stderr and "not-the-password" not in done.stderr + done.stdout

@@ -71,6 +71,12 @@ def test_replicas_share_one_rollout_driven_from_either(upstreams, redis_server, 
     a, b = _replicas(2, upstreams, redis_server, tmp_path, {**CANARY, "interval_s": 3600})
     try:
         assert _events(a) == _events(b) and [e["action"] for e in _events(a)] == ["start"]
+        for i in range(20):  # through A only: B's evidence has them too, whichever replica looks
+            assert _chat(a, f"early-{i}").status_code == 200
+
+        def seen_by_b() -> int:
+            return sum(v["requests"] for v in _canary(b)["evidence"].values())
+        _wait(lambda: seen_by_b() == 20, 10, "A's outcomes in B's evidence")
         assert a.admin("POST", "/models/tiny/canary/pause", json={"reason": "on A"}).status_code == 200
         assert _canary(b)["state"] == "paused"
         assert a.admin("POST", "/models/tiny/canary/promote").status_code == 200

@@ -150,7 +150,7 @@ def test_a_store_that_comes_back_empty_gets_the_last_known_rollout():
         await rb.sync()
         store._docs.clear()  # restarted without persistence
         await rb.sync()  # B republishes what it last adopted
-        assert (await store.read("rollout:chat")).value["state"] == "paused"
+        assert (await store.read("rollout:chat/canary/v1")).value["state"] == "paused"
         await ra.sync()
         assert a.canary.state is CanaryState.PAUSED
         await ra.act(a, "resume", "go on")  # and the versions count afresh
@@ -177,6 +177,23 @@ def test_a_look_the_store_did_not_take_is_taken_back_with_its_evidence_kept():
         await ra.sync()
         await ra.tick(a, 102.5)
         assert a.canary.weight == pytest.approx(0.4)
+        await ra.stop()
+        await rb.stop()
+    asyncio.run(go())
+
+
+def test_a_malformed_rollout_is_never_applied_and_the_next_write_replaces_it():
+    async def go():
+        store = MemoryStore()
+        a, b, ra, rb = await _pair(store)
+        key = "rollout:chat/canary/v1"
+        good = (await store.read(key)).value
+        await store.write(key, {**good, "weight": "all of it", "state": "promoted"}, 1)
+        await rb.sync()
+        assert b.canary.state is CanaryState.PROGRESSING and b.router.weights["canary"] == pytest.approx(0.2)
+        await rb.act(b, "pause", "over the bad one")
+        await ra.sync()
+        assert a.canary.state is CanaryState.PAUSED
         await ra.stop()
         await rb.stop()
     asyncio.run(go())
