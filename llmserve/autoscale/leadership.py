@@ -17,7 +17,7 @@ one that does not yet is ``starting`` and the probes take it from there; so
 nothing is started twice. Its ids carry the new token, never reusing an old
 leader's. The first tick is due at once, so scaling resumes within the TTL plus
 one tick. Orphans (listed, yet in no leader's book: a start the old leader
-made as it lost the lease) are stopped by the sweep that follows every tick.
+made as it lost the lease) are stopped by a sweep after a tick, once a TTL.
 
 Step-down (the lease was lost): the book is forgotten, not stopped: the
 instances belong to the pool, and the new leader adopts them.
@@ -88,6 +88,7 @@ class LeaderController(PoolController):
         self._steps_led = 0
         self._base_prefix = self._prefix
         self._last_hold: float | None = None
+        self._last_sweep: float | None = None
         self._store_error: str | None = None
         self.overrides = OverrideShare(lease.redis, self.key)
         # Followers forward what their requests show; the leader replays it into its own
@@ -120,7 +121,8 @@ class LeaderController(PoolController):
         if ticked and self.resumed_wall is None:
             self.resumed_wall, self.steps_to_resume = self.wall(), self._steps_led
         self._steps_led += 1
-        if ticked:
+        if ticked and (self._last_sweep is None or now - self._last_sweep >= self.lease.config.ttl_s):
+            self._last_sweep = now  # a listing can be costly (Ray: a call per actor): once a TTL
             await self._sweep()
         await self._publish()
 
@@ -130,6 +132,7 @@ class LeaderController(PoolController):
         self.resumed_wall, self.steps_to_resume, self._steps_led = None, None, 0
         self._prefix, self._next_id = f"{self._base_prefix}t{token}-", 1
         self._next_tick = None  # tick at once: scaling resumes now, not a tick later
+        self._last_sweep = None
         listed = []
         for handle in await self.provider.listing():
             try:

@@ -140,3 +140,31 @@ def test_the_leader_sees_the_traffic_its_followers_serve(redis_server, tmp_path)
         assert leader.pool(POOL)["lease"]["role"] == "leader"
     finally:
         stop_replicas(procs, state)
+
+
+def test_an_orphan_no_leader_holds_is_stopped(replicas):
+    """An instance in the pool's listing that no leader's book holds (a start a stale leader
+    made as it lost the lease) is stopped by the leader's sweep; the others are kept."""
+    import subprocess
+    import sys
+
+    from llmserve.autoscale.providers.process import free_port
+    from llmserve.autoscale.providers.registry import ProcessRegistry, Registered, process_start
+
+    procs, state = replicas
+    leader = leader_among(procs)
+    leader.wait_ready(2, 90, POOL)
+    before = live_ids(state)
+    port = free_port()
+    orphan = subprocess.Popen([sys.executable, "-m", "tests.autoscale.standin_server", "--port", str(port),
+                               "--model", "upstream-name"], start_new_session=True)
+    try:
+        ProcessRegistry(state / "instances").record(Registered(
+            "ext-t0-9", POOL, orphan.pid, process_start(orphan.pid), port, f"http://127.0.0.1:{port}", "", 0))
+        orphan.wait(30)  # stopped by the leader, SIGTERM first (uvicorn exits gracefully)
+        assert orphan.returncode in (0, -15)
+        assert live_ids(state) == before  # nothing else touched
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
