@@ -36,7 +36,7 @@ from llmserve.state.redis_conn import StoreError
 
 log = logging.getLogger(__name__)
 
-EARLY_EXIT_S = 10.0  # a replica gone this soon after its start will not do better restarted
+EARLY_EXIT_S = 10.0  # a first start that fails this soon is a bad configuration or store
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -58,6 +58,8 @@ class Supervisor:
         self.argv, self.n, self.workdir, self.stop_grace_s = argv, n, workdir, stop_grace_s
         self.procs: list[subprocess.Popen | None] = [None] * n
         self.started_at = [0.0] * n
+        self.restarts = [0] * n  # since the replica last ran past EARLY_EXIT_S
+        self.ever_up = [False] * n
         self.stopping = False
 
     def _start(self, i: int) -> None:
@@ -67,23 +69,38 @@ class Supervisor:
         self.started_at[i] = time.monotonic()
 
     def run(self) -> int:
-        """Until stopped (0) or a replica fails at start (its exit code)."""
+        """Until stopped (0) or a replica fails at the set's start (its exit code). A
+        replica that ran once and then fails is started again, backing off (a store
+        away refuses a replica's start until it returns)."""
         for i in range(self.n):
             self._start(i)
+        retry_at = [0.0] * self.n
         while not self.stopping:
             time.sleep(0.2)
+            now = time.monotonic()
             for i, p in enumerate(self.procs):
-                code = p.poll() if p is not None else None
-                if code is None or self.stopping:
+                if self.stopping:
+                    break
+                if p is None:  # waiting to be started again
+                    if now >= retry_at[i]:
+                        self._start(i)
                     continue
-                if time.monotonic() - self.started_at[i] < EARLY_EXIT_S:
+                code = p.poll()
+                if code is None:
+                    if now - self.started_at[i] >= EARLY_EXIT_S:
+                        self.ever_up[i], self.restarts[i] = True, 0
+                    continue
+                self.procs[i] = None
+                # A replica that fails at once (not killed) will not do better restarted.
+                if code > 0 and not self.ever_up[i] and now - self.started_at[i] < EARLY_EXIT_S:
                     tail = (self.workdir / f"replica-{i}.log").read_text(errors="replace").strip()
                     print(f"llmserve serve: replica {i} exited with {code} at start: "
                           f"{tail.splitlines()[-1] if tail else ''}", file=sys.stderr, flush=True)
                     return code or 1
-                print(f"llmserve serve: replica {i} exited with {code}; starting it again",
-                      file=sys.stderr, flush=True)
-                self._start(i)
+                retry_at[i] = now + min(30.0, 2.0 ** self.restarts[i] - 1)
+                self.restarts[i] += 1
+                print(f"llmserve serve: replica {i} exited with {code}; starting it again "
+                      f"in {retry_at[i] - now:.0f} s", file=sys.stderr, flush=True)
         return 0
 
     def stop(self) -> None:

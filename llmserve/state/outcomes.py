@@ -23,7 +23,7 @@ import secrets
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from llmserve.gateway.canary import CanaryAnalysis
 from llmserve.gateway.canary_evidence import Outcome, OutcomeSink
@@ -33,20 +33,20 @@ log = logging.getLogger(__name__)
 
 MAX_BATCHES = 10_000  # stream entries kept (about 80 minutes of batches from 2 replicas)
 
-
-class OutcomeDoc(BaseModel):
-    """An :class:`Outcome` as read from the stream: these fields and no others."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    error: str | None = None
-    refused: bool = False
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    output_tokens: int | None = None
+_BATCH = TypeAdapter(list[tuple[str, str, float, dict[str, Any]]])
+_OUTCOME = TypeAdapter(Outcome)
+FIELDS = frozenset(Outcome.__dataclass_fields__)
 
 
-_BATCH = TypeAdapter(list[tuple[str, str, float, OutcomeDoc]])
+def _outcomes(raw: str) -> list[tuple[str, str, float, Outcome]]:
+    """A batch as read from the stream; ValueError unless every item is an outcome with
+    its fields and no others."""
+    out = []
+    for model, version, t, fields in _BATCH.validate_python(json.loads(raw)):
+        if not fields.keys() <= FIELDS:
+            raise ValueError(f"unknown outcome fields {sorted(fields.keys() - FIELDS)}")
+        out.append((model, version, t, _OUTCOME.validate_python(fields)))
+    return out
 
 
 class _Tee:
@@ -80,7 +80,7 @@ class OutcomeShare:
         if not self.buffer:
             return
         batch, self.buffer = self.buffer, []
-        raw = json.dumps([[m, v, t, {f: getattr(o, f) for f in Outcome.__dataclass_fields__}]
+        raw = json.dumps([[m, v, t, {f: getattr(o, f) for f in FIELDS}]
                           for m, v, t, o in batch])
         try:
             await self._r.xadd(self.key, {"r": self.replica_id, "b": raw}, maxlen=MAX_BATCHES, approximate=True)
@@ -100,14 +100,14 @@ class OutcomeShare:
 
     def _record(self, raw: str) -> None:
         try:
-            batch = _BATCH.validate_python(json.loads(raw))
+            batch = _outcomes(raw)
         except (ValueError, ValidationError) as e:
             log.warning("dropping a malformed outcome batch: %s", str(e).splitlines()[0])
             return
         now = time.time()
-        for model, version, t, doc in batch:
+        for model, version, t, outcome in batch:
             a = self.analyses.get(model)
             if a is None or (a.step_started is not None and t < a.step_started):
                 continue
-            a.record(version, now, Outcome(**doc.model_dump()))
+            a.record(version, now, outcome)
             self.received += 1

@@ -1,6 +1,6 @@
 """Gateway replicas (real ``llmserve gateway --config`` processes) sharing one real,
-password-protected redis-server: a rollout driven through either replica's admin API
-is the one both show and route by; Redis killed mid-canary leaves serving untouched
+password-protected redis-server: a rollout and instance overrides driven through either
+replica's admin API are the ones both show and route by; Redis killed mid-canary leaves serving untouched
 and freezes the rollout, which resumes when Redis returns; a replica that cannot
 authenticate refuses to start with one line."""
 
@@ -55,6 +55,11 @@ def _canary(gw) -> dict:
     return gw.admin("GET", "/models/tiny/canary").json()
 
 
+def _shared(gw) -> dict:
+    """/ready's shared_state details ({} while /ready is 503: no instance ready this instant)."""
+    return gw.client.get("/ready").json().get("shared_state", {})
+
+
 def _events(gw) -> list[dict]:
     return gw.admin("GET", "/models/tiny/canary/history").json()["events"]
 
@@ -94,6 +99,19 @@ def test_replicas_share_one_rollout_driven_from_either(upstreams, redis_server, 
         assert served == {"v1": 30}
         history = _events(a)
         assert history == _events(b)
+
+        def ids(gw, version="v1") -> set[str]:
+            return {i["instance_id"] for i in gw.admin("GET", f"/models/tiny/versions/{version}/instances").json()[
+                "instances"]}
+        extra = upstreams["canary"].replace("127.0.0.1", "localhost")  # one more address for v1
+        r = a.admin("POST", "/models/tiny/versions/v1/instances", json={"url": extra, "instance_id": "extra"})
+        assert r.status_code == 201, r.text
+        _wait(lambda: "extra" in ids(b), 10, "A's added instance on B")
+        assert b.admin("POST", "/models/tiny/versions/v1/instances/extra/drain").status_code == 200
+        _wait(lambda: any(i["draining"] for i in a.admin("GET", "/models/tiny/versions/v1/instances").json()[
+            "instances"] if i["instance_id"] == "extra"), 10, "B's drain on A")
+        assert b.admin("DELETE", "/models/tiny/versions/v1/instances/extra").status_code == 200
+        _wait(lambda: "extra" not in ids(a), 10, "B's removal on A")
         assert [(e["action"], e["reason"]) for e in history][1:] == [
             ("pause", "on A"), ("promote", "admin promote"), ("start", "admin start"),
             ("rollback", "on B")]
@@ -129,8 +147,7 @@ def test_redis_killed_and_restarted_mid_canary(upstreams, redis_server, tmp_path
         _wait(lambda: any(e["action"] == "advance" for e in _events(a)), 90, "a first advance")
         redis_server.stop()  # kill -9, mid-canary
         for gw in replicas:
-            _wait(lambda: gw.client.get("/ready").json().get("shared_state", {}).get("rollouts") == "frozen",
-                  20, "the replicas to notice the outage")
+            _wait(lambda: _shared(gw).get("rollouts") == "frozen", 20, "the replicas to notice the outage")
         frozen = [(_canary(gw)["weight"], len(_events(gw))) for gw in replicas]
         before = sent[0]
         time.sleep(3 * CANARY["interval_s"] + 1)  # three looks would have been due
@@ -140,13 +157,12 @@ def test_redis_killed_and_restarted_mid_canary(upstreams, redis_server, tmp_path
         r = b.admin("POST", "/models/tiny/canary/promote")
         assert r.status_code == 503 and r.json()["error"]["code"] == "shared_state_frozen"
         assert "shared_state_up 0.0" in a.client.get("/metrics").text
-        ready = a.client.get("/ready").json()["shared_state"]
-        assert ready["store"] == "unreachable" and ready["since"] > 0
+        _wait(lambda: _shared(a).get("store") == "unreachable", 10, "/ready to say so")
+        assert _shared(a)["since"] > 0
 
         redis_server.start()  # same port, empty (no persistence)
         for gw in replicas:
-            _wait(lambda: gw.client.get("/ready").json()["shared_state"]["rollouts"] == "live",
-                  20, "the replicas to see the store again")
+            _wait(lambda: _shared(gw).get("rollouts") == "live", 20, "the replicas to see the store again")
         weight_then = frozen[0][0]
         _wait(lambda: _canary(a)["weight"] > weight_then, 90, "the rollout to go on")
         assert "shared_state_up 1.0" in b.client.get("/metrics").text
