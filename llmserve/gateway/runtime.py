@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -141,6 +141,9 @@ class Gateway:
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
         self.services: list[GatewayService] = []
+        # Replicas: whether this one takes a model's canary decisions now (its pool's leader);
+        # None: always (one process).
+        self.decides: Callable[[str], bool] | None = None
         self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
@@ -229,6 +232,8 @@ class Gateway:
             await asyncio.sleep(period)
             now = time.time()
             for rt in self.models.values():
+                if self.decides is not None and not self.decides(rt.config.name):
+                    continue  # another replica leads this rollout
                 try:
                     await self.shared.rollouts.tick(rt, now)
                 except Exception:  # one model's bug must not stop the others' rollouts

@@ -6,8 +6,8 @@ the configuration every replica reads (the same admin key, the store, a key for
 Ray instances) to a file only this user can read, and starts N ``llmserve serve``
 children. Each binds the port with ``SO_REUSEPORT``, so the kernel spreads new
 connections over them and any one of them may die without the port going dark.
-Replica 0 runs the elastic controller and publishes its pools' instances; the
-others mirror them (``state/pool_members.py``). Rollouts and admin overrides are
+Every replica runs the elastic controllers; a pool's lease holder leads and publishes
+it, the others mirror it (``autoscale/leadership.py``). Rollouts and admin overrides are
 shared by all (``state/``). A replica that exits is started again; one that fails
 within its first seconds (a bad configuration, a store that refuses it) stops the
 set with its exit code. SIGTERM or Ctrl-C stops the replicas (each drains), then
@@ -107,7 +107,7 @@ class Supervisor:
         self.stopping = True
         live = [p for p in self.procs if p is not None and p.poll() is None]
         for p in live:
-            p.send_signal(signal.SIGTERM)  # each drains: replica 0 stops the instances
+            p.send_signal(signal.SIGTERM)  # each drains: the last one out stops the instances
         deadline = time.monotonic() + self.stop_grace_s
         for p in live:
             try:
@@ -156,6 +156,11 @@ def run_replicas(cfg: ServeConfig, file: dict[str, Any], extra_argv: list[str]) 
         code = sup.run()
     finally:
         sup.stop()
+        if redis is not None and cfg.provider.kind == "local":  # our store: no one else leads these
+            # pools, so what a replica killed on its way out left listed is ours to stop
+            from llmserve.serve.leases import stop_listed
+
+            stop_listed(cfg.gateway.state.dir, cfg.lifecycle.stop_grace_s)
         if redis is not None:
             redis.stop()
     return code

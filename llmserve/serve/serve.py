@@ -75,12 +75,16 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
 
         ray_provider = RayProvider(RayProviderConfig(
             address=p.ray_address, num_cpus=p.ray_num_cpus, num_gpus=p.ray_num_gpus, bind_host=p.ray_bind_host,
-            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus))
+            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus,
+            detached=cfg.gateway.state.redis_url is not None))  # replicas: actors outlive their leader
         ray_provider.connect()
         return ray_provider
     from llmserve.autoscale.providers.local import LocalProvider, LocalProviderConfig
+    from llmserve.serve.leases import registry_dir
 
-    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir, fork_from_template=p.fork_from_template))
+    state = cfg.gateway.state  # replicas: instances outlive the one that started them, listed on disk
+    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir, fork_from_template=p.fork_from_template,
+                                             registry_dir=registry_dir(state.dir) if state.redis_url else None))
 
 
 def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
@@ -107,6 +111,13 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
     controllers = []
+    leases = None
+    if cfg.gateway.state.redis_url:  # replicas: one lease per pool (serve/leases.py)
+        from llmserve.autoscale.leadership import LeaderController
+        from llmserve.serve.leases import PoolLeases, canary_gate, check_replicas
+
+        check_replicas(cfg.provider.kind, cfg.provider.ray_address, cfg.instance_api_key)
+        leases = PoolLeases(cfg.gateway.state.redis_url, cfg.gateway.state.redis_password_file, cfg.leases)
     from llmserve.autoscale.core_share import cap_to_cores
     from llmserve.engine.threads import available_cores
 
@@ -116,13 +127,15 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
             cfg.autoscale_config(p)
         # Instance ids name their pool: the version alone while there is one model.
         prefix = f"{p.version}-" if len({q.model for q in pools}) == 1 else f"{safe_id(p.model)}-{p.version}-"
-        controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, auto,
-                                    provider, traced_specs(functools.partial(cfg.instance_spec, instance_key=key,
-                                                                             pool=p), tracing),
-                                    cfg.controller_config(), metrics=metrics, prober=prober,
-                                    instance_api_key=key, id_prefix=None if single else prefix,
-                                    close_provider=i == 0,  # the gateway stops the first pool last
-                                    endpoints=EngineEndpoints(p.ready_path, p.load_source))
+        kind, lead = (PoolController, {"provider": provider}) if leases is None else \
+            (LeaderController, leases.controller_args(provider, p.key))
+        controller = kind(gw.pool(p.model, p.version), p.model, p.version, auto,
+                          spec_factory=traced_specs(functools.partial(cfg.instance_spec, instance_key=key, pool=p),
+                                                    tracing),
+                          config=cfg.controller_config(), metrics=metrics, prober=prober,
+                          instance_api_key=key, id_prefix=None if single else prefix,
+                          close_provider=i == 0,  # the gateway stops the first pool last
+                          endpoints=EngineEndpoints(p.ready_path, p.load_source), **lead)
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)
@@ -131,6 +144,9 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
 
         gw.services.append(CoreShare([SharedPool(c, cfg.shares_cores(p), keys[p.key])
                                       for c, p in zip(controllers, pools)], available_cores()))
+    if leases is not None:  # each canary decision once, by the leader of the pool that decides it
+        canaries = {m.name: m.canary.version for m in gw.config.models if m.canary is not None}
+        gw.decides = canary_gate(leases, canaries, [p.key for p in pools])
     app.include_router(autoscale_router(controllers, admin_guard(gw)))
     app.state.controller = controllers[0]
     app.state.controllers = controllers
@@ -166,8 +182,9 @@ def safe_id(name: str) -> str:
 
 def run_serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig.load(args.config, overrides_from_args(args))
-    if args.replica is not None:  # one of a --replicas set: its replica 0 owns the instances, unless none may
-        role = "follow" if args.replica or cfg.gateway.state.pools == "follow" else "publish"
+    if args.replica is not None:  # one of a --replicas set: each runs the controllers, the pool's
+        # lease holder leads and publishes the pool (autoscale/leadership.py); "follow": none may
+        role = "follow" if cfg.gateway.state.pools == "follow" else "own"
         cfg = ServeConfig.load(args.config, deep_merge(overrides_from_args(args),
                                                        {"gateway": {"state": {"pools": role}}}))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -208,7 +225,9 @@ def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None
     from llmserve.gateway.app import create_app
 
     keys = {p.key: cfg.instance_key() for p in cfg.pools()}  # Ray's is the one --replicas wrote
-    return create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
+    app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
+    app.state.gateway.decides = lambda model: False  # canary decisions are the pools' leaders'
+    return app
 
 
 def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:

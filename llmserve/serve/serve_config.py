@@ -30,6 +30,7 @@ from llmserve.serve.deployment import (ModelDeployment, PoolDeployment, check_en
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.flags import Flag
+from llmserve.state.lease import LeaseConfig
 from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -107,6 +108,7 @@ class ServeConfig(_Strict):
     # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
     autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)
     lifecycle: ControllerConfig = ControllerConfig()
+    leases: LeaseConfig = LeaseConfig()  # one writer per pool, with gateway.state.redis_url (docs/leases.md)
     gateway: GatewaySettings = GatewaySettings()
     pool: PoolSettings = PoolSettings()  # admission, concurrency, balancer
     # Several models and versions, one pool each; engine_args, autoscale,
