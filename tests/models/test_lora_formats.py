@@ -16,7 +16,8 @@ from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.hf_loader import HFLoader
-from llmserve.models.lora.adapter import LoraError, read_adapter
+from llmserve.models.lora.adapter import LoraError
+from llmserve.models.lora.read import read_adapter
 from tests.family_models import hf_greedy
 from tests.helpers import make_tiny_llama
 from tests.lora_adapters import make_adapter
