@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 Authorize = Callable[[str | None], Any]  # Authorization header -> anything; raises APIError (401)
 Route = Callable[[Scope, Receive, bytes], Awaitable[Response]]
+# An in-process caller that has already authorized the request (the batch runner) names
+# its owner here; a scope key, so no HTTP client can set it.
+OWNER_KEY = "llmserve.owner"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -120,6 +123,8 @@ class Frontends:
 
     # ---- /v1/responses -------------------------------------------------------------------
     def _owner(self, scope: Scope) -> str:
+        if scope.get(OWNER_KEY):
+            return scope[OWNER_KEY]
         self.authorize(header(scope, b"authorization"))
         return hashlib.sha256(bearer_token(header(scope, b"authorization"))).hexdigest()
 

@@ -32,6 +32,7 @@ from typing import Any
 from starlette.types import ASGIApp
 
 from llmserve.api.asgi_call import call
+from llmserve.api.frontends import OWNER_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
 from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
@@ -146,12 +147,12 @@ class BatchRunner:
             for idx, cid, body in todo[:max(free, 0)]:
                 if isinstance(body, dict) and isinstance(body.get("model"), str):
                     self._models.setdefault(bid, body["model"])
-                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
+                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
 
-    async def _line(self, bid: str, endpoint: str, idx: int, cid: str, body: dict[str, Any]) -> None:
+    async def _line(self, bid: str, batch: dict[str, Any], idx: int, cid: str, body: dict[str, Any]) -> None:
         try:
             while True:
-                status, reply = await self._send(endpoint, body)
+                status, reply = await self._send(batch["endpoint"], body, batch["owner"])
                 if status not in _RETRY:
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
@@ -170,9 +171,9 @@ class BatchRunner:
             self.in_flight.pop((bid, idx), None)
             self.wake.set()
 
-    async def _send(self, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async def _send(self, endpoint: str, body: dict[str, Any], owner: str) -> tuple[int, Any]:
         assert self.app is not None, "the runner starts with the gateway app"
         scope = {"type": "http", "http_version": "1.1", "scheme": "http", "root_path": "", "client": None,
                  "server": None, "headers": [(b"accept", b"application/json")]}
-        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY})
+        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY, OWNER_KEY: owner})
         return resp.status, await resp.json()
