@@ -150,9 +150,10 @@ class BatchRunner:
                 self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
 
     async def _line(self, bid: str, batch: dict[str, Any], idx: int, cid: str, body: dict[str, Any]) -> None:
+        endpoint, owner = batch["endpoint"], batch["owner"]
         try:
             while True:
-                status, reply = await self._send(batch["endpoint"], body, batch["owner"])
+                status, reply = await self._send(endpoint, body, owner)
                 if status not in _RETRY:
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
