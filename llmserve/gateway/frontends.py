@@ -30,6 +30,9 @@ def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[
     runner = BatchRunner(store, config.batches, state.path("batches.lock"))
     runner.observers = observers if observers is not None else []  # told each model's batch need
     runner.app = app
+    gateway = getattr(app, "gateway", None)
+    if gateway is not None:  # lines in flight scale with the instances that can take them
+        runner.ready_instances = lambda: sum(i.ready and i.accepting for p in gateway.pools() for i in p.instances())
     services.append(runner)
     routes = BatchRoutes(store, config.batches, runner)
     responses: ResponseStore
