@@ -32,7 +32,7 @@ class Backlog:
     window_s: float = 24 * 3600.0
     prompt_tokens: int = 300
     output_tokens: int = 200
-    base: int = 4  # batches.concurrency: per ready instance
+    base: int = 2  # batches.concurrency: per ready instance
     ceiling: int = 64  # batches.max_concurrency
 
 
