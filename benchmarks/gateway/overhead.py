@@ -300,7 +300,8 @@ def bench_once(url: str, args: argparse.Namespace, tokenizer: str | None, seed: 
     from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 
     cfg = BenchConfig(
-        endpoint=EndpointConfig(base_url=url, model=SERVED, ignore_eos=True, timeout_s=600),
+        endpoint=EndpointConfig(base_url=url, model=SERVED, ignore_eos=True, timeout_s=600,
+                                api_key=getattr(args, "api_key", None)),  # (limits.py: a named key)
         dataset=DatasetConfig(name="random", tokenizer=tokenizer, random_input_len=args.input_len,
                               random_output_len=args.output_len),
         load=LoadConfig(num_prompts=args.num_prompts, max_concurrency=args.concurrency,
@@ -378,7 +379,8 @@ def paired_ttft(args: argparse.Namespace, urls: dict[str, str], tokenizer: str |
 
     reqs = random_dataset(load_tokenizer(tokenizer), args.pairs, args.input_len, args.paired_output_len,
                           seed=args.seed + 2)
-    cfgs = {t: EndpointConfig(base_url=u, model=SERVED, ignore_eos=True, timeout_s=600) for t, u in urls.items()}
+    cfgs = {t: EndpointConfig(base_url=u, model=SERVED, ignore_eos=True, timeout_s=600,
+                              api_key=getattr(args, "api_key", None)) for t, u in urls.items()}
 
     async def run() -> list[dict[str, float]]:
         clients = {t: make_http_client(1) for t in urls}

@@ -15,6 +15,7 @@ no admin key configured the whole API answers 404.
 - ``POST /admin/models/{m}/versions/{v}/instances``        ``{"url", "instance_id"?}``
 - ``DELETE /admin/models/{m}/versions/{v}/instances/{id}``
 - ``POST /admin/models/{m}/versions/{v}/instances/{id}/drain``  ``{"draining": true}``
+- ``GET  /admin/keys/{name}/usage``                        a named key's usage and limits (gateway/tenants)
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pydantic import BaseModel, ConfigDict
 from llmserve.api.limits import bearer_token, find_key
 from llmserve.gateway.canary import InvalidTransition
 from llmserve.gateway.errors import GatewayError
+from llmserve.state.instance_overrides import InstanceOp
+from llmserve.state.replica import Frozen
 
 if TYPE_CHECKING:
     from llmserve.gateway.runtime import Gateway, ModelRuntime
@@ -79,36 +82,41 @@ def admin_router(gw: Gateway) -> APIRouter:
             raise GatewayError(404, f"no model {model!r}", code="model_not_found")
         return rt
 
-    def canary_of(model: str):
+    async def canary_of(model: str):
         rt = runtime(model)
         if rt.canary is None:
             raise GatewayError(404, f"model {model!r} has no canary configured",
                                code="no_canary")
+        await gw.shared.rollouts.refresh(rt)  # what the replicas agree on, not this one's last poll
         return rt
 
     @r.get("/models")
     async def models() -> dict:
+        for rt in gw.models.values():
+            await gw.shared.rollouts.refresh(rt)
         return {"models": [rt.describe() for rt in gw.models.values()]}
 
     @r.get("/models/{model}/canary")
     async def canary_status(model: str) -> dict:
-        return canary_of(model).canary.status()
+        return (await canary_of(model)).canary.status()
 
     @r.get("/models/{model}/canary/history")
     async def canary_history(model: str) -> dict:
-        return {"events": canary_of(model).canary.events()}
+        return {"events": (await canary_of(model)).canary.events()}
 
     @r.post("/models/{model}/canary/{action}")
     async def canary_action(model: str, action: str, body: ReasonBody | None = None) -> dict:
-        rt = canary_of(model)
+        rt = await canary_of(model)
         if action not in CANARY_ACTIONS:
             raise GatewayError(404, f"unknown canary action {action!r}; one of {CANARY_ACTIONS}",
                                code="unknown_action")
         reason = (body.reason if body else None) or f"admin {action}"
         try:
-            rt.canary_action(action, reason)
+            await gw.shared.rollouts.act(rt, action, reason)
         except InvalidTransition as e:
             raise GatewayError(409, str(e), code="invalid_transition") from None
+        except Frozen as e:
+            raise GatewayError(503, str(e), code="shared_state_frozen") from None
         gw.timeline.intervention(time.time(), model, rt.canary.canary, f"canary_{action}", reason)
         return rt.canary.status()
 
@@ -131,6 +139,17 @@ def admin_router(gw: Gateway) -> APIRouter:
                                code="version_not_found")
         return rt.pools[version]
 
+    async def override(model: str, op: InstanceOp) -> None:
+        """An instance change, on every replica (``state/instance_overrides.py``)."""
+        try:
+            await gw.shared.overrides.apply(runtime(model), op)
+        except ValueError as e:
+            raise GatewayError(400, str(e), code="invalid_instance") from None
+        except LookupError:
+            raise GatewayError(404, f"no instance {op.instance_id!r}", code="instance_not_found") from None
+        except Frozen as e:
+            raise GatewayError(503, str(e), code="shared_state_frozen") from None
+
     @r.get("/models/{model}/versions/{version}/instances")
     async def list_instances(model: str, version: str) -> dict:
         return {"instances": pool_of(model, version).snapshot()}
@@ -139,29 +158,27 @@ def admin_router(gw: Gateway) -> APIRouter:
     async def add_instance(model: str, version: str, body: AddInstanceBody) -> dict:
         pool = pool_of(model, version)
         try:
-            inst = pool.add_instance(body.url, body.instance_id)
+            url, instance_id = pool.check_new(body.url, body.instance_id)
         except ValueError as e:
             raise GatewayError(400, str(e), code="invalid_instance") from None
-        gw.timeline.intervention(time.time(), model, version, "instance_add", inst.instance_id)
-        return {"instance_id": inst.instance_id, "url": inst.url}
+        await override(model, InstanceOp(op="add", version=version, instance_id=instance_id, url=url))
+        gw.timeline.intervention(time.time(), model, version, "instance_add", instance_id)
+        return {"instance_id": instance_id, "url": url}
 
     @r.delete("/models/{model}/versions/{version}/instances/{instance_id}")
     async def remove_instance(model: str, version: str, instance_id: str) -> dict:
-        pool = pool_of(model, version)
-        if pool.get(instance_id) is None:
-            raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
-        pool.remove_instance(instance_id)
+        pool_of(model, version)
+        await override(model, InstanceOp(op="remove", version=version, instance_id=instance_id))
         gw.timeline.intervention(time.time(), model, version, "instance_remove", instance_id)
         return {"removed": instance_id}
 
     @r.post("/models/{model}/versions/{version}/instances/{instance_id}/drain")
     async def drain_instance(model: str, version: str, instance_id: str,
                              body: DrainBody | None = None) -> dict:
-        pool = pool_of(model, version)
-        if pool.get(instance_id) is None:
-            raise GatewayError(404, f"no instance {instance_id!r}", code="instance_not_found")
+        pool_of(model, version)
         draining = body.draining if body else True
-        pool.set_draining(instance_id, draining)
+        await override(model, InstanceOp(op="drain", version=version, instance_id=instance_id,
+                                         draining=draining))
         gw.timeline.intervention(time.time(), model, version, "instance_drain" if draining else "instance_undrain",
                                  instance_id)
         return {"instance_id": instance_id, "draining": draining}

@@ -33,6 +33,8 @@ from llmserve.gateway.errors import GatewayError, error_response, from_exception
 from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
+from llmserve.gateway.tenants.admin import keys_router
+from llmserve.state.gateway_state import check_store
 from llmserve.http_guard import uvicorn_options
 from llmserve.tracing.config import TracingConfig
 from llmserve.tracing.start import start_tracing
@@ -165,7 +167,8 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     @app.get("/ready")
     async def ready() -> Response:
         if gw.ready():
-            return JSONResponse({"status": "ready"})
+            limits = {"limits": gw.tenants.status()} if gw.tenants.limited else {}
+            return JSONResponse({"status": "ready", **gw.shared.details(), **limits})
         return error_response(503, "no upstream instance is ready", code="not_ready")
 
     @app.get("/metrics")
@@ -174,6 +177,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(admin_router(gw))
+    app.include_router(keys_router(gw))
     app.include_router(dashboard_router(gw))
     return app
 
@@ -183,6 +187,7 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     import uvicorn
 
     config = GatewayConfig.load(config_path)
+    check_store(config.state.redis_url, config.state.redis_password_file)
     from llmserve.tracing.gateway import GatewayTelemetry
 
     tracing = tracing or TracingConfig()

@@ -40,6 +40,7 @@ class Privileges:
     default: PriorityClass
     integers: PriorityRange | None = None  # None: an integer claim counts as its class's level
     version_override: bool = False
+    key: str | None = None  # the key's name, for its limits and usage (gateway/tenants)
 
     @classmethod
     def build(cls, default: PriorityClass, classes: Iterable[PriorityClass] | None = None,

@@ -232,9 +232,7 @@ class CanaryAnalysis:
         ``not_judged``: why this interval says nothing about the canary (its pool had
         no ready instance or queued for capacity: a cold start is not the canary's
         fault); its outcomes are taken back out and the look is a SKIP."""
-        if self.state is not CanaryState.PROGRESSING:
-            return CanaryDecision(Action.NONE, self.weight)
-        if self.last_check is not None and now - self.last_check < self.config.interval_s:
+        if not self.look_due(now):
             return CanaryDecision(Action.NONE, self.weight)
         since, self.last_check = self.last_check, now
         if not_judged is not None:
@@ -264,6 +262,11 @@ class CanaryAnalysis:
         self.weight = min(self.config.max_weight, round(self.weight + self.config.step_weight, 6))
         self._new_step(now)
         return self._record(now, Action.ADVANCE, reason)
+
+    def look_due(self, now: float) -> bool:
+        """Whether :meth:`tick` at ``now`` would look (and so change the rollout)."""
+        return self.state is CanaryState.PROGRESSING and (
+            self.last_check is None or now - self.last_check >= self.config.interval_s)
 
     # ---- manual ---------------------------------------------------------------------
     def start(self, now: float, reason: str = "rollout started") -> CanaryDecision:

@@ -7,6 +7,7 @@ nothing below reads files or the environment. See ``docs/gateway.example.yaml``.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from llmserve.gateway.batches.config import BatchConfig, StateConfig
 from llmserve.gateway.canary import CanaryConfig
 from llmserve.gateway.circuit import BreakerConfig
 from llmserve.gateway.health import OutlierConfig, RetryBudgetConfig
+from llmserve.gateway.tenants.config import KeyLimits
 from llmserve.http_guard import Count, HttpLimits, Seconds
 from llmserve.priority import PriorityClass
 
@@ -98,6 +100,9 @@ class ServedModelConfig(PoolSettings):
     # Seconds a user stays on the version they were routed to while weights move
     # (the rule: gateway/version_router.py); 0: pure weighted hashing, no memory.
     stickiness_window_s: float = Field(0.0, ge=0.0)
+    # What a key's budget is charged (tokens x price / 1000; gateway/tenants).
+    price_per_1k_prompt_tokens: float = Field(0.0, ge=0.0)
+    price_per_1k_completion_tokens: float = Field(0.0, ge=0.0)
 
     @field_validator("name")
     @classmethod
@@ -165,6 +170,22 @@ class PrivilegeConfig(_Strict):
 
 class ClientKey(PrivilegeConfig):
     key: SecretStr
+    # How metrics, the usage API and error messages name the key (never by its secret).
+    name: str | None = None
+    limits: KeyLimits | None = None  # needs a name (docs/keys.md)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"key name {v!r}: use letters, digits and . _ : / -")
+        return v
+
+    @model_validator(mode="after")
+    def _named(self) -> ClientKey:
+        if self.limits is not None and self.name is None:
+            raise ValueError("a key with limits needs a name")
+        return self
 
 
 class AuthConfig(_Strict):
@@ -184,6 +205,9 @@ class AuthConfig(_Strict):
             raise ValueError("API keys must be at least 8 characters")
         if len(set(given)) != len(given):
             raise ValueError("an API key is listed twice (api_keys and keys together)")
+        names = [k.name for k in self.keys if k.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError(f"key names must be unique, got {names}")
         for i, k in enumerate(self.keys):
             try:
                 k.privileges(self.default_priority)
@@ -205,7 +229,8 @@ class AuthConfig(_Strict):
     def client_auth(self) -> ClientAuth:
         default = PrivilegeConfig().privileges(self.default_priority)
         keys = {k.get_secret_value(): default for k in self.api_keys}
-        keys.update({k.key.get_secret_value(): k.privileges(self.default_priority) for k in self.keys})
+        keys.update({k.key.get_secret_value(): replace(k.privileges(self.default_priority), key=k.name)
+                     for k in self.keys})
         return ClientAuth(keys, self.open_privileges.privileges(self.default_priority))
 
 

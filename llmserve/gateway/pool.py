@@ -179,16 +179,22 @@ class Pool:
     def add_instance(self, url: str, instance_id: str | None = None, *,
                      ready: bool = False) -> Upstream:
         """Add an upstream; it takes traffic once ready (``/ready`` passes)."""
+        url, instance_id = self.check_new(url, instance_id)
+        inst = Upstream(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready, has_been_ready=ready)
+        self._instances[instance_id] = inst
+        self.pump()
+        return inst
+
+    def check_new(self, url: str, instance_id: str | None = None) -> tuple[str, str]:
+        """The normalised URL and the id an instance would be added under; ValueError
+        if either is taken."""
         url = normalize_url(url)
         if any(i.url == url for i in self._instances.values()):
             raise ValueError(f"{url} is already in pool {self.name}")
         instance_id = instance_id or url.split("://", 1)[1].replace("/", "_")
         if instance_id in self._instances:
             raise ValueError(f"instance id {instance_id!r} is already in pool {self.name}")
-        inst = Upstream(instance_id, url, CircuitBreaker(self._breaker_config), ready=ready, has_been_ready=ready)
-        self._instances[instance_id] = inst
-        self.pump()
-        return inst
+        return url, instance_id
 
     def remove_instance(self, instance_id: str) -> Upstream:
         """Take an instance out at once; its in-flight requests run to completion."""

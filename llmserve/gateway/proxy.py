@@ -38,9 +38,9 @@ from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
-from llmserve.gateway.recorder import RequestRecord
+from llmserve.gateway.recorder import RequestRecord, prompt_chars
 from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
-from llmserve.gateway.request import completion_tokens, disconnected, parse_request, prompt_text, read_body
+from llmserve.gateway.request import disconnected, parse_request, prompt_text, read_body, usage_tokens
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from llmserve.gateway.config import GatewayConfig
     from llmserve.gateway.health import RetryBudget
     from llmserve.gateway.runtime import ModelRuntime
+    from llmserve.gateway.tenants.limiter import Tenants
     from llmserve.gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Runtime(Protocol):
     models: dict[str, ModelRuntime]
     retry_budget: RetryBudget
     upstream: UpstreamClient | None
+    tenants: Tenants
 
 
 class Proxy:
@@ -135,9 +137,12 @@ class Proxy:
         except UnknownVersion as e:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
+        tab = None if client.key is None else await gw.tenants.admit(  # a 429 here, when over a limit
+            client.key, parsed.model, parsed.body, prompt_chars(parsed.body), parsed.stream, self._request_id())
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                             in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced,
                             headers=request.headers)
+        ctx.tab = tab
         ctx.arrived(decision.reason.value, runtime.router.weights)
         try:
             return await self._attempts(request, path, runtime, ctx)
@@ -217,8 +222,8 @@ class Proxy:
             finally:
                 resp.close()  # before the answer is whole, this closes the connection: the engine stops
             plan.pool.release(lease, Outcome.SUCCESS)
-            if ctx.counts_tokens and resp.status_code == 200:
-                ctx.output_tokens = completion_tokens(body)
+            if resp.status_code == 200 and (ctx.counts_tokens or ctx.tab is not None):
+                ctx.prompt_tokens, ctx.output_tokens = usage_tokens(body)
             ctx.finish(resp.status_code, ok=True)
             return Response(body, resp.status_code, headers=self._headers(resp, ctx))
 

@@ -24,6 +24,7 @@ from llmserve.tracing.timing import server_timing
 
 if TYPE_CHECKING:  # the request path's type; the runtime, which imports this, has no HTTP
     from llmserve.gateway.request import ParsedRequest
+    from llmserve.gateway.tenants.tab import Tab
     from llmserve.tracing.gateway import GatewayTelemetry
 
 
@@ -42,8 +43,8 @@ class RequestRecord:
     """One request's bookkeeping; the proxy tells it what happened (routed, waited, sent,
     retried, resumed, first token, finished) and it feeds the sinks."""
 
-    __slots__ = ("attempts", "done", "in_stats", "instance", "model", "output_tokens", "parsed", "queued_s",
-                 "request_id", "resumes", "route", "sinks", "t0", "trace", "ttft_s", "version")
+    __slots__ = ("attempts", "done", "in_stats", "instance", "model", "output_tokens", "parsed", "prompt_tokens",
+                 "queued_s", "request_id", "resumes", "route", "sinks", "t0", "tab", "trace", "ttft_s", "version")
 
     def __init__(self, sinks: RecordSinks, version: str, parsed: ParsedRequest, t0: float,
                  request_id: str, *, in_stats: bool = True, headers: Any = None) -> None:
@@ -55,6 +56,8 @@ class RequestRecord:
         self.ttft_s: float | None = None
         self.queued_s = 0.0
         self.output_tokens = 0
+        self.prompt_tokens: int | None = None  # from a whole response's usage
+        self.tab: Tab | None = None  # the key's account, settled at the end (gateway/tenants)
         self.done = False
         self.attempts = self.resumes = 0
         self.route = ""
@@ -149,6 +152,8 @@ class RequestRecord:
         if self.done:
             return
         self.done = True
+        if self.tab is not None:
+            self.tab.close(self.prompt_tokens, self.output_tokens, served=status < 400)
         sinks, m = self.sinks, self.sinks.metrics
         labels = (self.model, self.version, self.parsed.priority_class.name.lower())
         e2e = time.monotonic() - self.t0

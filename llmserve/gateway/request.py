@@ -110,11 +110,13 @@ def prompt_text(body: dict, max_chars: int) -> str:
     return prompt[:max_chars] if isinstance(prompt, str) else ""
 
 
-def completion_tokens(body: bytes) -> int:
+def usage_tokens(body: bytes) -> tuple[int | None, int]:
+    """(prompt, completion) tokens of a whole response's ``usage``; (None, 0) without one."""
     try:
-        return int(json.loads(body)["usage"]["completion_tokens"])
+        usage = json.loads(body)["usage"]
+        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
     except (ValueError, KeyError, TypeError):
-        return 0
+        return None, 0
 
 
 async def disconnected(request: Request) -> None:

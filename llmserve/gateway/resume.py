@@ -33,6 +33,7 @@ from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
+from llmserve.gateway.tenants.tab import first_events
 
 if TYPE_CHECKING:
     from llmserve.gateway.upstream import UpstreamClient
@@ -226,6 +227,15 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                         if done:
                             outcome = Outcome.SUCCESS  # the client has it all: a close now is no 499
                             datas -= out.count(DONE)
+                        tab = ctx.tab  # a key with a budget: charged as it streams (gateway/tenants)
+                        if tab is not None and ctx.output_tokens + datas > tab.next_at:
+                            cut = await tab.charge(ctx.output_tokens + datas)
+                            if cut is not None:  # its budget is spent: what it paid for, then why it ends
+                                room = tab.room(ctx.output_tokens)
+                                ctx.output_tokens += room
+                                outcome, kind = Outcome.SUCCESS, "insufficient_quota"
+                                yield first_events(out, room) + cut
+                                return
                         ctx.output_tokens += datas
                         if out:
                             yield out

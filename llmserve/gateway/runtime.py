@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -27,9 +27,11 @@ from llmserve.gateway.metrics import GatewayMetrics, gauge
 from llmserve.gateway.monitor import Monitor
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.recorder import RecordSinks
+from llmserve.gateway.tenants.limiter import Tenants
 from llmserve.gateway.timeline import Timeline
 from llmserve.gateway.upstream import UpstreamClient
 from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.state.gateway_state import GatewayState, open_state
 
 if TYPE_CHECKING:
     from llmserve.tracing.gateway import GatewayTelemetry
@@ -47,6 +49,7 @@ class ModelRuntime:
                  metrics: GatewayMetrics, observers: list[RequestObserver],
                  rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
+        self.name = config.name
         self.pools: dict[str, Pool] = {}
         # Looked up on every request: a dict, not a scan of the config's list.
         self.upstream_models = {v.name: v.upstream_model for v in config.versions}
@@ -80,9 +83,9 @@ class ModelRuntime:
     def apply_weights(self) -> None:
         self.router.set_weights(self._weights())
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> Action:
         if self.canary is None:
-            return
+            return Action.NONE
         if self.canary.state is CanaryState.PROGRESSING:
             # Remembered until the next check: one cold moment spoils the interval.
             short = self.pools[self.canary.canary].capacity_shortfall()
@@ -94,6 +97,7 @@ class ModelRuntime:
             log.info("canary %s/%s: %s → %.0f%% (%s)", self.config.name, self.canary.canary,
                      d.action.value, 100 * d.weight, d.reason)
             self.apply_weights()
+        return d.action
 
     def canary_action(self, action: str, reason: str) -> None:
         assert self.canary is not None
@@ -129,6 +133,7 @@ class Gateway:
         rng = rng or random.Random()
         self.metrics = GatewayMetrics(self._gauges)
         self.retry_budget = RetryBudget(config.retry.budget)
+        self.tenants = Tenants.from_config(config, self.metrics)  # per-key limits and usage
         self.observers: list[RequestObserver] = []  # e.g. the autoscaler's signal collector
         self.models = {m.name: ModelRuntime(m, config, metrics=self.metrics,
                                             observers=self.observers, rng=rng, telemetry=telemetry)
@@ -136,10 +141,15 @@ class Gateway:
         # Started after the gateway's own tasks, stopped before them (e.g. the elastic
         # controller, which drains its instances while the proxy still works).
         self.services: list[GatewayService] = []
+        # Replicas: whether this one takes a model's canary decisions now (its pool's leader);
+        # None: always (one process).
+        self.decides: Callable[[str], bool] | None = None
         self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
         self._tasks: list[asyncio.Task] = []
+        # Rollouts and admin overrides: this process's, or the replicas' (state.redis_url).
+        self.shared = GatewayState.local()
         self.started = False
         self._starting: asyncio.Lock | None = None
 
@@ -167,6 +177,7 @@ class Gateway:
         if self.started:
             return
         self.started = True
+        await self.tenants.start()
         lim = self.config.limits
         self.upstream = UpstreamClient(connect_timeout=lim.connect_timeout_s,
                                        read_timeout=lim.request_timeout_s,
@@ -178,6 +189,10 @@ class Gateway:
             if rt.canary is not None and rt.config.canary.auto_start:
                 rt.canary.start(now, "started with the gateway")
                 rt.apply_weights()
+        state = self.config.state
+        self.shared = await open_state(state.redis_url, state.redis_password_file, list(self.models.values()),
+                                       pools=state.pools, observers=self.observers)
+        await self.shared.start()  # a rollout already shared wins over auto_start
         self._tasks = [asyncio.create_task(self.monitor.run(), name="monitor"),
                        asyncio.create_task(self._canary_loop(), name="canary"),
                        asyncio.create_task(self._timeline_loop(), name="timeline")]
@@ -198,10 +213,12 @@ class Gateway:
         for t in self._tasks:
             with suppress(asyncio.CancelledError):
                 await t
+        await self.shared.stop()
         if self.monitor is not None:
             self.monitor.close()
         if self.upstream is not None:
             await self.upstream.aclose()
+        await self.tenants.stop()
         if self.telemetry is not None and self.telemetry.tracing is not None:
             self.telemetry.tracing.shutdown()  # export what is buffered
 
@@ -215,8 +232,10 @@ class Gateway:
             await asyncio.sleep(period)
             now = time.time()
             for rt in self.models.values():
+                if self.decides is not None and not self.decides(rt.config.name):
+                    continue  # another replica leads this rollout
                 try:
-                    rt.tick(now)
+                    await self.shared.rollouts.tick(rt, now)
                 except Exception:  # one model's bug must not stop the others' rollouts
                     log.exception("canary tick failed for %s", rt.config.name)
 
@@ -259,4 +278,4 @@ class Gateway:
                     inflight.add_metric([name, version, iid], inst.inflight)
                     ready.add_metric([name, version, iid], float(inst.ready))
                     breaker.add_metric([name, version, iid], level[state.value])
-        return [depth, oldest, weight, inflight, ready, breaker]
+        return [depth, oldest, weight, inflight, ready, breaker, *self.shared.gauges()]

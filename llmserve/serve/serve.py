@@ -25,7 +25,9 @@ from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig
 from llmserve.autoscale.controller import PoolController, Prober
 from llmserve.autoscale.probe import EngineEndpoints
 from llmserve.autoscale.providers.base import InstanceProvider
-from llmserve.serve.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig
+from llmserve.serve.deployment import deep_merge
+from llmserve.serve.serve_config import SERVE_AUTOSCALE_DEFAULTS, ProviderSettings, ServeConfig, serve_file
+from llmserve.state.gateway_state import check_store
 from llmserve.flags import add_flags, given
 from llmserve.tracing.config import ENV_ENDPOINT, TracingConfig
 
@@ -41,6 +43,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-sample-ratio", type=float, default=1.0,
                    help="share of new traces recorded; instances follow the gateway's decision (default 1)")
     p.add_argument("--access-log", action="store_true", help="one JSON line per request on stderr")
+    p.add_argument("--replica", type=int, default=None, help=argparse.SUPPRESS)  # set by --replicas
     add_flags(p, ServeConfig)
     add_flags(p.add_argument_group("provider"), ProviderSettings)
     g = p.add_argument_group("autoscale (the file's autoscale section)")
@@ -72,12 +75,16 @@ def build_provider(cfg: ServeConfig) -> InstanceProvider:
 
         ray_provider = RayProvider(RayProviderConfig(
             address=p.ray_address, num_cpus=p.ray_num_cpus, num_gpus=p.ray_num_gpus, bind_host=p.ray_bind_host,
-            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus))
+            log_dir=p.log_dir, local_num_cpus=p.ray_local_num_cpus,
+            detached=cfg.gateway.state.redis_url is not None))  # replicas: actors outlive their leader
         ray_provider.connect()
         return ray_provider
     from llmserve.autoscale.providers.local import LocalProvider, LocalProviderConfig
+    from llmserve.serve.leases import registry_dir
 
-    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir, fork_from_template=p.fork_from_template))
+    state = cfg.gateway.state  # replicas: instances outlive the one that started them, listed on disk
+    return LocalProvider(LocalProviderConfig(log_dir=p.log_dir, fork_from_template=p.fork_from_template,
+                                             registry_dir=registry_dir(state.dir) if state.redis_url else None))
 
 
 def build_app(cfg: ServeConfig, provider: InstanceProvider, admin_key: str, prober: Prober | None = None):
@@ -104,6 +111,13 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
     controllers = []
+    leases = None
+    if cfg.gateway.state.redis_url:  # replicas: one lease per pool (serve/leases.py)
+        from llmserve.autoscale.leadership import LeaderController
+        from llmserve.serve.leases import PoolLeases, canary_gate, check_replicas
+
+        check_replicas(cfg.provider.kind, cfg.provider.ray_address, cfg.instance_api_key)
+        leases = PoolLeases(cfg.gateway.state.redis_url, cfg.gateway.state.redis_password_file, cfg.leases)
     from llmserve.autoscale.core_share import cap_to_cores
     from llmserve.engine.threads import available_cores
 
@@ -113,13 +127,15 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
             cfg.autoscale_config(p)
         # Instance ids name their pool: the version alone while there is one model.
         prefix = f"{p.version}-" if len({q.model for q in pools}) == 1 else f"{safe_id(p.model)}-{p.version}-"
-        controller = PoolController(gw.pool(p.model, p.version), p.model, p.version, auto,
-                                    provider, traced_specs(functools.partial(cfg.instance_spec, instance_key=key,
-                                                                             pool=p), tracing),
-                                    cfg.controller_config(), metrics=metrics, prober=prober,
-                                    instance_api_key=key, id_prefix=None if single else prefix,
-                                    close_provider=i == 0,  # the gateway stops the first pool last
-                                    endpoints=EngineEndpoints(p.ready_path, p.load_source))
+        kind, lead = (PoolController, {"provider": provider}) if leases is None else \
+            (LeaderController, leases.controller_args(provider, p.key))
+        controller = kind(gw.pool(p.model, p.version), p.model, p.version, auto,
+                          spec_factory=traced_specs(functools.partial(cfg.instance_spec, instance_key=key, pool=p),
+                                                    tracing),
+                          config=cfg.controller_config(), metrics=metrics, prober=prober,
+                          instance_api_key=key, id_prefix=None if single else prefix,
+                          close_provider=i == 0,  # the gateway stops the first pool last
+                          endpoints=EngineEndpoints(p.ready_path, p.load_source), **lead)
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)
@@ -128,6 +144,9 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
 
         gw.services.append(CoreShare([SharedPool(c, cfg.shares_cores(p), keys[p.key])
                                       for c, p in zip(controllers, pools)], available_cores()))
+    if leases is not None:  # each canary decision once, by the leader of the pool that decides it
+        canaries = {m.name: m.canary.version for m in gw.config.models if m.canary is not None}
+        gw.decides = canary_gate(leases, canaries, [p.key for p in pools])
     app.include_router(autoscale_router(controllers, admin_guard(gw)))
     app.state.controller = controllers[0]
     app.state.controllers = controllers
@@ -162,15 +181,26 @@ def safe_id(name: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     cfg = ServeConfig.load(args.config, overrides_from_args(args))
+    if args.replica is not None:  # one of a --replicas set: each runs the controllers, the pool's
+        # lease holder leads and publishes the pool (autoscale/leadership.py); "follow": none may
+        role = "follow" if cfg.gateway.state.pools == "follow" else "own"
+        cfg = ServeConfig.load(args.config, deep_merge(overrides_from_args(args),
+                                                       {"gateway": {"state": {"pools": role}}}))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
+    tracing_argv = [*(["--otlp-endpoint", args.otlp_endpoint] if args.otlp_endpoint else []),
+                    "--trace-sample-ratio", str(args.trace_sample_ratio), *(["--access-log"] if args.access_log else [])]
+    if cfg.replicas > 1:
+        from llmserve.serve.replicas import run_replicas
+
+        return run_replicas(cfg, serve_file(args.config, overrides_from_args(args)), tracing_argv)
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
-    provider = build_provider(cfg)
     tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
                                     args.trace_sample_ratio)
+    if cfg.gateway.state.pools == "follow":
+        return serve_app(cfg, follower_app(cfg, admin_key, tracing), args.replica)
+    provider = build_provider(cfg)
     app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
     base = f"http://{cfg.host}:{cfg.port}"
     shown_key = f"#key={admin_key}" if cfg.admin_key is None else ""
@@ -187,11 +217,36 @@ def run_serve(args: argparse.Namespace) -> int:
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
+    return serve_app(cfg, app, args.replica)
+
+
+def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None):
+    """A replica without the controller: its pools mirror replica 0's (state.pools: follow)."""
+    from llmserve.gateway.app import create_app
+
+    keys = {p.key: cfg.instance_key() for p in cfg.pools()}  # Ray's is the one --replicas wrote
+    app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
+    app.state.gateway.decides = lambda model: False  # canary decisions are the pools' leaders'
+    return app
+
+
+def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:
+    """uvicorn on the port; a replica binds it with SO_REUSEPORT, beside its siblings."""
+    import uvicorn
+
     from llmserve.http_guard import uvicorn_options
 
     gcfg = app.state.gateway.config
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
-                **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
+        **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30))
+    check_store(gcfg.state.redis_url, gcfg.state.redis_password_file)  # one line, not a traceback
+    if replica is None:
+        server.run()
+        return 0
+    from llmserve.serve.replicas import reuse_port_socket
+
+    server.run(sockets=[reuse_port_socket(cfg.host, cfg.port)])
     return 0
 
 

@@ -30,6 +30,7 @@ from llmserve.serve.deployment import (ModelDeployment, PoolDeployment, check_en
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.flags import Flag
+from llmserve.state.lease import LeaseConfig
 from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -101,10 +102,13 @@ class ServeConfig(_Strict):
     # Not a flag: argv is visible to every local user.
     instance_api_key: Annotated[str | None, Flag(skip=True)] = Field(None, min_length=8)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="serve's log level")
+    replicas: int = Field(1, ge=1, le=64, description="gateway processes on the port (SO_REUSEPORT), sharing "
+                                                    "state through Redis (their own, unless gateway.state.redis_url)")
     provider: ProviderSettings = ProviderSettings()
     # The file's autoscale, over SERVE_AUTOSCALE_DEFAULTS (see _serve_defaults).
     autoscale: AutoscaleConfig = AutoscaleConfig.model_validate(SERVE_AUTOSCALE_DEFAULTS)
     lifecycle: ControllerConfig = ControllerConfig()
+    leases: LeaseConfig = LeaseConfig()  # one writer per pool, with gateway.state.redis_url (docs/leases.md)
     gateway: GatewaySettings = GatewaySettings()
     pool: PoolSettings = PoolSettings()  # admission, concurrency, balancer
     # Several models and versions, one pool each; engine_args, autoscale,

@@ -19,6 +19,10 @@ class StoreError(RuntimeError):
     """The store cannot be used as configured; the message is one line a user can act on."""
 
 
+class StoreUnreachable(StoreError):
+    """The store did not answer (as opposed to refusing us): a replica may degrade and retry."""
+
+
 def _password(url: str, password_file: Path | None) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
@@ -68,5 +72,5 @@ async def connect(url: str, password_file: Path | None = None, *, timeout_s: flo
         raise StoreError(f"Redis at {redact(url)}: {e}") from None
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as e:
         await r.aclose()
-        raise StoreError(f"Redis at {redact(url)} is unreachable: {e}") from None
+        raise StoreUnreachable(f"Redis at {redact(url)} is unreachable: {e}") from None
     return r

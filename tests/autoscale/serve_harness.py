@@ -10,6 +10,7 @@ instance was never in the pool) and not only what the end looks like.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from llmserve.percentiles import percentile
 from llmserve.serve.serve_process import ServeProcess
 
 __all__ = ["ADMIN", "FAST_GATEWAY", "Load", "Sample", "Sampler", "ServeProcess", "peak_ready", "percentile",
-           "serve_config"]
+           "serve_config", "standin_config"]
 
 ADMIN = "admin-key-for-serve-tests-0123456789"
 FAST_GATEWAY = {"polling": {"load_interval_s": 0.1, "ready_interval_s": 0.5, "timeout_s": 2.0}}
@@ -35,6 +36,21 @@ def serve_config(model: Path | str, **over) -> dict:
            "autoscale": {"tick_s": 0.5}}
     for k, v in over.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg
+
+
+def standin_config(max_instances: int, startup_delay_s: float = 0.0) -> dict:
+    """Model ``chat``: one static instance of the foreign stand-in server (no torch, cheap),
+    scalable to ``max_instances``."""
+    cfg = serve_config("unused", autoscale={"policy": "static", "static": {"instances": 1}, "tick_s": 0.5,
+                                            "bounds": {"min_instances": 1, "max_instances": max_instances}})
+    for k in ("model", "served_model_name", "engine_args", "threads_per_instance"):
+        cfg.pop(k)
+    delay = f" --startup-delay {startup_delay_s}" if startup_delay_s else ""
+    cfg["models"] = [{"name": "chat", "versions": [{
+        "name": "ext", "model": "upstream-name",
+        "command": f"{sys.executable} -m tests.autoscale.standin_server --host {{host}} --port {{port}} "
+                   "--model {model}" + delay}]}]
     return cfg
 
 

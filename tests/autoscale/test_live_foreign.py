@@ -10,24 +10,15 @@ No torch is loaded, so this one is cheap.
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from .serve_harness import ServeProcess, serve_config, settled_at
+from .serve_harness import ServeProcess, settled_at, standin_config
 
 
 @pytest.fixture
 def serve(tmp_path):
-    cfg = serve_config("unused", autoscale={"policy": "static", "static": {"instances": 1}, "tick_s": 0.5,
-                                            "bounds": {"min_instances": 1, "max_instances": 2}})
-    for k in ("model", "served_model_name", "engine_args", "threads_per_instance"):
-        cfg.pop(k)
-    cfg["models"] = [{"name": "chat", "versions": [{
-        "name": "ext", "model": "upstream-name",
-        "command": f"{sys.executable} -m tests.autoscale.standin_server --host {{host}} --port {{port}} "
-                   "--model {model} --startup-delay 0.5"}]}]
-    s = ServeProcess(cfg, tmp_path)
+    s = ServeProcess(standin_config(max_instances=2, startup_delay_s=0.5), tmp_path)
     try:
         yield s
     finally:

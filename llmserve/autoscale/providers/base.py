@@ -34,6 +34,10 @@ class InstanceSpec:
     # "on_demand" or "spot" (autoscale/capacity_classes.py); a provider that cannot give
     # spot raises SpotUnavailable, and the controller starts it on-demand instead.
     capacity_class: str = "on_demand"
+    # With replicas: the pool it belongs to and the fencing token of the leader that
+    # asks for it (providers/fenced.py), kept in the provider's own listing.
+    pool: str = ""
+    token: int | None = None
 
     def __post_init__(self) -> None:
         if not self.instance_id:

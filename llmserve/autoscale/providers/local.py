@@ -21,6 +21,7 @@ benchmarks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import (engine_argv, engine_command, foreign_command, free_port, spawn,
                                                   tail)
+from llmserve.autoscale.providers.registry import AdoptedProcess, ProcessRegistry, Registered, process_start
 from llmserve.server.fork_server import ForkedProcess, Template, TemplateError, needs_fresh_process
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,9 @@ class LocalProviderConfig(BaseModel):
     log_dir: str | None = None  # None: a fresh temporary folder
     fork_from_template: bool = True
     template_ready_timeout_s: float = 120.0
+    # Replicas: instances outlive this process (no template, no death with the parent)
+    # and are listed here, so the next leader adopts them (providers/registry.py).
+    registry_dir: str | None = None
 
 
 class LocalProvider:
@@ -59,15 +64,19 @@ class LocalProvider:
         self._ports: set[int] = set()
         self._reclaim_at: dict[str, float] = {}  # unix deadline, by instance id
         self._kills: dict[str, asyncio.TimerHandle] = {}
-        self.template = Template(self.log_dir / "template.log") if self.config.fork_from_template else None
+        self.registry = ProcessRegistry(self.config.registry_dir) if self.config.registry_dir else None
+        forks = self.config.fork_from_template and self.registry is None
+        self.template = Template(self.log_dir / "template.log") if forks else None
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         host = self.config.host
         port = free_port(host, self._ports)
         self._ports.add(port)
         log_path = self.log_dir / f"{spec.instance_id}.log"
+        dies_with_us = self.registry is None  # without replicas no one else could stop it
         if spec.command:  # a foreign server: its own process, never forked from the template
-            proc = spawn(foreign_command(spec.command, host, port, spec.instance_id), log_path, dict(spec.env))
+            proc = spawn(foreign_command(spec.command, host, port, spec.instance_id), log_path, dict(spec.env),
+                         dies_with_us)
         else:
             proc = await self._fork(engine_argv(spec.engine_args, host, port, spec.instance_id), log_path,
                                     dict(spec.env))
@@ -75,10 +84,13 @@ class LocalProvider:
             # Popen runs on the loop's thread on purpose: PR_SET_PDEATHSIG fires when the
             # *thread* that forked ends, and a worker thread of to_thread() ends early.
             proc = spawn(engine_command(spec.engine_args, host, port, spec.instance_id), log_path,
-                         dict(spec.env))
+                         dict(spec.env), dies_with_us)
         self._procs[spec.instance_id] = proc
-        return InstanceHandle(spec.instance_id, f"http://{host}:{port}", self.name,
-                              {"pid": proc.pid, "port": port, "log": str(log_path)})
+        url = f"http://{host}:{port}"
+        if self.registry is not None:
+            self.registry.record(Registered(spec.instance_id, spec.pool, proc.pid, process_start(proc.pid) or 0,
+                                            port, url, str(log_path), spec.token))
+        return InstanceHandle(spec.instance_id, url, self.name, {"pid": proc.pid, "port": port, "log": str(log_path)})
 
     async def _fork(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess | None:
         """The instance forked from the template; None where a fresh process is needed."""
@@ -131,7 +143,36 @@ class LocalProvider:
                     await asyncio.sleep(0.02)
         self._procs.pop(handle.instance_id, None)  # a reclaim's kill, still to come, finds nothing
         self._ports.discard(handle.ref.get("port", -1))
+        if self.registry is not None:
+            self.registry.remove(handle.instance_id)
         return proc.returncode
+
+    # ---- replicas: the listing a new leader adopts from ----------------------------------------
+    async def listing(self, pool: str) -> list[InstanceHandle]:
+        """The pool's registered instances still running (any leader's)."""
+        if self.registry is None:
+            return []
+        return [InstanceHandle(e.instance_id, e.url, self.name,
+                               {"pid": e.pid, "port": e.port, "log": e.log, "token": e.token})
+                for e in self.registry.live(pool)]
+
+    async def adopt(self, handle: InstanceHandle, token: int | None) -> bool:
+        """Take over a listed instance (watch it, stop it); False when it is gone."""
+        entry = next((e for e in self.registry.live() if e.instance_id == handle.instance_id), None) \
+            if self.registry is not None else None
+        if entry is None:
+            return False
+        entry = dataclasses.replace(entry, token=token)
+        self.registry.record(entry)
+        if handle.instance_id not in self._procs:
+            self._procs[handle.instance_id] = AdoptedProcess(entry)
+            self._ports.add(entry.port)
+        return True
+
+    def detach(self, instance_ids) -> None:
+        """Forget these instances without stopping them: another replica leads their pool now."""
+        for iid in instance_ids:
+            self._procs.pop(iid, None)
 
     async def status(self, handle: InstanceHandle) -> RunStatus:
         proc = self._procs.get(handle.instance_id)

@@ -69,15 +69,17 @@ def foreign_command(template: tuple[str, ...], host: str, port: int, instance_id
     return out
 
 
-def spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(cmd: list[str], log_path: Path, env: dict[str, str] | None = None,
+          die_with_parent: bool = True) -> subprocess.Popen:
     """Start ``cmd`` in its own session (a Ctrl-C in the terminal reaches only the
-    controller, which drains instances in order), logging to ``log_path``."""
+    controller, which drains instances in order), logging to ``log_path``.
+    ``die_with_parent`` False: it outlives us (replicas: the next leader adopts it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=full_env, start_new_session=True,
-                                preexec_fn=_die_with_parent)  # noqa: PLW1509 - only a prctl call
+                                preexec_fn=_die_with_parent if die_with_parent else None)  # noqa: PLW1509 - only a prctl call
 
 
 def terminate(proc: subprocess.Popen, grace_s: float, sleep=time.sleep) -> int | None:

@@ -53,6 +53,9 @@ class RayProviderConfig(BaseModel):
     local_num_cpus: int | None = None  # a local runtime's CPU count (None: all)
     namespace: str = "llmserve"
     call_timeout_s: float = 10.0
+    # Replicas: actors outlive the driver that made them (Ray's "detached" lifetime), so
+    # the next leader finds them by name (``listing``) and adopts them.
+    detached: bool = False
 
     @model_validator(mode="after")
     def _checked(self) -> RayProviderConfig:
@@ -61,6 +64,13 @@ class RayProviderConfig(BaseModel):
         if self.call_timeout_s <= 0:
             raise ValueError("ray provider: call_timeout_s must be positive")
         return self
+
+
+ACTOR_PREFIX = "llmserve-"
+
+
+def actor_name(instance_id: str) -> str:
+    return f"{ACTOR_PREFIX}{instance_id}"
 
 
 def is_loopback(host: str) -> bool:
@@ -86,9 +96,11 @@ class EngineActor:
     """Runs on a Ray worker: owns one engine subprocess. Wrapped by ``ray.remote`` at use."""
 
     def __init__(self, engine_args: list[str], instance_id: str, bind_host: str | None,
-                 log_dir: str | None, env: dict[str, str], command: list[str] | None = None) -> None:
+                 log_dir: str | None, env: dict[str, str], command: list[str] | None = None,
+                 pool: str = "", token: int | None = None) -> None:
         import ray
 
+        self.instance_id, self.pool, self.token = instance_id, pool, token
         host = bind_host or ray.util.get_node_ip_address()
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
@@ -100,7 +112,11 @@ class EngineActor:
 
     def address(self) -> dict[str, Any]:
         return {"url": self.url, "node_id": self.node_id, "pid": self.proc.pid,
-                "log": str(self.log_path), "host_pid": os.getpid()}
+                "log": str(self.log_path), "host_pid": os.getpid(), "instance_id": self.instance_id,
+                "pool": self.pool, "token": self.token}
+
+    def set_token(self, token: int | None) -> None:
+        self.token = token  # the leader that adopted it
 
     def status(self) -> tuple[str, int | None]:
         code = self.proc.poll()
@@ -161,9 +177,10 @@ class RayProvider:
                 ray.get_runtime_context().get_node_id(), soft=False)
         actor_cls = self._actor_cls.options(
             num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None,
-            max_restarts=0, name=f"llmserve-{spec.instance_id}", **options)
+            max_restarts=0, name=actor_name(spec.instance_id), **options,
+            **({"lifetime": "detached"} if cfg.detached else {}))
         actor = actor_cls.remote(list(spec.engine_args), spec.instance_id, host, cfg.log_dir,
-                                 dict(spec.env), list(spec.command) or None)
+                                 dict(spec.env), list(spec.command) or None, spec.pool, spec.token)
         self._actors[spec.instance_id] = actor
         try:
             # No timeout here: a pending actor waits for Ray to find (or add) a node; the
@@ -174,7 +191,7 @@ class RayProvider:
             ray.kill(actor, no_restart=True)
             raise
         return InstanceHandle(spec.instance_id, ref["url"], self.name,
-                              {k: v for k, v in ref.items() if k != "url"})
+                              {k: v for k, v in ref.items() if k not in ("url", "instance_id")})
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         import ray
@@ -206,6 +223,41 @@ class RayProvider:
         if state == "running":
             return RunStatus(RunState.RUNNING)
         return RunStatus(RunState.EXITED, code, f"engine exited with code {code}")
+
+    # ---- replicas: the listing a new leader adopts from ----------------------------------------
+    async def listing(self, pool: str) -> list[InstanceHandle]:
+        """The pool's actors, found by name in this namespace (any driver's)."""
+        import ray
+
+        out = []
+        for name in ray.util.list_named_actors():
+            if not name.startswith(ACTOR_PREFIX):
+                continue
+            try:
+                ref = await asyncio.wait_for(ray.get_actor(name).address.remote(), self.config.call_timeout_s)
+            except Exception as e:  # noqa: BLE001 - dying, or not an engine actor
+                log.info("ray actor %s not listed: %s", name, type(e).__name__)
+                continue
+            if ref.get("pool") == pool:
+                out.append(InstanceHandle(ref["instance_id"], ref["url"], self.name,
+                                          {k: v for k, v in ref.items() if k not in ("url", "instance_id")}))
+        return out
+
+    async def adopt(self, handle: InstanceHandle, token: int | None) -> bool:
+        import ray
+
+        try:
+            actor = ray.get_actor(actor_name(handle.instance_id))
+            await asyncio.wait_for(actor.set_token.remote(token), self.config.call_timeout_s)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            return False
+        self._actors[handle.instance_id] = actor
+        return True
+
+    def detach(self, instance_ids) -> None:
+        """Forget these actors, running: another replica leads their pool now."""
+        for iid in instance_ids:
+            self._actors.pop(iid, None)
 
     async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
         actor = self._actors.get(handle.instance_id)

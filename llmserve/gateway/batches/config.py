@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class StateConfig(BaseModel):
@@ -16,6 +17,18 @@ class StateConfig(BaseModel):
     # Unset: one process, everything in memory (or in ``dir``) as before.
     redis_url: str | None = None
     redis_password_file: Path | None = None  # when the URL carries no password
+    # Gateway replicas sharing the store: while it is unreachable each enforces 1/replicas
+    # of every key's limits alone (gateway/tenants/limiter.py).
+    replicas: int = Field(1, ge=1)
+    # Instances: listed in the config (own), or started by this replica's controller and
+    # published (publish), or mirrored from the replica that does (follow): serve --replicas.
+    pools: Literal["own", "publish", "follow"] = "own"
+
+    @model_validator(mode="after")
+    def _shared_pools_need_the_store(self) -> StateConfig:
+        if self.pools != "own" and self.redis_url is None:
+            raise ValueError(f"state.pools: {self.pools} needs state.redis_url (the replicas' store)")
+        return self
 
     def path(self, name: str) -> Path:
         return self.dir.expanduser() / name
