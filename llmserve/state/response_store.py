@@ -22,7 +22,7 @@ from redis import exceptions as redis_errors
 
 from llmserve.api.errors import APIError
 from llmserve.api.response_store import StoredResponse
-from llmserve.state.redis_conn import StoreError, connect, redact
+from llmserve.state.redis_conn import StoreError, StoreUnreachable, connect, redact
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def _unreachable(url: str, e: Exception) -> APIError:
 
 class RedisResponseStore:
     """A gateway service: ``start`` authenticates once (a wrong password stops the gateway
-    with one line), ``stop`` closes the client."""
+    with one line; an unreachable Redis does not: requests are a 503 until it answers),
+    ``stop`` closes the client."""
 
     def __init__(self, url: str, password_file: Path | None = None, *, max_age_s: float = 30 * 24 * 3600,
                  max_records: int = 100_000) -> None:
@@ -48,8 +49,15 @@ class RedisResponseStore:
         self._redis: aioredis.Redis | None = None
 
     async def start(self) -> None:
+        try:
+            await self._connect()
+        except StoreUnreachable as e:  # no refusal: requests answer 503 and try again until it answers
+            log.warning("response store: %s", e)
+
+    async def _connect(self) -> aioredis.Redis:
         if self._redis is None:
             self._redis = await connect(self.url, self.password_file)
+        return self._redis
 
     async def stop(self) -> None:
         if self._redis is not None:
@@ -60,11 +68,8 @@ class RedisResponseStore:
         """``op`` on the client, tried once more on a broken connection (every op here is
         idempotent, and after a Redis restart the pool's first connection is a dead one)."""
         for attempt in (0, 1):
-            try:
-                if self._redis is None:  # used before the gateway started it, or it failed to connect
-                    await self.start()
-                assert self._redis is not None
-                return await op(self._redis)
+            try:  # connects here when the gateway started with Redis away
+                return await op(await self._connect())
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError, StoreError) as e:
                 if attempt:
                     raise _unreachable(self.url, e) from None

@@ -74,3 +74,15 @@ async def test_a_wrong_password_refuses_to_start(redis_server):
     with pytest.raises(APIError) as e:  # and a request through it is a 503, not a 500
         await RedisResponseStore(bad).get("resp_1")
     assert e.value.status == 503
+
+
+async def test_a_gateway_started_with_redis_away_serves_once_it_is_back(redis_server):
+    redis_server.stop()
+    s = RedisResponseStore(redis_server.url, max_age_s=1e12)
+    await s.start()  # no refusal: an unreachable store degrades
+    with pytest.raises(APIError) as e:
+        await s.get("resp_1")
+    assert e.value.status == 503
+    redis_server.start()
+    await s.put(_rec(1))
+    assert await s.get("resp_1") == _rec(1)
