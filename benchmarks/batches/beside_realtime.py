@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=10_000)
     ap.add_argument("--probes", type=int, default=60)
     ap.add_argument("--pause", type=float, default=0.2)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=2)  # batches.concurrency's default
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     eng = start_engine(make_tiny_llama(tmp / "model", max_position_embeddings=512), tmp, "--served-model-name",

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 Authorize = Callable[[str | None], Any]  # Authorization header -> anything; raises APIError (401)
 Route = Callable[[Scope, Receive, bytes], Awaitable[Response]]
+# An in-process caller that has already authorized the request (the batch runner) names
+# its owner here; a scope key, so no HTTP client can set it.
+OWNER_KEY = "llmserve.owner"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -116,22 +119,24 @@ class Frontends:
         if path == "/v1/responses":
             _only(method, "POST", path)
             return await self._create_response(scope, receive)
-        return self._stored(scope, path.removeprefix("/v1/responses/"), method)
+        return await self._stored(scope, path.removeprefix("/v1/responses/"), method)
 
     # ---- /v1/responses -------------------------------------------------------------------
     def _owner(self, scope: Scope) -> str:
+        if scope.get(OWNER_KEY):
+            return scope[OWNER_KEY]
         self.authorize(header(scope, b"authorization"))
         return hashlib.sha256(bearer_token(header(scope, b"authorization"))).hexdigest()
 
-    def _stored(self, scope: Scope, rid: str, method: str) -> Response:
+    async def _stored(self, scope: Scope, rid: str, method: str) -> Response:
         owner = self._owner(scope)
         if method not in ("GET", "DELETE") or "/" in rid:
             raise APIError(405 if "/" not in rid else 404, f"{method} {scope['path']} is not supported")
-        rec = self.store.get(rid)
+        rec = await self.store.get(rid)
         if rec is None or rec.owner != owner:
             raise APIError(404, f"no stored response with id {rid!r}", param="response_id", code="not_found")
         if method == "DELETE":
-            self.store.delete(rid)
+            await self.store.delete(rid)
             return JSONResponse({"id": rid, "object": "response", "deleted": True})
         return JSONResponse(rec.response)
 
@@ -140,7 +145,7 @@ class Frontends:
         owner = self._owner(scope)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            prev = self.store.get(req.previous_response_id)
+            prev = await self.store.get(req.previous_response_id)
             if prev is None or prev.owner != owner:
                 raise APIError(404, f"previous response {req.previous_response_id!r} not found (it was not "
                                "stored, or was deleted)", param="previous_response_id", code="not_found")
@@ -152,14 +157,14 @@ class Frontends:
             return JSONResponse(await inner.json(), status_code=inner.status)
         env = responses.Envelope(req, None)
 
-        def keep(obj: dict[str, Any]) -> None:
+        async def keep(obj: dict[str, Any]) -> None:
             if req.store:
                 conversation = history + new + [responses.assistant_message(obj["output"])]
-                self.store.put(StoredResponse(obj["id"], owner, obj, conversation, obj["created_at"]))
+                await self.store.put(StoredResponse(obj["id"], owner, obj, conversation, obj["created_at"]))
 
         if not req.stream:
             obj = responses.from_chat(env, await inner.json())
-            keep(obj)
+            await keep(obj)
             return JSONResponse(obj)
         stream = responses.EventStream(env)
 
@@ -168,7 +173,7 @@ class Frontends:
                 async for e in stream.run(inner.events()):
                     yield e
                 if stream.response is not None:
-                    keep(stream.response)
+                    await keep(stream.response)
                     yield stream.final_event()
             finally:
                 await inner.close()

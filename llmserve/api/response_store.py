@@ -2,8 +2,8 @@
 
 ``ResponseStore`` is the contract a backend keeps; ``SQLiteResponseStore`` is the
 default (one file in the gateway's state folder, WAL, so a restart keeps them; an
-instance uses an in-memory one). A Redis backend for several gateway replicas only
-has to implement the same three calls. Each record holds the response object and
+instance uses an in-memory one); with ``state.redis_url`` gateway replicas share
+``llmserve.state.response_store.RedisResponseStore``, which keeps the same three calls. Each record holds the response object and
 the conversation up to and including it as chat messages, so a chain of any
 length is one lookup.
 """
@@ -29,13 +29,15 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
-    """Put is atomic (a reader sees a whole record or none); delete says whether it existed."""
+    """Put is atomic (a reader sees a whole record or none); delete says whether it existed.
+    Async, since a shared store is across a network; a backend that cannot be reached
+    raises an ``APIError`` (503), never a bare exception."""
 
-    def put(self, record: StoredResponse) -> None: ...
+    async def put(self, record: StoredResponse) -> None: ...
 
-    def get(self, response_id: str) -> StoredResponse | None: ...
+    async def get(self, response_id: str) -> StoredResponse | None: ...
 
-    def delete(self, response_id: str) -> bool: ...
+    async def delete(self, response_id: str) -> bool: ...
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -58,7 +60,7 @@ class SQLiteResponseStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
                          "response TEXT NOT NULL, messages TEXT NOT NULL, created_at REAL NOT NULL)")
 
-    def put(self, record: StoredResponse) -> None:
+    async def put(self, record: StoredResponse) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                              (record.id, record.owner, json.dumps(record.response), json.dumps(record.messages),
@@ -67,7 +69,7 @@ class SQLiteResponseStore:
             self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC "
                              "LIMIT -1 OFFSET ?)", (self.max_records,))
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    async def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
             row = self._db.execute("SELECT id, owner, response, messages, created_at FROM responses WHERE id = ?",
                                    (response_id,)).fetchone()
@@ -75,6 +77,6 @@ class SQLiteResponseStore:
             return None
         return StoredResponse(row[0], row[1], json.loads(row[2]), json.loads(row[3]), row[4])
 
-    def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str) -> bool:
         with self._lock:
             return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0

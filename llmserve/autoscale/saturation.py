@@ -14,8 +14,9 @@ lower throughput each, lower estimate, more instances. Saturation throughput
 does not depend on the pool size, and it is observable exactly when it
 matters: when work waits at the gateway because every instance is full.
 
-- saturated tick (gateway queue non-empty, batches nearly full): the observed
-  per-instance throughput *is* the saturation throughput;
+- saturated tick (realtime work queued at the gateway, batches nearly full): the
+  observed per-instance throughput *is* the saturation throughput (batch-class
+  lines queue whenever they wait for idle seats, so their queue does not count);
 - nearly full batches without a queue (fill >= ``capacity_measure_fill``):
   throughput divided by fill is a close estimate (a slight overestimate: per-seat
   throughput falls a little as the last seats fill);
@@ -77,7 +78,8 @@ def update_capacity(est: CapacityEstimate, ctx: PoolSignals, cfg: PredictiveConf
     observed = ctx.throughput_per_instance
     fill = ctx.batch_fill
     saturated = est.saturated_ticks
-    if ctx.ready > 0 and observed > 0 and ctx.queued > 0 and fill >= SATURATED_FILL:
+    # realtime work waiting: a batch queue says nothing, batch lines wait for idle seats by design
+    if ctx.ready > 0 and observed > 0 and ctx.realtime_queued > 0 and fill >= SATURATED_FILL:
         measured, saturated = observed, saturated + 1
     elif ctx.ready > 0 and ctx.modelled_capacity > 0 and cfg.capacity_from_model:
         if not est.measured:  # the first instance's own model replaces the configured prior

@@ -2,7 +2,8 @@
 
 The API fronts (``llmserve.api.frontends``) translate onto the gateway's own chat
 path; stored responses and batches live in the state folder (``state.dir``), so a
-restart keeps both. The batch runner is a gateway service: started and stopped
+restart keeps both; with ``state.redis_url`` stored responses live in Redis instead,
+shared by every replica (batches stay in the folder of the replica that took them). The batch runner is a gateway service: started and stopped
 with it, sending lines back into the app this builds the fronts for.
 """
 
@@ -13,12 +14,13 @@ from collections.abc import Callable
 from starlette.types import ASGIApp
 
 from llmserve.api.frontends import Frontends
-from llmserve.api.response_store import SQLiteResponseStore
+from llmserve.api.response_store import ResponseStore, SQLiteResponseStore
 from llmserve.gateway.batches.routes import BatchRoutes
 from llmserve.gateway.batches.runner import BatchRunner
 from llmserve.gateway.batches.store import BatchStore
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
+from llmserve.state.response_store import RedisResponseStore
 
 
 def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[str | None], object],
@@ -28,8 +30,17 @@ def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[
     runner = BatchRunner(store, config.batches, state.path("batches.lock"))
     runner.observers = observers if observers is not None else []  # told each model's batch need
     runner.app = app
+    gateway = getattr(app, "gateway", None)
+    if gateway is not None:  # lines in flight scale with the instances that can take them
+        runner.ready_instances = lambda: sum(i.ready and i.accepting for p in gateway.pools() for i in p.instances())
     services.append(runner)
     routes = BatchRoutes(store, config.batches, runner)
-    return Frontends(app, SQLiteResponseStore(state.path("responses.db")), authorize,
+    responses: ResponseStore
+    if state.redis_url is not None:  # replicas share stored responses; batches stay in the state folder
+        responses = RedisResponseStore(state.redis_url, state.redis_password_file)
+        services.insert(0, responses)  # connected before the batch runner starts, closed after it
+    else:
+        responses = SQLiteResponseStore(state.path("responses.db"))
+    return Frontends(app, responses, authorize,
                      config.limits.max_body_bytes, extra={"/v1/files": routes.files, "/v1/batches": routes.batches},
                      extra_body_bytes=config.batches.max_file_bytes)

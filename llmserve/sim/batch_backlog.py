@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
+from llmserve.lifecycle import InstanceState as S
+from llmserve.gateway.batches.pace import PaceMeter, base_in_flight, lines_in_flight, told_need
 from llmserve.sim.results import COMPLETED, EXPIRED, REJECTED, SimResult
 from llmserve.sim.simulator import Simulator
 from llmserve.sim.traces import Trace
@@ -31,7 +32,7 @@ class Backlog:
     window_s: float = 24 * 3600.0
     prompt_tokens: int = 300
     output_tokens: int = 200
-    base: int = 4  # batches.concurrency
+    base: int = 2  # batches.concurrency: per ready instance
     ceiling: int = 64  # batches.max_concurrency
 
 
@@ -61,6 +62,7 @@ class BacklogSimulator(Simulator):
         self.finished = 0
         self.done_at = float("nan")
         self.meter = PaceMeter()
+        self.ready_now = 0
 
     def _arrive(self, rid: int, now: float) -> None:
         if self.is_line[rid]:
@@ -86,9 +88,11 @@ class BacklogSimulator(Simulator):
 
     def _tick(self, now: float, state: object) -> object:
         b = self.backlog
-        # what the live runner tells the controller: the rate the window requires
+        # what the live runner tells the controller: the rate the window requires, while idle seats fall short
         left = b.submit_s + b.window_s - now
-        self.collector.set_batch_need(required_rate(b.lines - self.finished, left) if now >= b.submit_s else 0.0)
+        self.ready_now = sum(1 for i in self.instances.values() if i.state is S.READY)  # as the runner counts
+        need = told_need(b.lines - self.finished, left, self.meter.rate(now, self.finished))
+        self.collector.set_batch_need(need if now >= b.submit_s else 0.0)
         out = super()._tick(now, state)
         self._release(now)
         return out
@@ -96,7 +100,8 @@ class BacklogSimulator(Simulator):
     def _release(self, now: float) -> None:
         b = self.backlog
         left = b.submit_s + b.window_s - now
-        allowed = lines_in_flight(b.base, b.ceiling, b.lines - self.finished, self.meter.rate(now, self.finished), left)
+        base = base_in_flight(b.base, self.ready_now, b.ceiling)
+        allowed = lines_in_flight(base, b.ceiling, b.lines - self.finished, self.meter.rate(now, self.finished), left)
         # at most one try per held line per call: a refused one waits for the next step or tick
         for _ in range(min(len(self.held), max(allowed - self.in_flight, 0))):
             self.in_flight += 1

@@ -16,14 +16,14 @@ from tests.server.harness import free_port
 
 class GatewayProcess:
     def __init__(self, folder: Path, upstreams: list[str], *, keys: list[str] | None = None,
-                 batches: dict | None = None) -> None:
+                 batches: dict | None = None, state: dict | None = None) -> None:
         self.folder, self.port = folder, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = {
             "models": [{"name": "tiny", "versions": [{"name": "v1", "weight": 1.0, "upstreams": upstreams}]}],
             "auth": {"api_keys": keys or []},
             "polling": {"load_interval_s": 0.1, "ready_interval_s": 0.2, "timeout_s": 1.0},
-            "state": {"dir": str(folder / "state")},
+            "state": {"dir": str(folder / "state"), **(state or {})},
             "batches": {"poll_interval_s": 0.1, "retry_interval_s": 0.2, **(batches or {})}}
         self.proc: subprocess.Popen | None = None
         self.starts = 0

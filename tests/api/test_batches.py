@@ -164,3 +164,38 @@ def test_sigkill_mid_batch_then_restart_completes_every_line_exactly_once(engine
         assert c.files.retrieve(f.id).id == f.id  # the input file survived too
     finally:
         gw.stop()
+
+
+def test_a_batch_of_responses_lines(client, gateway):
+    """``endpoint: /v1/responses``: each line runs through /v1/responses as the batch's key, so
+    its answer is the same request's direct answer and a stored one is that key's to read;
+    a line the responses route refuses fails alone."""
+    def resp_line(cid: str, text: str, **kw) -> dict:
+        return {"custom_id": cid, "method": "POST", "url": "/v1/responses",
+                "body": {"model": "tiny", "input": text, "max_output_tokens": 5, "temperature": 0, **kw}}
+
+    lines = [resp_line("r-0", "hello", instructions="terse"), resp_line("r-1", "again"),
+             resp_line("r-bad", "x", background=True), resp_line("r-nostore", "z", store=False),
+             {**_line("chat-url", "x")}]
+    f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    b = _wait(client, client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
+                                            completion_window="24h").id)
+    assert b.status == "completed" and b.endpoint == "/v1/responses"
+    assert (b.request_counts.completed, b.request_counts.failed) == (3, 2)
+    out = {o["custom_id"]: o for o in map(json.loads, client.files.content(b.output_file_id).text.splitlines())}
+    assert sorted(out) == ["r-0", "r-1", "r-nostore"]
+    for cid in ("r-0", "r-1"):
+        body = out[cid]["response"]["body"]
+        assert out[cid]["response"]["status_code"] == 200 and body["object"] == "response"
+        direct = client.responses.create(**{**lines[int(cid[-1])]["body"], "store": False})
+        assert body["output"][0]["content"][0]["text"] == direct.output_text
+        assert client.responses.retrieve(body["id"]).output_text == direct.output_text  # stored as this key's
+    other = openai.OpenAI(base_url=gateway.url + "/v1", api_key="another", max_retries=0)
+    with pytest.raises(openai.APIStatusError):  # 401 here (not a gateway key); never another key's record
+        other.responses.retrieve(out["r-0"]["response"]["body"]["id"])
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(out["r-nostore"]["response"]["body"]["id"])
+    errors = {e["custom_id"]: e for e in map(json.loads, client.files.content(b.error_file_id).text.splitlines())}
+    assert errors["r-bad"]["response"]["status_code"] == 400
+    assert errors["r-bad"]["response"]["body"]["error"]["param"] == "background"
+    assert errors["chat-url"]["error"]["code"] == "mismatched_url"

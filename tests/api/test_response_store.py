@@ -1,26 +1,88 @@
-"""The stored-responses contract on SQLite: whole records, owners, a bounded size, a restart."""
+"""The stored-responses contract on SQLite and on a real Redis: whole records, a bounded
+size, a reopen (a restarted gateway, or another replica), and an outage as a 503."""
 
 from __future__ import annotations
 
+import pytest
+
+from llmserve.api.errors import APIError
 from llmserve.api.response_store import SQLiteResponseStore, StoredResponse
+from llmserve.state.redis_conn import StoreError
+from llmserve.state.response_store import RedisResponseStore
 
 
-def _rec(i: int, owner: str = "o") -> StoredResponse:
-    return StoredResponse(f"resp_{i}", owner, {"id": f"resp_{i}", "output": [i]}, [{"role": "user", "content": str(i)}],
-                          float(i))
+def _rec(i: int, owner: str = "o", created: float | None = None) -> StoredResponse:
+    return StoredResponse(f"resp_{i}", owner, {"id": f"resp_{i}", "output": [i], "text": "é ✓"},
+                          [{"role": "user", "content": str(i)}], float(i) if created is None else created)
 
 
-def test_put_get_delete_and_a_reopen(tmp_path):
-    path = tmp_path / "r.db"
-    s = SQLiteResponseStore(path, max_age_s=1e12)  # the records are dated 1970
-    s.put(_rec(1))
-    assert s.get("resp_1") == _rec(1)
-    assert SQLiteResponseStore(path, max_age_s=1e12).get("resp_1") == _rec(1)  # what a restarted gateway reads
-    assert s.delete("resp_1") and not s.delete("resp_1") and s.get("resp_1") is None
+@pytest.fixture(params=["sqlite", "redis"])
+def opener(request, tmp_path):
+    """A function that opens the store (again: a second call is a restarted gateway or
+    another replica reading the same state)."""
+    if request.param == "sqlite":
+        return lambda **kw: SQLiteResponseStore(tmp_path / "r.db", **kw)
+    server = request.getfixturevalue("redis_server")
+    return lambda **kw: RedisResponseStore(server.url, **kw)
 
 
-def test_the_oldest_go_past_the_cap(tmp_path):
-    s = SQLiteResponseStore(max_records=3, max_age_s=1e12)
+async def test_put_get_delete_and_a_reopen(opener):
+    s = opener(max_age_s=1e12)  # the records are dated 1970
+    await s.put(_rec(1))
+    assert await s.get("resp_1") == _rec(1)
+    assert await opener(max_age_s=1e12).get("resp_1") == _rec(1)
+    assert await s.delete("resp_1") and not await s.delete("resp_1") and await s.get("resp_1") is None
+    assert await opener(max_age_s=1e12).get("resp_1") is None
+
+
+async def test_the_oldest_go_past_the_cap(opener):
+    s = opener(max_records=3, max_age_s=1e12)
     for i in range(1, 6):
-        s.put(_rec(i))
-    assert [s.get(f"resp_{i}") is not None for i in range(1, 6)] == [False, False, True, True, True]
+        await s.put(_rec(i))
+    assert [await s.get(f"resp_{i}") is not None for i in range(1, 6)] == [False, False, True, True, True]
+
+
+async def test_redis_records_expire_and_are_json(redis_server):
+    import redis
+
+    s = RedisResponseStore(redis_server.url, max_age_s=3600)
+    await s.put(_rec(7, created=1e9))
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    assert 0 < raw.ttl("llmserve:response:resp_7") <= 3600  # Redis drops it after max_age_s
+    assert raw.get("llmserve:response:resp_7").startswith('{"id": "resp_7"')  # JSON, never pickle
+    await s.stop()
+
+
+async def test_redis_outage_is_a_503_and_recovers(redis_server):
+    s = RedisResponseStore(redis_server.url, max_age_s=1e12)
+    await s.start()
+    await s.put(_rec(1))
+    redis_server.stop()
+    for call in (s.get("resp_1"), s.put(_rec(2)), s.delete("resp_1")):
+        with pytest.raises(APIError) as e:
+            await call
+        assert e.value.status == 503 and e.value.code == "store_unavailable"
+    redis_server.start()  # the same port, empty (no persistence in the tests' server)
+    await s.put(_rec(3))
+    assert await s.get("resp_3") == _rec(3)
+
+
+async def test_a_wrong_password_refuses_to_start(redis_server):
+    bad = redis_server.url.replace(redis_server.password, "not-the-password")
+    with pytest.raises(StoreError, match="refused our credentials"):
+        await RedisResponseStore(bad).start()
+    with pytest.raises(APIError) as e:  # and a request through it is a 503, not a 500
+        await RedisResponseStore(bad).get("resp_1")
+    assert e.value.status == 503
+
+
+async def test_a_gateway_started_with_redis_away_serves_once_it_is_back(redis_server):
+    redis_server.stop()
+    s = RedisResponseStore(redis_server.url, max_age_s=1e12)
+    await s.start()  # no refusal: an unreachable store degrades
+    with pytest.raises(APIError) as e:
+        await s.get("resp_1")
+    assert e.value.status == 503
+    redis_server.start()
+    await s.put(_rec(1))
+    assert await s.get("resp_1") == _rec(1)

@@ -39,7 +39,7 @@ def test_every_line_completes_once_and_never_more_than_the_base_in_flight():
     sim._release = watched
     res = sim.run()
     assert np.all(res.status[sim.is_line] == COMPLETED) and sim.finished == 200
-    assert peak == 2  # a day-long window needs no more than the base
+    assert peak == 4  # a day-long window needs no more than the base: 2 per ready instance, 2 instances
     assert sim.done_at > 0
     plain = report(Simulator(trace, small_profile(), static(2), SimConfig(initial_instances=2)).run(), None, 2.0)
     busy = report(res, sim.is_line, 2.0, 0.0, sim.done_at)
@@ -68,7 +68,8 @@ def test_a_window_too_short_for_the_base_widens_the_release():
 def test_a_small_day_keeps_its_attainment_and_fills_idle_capacity():
     """Issue 33's target on a small day: a backlog whose window idle capacity can meet adds
     at most 5 % instance-hours, keeps realtime attainment and finishes within its window
-    (+3.7 % measured; the policies that counted batch arrivals as demand cost +10.4 % here)."""
+    (-0.1 % measured with lines filling idle seats, realtime attainment 99.53 % against 99.70 %;
+    +3.7 % with 4 lines in flight in all; the policies that counted batch arrivals as demand cost +10.4 %)."""
     ap = argparse.ArgumentParser()
     add_simulate_args(ap)
     args = ap.parse_args(["--trace", "diurnal", "--policy", "predictive", "--peak-rps", "0.15"])

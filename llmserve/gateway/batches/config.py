@@ -38,9 +38,11 @@ class BatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_file_bytes: int = Field(64 << 20, ge=1024)  # an uploaded file (OpenAI allows 200 MB)
     max_lines: int = Field(50_000, ge=1)  # per input file, OpenAI's cap
-    # lines in flight across all batches: 4 kept realtime TTFT p90 at 1.5x idle, 16 let it reach 2.7x
-    # (benchmarks/batches/README.md); admission queues any excess
-    concurrency: int = Field(4, ge=1)
+    # lines in flight per ready instance (all batches together), so a bigger pool's idle seats fill too:
+    # on one instance 4 kept realtime TTFT p90 at 1.5x idle, 16 let it reach 2.7x
+    # (benchmarks/batches/README.md); over a simulated day 2 per instance cost the fewest
+    # instance-hours (benchmarks/sim/README.md); admission queues any excess behind realtime
+    concurrency: int = Field(2, ge=1)
     max_concurrency: int = Field(64, ge=1)  # for a batch that would miss its window (batches/pace.py)
     retry_interval_s: float = Field(1.0, gt=0.0)  # after a 429 / 503: the pool is full, try again
     poll_interval_s: float = Field(0.5, gt=0.0)  # how often the runner looks for new work

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+# OpenAI's Batch API also takes /v1/embeddings and /v1/moderations, which llmserve does not serve
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 @dataclass(frozen=True, slots=True)

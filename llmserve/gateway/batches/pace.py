@@ -1,17 +1,20 @@
 """How many batch lines to keep in flight: idle capacity first, more only when a window needs it.
 
-Pure. A batch normally runs ``base`` lines at a time, which leaves the engines to
-realtime traffic (``benchmarks/batches/README.md``) and, since the rest of the
-backlog waits in the state folder rather than in the admission queues, never
-makes a pool look busier than its realtime load: the backlog alone does not
-scale a pool up. Only a batch that would miss its completion window at its
-current pace gets more lines in flight, in proportion to how far behind it is,
-up to ``ceiling``; those queue at the gateway in the batch class.
+Pure. A batch normally runs ``base`` lines at a time: :func:`base_in_flight`, a few
+per ready instance, so the idle seats of a pool of any size are filled (admission
+keeps each instance's realtime reserve free; lines past the free seats wait in
+the batch queue, behind realtime), while on one instance it leaves the engine to
+realtime traffic (``benchmarks/batches/README.md``). The rest of the backlog
+waits in the state folder rather than in the admission queues, so it never makes
+a pool look busier than its realtime load. Only a batch that would miss its
+completion window at its current pace gets more lines in flight, in proportion
+to how far behind it is, up to ``ceiling``.
 
-The autoscaler is told :func:`required_rate` (the lines per second the window
-needs), never the backlog itself: the policies size a pool for realtime demand
-plus that rate only (:mod:`llmserve.autoscale.batch_need`), so a batch whose
-window idle capacity can meet adds no instance.
+The autoscaler is told :func:`told_need`: the lines per second the window needs,
+and only while the pace measured with the idle seats filled falls short of it,
+never the backlog itself. The policies size a pool for realtime demand plus that
+rate only (:mod:`llmserve.autoscale.batch_need`), so a batch that idle capacity
+carries adds no instance (a 20,000-line day: ``benchmarks/sim/README.md``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ def required_rate(remaining: int, seconds_left: float, margin: float = 0.8) -> f
     if seconds_left <= 0:
         return float(remaining)
     return remaining / (seconds_left * margin)
+
+
+def base_in_flight(per_instance: int, ready_instances: int, ceiling: int) -> int:
+    """``per_instance`` lines for each ready instance (one at least), up to ``ceiling``."""
+    return max(1, min(per_instance * max(ready_instances, 1), ceiling))
+
+
+def told_need(remaining: int, seconds_left: float, lines_per_s: float | None) -> float:
+    """What the autoscaler is told: :func:`required_rate` while the measured pace falls
+    short of it, else 0 (idle capacity first; not measured yet: 0, measure first)."""
+    need = required_rate(remaining, seconds_left)
+    return need if lines_per_s is not None and lines_per_s < need else 0.0
 
 
 def lines_in_flight(base: int, ceiling: int, remaining: int, lines_per_s: float | None, seconds_left: float,

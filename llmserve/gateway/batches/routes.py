@@ -34,7 +34,7 @@ WINDOW_S = {"24h": 24 * 3600}
 class CreateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_file_id: Annotated[str, Field(min_length=1, max_length=128)]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
     completion_window: Literal["24h"]
     metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                         Field(max_length=16)] | None = None

@@ -3,15 +3,16 @@
 Each pending line is sent in process (``asgi_call``) to the gateway app, so it is
 validated, routed, admitted and balanced as a client's request would be; its
 privileges are the batch class only, so realtime traffic keeps going first.
-``concurrency`` lines are in flight (more only when a completion window needs
-them: ``pace.py``); the rest of the backlog waits in the store, not in the
+``concurrency`` lines per ready instance are in flight (more only when a
+completion window needs them: ``pace.py``); the rest of the backlog waits in the store, not in the
 admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
 instance yet) is tried again after ``retry_interval_s``; any other answer is the
 line's one result.
 
 Each tick the request observers (the autoscaler) are told, per model, the lines
-per second the active batches' windows require (``pace.required_rate``): a pool
-grows for a batch only as far as that rate needs, never for the backlog itself.
+per second the active batches' windows require while idle seats do not deliver
+it (``pace.told_need``): a pool grows for a batch only as far as that rate needs,
+never for the backlog itself.
 
 One runner owns a state folder at a time (an exclusive lock file): two gateways
 pointed at one folder do not both run its lines. A batch ends when no line is
@@ -26,15 +27,17 @@ import contextlib
 import fcntl
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp
 
 from llmserve.api.asgi_call import call
+from llmserve.api.frontends import OWNER_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, required_rate
+from llmserve.gateway.batches.pace import PaceMeter, base_in_flight, lines_in_flight, told_need
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
@@ -57,6 +60,7 @@ class BatchRunner:
         self.wake = asyncio.Event()
         self._seen: dict[str, PaceMeter] = {}  # each active batch's pace
         self.observers: list[RequestObserver] = []  # told each model's batch need
+        self.ready_instances: Callable[[], int] = lambda: 1  # the gateway's ready instances, set with it
         self._models: dict[str, str] = {}  # batch id -> the model its lines name
         self._told: set[str] = set()  # models last told a need (told 0 once they have none)
         self._task: asyncio.Task | None = None
@@ -105,17 +109,18 @@ class BatchRunner:
     def _allowed(self, batches: list[dict[str, Any]], now: float) -> int:
         """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py);
         and each model's need told to the observers."""
-        allowed = self.config.concurrency
+        cfg = self.config
+        base = base_in_flight(cfg.concurrency, self.ready_instances(), cfg.max_concurrency)
+        allowed = base
         need: dict[str, float] = {}
         for b in batches:
             c = b["request_counts"]
             remaining = c["total"] - c["completed"] - c["failed"]
             rate = self._seen.setdefault(b["id"], PaceMeter(PACE_WINDOW_S)).rate(now, c["completed"] + c["failed"])
-            allowed = max(allowed, lines_in_flight(self.config.concurrency, self.config.max_concurrency,
-                                                   remaining, rate, b["expires_at"] - now))
+            allowed = max(allowed, lines_in_flight(base, cfg.max_concurrency, remaining, rate, b["expires_at"] - now))
             model = self._models.get(b["id"])
             if model is not None:
-                need[model] = need.get(model, 0.0) + required_rate(remaining, b["expires_at"] - now)
+                need[model] = need.get(model, 0.0) + told_need(remaining, b["expires_at"] - now, rate)
         for model in self._told | need.keys():
             for o in self.observers:
                 o.on_batch_need(model, need.get(model, 0.0))
@@ -146,12 +151,13 @@ class BatchRunner:
             for idx, cid, body in todo[:max(free, 0)]:
                 if isinstance(body, dict) and isinstance(body.get("model"), str):
                     self._models.setdefault(bid, body["model"])
-                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch["endpoint"], idx, cid, body))
+                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
 
-    async def _line(self, bid: str, endpoint: str, idx: int, cid: str, body: dict[str, Any]) -> None:
+    async def _line(self, bid: str, batch: dict[str, Any], idx: int, cid: str, body: dict[str, Any]) -> None:
+        endpoint, owner = batch["endpoint"], batch["owner"]
         try:
             while True:
-                status, reply = await self._send(endpoint, body)
+                status, reply = await self._send(endpoint, body, owner)
                 if status not in _RETRY:
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
@@ -170,9 +176,9 @@ class BatchRunner:
             self.in_flight.pop((bid, idx), None)
             self.wake.set()
 
-    async def _send(self, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async def _send(self, endpoint: str, body: dict[str, Any], owner: str) -> tuple[int, Any]:
         assert self.app is not None, "the runner starts with the gateway app"
         scope = {"type": "http", "http_version": "1.1", "scheme": "http", "root_path": "", "client": None,
                  "server": None, "headers": [(b"accept", b"application/json")]}
-        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY})
+        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY, OWNER_KEY: owner})
         return resp.status, await resp.json()

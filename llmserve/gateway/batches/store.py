@@ -145,9 +145,11 @@ class BatchStore:
 
     def active(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute(f"SELECT id, obj FROM batches WHERE status IN {ACTIVE} "
+            rows = self._db.execute(f"SELECT id, obj, owner FROM batches WHERE status IN {ACTIVE} "
                                     "ORDER BY created_at").fetchall()
-            return [{**json.loads(obj), "request_counts": self._counts(self._db, bid)} for bid, obj in rows]
+            # the owner, for the runner only: a /v1/responses line stores its response as the batch's key would
+            return [{**json.loads(obj), "request_counts": self._counts(self._db, bid), "owner": owner}
+                    for bid, obj, owner in rows]
 
     def pending(self, bid: str, skip: set[int], limit: int) -> list[tuple[int, str, dict[str, Any]]]:
         """Pending lines in file order, those in ``skip`` (in flight) left out."""

@@ -21,7 +21,8 @@ def _file(n: int) -> bytes:
 
 def test_lines_run_at_the_batch_class_and_wait_out_a_full_pool(tmp_path):
     b = Behaviour("i0", error_rate=1.0, error_status=503)
-    with stack({"v1": [b]}, state={"dir": str(tmp_path)}, batches={"poll_interval_s": 0.05,
+    # 4 lines in flight: 8 tries reach the upstream before its breaker opens on the 503s
+    with stack({"v1": [b]}, state={"dir": str(tmp_path)}, batches={"poll_interval_s": 0.05, "concurrency": 4,
                                                                     "retry_interval_s": 0.05}) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
         f = c.files.create(file=("in.jsonl", io.BytesIO(_file(4))), purpose="batch")
