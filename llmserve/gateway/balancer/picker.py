@@ -7,6 +7,14 @@ the best score, draw two at random and take the better (lower load on a tie).
 Randomising only among near-equals keeps a strong signal (prefix affinity, an
 idle instance) decisive, while several gateways working from the same slightly
 stale reports do not all herd onto the one instance that looked best.
+
+A large pool (more than ``score_all_up_to`` instances) is sampled: each round
+draws ``sample_size`` instances at random and filters and scores only those
+(power of d choices, as llm-d's and AIBrix's routers do at scale), so a pick
+costs the same at 500 instances as at 8. The instances holding the request's
+prefix join the draw, so affinity still finds its owner. A draw with no room
+falls back to the whole pool: a request never waits while some instance has
+room.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmserve.gateway.admission import ConcurrencyConfig, has_room
+from llmserve.gateway.admission import ConcurrencyConfig, has_batch_room, has_room
 from llmserve.gateway.balancer.base import RouteRequest, Scorer
 from llmserve.gateway.balancer.busy import BusyScorer
 from llmserve.gateway.balancer.kv import KVScorer
@@ -40,6 +48,9 @@ class BalancerConfig(BaseModel):
         "queue": 1.0, "running": 1.0, "kv": 0.5, "busy": 0.5, "prefix": 2.0})
     prefix: PrefixConfig = PrefixConfig()
     tie_margin: float = Field(0.05, ge=0.0, le=1.0)
+    # Pools up to this size: every instance is scored (the best is exact); larger ones are sampled.
+    score_all_up_to: int = Field(32, ge=1)
+    sample_size: int = Field(4, ge=2)  # instances drawn per round in a larger pool
 
     @field_validator("weights")
     @classmethod
@@ -89,20 +100,47 @@ class Picker:
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
 
-    def candidates(self, instances: Iterable[InstanceView],
-                   exclude: Iterable[str] = ()) -> tuple[list[InstanceView], NoPick | None]:
+    def candidates(self, instances: Iterable[InstanceView], exclude: Iterable[str] = (), *,
+                   batch: bool = False, sample: bool = True) -> tuple[list[InstanceView], NoPick | None]:
+        """Those that may take a request (``batch``: room beyond the realtime reserve); of a
+        large pool, those of a random draw that have room (``sample`` False: of all)."""
+        fits = has_batch_room if batch else has_room
+        concurrency = self.concurrency
+        pool = instances if isinstance(instances, list) else list(instances)
+        if sample and len(pool) > self.config.score_all_up_to and not exclude:
+            drawn = self._rng.sample(pool, min(self.config.sample_size, len(pool)))
+            roomy = [i for i in drawn if i.routable and fits(i, concurrency)]
+            if roomy:
+                return roomy, None
         excluded = set(exclude)
-        pool = [i for i in instances if i.instance_id not in excluded]
+        if excluded:
+            pool = [i for i in pool if i.instance_id not in excluded]
         if not pool:
             return [], NoPick.NO_INSTANCES
         routable = [i for i in pool if i.routable]
         if not routable:
             return [], NoPick.NONE_ROUTABLE
-        roomy = [i for i in routable if has_room(i, self.concurrency)]
+        roomy = [i for i in routable if fits(i, concurrency)]
         return roomy, (None if roomy else NoPick.NO_ROOM)
 
     def has_room(self, instances: Iterable[InstanceView]) -> bool:
         return bool(self.candidates(instances)[0])
+
+    def with_affinity(self, request: RouteRequest, candidates: list[InstanceView],
+                      pool: Sequence[InstanceView], batch: bool = False) -> list[InstanceView]:
+        """A sampled ``candidates`` plus the instances of ``pool`` holding the request's prefix
+        (routable, with room); the candidates themselves when there are none."""
+        prefix = self.scorer("prefix")
+        if prefix is None or len(pool) <= self.config.score_all_up_to:
+            return candidates
+        owners = set(prefix.matched_blocks(request)[0])  # type: ignore[attr-defined]
+        if not owners:
+            return candidates
+        fits = has_batch_room if batch else has_room
+        have = {c.instance_id for c in candidates}
+        extra = [i for i in pool if i.instance_id in owners and i.instance_id not in have
+                 and i.routable and fits(i, self.concurrency)]
+        return candidates + extra if extra else candidates
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
         total_w = sum(w for _, w in self.scorers)
@@ -116,9 +154,11 @@ class Picker:
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:
         """Choose an instance for the request (tell the scorers), or say why none."""
-        cands, why_not = self.candidates(instances, exclude)
+        pool = instances if isinstance(instances, list) else list(instances)
+        cands, why_not = self.candidates(pool, exclude)
         if not cands:
             return PickResult(None, why_not)
+        cands = self.with_affinity(request, cands, pool)
         chosen, scores = self._choose(request, cands)
         by_id = {c.instance_id: s for s, c in zip(scores, cands)} if scores is not None else {}
         return PickResult(chosen, None, by_id)
