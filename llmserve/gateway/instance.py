@@ -34,11 +34,13 @@ class InstanceView:
     est_waiting: int = field(init=False, repr=False, compare=False)
     est_running: int = field(init=False, repr=False, compare=False)
     est_load: int = field(init=False, repr=False, compare=False)  # running plus waiting, as best known
+    seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (0: no report)
 
     def __post_init__(self) -> None:
         r, put = self.report, object.__setattr__
         put(self, "routable", self.ready and self.healthy and self.accepting and self.breaker_available
             and not (r is not None and (r.draining or not r.ready)))
+        put(self, "seats", r.max_num_seqs if r is not None else 0)
         if r is None:
             put(self, "est_waiting", 0)
             put(self, "est_running", self.inflight)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmserve.gateway.admission import ConcurrencyConfig, has_batch_room, has_room
-from llmserve.gateway.balancer.base import RouteRequest, Scorer
+from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
+from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
 from llmserve.gateway.balancer.kv import KVScorer
 from llmserve.gateway.balancer.prefix import PrefixAffinityScorer, PrefixConfig
@@ -96,6 +96,9 @@ class Picker:
         self.concurrency = concurrency or ConcurrencyConfig()
         self.scorers = make_scorers(self.config)
         self._rng = rng or random.Random()
+        self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
+        self._prefix = self.scorer("prefix")
+        self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
 
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
@@ -104,12 +107,11 @@ class Picker:
                    batch: bool = False, sample: bool = True) -> tuple[list[InstanceView], NoPick | None]:
         """Those that may take a request (``batch``: room beyond the realtime reserve); of a
         large pool, those of a random draw that have room (``sample`` False: of all)."""
-        fits = has_batch_room if batch else has_room
-        concurrency = self.concurrency
+        limit = self._limits[batch]
         pool = instances if isinstance(instances, list) else list(instances)
         if sample and len(pool) > self.config.score_all_up_to and not exclude:
             drawn = self._rng.sample(pool, min(self.config.sample_size, len(pool)))
-            roomy = [i for i in drawn if i.routable and fits(i, concurrency)]
+            roomy = [i for i in drawn if i.routable and i.est_load < limit[i.seats]]
             if roomy:
                 return roomy, None
         excluded = set(exclude)
@@ -120,7 +122,7 @@ class Picker:
         routable = [i for i in pool if i.routable]
         if not routable:
             return [], NoPick.NONE_ROUTABLE
-        roomy = [i for i in routable if fits(i, concurrency)]
+        roomy = [i for i in routable if i.est_load < limit[i.seats]]
         return roomy, (None if roomy else NoPick.NO_ROOM)
 
     def has_room(self, instances: Iterable[InstanceView]) -> bool:
@@ -130,16 +132,15 @@ class Picker:
                       pool: Sequence[InstanceView], batch: bool = False) -> list[InstanceView]:
         """A sampled ``candidates`` plus the instances of ``pool`` holding the request's prefix
         (routable, with room); the candidates themselves when there are none."""
-        prefix = self.scorer("prefix")
+        prefix = self._prefix
         if prefix is None or len(pool) <= self.config.score_all_up_to:
             return candidates
         owners = set(prefix.matched_blocks(request)[0])  # type: ignore[attr-defined]
         if not owners:
             return candidates
-        fits = has_batch_room if batch else has_room
-        have = {c.instance_id for c in candidates}
+        limit, have = self._limits[batch], {c.instance_id for c in candidates}
         extra = [i for i in pool if i.instance_id in owners and i.instance_id not in have
-                 and i.routable and fits(i, self.concurrency)]
+                 and i.routable and i.est_load < limit[i.seats]]
         return candidates + extra if extra else candidates
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
@@ -177,10 +178,10 @@ class Picker:
             best = max(scores)
             near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
             if len(near) >= 2:
-                a, b = self._rng.sample(near, 2)
-                chosen = max((a, b), key=lambda sc: (sc[0], -sc[1].est_load))[1]
+                a, b = self._rng.sample(near, 2)  # the better; on a tie the less loaded, then a
+                chosen = b[1] if (b[0], -b[1].est_load) > (a[0], -a[1].est_load) else a[1]
             else:
                 chosen = near[0][1]
-        for scorer, _ in self.scorers:
+        for scorer in self._told:
             scorer.on_picked(request, chosen)
         return chosen, scores
