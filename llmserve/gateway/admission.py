@@ -117,7 +117,8 @@ class AdmissionQueue(Generic[T]):
         self._expired: list[Expired[T]] = []
 
     def __len__(self) -> int:
-        return sum(len(q.items) for q in self._queues.values())
+        q = self._queues  # two classes, read on every dispatch round: no generator
+        return len(q[PriorityClass.REALTIME].items) + len(q[PriorityClass.BATCH].items)
 
     def depth(self, priority: PriorityClass) -> int:
         return len(self._queues[priority].items)

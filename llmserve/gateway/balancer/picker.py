@@ -145,12 +145,20 @@ class Picker:
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
         total_w = sum(w for _, w in self.scorers)
-        combined = [0.0] * len(candidates)
+        combined: list[float] | None = None
+        n = len(candidates)
         for scorer, w in self.scorers:
+            values = scorer.score(request, candidates)
+            if len(values) != n:
+                raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {n} candidates")
             # min(1, max(0, s)) written out (NaN -> 0 as there): one pick per request, so it is hot.
-            combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
-                        for c, s in zip(combined, scorer.score(request, candidates), strict=True)]
-        return [c / total_w for c in combined]
+            # The first term stands alone: 0.0 + x is x for the x >= 0 a weight times a clamp is.
+            if combined is None:
+                combined = [w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0)) for s in values]
+            else:
+                combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
+                            for c, s in zip(combined, values)]
+        return [c / total_w for c in combined or [0.0] * n]
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:
