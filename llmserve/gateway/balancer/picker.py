@@ -10,11 +10,11 @@ stale reports do not all herd onto the one instance that looked best.
 
 A large pool (more than ``score_all_up_to`` instances) is sampled: each round
 draws ``sample_size`` instances at random and filters and scores only those
-(power of d choices, as llm-d's and AIBrix's routers do at scale), so a pick
-costs the same at 500 instances as at 8. The instances holding the request's
-prefix join the draw, so affinity still finds its owner. A draw with no room
-falls back to the whole pool: a request never waits while some instance has
-room.
+(power of d choices, as Envoy's least-request balancer and NGINX's ``random
+two`` do), so a pick costs the same at 500 instances as at 8. The instances
+holding the request's prefix join the draw, so affinity still finds its owner.
+A draw with no room falls back to the whole pool: a request never waits while
+some instance has room.
 """
 
 from __future__ import annotations
