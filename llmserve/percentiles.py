@@ -11,7 +11,7 @@ The epsilon keeps ``q / 100 * n`` from rounding up past an exact rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -43,3 +43,16 @@ def percentile(values: Iterable[float], q: float, *, is_sorted: bool = False, em
     if not ordered:
         return empty
     return ordered[rank(len(ordered), q)]
+
+
+def percentiles(values: Collection[float], qs: Sequence[float], empty: T = None) -> list[float | T]:
+    """Several percentiles of ``values`` (no NaNs) at once, as :func:`percentile` gives each:
+    one partition at the ranks instead of a sort (a signal window of thousands each tick)."""
+    n = len(values)
+    if not n:
+        return [empty] * len(qs)
+    import numpy as np
+
+    ks = [rank(n, q) for q in qs]
+    arr = np.partition(np.fromiter(values, float, n), ks)
+    return [float(arr[k]) for k in ks]

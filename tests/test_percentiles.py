@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from llmserve.percentiles import percentile
+from llmserve.percentiles import percentile, percentiles
 
 
 def test_nearest_rank_is_a_value_of_the_data_and_numpys_inverted_cdf():
@@ -28,3 +28,13 @@ def test_exact_ranks_do_not_round_up_and_nans_and_empties():
     assert percentile([3.0, math.nan, 1.0, 2.0], 50) == 2.0
     assert percentile(np.array([math.nan, 5.0]), 99) == 5.0
     assert percentile([], 50) is None and math.isnan(percentile(np.array([math.nan]), 50, empty=math.nan))
+
+
+def test_several_at_once_are_each_one_exactly():
+    from collections import deque
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5, 100, 7200):
+        window = deque(rng.lognormal(0.0, 1.0, n).tolist())
+        got = percentiles(window, (50, 99, 100))
+        assert got == [percentile(sorted(window), q, is_sorted=True) for q in (50, 99, 100)]
+    assert percentiles(deque(), (50, 99)) == [None, None]

@@ -40,7 +40,7 @@ from typing import Iterable, Mapping, Protocol
 from llmserve.autoscale.saturation import modelled_capacity
 from llmserve.autoscale.signals import PoolSignals
 from llmserve.lifecycle import InstanceState
-from llmserve.percentiles import percentile
+from llmserve.percentiles import percentiles
 
 SIGNAL_WINDOW_S = 10.0  # arrival rates
 LATENCY_WINDOW_S = 30.0  # TTFT and e2e percentiles: longer, a p99 needs samples
@@ -90,7 +90,7 @@ class SignalCollector:
         self._arrivals: deque[float] = deque()
         self._batch_arrivals: deque[float] = deque()
         self.batch_need_lines_per_s = 0.0
-        # Times and values apart, so a snapshot sorts the values without unpacking.
+        # Times and values apart, so a snapshot reads the values without unpacking.
         self._ttft_t: deque[float] = deque()
         self._ttft_v: deque[float] = deque()
         self._e2e_t: deque[float] = deque()
@@ -146,8 +146,8 @@ class SignalCollector:
             self._start = now
         # Right after start the window is not full yet: divide by what has elapsed.
         span = min(self.window_s, now - self._start) if now > self._start else self.window_s
-        ttft = sorted(self._ttft_v)
-        e2e = sorted(self._e2e_v)
+        ttft_p50, ttft_p99 = percentiles(self._ttft_v, (50, 99))
+        e2e_p50, e2e_p99 = percentiles(self._e2e_v, (50, 99))
 
         loads = list(loads)
         k = len(loads)
@@ -180,10 +180,10 @@ class SignalCollector:
             waiting=waiting,
             running=running,
             dispatched=dispatched,
-            ttft_p50=percentile(ttft, 50, is_sorted=True),
-            ttft_p99=percentile(ttft, 99, is_sorted=True),
-            e2e_p50=percentile(e2e, 50, is_sorted=True),
-            e2e_p99=percentile(e2e, 99, is_sorted=True),
+            ttft_p50=ttft_p50,
+            ttft_p99=ttft_p99,
+            e2e_p50=e2e_p50,
+            e2e_p99=e2e_p99,
             busy_fraction=busy / d,
             kv_usage=kv / d,
             batch_fill=fill / d,

@@ -117,7 +117,8 @@ class AdmissionQueue(Generic[T]):
         self._expired: list[Expired[T]] = []
 
     def __len__(self) -> int:
-        return sum(len(q.items) for q in self._queues.values())
+        q = self._queues  # two classes, read on every dispatch round: no generator
+        return len(q[PriorityClass.REALTIME].items) + len(q[PriorityClass.BATCH].items)
 
     def depth(self, priority: PriorityClass) -> int:
         return len(self._queues[priority].items)
@@ -237,11 +238,21 @@ class ConcurrencyConfig(BaseModel):
 
 
 def concurrency_target(report: LoadReport | None, config: ConcurrencyConfig) -> int:
+    return seats_target(report.max_num_seqs if report is not None else 0, config)
+
+
+def seats_target(seats: int, config: ConcurrencyConfig) -> int:
+    """The concurrency target of an instance reporting ``seats`` batch seats (0: none known)."""
     if config.fixed is not None:
         return config.fixed
-    if report is not None and report.max_num_seqs > 0:
-        return max(1, math.ceil(report.max_num_seqs * config.oversubscription))
+    if seats > 0:
+        return max(1, math.ceil(seats * config.oversubscription))
     return config.default
+
+
+def batch_limit(target: int, config: ConcurrencyConfig) -> int:
+    """The load below which a batch-class request may go: the realtime reserve stays free."""
+    return target - math.floor(target * config.realtime_reserve)
 
 
 def has_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
@@ -250,5 +261,20 @@ def has_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
 
 def has_batch_room(instance: InstanceView, config: ConcurrencyConfig) -> bool:
     """Room for a batch-class request: the realtime reserve stays free."""
-    target = concurrency_target(instance.report, config)
-    return instance.est_load < target - math.floor(target * config.realtime_reserve)
+    return instance.est_load < batch_limit(concurrency_target(instance.report, config), config)
+
+
+class RoomLimits(dict[int, int]):
+    """Seats -> the load below which an instance has room (``batch``: batch room), kept as
+    found: the picker reads one per candidate per round, so it is a dict look-up, not a call.
+    ``has_room(i, c)`` is ``i.est_load < RoomLimits(c)[i.seats]``."""
+
+    def __init__(self, config: ConcurrencyConfig, batch: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.batch = batch
+
+    def __missing__(self, seats: int) -> int:
+        target = seats_target(seats, self.config)
+        limit = self[seats] = batch_limit(target, self.config) if self.batch else target
+        return limit

@@ -5,7 +5,8 @@ gateway (:class:`~llmserve.sim.gateway.SimGateway`) both run :class:`Dispatcher`
 so a simulated request waits, and lands, where a live one would. Each round:
 
 1. the candidates: routable instances (ready, healthy, not draining, breaker
-   closed or its half-open probe free) with room, from the caller's views;
+   closed or its half-open probe free) with room, from the caller's views (of a
+   large pool, from a random draw: see :mod:`~llmserve.gateway.balancer.picker`);
 2. none, and the pool is broken (every instance failing, see the caller's
    ``broken``): stop, so the caller fails what waits instead of letting it time out;
 3. the admission queue's next request (realtime first, batch its share; it is
@@ -17,8 +18,8 @@ so a simulated request waits, and lands, where a live one would. Each round:
 5. the caller's ``commit`` hands the request over (reserves the slot, takes the
    breaker's probe), and the views are taken again: the load changed.
 
-The picker filters once per round (``candidates``, then ``choose`` on those), so
-the request path allocates no more than one pick did before.
+The picker filters once per round (``candidates``, then ``choose`` on those);
+batch room is looked for only while a batch request waits.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import enum
 from collections.abc import Callable, Collection, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from llmserve.gateway.admission import AdmissionQueue, Ticket, has_batch_room
+from llmserve.gateway.admission import AdmissionQueue, Ticket
 from llmserve.priority import PriorityClass
 from llmserve.gateway.balancer import Picker, RouteRequest
 from llmserve.gateway.instance import InstanceView
@@ -87,8 +88,9 @@ class Dispatcher(Generic[Q]):
             candidates, _ = picker.candidates(views)
             if not candidates and self._broken is not None and self._broken(views):
                 return Stop.BROKEN
-            concurrency = picker.concurrency
-            roomy = [c for c in candidates if has_batch_room(c, concurrency)] if candidates else candidates
+            # Batch room is looked for only when a batch request waits (else it decides nothing).
+            roomy = (picker.candidates(views, batch=True)[0]
+                     if candidates and queue.depth(PriorityClass.BATCH) else [])
             entry = queue.next_to_dispatch(now, bool(candidates), bool(roomy))
             if entry is None:
                 # with room for both classes, only expiries are left
@@ -96,10 +98,15 @@ class Dispatcher(Generic[Q]):
             item = entry.item
             if item.withdrawn():
                 continue
-            if entry.priority is PriorityClass.BATCH:
+            batch = entry.priority is PriorityClass.BATCH
+            if batch:
                 candidates = roomy
             exclude = item.exclude
-            allowed = [c for c in candidates if c.instance_id not in exclude] if exclude else candidates
-            self._commit(entry, picker.choose(item.request, allowed or candidates), now)
+            if exclude:  # a retry avoids these unless only they have room: look at the whole pool
+                candidates = picker.candidates(views, batch=batch, sample=False)[0]
+                allowed = [c for c in candidates if c.instance_id not in exclude] or candidates
+            else:
+                allowed = picker.with_affinity(item.request, candidates, views, batch)
+            self._commit(entry, picker.choose(item.request, allowed), now)
             views = None  # the dispatch changed an instance's load
         return Stop.EMPTY

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmserve.load_report import LoadReport
 
@@ -29,31 +29,24 @@ class InstanceView:
     inflight_at_report: int = 0
     report: LoadReport | None = None
 
-    @property
-    def routable(self) -> bool:
-        """Eligible for new requests, load aside."""
-        if self.report is not None and (self.report.draining or not self.report.ready):
-            return False
-        return self.ready and self.healthy and self.accepting and self.breaker_available
+    # Kept at construction (a view is read by every pick and scorer of a round, built once):
+    routable: bool = field(init=False, repr=False, compare=False)  # eligible for new requests, load aside
+    est_waiting: int = field(init=False, repr=False, compare=False)
+    est_running: int = field(init=False, repr=False, compare=False)
+    est_load: int = field(init=False, repr=False, compare=False)  # running plus waiting, as best known
+    seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (0: no report)
 
-    @property
-    def _delta(self) -> int:
-        return self.inflight - self.inflight_at_report
-
-    @property
-    def est_waiting(self) -> int:
-        return self.report.num_waiting if self.report is not None else 0
-
-    @property
-    def est_running(self) -> int:
-        if self.report is None:
-            return self.inflight
-        return max(0, self.report.num_running + self._delta)
-
-    @property
-    def est_load(self) -> int:
-        """Requests on the instance now, as best known: running plus waiting."""
-        if self.report is None:
-            return self.inflight
-        reported = self.report.num_running + self.report.num_waiting
-        return max(self.inflight, reported + self._delta)
+    def __post_init__(self) -> None:
+        r, put = self.report, object.__setattr__
+        put(self, "routable", self.ready and self.healthy and self.accepting and self.breaker_available
+            and not (r is not None and (r.draining or not r.ready)))
+        put(self, "seats", r.max_num_seqs if r is not None else 0)
+        if r is None:
+            put(self, "est_waiting", 0)
+            put(self, "est_running", self.inflight)
+            put(self, "est_load", self.inflight)
+            return
+        delta = self.inflight - self.inflight_at_report
+        put(self, "est_waiting", r.num_waiting)
+        put(self, "est_running", max(0, r.num_running + delta))
+        put(self, "est_load", max(self.inflight, r.num_running + r.num_waiting + delta))

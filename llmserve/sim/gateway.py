@@ -52,14 +52,13 @@ class _Request:
 class _Routed:
     """The gateway's book on one routable instance."""
 
-    __slots__ = ("inst", "sid", "report", "inflight_at_report", "view", "history")
+    __slots__ = ("inst", "sid", "report", "inflight_at_report", "history")
 
     def __init__(self, inst: SimInstance) -> None:
         self.inst = inst
         self.sid = str(inst.id)
         self.report: LoadReport | None = None
         self.inflight_at_report = 0
-        self.view: InstanceView | None = None
         self.history: deque[tuple[float, int, int, float]] = deque()
 
 
@@ -77,6 +76,12 @@ class SimGateway:
         self.model = model
         self.rate_window_s = rate_window_s
         self._routed: dict[str, _Routed] = {}
+        # The views as the picker reads them, in pool order; a changed instance's entry is
+        # rebuilt on the next read, not the whole list (a round at 500 instances reads one or two).
+        self._list: list[InstanceView] = []
+        self._rows: list[_Routed] = []  # the books behind them, in the same order
+        self._slot: dict[str, int] = {}
+        self._stale: set[int] = set()
         self.queued = 0  # requests in the admission queue (kept here: len() of it walks both classes)
 
     # ---- pool membership (the controller's decisions) ---------------------------------------
@@ -84,9 +89,22 @@ class SimGateway:
         r = _Routed(inst)
         self._routed[r.sid] = r
         self._refresh(r, now)
+        self._relist()
 
     def remove_instance(self, inst: SimInstance) -> None:
-        self._routed.pop(str(inst.id), None)
+        if self._routed.pop(str(inst.id), None) is not None:
+            self._relist()
+
+    def _relist(self) -> None:
+        self._slot = {sid: k for k, sid in enumerate(self._routed)}
+        self._rows = list(self._routed.values())
+        self._list = [self._view(r) for r in self._rows]
+        self._stale.clear()
+
+    def _invalidate(self, r: _Routed) -> None:
+        k = self._slot.get(r.sid)
+        if k is not None:
+            self._stale.add(k)
 
     # ---- requests -----------------------------------------------------------------------------
     def offer(self, rid: int, priority: PriorityClass, now: float) -> bool:
@@ -105,24 +123,24 @@ class SimGateway:
             self._dispatcher.run(now)
 
     def _views(self, now: float) -> list[InstanceView]:
-        views = []
-        for r in self._routed.values():
-            if r.view is None:
-                r.view = self._view(r)
-            views.append(r.view)
-        return views
+        if self._stale:
+            rows, views = self._rows, self._list
+            for k in self._stale:
+                views[k] = self._view(rows[k])
+            self._stale.clear()
+        return self._list
 
     def _commit(self, ticket: Ticket[_Request], view: InstanceView, now: float) -> None:
         self.queued -= 1
         r = self._routed[view.instance_id]
-        r.view = None
+        self._invalidate(r)
         self._deliver(ticket.item.rid, r.inst, now)
 
     def changed(self, inst: SimInstance) -> None:
         """The instance's in-flight count changed (a request finished): rebuild its view."""
         r = self._routed.get(str(inst.id))
         if r is not None:
-            r.view = None
+            self._invalidate(r)
 
     def expire(self, now: float) -> list[int]:
         """Requests past their queue deadline (the live gateway answers 503)."""
@@ -157,7 +175,7 @@ class SimGateway:
             generation_tokens_per_s=gps, max_num_seqs=inst.profile.max_num_seqs,
             prefix_cache_hit_rate=0.0, timestamp=now)
         r.inflight_at_report = inst.in_flight
-        r.view = None
+        self._invalidate(r)
 
     def _view(self, r: _Routed) -> InstanceView:
         return InstanceView(instance_id=r.sid, inflight=r.inst.in_flight,

@@ -27,6 +27,7 @@ import heapq
 import itertools
 import math
 import time
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -136,6 +137,11 @@ class Simulator:
         self.launcher.exited = self.executor.exited
         self._heap: list[tuple] = []
         self._seq = 0
+        # The columns read per request, as arrays of machine numbers: an item is a plain int or
+        # float (a numpy scalar costs several times as much to read and to compute with).
+        self._arrival = _column(trace.arrival_s, "d")
+        self._prompt, self._output = _column(trace.prompt_tokens, "q"), _column(trace.output_tokens, "q")
+        self._priority = _column(trace.priority, "q")
         n = len(trace)
         self.status = np.zeros(n, np.int8)
         self.ttft = np.full(n, np.nan)
@@ -201,7 +207,7 @@ class Simulator:
         if inst.id not in self.instances:
             return
         for seq in inst.cut():
-            self.batch_out -= int(self.trace.priority[seq.rid] > 0)
+            self.batch_out -= int(self._priority[seq.rid] > 0)
             self._finish(seq.rid, RECLAIMED, now)
         self._act([Stop(inst.id, "taken by the provider")], now)
 
@@ -230,9 +236,8 @@ class Simulator:
         self.gateway.dispatch(now)
 
     def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
-        trace = self.trace
-        self.batch_out += int(trace.priority[rid] > 0)
-        if inst.add(Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid])), now):
+        self.batch_out += int(self._priority[rid] > 0)
+        if inst.add(Seq(rid, self._prompt[rid], self._output[rid]), now):
             self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
@@ -240,11 +245,11 @@ class Simulator:
             raise RuntimeError(f"request {rid} ended twice")
         self.status[rid] = status
         if status == COMPLETED:
-            self.e2e[rid] = now - self.trace.arrival_s[rid]
+            self.e2e[rid] = now - self._arrival[rid]
 
     def _step(self, inst: SimInstance, now: float) -> None:
         inst.end_segment(now)
-        arrival, batch = self.trace.arrival_s, self.trace.priority
+        arrival, batch = self._arrival, self._priority
         seen = now + self.profile.request_overhead_s  # when the client gets it: latency outside the engine
         for s in inst.first_tokens:
             ttft = seen - arrival[s.rid]
@@ -268,8 +273,8 @@ class Simulator:
 
     def _arrive(self, rid: int, now: float) -> None:
         cfg = self.cfg
-        chars = int(self.trace.prompt_tokens[rid]) * cfg.prompt_chars_per_token
-        priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
+        chars = self._prompt[rid] * cfg.prompt_chars_per_token
+        priority = PriorityClass.BATCH if self._priority[rid] else PriorityClass.REALTIME
         self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token),
                                       priority is PriorityClass.BATCH)
         if not self.gateway.offer(rid, priority, now):
@@ -290,7 +295,7 @@ class Simulator:
         self._push(tick_s, _TICK)
         self._push(cfg.poll_interval_s, _POLL)
         state = self.policy.initial_state()
-        arrivals = trace.arrival_s.tolist()
+        arrivals = self._arrival
         n, k = len(arrivals), 0
         heap = self._heap
         pending = n
@@ -337,3 +342,9 @@ class Simulator:
                          self.e2e.copy(), list(self.timeline), list(self.events),
                          {i.id: (i.created, i.stopped_at) for i in insts}, {i.id: i.capacity_class for i in insts},
                          {c: cap.cfg.price(c) for c in CLASSES}, cap.reclaims)
+
+
+def _column(values: np.ndarray, code: str) -> array:
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.float64 if code == "d" else np.int64).tobytes())
+    return out

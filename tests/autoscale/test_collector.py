@@ -2,7 +2,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from llmserve.autoscale.collector import SignalCollector, percentile
+from llmserve.autoscale.collector import SignalCollector
+from llmserve.percentiles import percentile
 from llmserve.lifecycle import InstanceState as S
 
 

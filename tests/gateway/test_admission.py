@@ -3,9 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, Admitted, ClassLimits,
-                                        ConcurrencyConfig, Rejected, concurrency_target, has_room)
+                                        ConcurrencyConfig, Rejected, RoomLimits, concurrency_target,
+                                        has_batch_room, has_room)
 from llmserve.gateway.instance import InstanceView
 from llmserve.priority import PriorityClass
+from tests.gateway.conftest import load_report
 
 
 def _cfg(rt_cap=100, rt_deadline=10.0, b_cap=100, b_deadline=100.0, share=0.2):
@@ -197,3 +199,18 @@ def test_has_room_corrects_a_stale_report_with_own_inflight(make_report):
     # no report: our own inflight against the default target
     assert has_room(InstanceView("b", inflight=7), cfg)
     assert not has_room(InstanceView("b", inflight=8), cfg)
+
+
+def test_room_limits_by_seats_say_what_has_room_says():
+
+    configs = [ConcurrencyConfig(), ConcurrencyConfig(fixed=3), ConcurrencyConfig(oversubscription=1.3, default=5),
+               ConcurrencyConfig(realtime_reserve=0.5), ConcurrencyConfig(realtime_reserve=0.0)]
+    views = [InstanceView("none", inflight=n) for n in range(0, 12)]
+    views += [InstanceView("r", inflight=n, inflight_at_report=1,
+                           report=load_report(num_running=run, num_waiting=1, max_num_seqs=seats))
+              for n in (0, 3, 9) for run in (0, 4, 30) for seats in (0, 1, 7, 64)]
+    for c in configs:
+        rt, batch = RoomLimits(c), RoomLimits(c, batch=True)
+        for v in views:
+            assert (v.est_load < rt[v.seats]) == has_room(v, c)
+            assert (v.est_load < batch[v.seats]) == has_batch_room(v, c)

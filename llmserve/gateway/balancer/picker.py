@@ -7,6 +7,14 @@ the best score, draw two at random and take the better (lower load on a tie).
 Randomising only among near-equals keeps a strong signal (prefix affinity, an
 idle instance) decisive, while several gateways working from the same slightly
 stale reports do not all herd onto the one instance that looked best.
+
+A large pool (more than ``score_all_up_to`` instances) is sampled: each round
+draws ``sample_size`` instances at random and filters and scores only those
+(power of d choices, as Envoy's least-request balancer and NGINX's ``random
+two`` do), so a pick costs the same at 500 instances as at 8. The instances
+holding the request's prefix join the draw, so affinity still finds its owner.
+A draw with no room falls back to the whole pool: a request never waits while
+some instance has room.
 """
 
 from __future__ import annotations
@@ -18,8 +26,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmserve.gateway.admission import ConcurrencyConfig, has_room
-from llmserve.gateway.balancer.base import RouteRequest, Scorer
+from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
+from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
 from llmserve.gateway.balancer.kv import KVScorer
 from llmserve.gateway.balancer.prefix import PrefixAffinityScorer, PrefixConfig
@@ -40,6 +48,9 @@ class BalancerConfig(BaseModel):
         "queue": 1.0, "running": 1.0, "kv": 0.5, "busy": 0.5, "prefix": 2.0})
     prefix: PrefixConfig = PrefixConfig()
     tie_margin: float = Field(0.05, ge=0.0, le=1.0)
+    # Pools up to this size: every instance is scored (the best is exact); larger ones are sampled.
+    score_all_up_to: int = Field(32, ge=1)
+    sample_size: int = Field(4, ge=2)  # instances drawn per round in a larger pool
 
     @field_validator("weights")
     @classmethod
@@ -85,40 +96,78 @@ class Picker:
         self.concurrency = concurrency or ConcurrencyConfig()
         self.scorers = make_scorers(self.config)
         self._rng = rng or random.Random()
+        self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
+        self._prefix = self.scorer("prefix")
+        self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
 
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
 
-    def candidates(self, instances: Iterable[InstanceView],
-                   exclude: Iterable[str] = ()) -> tuple[list[InstanceView], NoPick | None]:
+    def candidates(self, instances: Iterable[InstanceView], exclude: Iterable[str] = (), *,
+                   batch: bool = False, sample: bool = True) -> tuple[list[InstanceView], NoPick | None]:
+        """Those that may take a request (``batch``: room beyond the realtime reserve); of a
+        large pool, those of a random draw that have room (``sample`` False: of all)."""
+        limit = self._limits[batch]
+        pool = instances if isinstance(instances, list) else list(instances)
+        if sample and len(pool) > self.config.score_all_up_to and not exclude:
+            drawn = self._rng.sample(pool, min(self.config.sample_size, len(pool)))
+            roomy = [i for i in drawn if i.routable and i.est_load < limit[i.seats]]
+            if roomy:
+                return roomy, None
         excluded = set(exclude)
-        pool = [i for i in instances if i.instance_id not in excluded]
+        if excluded:
+            pool = [i for i in pool if i.instance_id not in excluded]
         if not pool:
             return [], NoPick.NO_INSTANCES
         routable = [i for i in pool if i.routable]
         if not routable:
             return [], NoPick.NONE_ROUTABLE
-        roomy = [i for i in routable if has_room(i, self.concurrency)]
+        roomy = [i for i in routable if i.est_load < limit[i.seats]]
         return roomy, (None if roomy else NoPick.NO_ROOM)
 
     def has_room(self, instances: Iterable[InstanceView]) -> bool:
         return bool(self.candidates(instances)[0])
 
+    def with_affinity(self, request: RouteRequest, candidates: list[InstanceView],
+                      pool: Sequence[InstanceView], batch: bool = False) -> list[InstanceView]:
+        """A sampled ``candidates`` plus the instances of ``pool`` holding the request's prefix
+        (routable, with room); the candidates themselves when there are none."""
+        prefix = self._prefix
+        if prefix is None or len(pool) <= self.config.score_all_up_to:
+            return candidates
+        owners = set(prefix.matched_blocks(request)[0])  # type: ignore[attr-defined]
+        if not owners:
+            return candidates
+        limit, have = self._limits[batch], {c.instance_id for c in candidates}
+        extra = [i for i in pool if i.instance_id in owners and i.instance_id not in have
+                 and i.routable and i.est_load < limit[i.seats]]
+        return candidates + extra if extra else candidates
+
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
         total_w = sum(w for _, w in self.scorers)
-        combined = [0.0] * len(candidates)
+        combined: list[float] | None = None
+        n = len(candidates)
         for scorer, w in self.scorers:
+            values = scorer.score(request, candidates)
+            if len(values) != n:
+                raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {n} candidates")
             # min(1, max(0, s)) written out (NaN -> 0 as there): one pick per request, so it is hot.
-            combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
-                        for c, s in zip(combined, scorer.score(request, candidates), strict=True)]
-        return [c / total_w for c in combined]
+            # The first term stands alone: 0.0 + x is x for the x >= 0 a weight times a clamp is.
+            if combined is None:
+                combined = [w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0)) for s in values]
+            else:
+                combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
+                            for c, s in zip(combined, values)]
+        return [c / total_w for c in combined or [0.0] * n]
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:
         """Choose an instance for the request (tell the scorers), or say why none."""
-        cands, why_not = self.candidates(instances, exclude)
+        pool = instances if isinstance(instances, list) else list(instances)
+        cands, why_not = self.candidates(pool, exclude)
         if not cands:
             return PickResult(None, why_not)
+        cands = self.with_affinity(request, cands, pool)
         chosen, scores = self._choose(request, cands)
         by_id = {c.instance_id: s for s, c in zip(scores, cands)} if scores is not None else {}
         return PickResult(chosen, None, by_id)
@@ -137,10 +186,10 @@ class Picker:
             best = max(scores)
             near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
             if len(near) >= 2:
-                a, b = self._rng.sample(near, 2)
-                chosen = max((a, b), key=lambda sc: (sc[0], -sc[1].est_load))[1]
+                a, b = self._rng.sample(near, 2)  # the better; on a tie the less loaded, then a
+                chosen = b[1] if (b[0], -b[1].est_load) > (a[0], -a[1].est_load) else a[1]
             else:
                 chosen = near[0][1]
-        for scorer, _ in self.scorers:
+        for scorer in self._told:
             scorer.on_picked(request, chosen)
         return chosen, scores
