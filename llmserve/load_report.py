@@ -55,6 +55,8 @@ class LoadReport(BaseModel):
     # The engine's fitted step model (None: not measured yet, or an upstream that does not say).
     step_costs: StepCostsReport | None = None
     threads: int | None = Field(None, ge=1)  # the engine's torch threads (None: not said)
+    # LoRA adapters loaded on the instance now (gateway/balancer/adapter.py routes by them).
+    lora_adapters: list[str] = Field(default_factory=list)
 
     @field_validator("state", mode="before")
     @classmethod

@@ -28,6 +28,8 @@ class InstanceView:
     inflight: int = 0
     inflight_at_report: int = 0
     report: LoadReport | None = None
+    # LoRA adapters resident (the report's, and what this gateway loaded or is loading since)
+    adapters: frozenset[str] = frozenset()
 
     @property
     def routable(self) -> bool:
