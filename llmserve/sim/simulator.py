@@ -48,6 +48,7 @@ from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
 from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
+from llmserve.sim.adapters import SimAdapters
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from llmserve.autoscale.managed import ControllerConfig
 
 S = InstanceState
-_STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
+_STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN, _ADAPTER = 0, 1, 2, 3, 4, 5, 6
 
 
 class SimConfig(BaseModel):
@@ -116,7 +117,8 @@ class Simulator:
     def __init__(self, trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
                  sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
                  concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
-                 label: str | None = None, policy: ScalingPolicy | None = None) -> None:
+                 label: str | None = None, policy: ScalingPolicy | None = None,
+                 adapters: SimAdapters | None = None) -> None:
         self.trace = trace
         self.profile = profile
         self.autoscale = autoscale
@@ -134,6 +136,9 @@ class Simulator:
         self.executor = Executor(self.book, self.launcher, SimRouter(self.gateway, lambda: self.now),
                                  itertools.count().__next__, name=self.label)
         self.launcher.exited = self.executor.exited
+        self.adapters = adapters
+        self.adapter_of = adapters.assign(len(trace), self.cfg.seed) if adapters else [None] * len(trace)
+        self.launcher.max_adapters = adapters.max_resident if adapters else None
         self._heap: list[tuple] = []
         self._seq = 0
         n = len(trace)
@@ -232,8 +237,22 @@ class Simulator:
     def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
         trace = self.trace
         self.batch_out += int(trace.priority[rid] > 0)
-        if inst.add(Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid])), now):
+        seq = Seq(rid, int(trace.prompt_tokens[rid]), int(trace.output_tokens[rid]))
+        adapter = self.adapter_of[rid]
+        if adapter is not None:
+            at = inst.adapters.serve_at(adapter, now, self.adapters.load_s)
+            if at > now:  # its adapter is loading there: the request waits for the load
+                inst.held.append(seq)
+                self._push(at, _ADAPTER, inst, seq)
+                return
+        if inst.add(seq, now):
             self._schedule(inst)
+
+    def _loaded(self, inst: SimInstance, seq: Seq, now: float) -> None:
+        if seq in inst.held:  # not cut since (a reclaim)
+            inst.held.remove(seq)
+            if inst.add(seq, now):
+                self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
         if self.status[rid] != PENDING:
@@ -272,7 +291,7 @@ class Simulator:
         priority = PriorityClass.BATCH if self.trace.priority[rid] else PriorityClass.REALTIME
         self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token),
                                       priority is PriorityClass.BATCH)
-        if not self.gateway.offer(rid, priority, now):
+        if not self.gateway.offer(rid, priority, now, self.adapter_of[rid]):
             self._finish(rid, REJECTED, now)
             return
         self._dispatch(now)
@@ -312,6 +331,8 @@ class Simulator:
                 self._notice(a, now)
             elif kind == _TAKEN:
                 self._taken(a, now)
+            elif kind == _ADAPTER:
+                self._loaded(a, b, now)
             elif kind == _POLL:
                 self.gateway.poll(now)
                 for rid in self.gateway.expire(now):
