@@ -119,7 +119,8 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
                                     cfg.controller_config(), metrics=metrics, prober=prober,
                                     instance_api_key=key, id_prefix=None if single else prefix,
                                     close_provider=i == 0,  # the gateway stops the first pool last
-                                    endpoints=EngineEndpoints(p.ready_path, p.load_source))
+                                    endpoints=EngineEndpoints(p.ready_path, p.load_source),
+                                    adapter_versions=p.adapter_versions)
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)
