@@ -118,7 +118,7 @@ class Simulator:
                  sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
                  concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
                  label: str | None = None, policy: ScalingPolicy | None = None,
-                 adapters: SimAdapters | None = None) -> None:
+                 adapters: SimAdapters | None = None, adapter_of: list[str | None] | None = None) -> None:
         self.trace = trace
         self.profile = profile
         self.autoscale = autoscale
@@ -137,7 +137,8 @@ class Simulator:
                                  itertools.count().__next__, name=self.label)
         self.launcher.exited = self.executor.exited
         self.adapters = adapters
-        self.adapter_of = adapters.assign(len(trace), self.cfg.seed) if adapters else [None] * len(trace)
+        # Each request's adapter (None: the base): given, else drawn with the adapters' shares.
+        self.adapter_of = adapter_of or (adapters.assign(len(trace), self.cfg.seed) if adapters else [None] * len(trace))
         self.launcher.max_adapters = adapters.max_resident if adapters else None
         self._heap: list[tuple] = []
         self._seq = 0
