@@ -3,6 +3,7 @@ the base pool's instances serve them with "model" rewritten, residency first, on
 where none has it, a failed load retried on another instance."""
 
 import asyncio
+import time
 from collections import Counter
 
 import httpx
@@ -112,3 +113,42 @@ def test_an_adapter_without_a_path_goes_only_where_the_engines_preloaded_it():
         pool = s.gateway.pool("chat", "v1")
         wait_until(lambda: "sql-lora" in pool.instances()[0].report.lora_adapters, what="report")
         assert s.chat("q", headers={"x-llmserve-version": "v2"}).status_code == 200
+
+
+# The canary analysis at test_app_canary.py's settings, the canary an adapter on v1's pool.
+ADAPTER_CANARY = {"version": "v2", "stable": "v1", "start_weight": 0.3, "step_weight": 0.2, "max_weight": 0.5,
+                  "interval_s": 0.5, "failure_threshold": 2, "min_requests": 3, "latency_slack_s": 0.05,
+                  "max_error_rate_delta": 0.05, "max_refusal_rate_delta": 0.05}
+
+
+def _roll_out(s, until, limit_s=60.0):
+    deadline, i, base_failed = time.monotonic() + limit_s, 0, 0
+    while not until():
+        assert time.monotonic() < deadline, "the rollout did not settle"
+        r = s.chat(f"q{i}", user=f"user-{i}")
+        base_failed += r.headers["x-llmserve-version"] == "v1" and r.status_code != 200
+        i += 1
+    return base_failed
+
+
+def test_a_healthy_adapter_canary_is_promoted_on_the_base_pool():
+    fakes = [Behaviour(n, base_model="chat", tokens=1) for n in "ab"]
+    with stack({"v1": fakes, "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
+               model={"canary": ADAPTER_CANARY}) as s:
+        rt = s.gateway.models["chat"]
+        assert _roll_out(s, lambda: rt.canary.state.value == "promoted") == 0
+        assert all(s.chat(f"after {i}", user=f"after-{i}").headers["x-llmserve-version"] == "v2" for i in range(8))
+        assert sum(len(f.adapter_loads) for f in fakes) <= 2  # loaded once per instance at most
+        assert sum(b["model"] == "sql-lora" for f in fakes for b in f.bodies) > 0
+
+
+def test_an_adapter_canary_whose_load_fails_is_rolled_back_and_base_traffic_never_fails():
+    fakes = [Behaviour(n, base_model="chat", tokens=1, load_status=400) for n in "ab"]  # e.g. rank too large
+    with stack({"v1": fakes, "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
+               model={"canary": ADAPTER_CANARY}) as s:
+        rt = s.gateway.models["chat"]
+        assert _roll_out(s, lambda: rt.canary.state.value == "rolled_back") == 0
+        events = s.admin("GET", "/models/chat/canary/history").json()["events"]
+        assert events[-1]["action"] == "rollback" and "error rate canary" in events[-1]["reason"]
+        assert "adapter_load_failed" in events[-1]["reason"]
+        assert all(s.chat(f"after {i}", user=f"after-{i}").status_code == 200 for i in range(8))
