@@ -25,6 +25,7 @@ def test_the_example_file_loads():
     assert cfg.auth.admin_key.get_secret_value() == "change-me-admin-key-0123"
     assert "change-me" not in repr(cfg.auth)  # secrets stay out of logs
     assert cfg.model("nope") is None
+    assert m.pool_of("sql") == "v1" and m.version("sql").adapter.name == "smollm2-sql"
 
 
 def test_minimal_config_gets_defaults_and_normalised_urls():
