@@ -26,7 +26,7 @@ from typing import Protocol
 import httpx
 
 from llmserve.gateway.config import AdapterConfig
-from llmserve.gateway.errors import GatewayError
+from llmserve.api.errors import APIError
 from llmserve.load_report import LoadReport
 
 CLAIM_TTL_S = 30.0  # a claim nobody followed (its client left before the load began)
@@ -75,7 +75,7 @@ class Residency:
 
 
 class AdapterLoadFailed(Exception):
-    def __init__(self, error: GatewayError, instance_fault: bool) -> None:
+    def __init__(self, error: APIError, instance_fault: bool) -> None:
         super().__init__(error.message)
         self.error = error
         self.instance_fault = instance_fault  # counts against the instance's health
@@ -111,7 +111,7 @@ async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig
     try:
         await inst.residency.ensure(adapter.name, reported, load)
     except httpx.HTTPError as e:
-        raise AdapterLoadFailed(GatewayError(502, f"loading adapter {adapter.name!r} on {inst.instance_id} "
+        raise AdapterLoadFailed(APIError(502, f"loading adapter {adapter.name!r} on {inst.instance_id} "
                                                   f"failed: {type(e).__name__}: {e}", code="adapter_load_failed"),
                                 True) from None
 
@@ -119,7 +119,7 @@ async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig
 async def _load(client: _Poster, target: Instance, adapter: AdapterConfig, headers: dict[str, str]) -> None:
     where = f"adapter {adapter.name!r} is not on {target.instance_id}"
     if adapter.path is None:
-        raise AdapterLoadFailed(GatewayError(502, f"{where} and has no path to load it from",
+        raise AdapterLoadFailed(APIError(502, f"{where} and has no path to load it from",
                                              code="adapter_not_resident"), False)
     body = json.dumps({"lora_name": adapter.name, "lora_path": adapter.path}).encode()
     sent = {k: v for k, v in headers.items() if k in ("authorization", "x-request-id", "traceparent")}
@@ -130,7 +130,7 @@ async def _load(client: _Poster, target: Instance, adapter: AdapterConfig, heade
         await resp.aclose()
     if resp.status_code == 200 or (resp.status_code == 400 and b"already" in answer):
         return  # loaded, or loaded already (by another gateway, or before our report)
-    raise AdapterLoadFailed(GatewayError(502, f"loading adapter {adapter.name!r} on {target.instance_id}: "
+    raise AdapterLoadFailed(APIError(502, f"loading adapter {adapter.name!r} on {target.instance_id}: "
                                               f"{resp.status_code} {_message(answer)}", code="adapter_load_failed"),
                             resp.status_code >= 500)
 

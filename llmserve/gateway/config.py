@@ -32,6 +32,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def checked_name(kind: str, v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError(f"{kind} name {v!r}: use letters, digits and . _ : / -")
+    return v
+
+
 def normalize_url(url: str) -> str:
     """``http(s)://host[:port][/prefix]`` without a trailing slash; raises ValueError."""
     parts = urlsplit(url.strip())
@@ -59,9 +65,7 @@ class AdapterConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"adapter name {v!r}: use letters, digits and . _ : / -")
-        return v
+        return checked_name("adapter", v)
 
 
 class VersionConfig(_Strict):
@@ -77,9 +81,7 @@ class VersionConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"version name {v!r}: use letters, digits and . _ : / -")
-        return v
+        return checked_name("version", v)
 
     @field_validator("upstreams")
     @classmethod
@@ -132,9 +134,7 @@ class ServedModelConfig(PoolSettings):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"model name {v!r}: use letters, digits and . _ : / -")
-        return v
+        return checked_name("model", v)
 
     @model_validator(mode="after")
     def _check(self) -> ServedModelConfig:
