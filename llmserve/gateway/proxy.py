@@ -247,17 +247,9 @@ class Proxy:
             if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
                 ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
-            try:
-                if plan.adapter is not None:
-                    await ensure_adapter(gw.upstream, inst, plan.adapter, plan.headers)
-            except AdapterLoadFailed as e:
-                plan.pool.release(lease, Outcome.FAILURE if e.instance_fault else Outcome.NEUTRAL)
-                plan.last = e.error
-                plan.tried.append(inst.instance_id)
+            if plan.adapter is not None and (failed := await self.adapter_ready(plan, lease)) is not None:
+                plan.last = failed
                 continue
-            except BaseException:
-                plan.pool.release(lease, Outcome.NEUTRAL)
-                raise
             ctx.sent(inst.instance_id, plan.headers)
             try:
                 resp = await gw.upstream.post(f"{inst.url}{plan.path}",
@@ -342,6 +334,20 @@ class Proxy:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.waited(lease.queued_s, cold)
         return lease
+
+    async def adapter_ready(self, plan: _Plan, lease: Lease) -> GatewayError | None:
+        """Load the plan's adapter on the lease's instance unless it is there (adapter_load.py);
+        a failed load releases the lease and is the attempt's failure (that instance is tried no more)."""
+        try:
+            await ensure_adapter(self.gw.upstream, lease.instance, plan.adapter, plan.headers)
+        except AdapterLoadFailed as e:
+            plan.pool.release(lease, Outcome.FAILURE if e.instance_fault else Outcome.NEUTRAL)
+            plan.tried.append(lease.instance.instance_id)
+            return e.error
+        except BaseException:
+            plan.pool.release(lease, Outcome.NEUTRAL)
+            raise
+        return None
 
     @staticmethod
     async def _wait_unless_gone(plan: _Plan, waiting: Waiting) -> Lease:

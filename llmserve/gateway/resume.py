@@ -35,6 +35,7 @@ from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 
 if TYPE_CHECKING:
+    from llmserve.gateway.config import AdapterConfig
     from llmserve.gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Plan(Protocol):
     headers: dict[str, str]
     tried: list[str]  # instance ids, excluded from the next pick
     resume: ResumeState | None
+    adapter: AdapterConfig | None  # a LoRA version's adapter: loaded where it is not yet
 
 
 class Attempts(Protocol):
@@ -67,6 +69,9 @@ class Attempts(Protocol):
     def upstream(self) -> UpstreamClient: ...
 
     async def acquire(self, plan: Plan, ctx: RequestRecord) -> Lease: ...
+
+    async def adapter_ready(self, plan: Plan, lease: Lease) -> GatewayError | None:
+        """None once the plan's LoRA adapter is on the lease's instance; else why not (lease released)."""
 
 
 class UpstreamFailed(Exception):
@@ -278,6 +283,9 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
         except GatewayError as e:
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
+        if plan.adapter is not None and (failed := await proxy.adapter_ready(plan, lease)) is not None:
+            last = failed.message
+            continue
         plan.tried.append(inst.instance_id)
         ctx.resuming(inst.instance_id, plan.headers, len(state.ids))
         if not is_engine(inst):

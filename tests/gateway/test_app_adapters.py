@@ -152,3 +152,18 @@ def test_an_adapter_canary_whose_load_fails_is_rolled_back_and_base_traffic_neve
         assert events[-1]["action"] == "rollback" and "error rate canary" in events[-1]["reason"]
         assert "adapter_load_failed" in events[-1]["reason"]
         assert all(s.chat(f"after {i}", user=f"after-{i}").status_code == 200 for i in range(8))
+
+
+def test_a_broken_adapter_stream_resumes_on_another_instance_which_loads_the_adapter_first():
+    has = Behaviour("has", base_model="chat", adapters={"sql-lora"}, tokens=8, break_after_tokens=3)
+    other = Behaviour("other", base_model="chat", tokens=8)
+    with stack({"v1": [has, other], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
+               auth={"open_privileges": {"version_override": True}}) as s:
+        _reported(s)
+        body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        with s.client.stream("POST", "/v1/chat/completions", json=body, headers={"x-llmserve-version": "v2"}) as r:
+            assert r.status_code == 200
+            text = r.read().decode()
+        assert text.rstrip().endswith("data: [DONE]") and "t7 " in text, text
+        assert not has.adapter_loads and len(other.adapter_loads) == 1  # loaded where the stream went on
+        assert other.bodies[0]["model"] == "sql-lora" and other.bodies[0]["resume_token_ids"] == [0, 1, 2]
