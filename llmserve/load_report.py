@@ -55,8 +55,10 @@ class LoadReport(BaseModel):
     # The engine's fitted step model (None: not measured yet, or an upstream that does not say).
     step_costs: StepCostsReport | None = None
     threads: int | None = Field(None, ge=1)  # the engine's torch threads (None: not said)
-    # LoRA adapters loaded on the instance now (gateway/balancer/adapter.py routes by them).
+    # LoRA adapters resident now (a request on one runs without a load), and those kept
+    # loaded in memory but in no slot (docs/lora.md)
     lora_adapters: list[str] = Field(default_factory=list)
+    lora_adapters_loaded: list[str] = Field(default_factory=list)
 
     @field_validator("state", mode="before")
     @classmethod

@@ -125,6 +125,15 @@ class EngineConfig(BaseModel):
                         "(measured on this machine as it runs); 0: token budgets only")
     step_time_budget_s: Annotated[float | None, Flag(name="--step-time-budget-ms", scale=1e-3)] = Field(
         None, gt=0.0, description="that step time outright, in ms (overrides --step-budget-tokens)")
+    # LoRA adapters, in vLLM's flags (docs/lora.md); --lora-modules implies --enable-lora.
+    enable_lora: bool = Field(False, description="serve LoRA adapters (loaded with --lora-modules or "
+                                                 "POST /v1/load_lora_adapter)")
+    lora_modules: Annotated[dict[str, str], Flag(nargs="+", type=str, metavar="NAME=PATH")] = Field(
+        default_factory=dict, description="adapters served as models: a PEFT folder or a GGUF LoRA each")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (one step mixes at most these)")
+    max_lora_rank: int = Field(16, ge=1, le=512, description="largest LoRA rank accepted")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept loaded in memory beyond the "
+                                                              "resident ones, least recently used out (default: --max-loras)")
     # Set by the server from its own --served-model-name.
     served_model_name: Annotated[str | None, Flag(skip=True)] = None
 
@@ -135,6 +144,25 @@ class EngineConfig(BaseModel):
         if d is None:
             raise ValueError(f"dtype must be one of {DTYPES}, got {v!r}")
         return d
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _lora_modules(cls, v: Any) -> Any:
+        if not isinstance(v, (list, tuple)):
+            return v
+        out: dict[str, str] = {}
+        for item in v:
+            name, eq, path = str(item).partition("=")
+            if not eq or not name or not path:
+                raise ValueError(f"lora_modules: {item!r} is not NAME=PATH")
+            if name in out:
+                raise ValueError(f"lora_modules: the name {name!r} is given twice")
+            out[name] = path
+        return out
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_modules)
 
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod

@@ -11,10 +11,12 @@ The child is forked (not spawned) so it starts with the parent's imports done:
 the child creates its own ZeroMQ context after the fork. Messages are msgpack
 lists (``llmserve.engine.wire``), never pickle:
 
-- in (PULL): ``["add", request]``, ``["abort", id]``, ``["threads", n]``, ``["shutdown"]``;
+- in (PULL): ``["add", request]``, ``["abort", id]``, ``["threads", n]``, ``["shutdown"]``,
+  ``["lora_load", token, name, path]``, ``["lora_unload", token, name]``;
 - out (PUSH): ``["ready", info]`` or ``["failed", why]`` once, then per step
   ``["out", outputs, stats_events, snapshot_or_None]``, ``["error", id, kind, msg]``
-  when a request is refused, and ``["dead", why]`` before the child exits when a
+  when a request is refused, ``["lora", token, error_kind, msg, state]`` answering a LoRA
+  command (the file is read on a worker thread), and ``["dead", why]`` before the child exits when a
   step fails for the whole batch.
 
 The child ignores SIGTERM/SIGINT (the API process drains, then says shutdown)
@@ -39,6 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmserve.engine.lora.ops import lora_state
 from llmserve.engine.wire import decode_request, encode_output, pack, unpack
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,7 @@ def ready_info(core) -> dict[str, Any]:
     return {"max_model_len": core.max_model_len, "vocab_size": core.model_config.vocab_size,
             "model_name": core.model_config.name, "eos_token_ids": sorted(core.eos_token_ids),
             "has_tokenizer": tok is not None, "pid": os.getpid(), "threads": _torch_threads(),
+            "lora": lora_state(core.lora),
             **model_facts(core.model_config)}
 
 
@@ -178,6 +182,8 @@ class EngineCoreProc:
 
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar", initializer=background_thread)
         self._compiling: dict[str, tuple[Any, Any, str | None]] = {}  # id -> (future, request, prompt text)
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora")
+        self._reading: dict[int, Any] = {}  # token -> the adapter file's read
 
     def run(self) -> int:
         import zmq
@@ -190,8 +196,9 @@ class EngineCoreProc:
         poller.register(self.rx, zmq.POLLIN)
         while True:
             self._admit_compiled()
+            self._add_read_adapters()
             busy = core.has_unfinished()
-            wait = 0 if busy else COMPILE_POLL_MS if self._compiling else IDLE_POLL_MS
+            wait = 0 if busy else COMPILE_POLL_MS if self._compiling or self._reading else IDLE_POLL_MS
             if poller.poll(wait):
                 while True:
                     try:
@@ -200,6 +207,7 @@ class EngineCoreProc:
                         break
                     if msg[0] == "shutdown":
                         self._compiler.shutdown(wait=False, cancel_futures=True)
+                        self._reader.shutdown(wait=False, cancel_futures=True)
                         return 0
                     self._command(msg)
             if not core.has_unfinished():
@@ -226,6 +234,21 @@ class EngineCoreProc:
         elif kind == "threads":
             self.core.set_threads(int(msg[1]))
             self._send([], force=True)  # /load says so at once, idle or not
+        elif kind == "lora_load":
+            from llmserve.engine.lora import ops
+
+            try:
+                self._reading[msg[1]] = self._reader.submit(ops.need(self.core.lora).read, msg[2], msg[3])
+            except Exception as e:  # noqa: BLE001 - answered to the caller
+                self._lora_reply(msg[1], e)
+        elif kind == "lora_unload":
+            from llmserve.engine.lora import ops
+
+            try:
+                ops.remove(self.core.lora, msg[2])
+                self._lora_reply(msg[1], None)
+            except Exception as e:  # noqa: BLE001 - answered to the caller
+                self._lora_reply(msg[1], e)
         elif kind == "abort":
             if self._compiling.pop(msg[1], None) is not None:
                 return  # not in the engine yet: its grammar is dropped when it is done
@@ -238,6 +261,24 @@ class EngineCoreProc:
         for rid in [rid for rid, (fut, _, _) in self._compiling.items() if fut.done()]:
             fut, req, text = self._compiling.pop(rid)
             self._enqueue(req, text, fut)
+
+    def _add_read_adapters(self) -> None:
+        """Adapters whose file is read and checked join the registry, between steps."""
+        from llmserve.engine.lora import ops
+
+        for token in [t for t, fut in self._reading.items() if fut.done()]:
+            try:
+                ops.add(self.core.lora, self._reading.pop(token).result())
+                self._lora_reply(token, None)
+            except Exception as e:  # noqa: BLE001 - a bad file is the caller's 400
+                self._lora_reply(token, e)
+
+    def _lora_reply(self, token: int, error: Exception | None) -> None:
+        from llmserve.engine.lora.ops import error_kind
+
+        kind = None if error is None else error_kind(error)
+        self.tx.send(pack(["lora", token, kind, "" if error is None else str(error), lora_state(self.core.lora)]))
+        self._send([], force=True)  # /load lists the adapters at once
 
     def _enqueue(self, req, text: str | None, compiled) -> None:
         try:

@@ -69,6 +69,9 @@ class EngineCore:
             round_activations(self.model)  # one byte where quality holds (int8 layers only)
         if isinstance(factory, PreparedCache):
             factory.save()
+        from llmserve.engine.lora.ops import build_lora
+
+        self.lora = build_lora(config, model_config, self.model)  # (after the base's own set-up)
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
@@ -88,8 +91,9 @@ class EngineCore:
             max_model_len=self.max_model_len,
             batch_min_share=config.batch_min_share,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
-            step_budget_tokens=config.step_budget_tokens, step_time_budget_s=config.step_time_budget_s), self.kv)
-        self.runner = ModelRunner(self.model, self.kv, kv_dtype)
+            step_budget_tokens=config.step_budget_tokens, step_time_budget_s=config.step_time_budget_s,
+            max_loras=config.max_loras if self.lora is not None else 0), self.kv)
+        self.runner = ModelRunner(self.model, self.kv, kv_dtype, self.lora)
         self.sampler = Sampler(config.seed)
         self.rows = RowBuilder()
         self.stats = EngineStats()
@@ -114,10 +118,13 @@ class EngineCore:
     # ---- requests --------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
-                    arrival_time: float | None = None, resume_token_ids: list[int] | None = None) -> Request:
-        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input."""
+                    arrival_time: float | None = None, resume_token_ids: list[int] | None = None,
+                    lora_name: str | None = None) -> Request:
+        """Validate and queue; raises ``ValueError`` (or ``InvalidParameterError``) on bad input.
+        ``lora_name``: the adapter it runs with (None: the base model)."""
         req, prompt_text = self.inputs.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
-                                               arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+                                               arrival_time=arrival_time, resume_token_ids=resume_token_ids,
+                                               lora_name=lora_name)
         self.enqueue(req, prompt_text)
         return req
 
@@ -149,10 +156,19 @@ class EngineCore:
 
         All or nothing: whatever raises here leaves no trace of the request.
         """
-        state = self.output.new_state(req, prompt_text)
-        matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
-        prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
-        self.scheduler.add_request(req)
+        if req.lora_name is not None:
+            from llmserve.engine.lora.ops import need
+
+            req.lora_id = need(self.lora).acquire(req.request_id, req.lora_name)
+        try:
+            state = self.output.new_state(req, prompt_text)
+            matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+            prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
+            self.scheduler.add_request(req)
+        except BaseException:
+            if self.lora is not None:
+                self.lora.release(req.request_id)
+            raise
         self.output.add(state)
         self.rows.add(req)
         if matcher is not None:
@@ -260,6 +276,8 @@ class EngineCore:
     def _forget(self, request_id: str) -> None:
         """Drop a finished request's generator, grammar matcher and speculation state."""
         self.rows.remove(request_id)
+        if self.lora is not None:
+            self.lora.release(request_id)
         if self.spec is not None:
             self.spec.release(request_id)
         if self._guided is not None:
@@ -267,5 +285,10 @@ class EngineCore:
 
     # ---- introspection ---------------------------------------------------------------
     def load_snapshot(self) -> dict[str, Any]:
+        from llmserve.engine.lora.ops import lora_state
+
+        lora = lora_state(self.lora)
         return {**load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats),
-                "threads": self._threads_wanted or torch.get_num_threads()}
+                "threads": self._threads_wanted or torch.get_num_threads(),
+                "lora_adapters": lora["resident"],
+                "lora_adapters_loaded": [n for n in lora["loaded"] if n not in lora["resident"]]}

@@ -41,6 +41,9 @@ class InThreadEngine(RequestStreams):
         self._stop = False
         self.death: str | None = None  # why the engine died; None while it runs
         self.last_heartbeat = time.monotonic()
+        from llmserve.engine.lora.ops import lora_state
+
+        self.lora = lora_state(core.lora)  # what the server lists; replaced by each load / unload
         self._thread = threading.Thread(target=self._run, name="llmserve-engine", daemon=True)
         self._thread.start()
 
@@ -96,7 +99,7 @@ class InThreadEngine(RequestStreams):
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None,
                     resume_token_ids: list[int] | None = None,
-                    trace: str | None = None) -> AsyncIterator[RequestOutput]:
+                    trace: str | None = None, lora_name: str | None = None) -> AsyncIterator[RequestOutput]:
         """Validate now (raising ``ValueError`` at once), then return the output stream.
 
         The stream yields incremental outputs (``delta_text`` / ``delta_token_ids``)
@@ -108,7 +111,8 @@ class InThreadEngine(RequestStreams):
             raise EngineDeadError(f"the engine is not running: {self.death or 'shut down'}")
         rid = request_id or f"req-{next(self._ids)}"
         req, text = self.inputs.process(rid, prompt, params, priority=priority, cache_salt=cache_salt,
-                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids,
+                                        lora_name=lora_name)
         req.trace = trace  # a W3C traceparent: the engine records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), q)
@@ -121,6 +125,19 @@ class InThreadEngine(RequestStreams):
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id, None))
         self._wake.set()
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Read and check the adapter off the engine thread, then register it there
+        (``LoraError``: nothing changed)."""
+        from llmserve.engine.lora import ops
+
+        adapter = await asyncio.to_thread(ops.need(self.core.lora).read, name, path)
+        self.lora = await self.call(lambda core: ops.add(core.lora, adapter))
+
+    async def unload_lora(self, name: str) -> None:
+        from llmserve.engine.lora import ops
+
+        self.lora = await self.call(lambda core: ops.remove(core.lora, name))
 
     def call(self, fn, *args) -> "asyncio.Future[Any]":
         """Run ``fn(core, *args)`` on the engine thread (for snapshots that must be consistent)."""

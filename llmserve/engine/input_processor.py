@@ -40,7 +40,7 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                 priority: int | str | None = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                resume_token_ids: list[int] | None = None) -> tuple[Request, str | None]:
+                resume_token_ids: list[int] | None = None, lora_name: str | None = None) -> tuple[Request, str | None]:
         """The request and its prompt text (None when the prompt came as token ids)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -75,6 +75,6 @@ class InputProcessor:
         grammar = self.compile_grammar(params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         req = Request(request_id, prompt_ids, params, max_tokens, arrival_time=now, priority=prio,
-                      cache_salt=cache_salt, eos_token_ids=self.eos_token_ids, grammar=grammar,
+                      cache_salt=cache_salt, lora_name=lora_name, eos_token_ids=self.eos_token_ids, grammar=grammar,
                       all_token_ids=prompt_ids + check_resume(resume_token_ids, vocab, max_tokens))
         return req, prompt_text

@@ -111,7 +111,9 @@ class KVCacheManager:
         # surrogatepass: a lone surrogate (JSON allows "\ud800") must not make hashing raise;
         # it is still one-to-one, so distinct salts keep distinct caches.
         salt = request.cache_salt.encode("utf-8", "surrogatepass") if request.cache_salt else b""
-        return self._model_key + b"\x00" + salt
+        # the adapter's load id: one prompt under two adapters (or two loads of one name) never shares KV
+        lora = b"\x00lora%d" % request.lora_id if request.lora_id else b""
+        return self._model_key + lora + b"\x00" + salt
 
     def _full_block_hashes(self, request: Request, upto_tokens: int, known: list[bytes]) -> list[bytes]:
         """Hashes of the full blocks among the first ``upto_tokens`` tokens, extending ``known``."""

@@ -63,6 +63,8 @@ class MultiProcessEngine(RequestStreams):
         self._snapshot: dict[str, Any] = {}
         self._ids = itertools.count()
         self.inputs: InputProcessor | None = None  # once the child says its limits
+        self.lora: dict[str, Any] = {"adapters": {}, "resident": [], "loaded": []}  # ops.lora_state
+        self._lora_calls: dict[int, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
 
     # ---- start ------------------------------------------------------------------------
@@ -79,6 +81,7 @@ class MultiProcessEngine(RequestStreams):
             elif self._child_gone():
                 raise RuntimeError(f"the engine process exited during start ({self._exit_code})")
         self.info = info = msg[1]
+        self.lora = info["lora"]
         # Grammars compile where they run, in the engine process (a compiled one cannot cross
         # the wire); ``compile_grammar`` below checks a schema here first.
         self.inputs = InputProcessor(self.tokenizer if info["has_tokenizer"] else None, info["vocab_size"],
@@ -127,12 +130,13 @@ class MultiProcessEngine(RequestStreams):
                     *, priority: int | str | None = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None,
                     resume_token_ids: list[int] | None = None,
-                    trace: str | None = None) -> AsyncIterator[RequestOutput]:
+                    trace: str | None = None, lora_name: str | None = None) -> AsyncIterator[RequestOutput]:
         if not self.is_alive():
             raise EngineDeadError(f"the engine is not running: {self.death}")
         rid = request_id or f"req-{next(self._ids)}"
         req, text = self.inputs.process(rid, prompt, params, priority=priority, cache_salt=cache_salt,
-                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids)
+                                        arrival_time=arrival_time, resume_token_ids=resume_token_ids,
+                                        lora_name=lora_name)
         req.trace = trace  # a W3C traceparent: the engine process records its spans
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (q, req.prompt_token_ids, text)
@@ -142,6 +146,25 @@ class MultiProcessEngine(RequestStreams):
     def abort(self, request_id: str) -> None:
         if self.death is None:
             self._send(["abort", request_id])
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """The engine process reads the adapter on a worker thread and registers it between
+        steps; ``LoraError`` / ``UnknownAdapter`` come back as raised there."""
+        await self._lora_call(["lora_load", name, path])
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_call(["lora_unload", name])
+
+    async def _lora_call(self, msg: list) -> None:
+        if not self.is_alive():
+            raise EngineDeadError(f"the engine is not running: {self.death}")
+        token = next(self._ids)
+        fut = self._lora_calls[token] = asyncio.get_running_loop().create_future()
+        self._send([msg[0], token, *msg[1:]])
+        try:
+            self.lora = await fut
+        finally:
+            self._lora_calls.pop(token, None)
 
     def set_threads(self, n: int) -> None:
         """The engine process's torch threads from its next step on."""
@@ -193,6 +216,12 @@ class MultiProcessEngine(RequestStreams):
                 elif kind == "error":
                     _, rid, what, text = msg
                     self._put(rid, ValueError(text) if what == "value" else RuntimeError(text))
+                elif kind == "lora":  # ["lora", token, error kind or None, message, state]
+                    from llmserve.engine.lora.ops import error_of
+
+                    fut = self._lora_calls.get(msg[1])
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg[4]) if msg[2] is None else fut.set_exception(error_of(msg[2], msg[3]))
                 elif kind == "dead":
                     self._die(msg[1])
                     return
@@ -232,6 +261,8 @@ class MultiProcessEngine(RequestStreams):
         err = EngineDeadError(reason)
         for q, _, _ in list(self._streams.values()):
             q.put_nowait(err)
+        for fut in self._lora_calls.values():
+            fut.done() or fut.set_exception(err)
         if not self._child_gone():
             try:
                 os.kill(self.handle.pid, signal.SIGKILL)  # a step failed: nothing more to serve from it

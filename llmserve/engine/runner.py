@@ -34,8 +34,11 @@ class RunOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype = torch.float32,
+                 lora=None) -> None:
+        """``lora``: the engine's ``LoraManager`` when it serves adapters."""
         self.model = model
+        self.lora = lora
         self.kv = kv
         self.block_size = kv.block_size
         self.kv_caches = model.allocate_kv_cache(kv.num_blocks, kv.block_size, kv_dtype)
@@ -43,6 +46,8 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerOutput) -> RunOutput:
         bs = self.block_size
+        slot_of = self.lora.activate({s.request.lora_id for s in plan.scheduled} - {0}) if self.lora is not None else {}
+        row_slots: list[int] = []  # each token's adapter slot (-1: none)
         by_len: dict[int, list[ScheduledRequest]] = {}
         for s in plan.scheduled:
             q_len = s.num_tokens + len(s.spec_token_ids)
@@ -69,6 +74,7 @@ class ModelRunner:
                 slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q_len))
                 row0 = len(ids)
                 ids.extend(tokens)
+                row_slots.extend([slot_of.get(req.lora_id, -1)] * q_len)
                 if key == 1:  # one query row per token, each over its own causal context
                     ctx_lens.extend(range(c + 1, c + q_len + 1))
                     tables.extend([table] * q_len)
@@ -84,7 +90,13 @@ class ModelRunner:
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long), groups)
         input_ids = torch.tensor(ids, dtype=torch.long)
         pos_t = torch.tensor(positions, dtype=torch.long)
-        hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
+        if self.lora is not None:
+            self.lora.slots.begin_step(row_slots)
+        try:
+            hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
+        finally:
+            if self.lora is not None:
+                self.lora.slots.end_step()
         if sample_rows:
             if sample_rows != list(range(hidden.shape[0])):
                 hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.long))

@@ -247,6 +247,9 @@ class Scheduler:
         """Start a waiting request; False when it cannot start (admission stops there)."""
         if budget <= 0:
             return True  # out of budget for its class only: later classes may still fit
+        loras = {r.lora_id for r in self.running if r.lora_id}
+        if req.lora_id and req.lora_id not in loras and len(loras) >= self.config.max_loras:
+            return True  # every adapter slot is taken by running requests: requests on those may still start
         if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(req, scheduled, out):
             return False
         hits, num_hit = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else ([], 0)

@@ -28,3 +28,5 @@ class SchedulerConfig(BaseModel):
     step_budget_tokens: int = Field(48, ge=0)
     step_time_budget_s: float | None = Field(None, gt=0.0)
     min_chunk_tokens: int = Field(16, ge=1)
+    # Distinct LoRA adapters among running requests at most (the resident slots); 0: no LoRA.
+    max_loras: int = Field(0, ge=0)

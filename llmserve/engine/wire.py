@@ -36,15 +36,16 @@ def encode_request(req: Request, prompt_text: str | None) -> list:
         fields_["structured_outputs"] = asdict(sp.structured_outputs)
     return [req.request_id, req.prompt_token_ids, fields_,
             req.max_tokens, req.arrival_time, req.priority, req.cache_salt, sorted(req.eos_token_ids),
-            prompt_text, req.output_token_ids, req.trace]  # (output: a resumed stream's, engine/resume.py)
+            prompt_text, req.output_token_ids, req.trace, req.lora_name]  # (output: a resumed stream's)
 
 
 def decode_request(m: list) -> tuple[Request, str | None]:
-    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text, out, trace = m
+    rid, ids, sp, max_tokens, arrival, prio, salt, eos, text, out, trace, lora = m
     if sp.get("structured_outputs") is not None:
         sp["structured_outputs"] = StructuredOutputsParams(**sp["structured_outputs"])
     req = Request(rid, ids, SamplingParams(**sp), max_tokens, arrival_time=arrival, priority=prio,
-                  cache_salt=salt, eos_token_ids=frozenset(eos), all_token_ids=ids + out, trace=trace)
+                  cache_salt=salt, eos_token_ids=frozenset(eos), all_token_ids=ids + out, trace=trace,
+                  lora_name=lora)
     return req, text
 
 

@@ -44,7 +44,7 @@ class Residency:
         self._loads: dict[str, asyncio.Future[None]] = {}
 
     def names(self, reported: Iterable[str], asked_at: float, now: float) -> frozenset[str]:
-        """Resident as far as routing should know: the report's, plus ours since it was asked."""
+        """Loaded as far as routing should know: the report's, plus ours since it was asked."""
         if not (self._loaded or self._claims or self._loads):
             return frozenset(reported)
         self._loaded = {n: t for n, t in self._loaded.items() if t >= asked_at}
@@ -96,20 +96,25 @@ class Instance(Protocol):
     report_asked_at: float
 
 
+def reported(report: LoadReport | None) -> tuple[list[str], list[str]]:
+    """A report's resident adapters (in a slot) and those loaded in memory only."""
+    return (report.lora_adapters, report.lora_adapters_loaded) if report is not None else ([], [])
+
+
 def resident_on(inst: Instance) -> frozenset[str]:
-    """The adapters on ``inst`` as far as this gateway knows (its last report and our loads since)."""
-    reported = inst.report.lora_adapters if inst.report is not None else ()
-    return inst.residency.names(reported, inst.report_asked_at, time.monotonic())
+    """Every adapter on ``inst`` as far as this gateway knows (its last report and our loads since)."""
+    resident, loaded = reported(inst.report)
+    return inst.residency.names(loaded, inst.report_asked_at, time.monotonic()).union(resident)
 
 
 async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig, headers: dict[str, str]) -> None:
     """Load ``adapter`` on ``inst`` unless it is there; raises :class:`AdapterLoadFailed`."""
-    reported = inst.report is not None and adapter.name in inst.report.lora_adapters
+    there = any(adapter.name in names for names in reported(inst.report))
 
     async def load() -> None:
         await _load(client, inst, adapter, headers)
     try:
-        await inst.residency.ensure(adapter.name, reported, load)
+        await inst.residency.ensure(adapter.name, there, load)
     except httpx.HTTPError as e:
         raise AdapterLoadFailed(APIError(502, f"loading adapter {adapter.name!r} on {inst.instance_id} "
                                                   f"failed: {type(e).__name__}: {e}", code="adapter_load_failed"),

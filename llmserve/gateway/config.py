@@ -55,7 +55,7 @@ def normalize_url(url: str) -> str:
 
 
 class AdapterConfig(_Strict):
-    """A LoRA adapter served on another version's pool (docs/lora.md)."""
+    """A LoRA adapter served on another version's pool (docs/lora-versions.md)."""
 
     name: str  # what the engines call it: the request's "model" upstream
     # Where the engines load it from (POST /v1/load_lora_adapter); None: only where

@@ -279,7 +279,8 @@ class Pool:
             breaker_available=i.breaker.available(now), inflight=i.inflight,
             inflight_at_report=i.inflight_at_report if fresh else 0,
             report=i.report if fresh else None,
-            adapters=i.residency.names(i.report.lora_adapters if fresh else (), i.report_asked_at, now))
+            adapters=frozenset(i.report.lora_adapters) if fresh else frozenset(),
+            adapters_loaded=i.residency.names(i.report.lora_adapters_loaded if fresh else (), i.report_asked_at, now))
 
     async def acquire(self, request: RouteRequest, priority: PriorityClass,
                       exclude: Iterable[str] = ()) -> Lease:
@@ -359,7 +360,7 @@ class Pool:
         inst.inflight += 1
         inst.served += 1
         adapter = entry.item.request.adapter
-        if adapter is not None and adapter not in view.adapters:
+        if adapter is not None and adapter not in view.adapters and adapter not in view.adapters_loaded:
             inst.residency.claim(adapter, now)  # the next requests for it follow this one here
         entry.item.future.set_result(Lease(inst, now - entry.enqueued_at))
 

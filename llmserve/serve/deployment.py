@@ -65,7 +65,7 @@ class VersionDeployment(_Strict):
     autoscale: dict[str, Any] = Field(default_factory=dict)  # over the top-level autoscale
     threads_per_instance: int | None = Field(None, ge=1)
     cold_start_delay_s: float | None = Field(None, ge=0.0)
-    # A LoRA adapter on another version's pool (docs/lora.md): no pool, no engine of its own.
+    # A LoRA adapter on another version's pool (docs/lora-versions.md): no pool, no engine of its own.
     pool: str | None = None
     adapter: AdapterConfig | None = None
 

@@ -39,6 +39,7 @@ from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
+from llmserve.server.lora_api import adapter_cards, add_lora_routes
 from llmserve.server.metrics import EngineMetrics
 from llmserve.api.errors import APIError, error_body
 from llmserve.api.frontends import Frontends, keys_authorizer
@@ -155,7 +156,9 @@ class Instance:
             busy_fraction=snap.get("busy_fraction", 0.0), tokens_per_s=snap.get("tokens_per_s", 0.0),
             generation_tokens_per_s=snap.get("generation_tokens_per_s", 0.0),
             max_num_seqs=snap.get("max_num_seqs", 0), prefix_cache_hit_rate=(h / q) if q else 0.0,
-            timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads")).model_dump()
+            timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads"),
+            lora_adapters=snap.get("lora_adapters", []), lora_adapters_loaded=snap.get("lora_adapters_loaded", [])
+        ).model_dump()
 
 
 def _model_facts(engine: Any) -> dict[str, Any]:
@@ -237,11 +240,13 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         names = cfg.served_names(inst.model_name) if inst.model_name else []
-        facts = _model_facts(inst.engine)
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
-                                            "owned_by": "llmserve", "max_model_len":
-                                                inst.engine.max_model_len if inst.engine else None,
-                                            **facts} for n in names]}
+        facts, now = _model_facts(inst.engine), int(time.time())
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "llmserve",
+                                            "max_model_len": inst.engine.max_model_len if inst.engine else None,
+                                            "parent": None, **facts} for n in names]
+                + (adapter_cards(inst.engine, names[0], now) if names else [])}
+
+    add_lora_routes(app, inst)
 
     # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:
     # nesting, huge integers, NaN and lone surrogates become 400s, never 500s.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
@@ -34,6 +34,8 @@ class ServerConfig(HttpLimits):
     port: int = Field(8001, gt=0, lt=65536)
     api_keys: Annotated[list[str], Flag(name="--api-key", append=True)] = Field(
         default_factory=list, description="accepted API key (repeatable; LLMSERVE_API_KEY adds one)")
+    admin_key: SecretStr | None = Field(None, description="key that loading and unloading LoRA adapters "
+                                                          "needs (x-admin-key; unset: the API key's rule)")
     priority_range: Annotated[PriorityRange, Flag(nargs=2, type=int, parse=_priority_range,
                                                   metavar=("MIN", "MAX"))] = Field(
         NAMED_RANGE, description="integer priorities accepted, lower runs first (default 0 1: realtime, batch)")

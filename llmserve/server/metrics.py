@@ -95,6 +95,9 @@ class _EngineCollector:
         for reason in ("stop", "length", "abort", "error"):
             ok.add_metric([name, reason], snap["finished"].get(reason, 0))
         yield ok
+        from llmserve.server.lora_api import lora_residency
+
+        yield lora_residency(name, self.m.engine, snap)
         spec = snap["spec"]
         if spec is not None:
             drafts, draft_tokens, accepted, per_pos, rate_buckets, rate_sum = spec

@@ -30,6 +30,7 @@ from llmserve.engine.sampling_params import InvalidParameterError, SamplingParam
 from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.formats import output_formats
+from llmserve.server.lora_api import adapter_named
 from llmserve.server.constraints import structured_outputs
 from llmserve.server.disconnect import until_disconnect
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
@@ -81,8 +82,11 @@ class OpenAIServing:
         self._rng = random.Random()
 
     # ---- validation ----------------------------------------------------------------------
+    def lora_of(self, model: str | None) -> str | None:  # (the adapter it names, server/lora_api.py)
+        return adapter_named(self.engine, self.config.served_names(self.model_name), model)
+
     def check_model(self, model: str | None) -> None:
-        if model and model not in self.config.served_names(self.model_name):
+        if model and model not in self.config.served_names(self.model_name) and self.lora_of(model) is None:
             raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model",
                            "model_not_found")
 
@@ -165,7 +169,7 @@ class OpenAIServing:
             raise APIError(400, str(e), param="priority", code="invalid_priority") from None
 
     def _open(self, prompts: list[list[int]], sp: SamplingParams, raw: Request, priority, cache_salt,
-              resume: list[int] | None = None) -> list[_Job]:
+              resume: list[int] | None = None, lora_name: str | None = None) -> list[_Job]:
         prio = self.priority(priority, raw)
         tel = request_telemetry(raw.scope)  # its traceparent: the engine's spans join the request's
         jobs: list[_Job] = []
@@ -176,7 +180,7 @@ class OpenAIServing:
                 for ci, child in enumerate(fan_out(sp)):
                     rid = f"{base}-{pi}-{ci}"
                     job.streams.append(self.engine.add_request(ids, child, rid, priority=prio, cache_salt=cache_salt,
-                                                               resume_token_ids=resume,
+                                                               resume_token_ids=resume, lora_name=lora_name,
                                                                trace=tel.traceparent if tel else None))
                     job.request_ids.append(rid)
                 jobs.append(job)
@@ -262,14 +266,15 @@ class OpenAIServing:
         tracker = _Tracker(self, n_tokens, request_telemetry(raw.scope))
         try:
             await self._inject_faults()
-            jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt, resume)
+            lora = self.lora_of(r.model)
+            jobs = self._open(prompts, sp, raw, r.priority, r.cache_salt, resume, lora)
         except BaseException:
             tracker.done()
             raise
         for job in jobs:
             job.echo = echo[job.prompt_index] if echo else None
         tool_calls = chat and r.tool_mode != "none"
-        meta = ResponseMeta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
+        meta = ResponseMeta(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), lora or self.model_name,
                             chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
                             chat and r.parallel_tool_calls, r.return_token_ids, resume,
                             self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",

@@ -6,8 +6,10 @@ and a slot of its ``--max-loras``), so residency is not one signal to weigh
 against load but a precondition. The rule (S-LoRA's and AIBrix's shape):
 
 - a request on the base model (no adapter): every candidate;
-- else the candidates where the adapter is resident (or being loaded by this
-  gateway), and the scorers pick among them by load as usual;
+- else the candidates where the adapter is resident (in one of the engine's
+  ``--max-loras`` slots), and the scorers pick among them by load as usual;
+- else those where it is loaded in memory only (a copy into a slot away), or
+  being loaded by this gateway (so followers wait for that one load);
 - else none has it: the least loaded candidates, and the one picked loads it.
 
 ``candidates`` are those with room already, so a resident instance at its
@@ -34,8 +36,9 @@ def place(adapter: str | None, candidates: Sequence[InstanceView]) -> Placement:
     """The candidates a request on ``adapter`` may go to (``candidates`` non-empty)."""
     if adapter is None:
         return Placement(candidates, False)
-    resident = [c for c in candidates if adapter in c.adapters]
-    if resident:
-        return Placement(resident, False)
+    for has in ([c for c in candidates if adapter in c.adapters],
+                [c for c in candidates if adapter in c.adapters_loaded]):
+        if has:
+            return Placement(has, False)
     least = min(c.est_load for c in candidates)
     return Placement([c for c in candidates if c.est_load == least], True)

@@ -1,0 +1,63 @@
+"""Building the engine's LoRA state from its config, and the core-side commands on it.
+
+The clients (in-thread, multi-process) run these on the engine's thread; both answer with
+:func:`lora_state`, the same plain data, so the API process can say which adapters exist
+without asking again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmserve.engine.lora.manager import LoraManager
+from llmserve.models.lora.adapter import LoraAdapter, LoraError
+from llmserve.models.lora.slots import LoraSlots, install
+
+
+def build_lora(config, model_config, model) -> LoraManager | None:
+    """The adapters of ``config`` (an ``EngineConfig``), read and checked; None without LoRA.
+    A bad ``--lora-modules`` entry stops the start with its ``LoraError``."""
+    if not config.lora_enabled:
+        return None
+    slots = LoraSlots(model_config, config.max_loras, config.max_lora_rank)
+    install(model, slots)
+    manager = LoraManager(model_config, slots, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
+    for name, path in config.lora_modules.items():
+        manager.add(manager.read(name, path))
+    return manager
+
+
+def need(manager: LoraManager | None) -> LoraManager:
+    if manager is None:
+        raise LoraError("this engine serves no LoRA adapters (start it with --enable-lora)")
+    return manager
+
+
+def add(manager: LoraManager | None, adapter: LoraAdapter) -> dict[str, Any]:
+    need(manager).add(adapter)
+    return lora_state(manager)
+
+
+def remove(manager: LoraManager | None, name: str) -> dict[str, Any]:
+    need(manager).remove(name)
+    return lora_state(manager)
+
+
+def lora_state(manager: LoraManager | None) -> dict[str, Any]:
+    """``adapters``: name -> path of every registered adapter; ``resident`` / ``loaded``: names."""
+    if manager is None:
+        return {"adapters": {}, "resident": [], "loaded": []}
+    return {"adapters": manager.paths(), "resident": manager.resident(), "loaded": manager.loaded()}
+
+
+def error_kind(e: Exception) -> str:
+    """How a load / unload failure crosses the process boundary (``error_of`` undoes it)."""
+    from llmserve.engine.lora.manager import UnknownAdapter
+
+    return "unknown" if isinstance(e, UnknownAdapter) else "lora" if isinstance(e, ValueError) else "other"
+
+
+def error_of(kind: str, message: str) -> Exception:
+    from llmserve.engine.lora.manager import UnknownAdapter
+
+    return {"unknown": UnknownAdapter, "lora": LoraError}.get(kind, RuntimeError)(message)
