@@ -137,7 +137,7 @@ def main() -> None:
     eport, gport = free_port(), free_port()
     engine = Proc("engine", [sys.executable, "-m", "llmserve.cli", "engine", "--model", model, "--port", str(eport),
                              "--served-model-name", "base", "--threads", str(args.threads), "--max-num-seqs", "16",
-                             "--max-loras", "5", "--max-lora-rank", "16"], work, f"http://127.0.0.1:{eport}/ready")
+                             "--enable-lora", "--max-loras", "5", "--max-lora-rank", "16"], work, f"http://127.0.0.1:{eport}/ready")
     eurl = f"http://127.0.0.1:{eport}"
     versions = [{"name": a, "weight": 1, "pool": "v1", "adapter": {"name": a, "path": str(paths[a])}}
                 for a in ADAPTERS]

@@ -32,16 +32,12 @@ def _engine_has_lora() -> bool:
 
 
 def write_adapter(model_dir, out_dir, rank: int, seed: int = 0):
-    """A random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) for the model."""
-    import torch
-    from peft import LoraConfig, get_peft_model
+    """A random PEFT LoRA adapter on q and v for the tiny model (tests/lora_adapters.py)."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    lora = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
-                                           init_lora_weights=False))  # random B too: not a no-op
-    lora.save_pretrained(out_dir)
+    from tests.lora_adapters import make_adapter
+
+    make_adapter(AutoModelForCausalLM.from_pretrained(model_dir), out_dir, rank, ["q_proj", "v_proj"], seed)
     return out_dir
 
 
@@ -55,7 +51,8 @@ def adapters(tmp_path_factory):
 
 
 def adapter_config(model, adapter_path) -> dict:
-    cfg = serve_config(model, engine_args=["--max-num-seqs", "8", "--max-loras", "2", "--max-lora-rank", "16"],
+    cfg = serve_config(model, engine_args=["--max-num-seqs", "8", "--enable-lora", "--max-loras", "2",
+                                                "--max-lora-rank", "16"],
                        autoscale={"policy": "static", "static": {"instances": 2},
                                   "bounds": {"min_instances": 2, "max_instances": 2}})
     del cfg["model"], cfg["served_model_name"]

@@ -59,3 +59,13 @@ def test_scores_are_those_of_the_placed_candidates(make_instance):
              make_instance("c", adapters=frozenset({"x"}), report={"num_running": 0})]
     result = _picker().pick(RouteRequest(adapter="x"), cands)
     assert result.instance.instance_id == "c" and set(result.scores) == {"b", "c"}
+
+
+def test_resident_beats_loaded_in_memory_which_beats_a_load(make_instance):
+    in_slot = make_instance("slot", adapters=frozenset({"x"}), report={"num_running": 5})
+    in_memory = make_instance("mem", adapters_loaded=frozenset({"x"}), report={"num_running": 2})
+    idle = make_instance("idle", report={"num_running": 0})
+    assert [c.instance_id for c in place("x", [in_slot, in_memory, idle]).candidates] == ["slot"]
+    p = place("x", [in_memory, idle])
+    assert [c.instance_id for c in p.candidates] == ["mem"] and not p.loads
+    assert place("x", [idle]).loads
