@@ -99,8 +99,11 @@ def test_a_healthy_adapter_canary_is_promoted_without_restarting_the_base_pool(t
     model, good, _ = adapters
     serve, load, before, after = roll_out(tmp_path, adapter_config(model, good), "promoted")
     try:
-        actions = [e["action"] for e in serve.admin("GET", "/models/chat/canary/history").json()["events"]]
-        assert actions[0] == "start" and actions[-1] == "promote" and "advance" in actions
+        hist = serve.admin("GET", "/models/chat/canary/history").json()["events"]
+        actions = [e["action"] for e in hist]
+        assert actions[0] == "start" and hist[0]["weight"] == 0.05
+        assert actions[-1] == "promote" and "advance" in actions
+        assert sum(r[1] == "v2" and r[2] == 200 for r in load.results) > 10  # served on the adapter
         assert load.failed("v1") == [], load.failed("v1")[:5]
         assert load.failed("v2") == [], load.failed("v2")[:5]
         assert_base_pool_untouched(before, after)
