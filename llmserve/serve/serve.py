@@ -184,6 +184,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"{cfg.threads(p)} threads each"
         lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, {size} instances, "
                      f"{threads}\n")
+        lines += [f"    with version {v}: a LoRA adapter on this pool\n" for v in p.adapter_versions]
     print(f"llmserve serve: {', '.join(sorted({p.model for p in cfg.pools()}))} on {base}/v1 "
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"

@@ -49,6 +49,8 @@ def test_an_adapter_version_runs_on_the_base_pool_where_the_adapter_is_resident(
         desc = s.admin("GET", "/models").json()
         v2 = next(v for m in desc["models"] if m["name"] == "chat" for v in m["versions"] if v["name"] == "v2")
         assert v2["pool"] == "v1" and v2["adapter"] == "sql-lora" and v2["instances"] == 2
+        r = s.admin("POST", "/models/chat/versions/v2/instances", json={"url": "http://127.0.0.1:9"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "adapter_version", r.text
         metrics = s.client.get("/metrics").text
         assert 'version_weight{model="chat",version="v2"}' in metrics
         resident = [line for line in metrics.splitlines() if line.startswith("llmserve:gateway_instance_adapter_resident{")]
