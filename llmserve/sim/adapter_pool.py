@@ -31,8 +31,8 @@ def merge(name: str, shares: dict[str, Trace]) -> tuple[Trace, np.ndarray]:
                  duration), version[order]
 
 
-def split(record: SimRecord, version: np.ndarray, base: str) -> dict[str, SimRecord]:
-    """The merged run's record per version; the instances are ``base``'s alone."""
+def split(record: SimRecord, version: np.ndarray, base: str, model: str) -> dict[str, SimRecord]:
+    """The merged run's record per version (labelled ``model/version``); the instances are ``base``'s alone."""
     out = {}
     for v in dict.fromkeys(version.tolist()) | {base: None}:
         keep = version == v
@@ -40,6 +40,6 @@ def split(record: SimRecord, version: np.ndarray, base: str) -> dict[str, SimRec
         trace = Trace(f"{t.name}/{v}", t.arrival_s[keep], t.prompt_tokens[keep], t.output_tokens[keep],
                       t.priority[keep], t.duration_s)
         own = {} if v == base else {"events": [], "lifetimes": {}, "classes": {}, "reclaims": 0}
-        out[v] = dataclasses.replace(record, trace=trace, status=record.status[keep], ttft=record.ttft[keep],
+        out[v] = dataclasses.replace(record, label=f"{model}/{v}", trace=trace, status=record.status[keep], ttft=record.ttft[keep],
                                      e2e=record.e2e[keep], **own)
     return out

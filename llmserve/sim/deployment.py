@@ -93,7 +93,7 @@ def replay_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile
                             adapters=SimAdapters(shares={}, load_s=adapter_load_s),
                             adapter_of=[names.get(v) for v in version.tolist()])
             res = run.run()
-            for v, rec in split(run.record(), version, p.version).items():
+            for v, rec in split(run.record(), version, p.version, p.model).items():
                 out[v] = SimResult.build(rec, res.summary.wall_s, res.summary.cpu_s)
         return out
 
