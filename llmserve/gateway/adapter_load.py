@@ -7,7 +7,9 @@ asked for, and one it is loading or has just picked the instance to load (a
 *claim*), so requests for the same adapter follow the first one onto that
 instance and wait for its one load instead of each loading it somewhere else.
 A report asked for after a load finished is the truth again (the engine may
-have evicted the adapter since; then the next request loads it anew).
+have evicted the adapter since; then the next request loads it anew). An
+instance that answers 404 for the adapter (it evicted it after the report) has
+it no more until a report asked for after that answer says otherwise.
 
 :func:`ensure_adapter` is the request path's step between getting a slot and
 sending: nothing when the adapter is resident, else one ``POST
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import httpx
@@ -36,20 +38,30 @@ LOAD_PATH = "/v1/load_lora_adapter"
 class Residency:
     """The adapters this gateway knows to be on one instance beyond its last report."""
 
-    __slots__ = ("_claims", "_loaded", "_loads")
+    __slots__ = ("_claims", "_gone", "_loaded", "_loads")
 
     def __init__(self) -> None:
         self._loaded: dict[str, float] = {}  # name -> monotonic time its load finished
         self._claims: dict[str, float] = {}  # name -> when it was picked to be loaded here
         self._loads: dict[str, asyncio.Future[None]] = {}
+        self._gone: dict[str, float] = {}  # name -> when the instance said it lacks it (404)
 
-    def names(self, reported: Iterable[str], asked_at: float, now: float) -> frozenset[str]:
-        """Loaded as far as routing should know: the report's, plus ours since it was asked."""
-        if not (self._loaded or self._claims or self._loads):
-            return frozenset(reported)
+    def view(self, report: LoadReport | None, asked_at: float, now: float) -> tuple[frozenset[str], frozenset[str]]:
+        """(resident, loaded) as routing should know them: the report's (less what the
+        instance denied since), and ours since it was asked for, as loaded."""
+        resident, loaded = reported(report)
+        if not (self._loaded or self._claims or self._loads or self._gone):
+            return frozenset(resident), frozenset(loaded)
         self._loaded = {n: t for n, t in self._loaded.items() if t >= asked_at}
         self._claims = {n: t for n, t in self._claims.items() if now - t < CLAIM_TTL_S}
-        return frozenset(reported).union(self._loaded, self._claims, self._loads)
+        self._gone = {n: t for n, t in self._gone.items() if t >= asked_at}
+        ours = frozenset(loaded).union(self._loaded, self._claims, self._loads)
+        return frozenset(resident).difference(self._gone), ours.difference(self._gone).union(self._loads)
+
+    def gone(self, name: str, now: float) -> None:
+        """The instance answered that it lacks ``name``: load it again before the next request."""
+        self._loaded.pop(name, None)
+        self._gone[name] = now
 
     def claim(self, name: str, now: float) -> None:
         """The picker chose this instance to load ``name`` (its request is on the way)."""
@@ -58,7 +70,7 @@ class Residency:
     async def ensure(self, name: str, resident: bool, load: Callable[[], Awaitable[None]]) -> None:
         """Return once ``name`` is loaded here: at once if ``resident``, else after the
         one shared load (started now if none runs); raises what the load raised."""
-        if resident or name in self._loaded:
+        if (resident and name not in self._gone) or name in self._loaded:
             return
         fut = self._loads.get(name)
         if fut is None:
@@ -69,6 +81,7 @@ class Residency:
         try:
             await load()
             self._loaded[name] = time.monotonic()
+            self._gone.pop(name, None)
         finally:
             del self._loads[name]
             self._claims.pop(name, None)
@@ -103,8 +116,8 @@ def reported(report: LoadReport | None) -> tuple[list[str], list[str]]:
 
 def resident_on(inst: Instance) -> frozenset[str]:
     """Every adapter on ``inst`` as far as this gateway knows (its last report and our loads since)."""
-    resident, loaded = reported(inst.report)
-    return inst.residency.names(loaded, inst.report_asked_at, time.monotonic()).union(resident)
+    resident, loaded = inst.residency.view(inst.report, inst.report_asked_at, time.monotonic())
+    return resident | loaded
 
 
 async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig, headers: dict[str, str]) -> None:

@@ -272,15 +272,14 @@ class Pool:
 
     def _view(self, i: Upstream, now: float) -> InstanceView:
         fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
+        resident, loaded = i.residency.view(i.report if fresh else None, i.report_asked_at, now)
         return InstanceView(
             instance_id=i.instance_id, url=i.url, ready=i.ready,
             healthy=not self.outlier.is_ejected(i.instance_id, now), accepting=i.accepting,
             has_been_ready=i.has_been_ready,
             breaker_available=i.breaker.available(now), inflight=i.inflight,
             inflight_at_report=i.inflight_at_report if fresh else 0,
-            report=i.report if fresh else None,
-            adapters=frozenset(i.report.lora_adapters) if fresh else frozenset(),
-            adapters_loaded=i.residency.names(i.report.lora_adapters_loaded if fresh else (), i.report_asked_at, now))
+            report=i.report if fresh else None, adapters=resident, adapters_loaded=loaded)
 
     async def acquire(self, request: RouteRequest, priority: PriorityClass,
                       exclude: Iterable[str] = ()) -> Lease:

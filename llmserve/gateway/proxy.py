@@ -33,7 +33,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
-from llmserve.gateway.adapter_load import AdapterLoadFailed, ensure_adapter
+from llmserve.gateway.adapter_attempt import adapter_gone, adapter_ready
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
@@ -247,7 +247,7 @@ class Proxy:
             if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
                 ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
-            if plan.adapter is not None and (failed := await self.adapter_ready(plan, lease)) is not None:
+            if plan.adapter is not None and (failed := await adapter_ready(gw.upstream, plan, lease)) is not None:
                 plan.last = failed
                 continue
             ctx.sent(inst.instance_id, plan.headers)
@@ -265,6 +265,9 @@ class Proxy:
                 plan.pool.release(lease, Outcome.NEUTRAL)
                 raise
             plan.tried.append(inst.instance_id)
+            if (gone := await adapter_gone(plan, lease, resp)) is not None:
+                plan.last = gone  # evicted since we looked: the retry loads it again
+                continue
             if resp.status_code >= 500:
                 plan.last, own_fault = await self._read_error(resp, lease, plan.pool)
                 if own_fault:  # the request itself failed in the engine: elsewhere too
@@ -334,20 +337,6 @@ class Proxy:
             raise GatewayError(503, str(e), code="no_healthy_instance") from None
         ctx.waited(lease.queued_s, cold)
         return lease
-
-    async def adapter_ready(self, plan: _Plan, lease: Lease) -> GatewayError | None:
-        """Load the plan's adapter on the lease's instance unless it is there (adapter_load.py);
-        a failed load releases the lease and is the attempt's failure (that instance is tried no more)."""
-        try:
-            await ensure_adapter(self.gw.upstream, lease.instance, plan.adapter, plan.headers)
-        except AdapterLoadFailed as e:
-            plan.pool.release(lease, Outcome.FAILURE if e.instance_fault else Outcome.NEUTRAL)
-            plan.tried.append(lease.instance.instance_id)
-            return e.error
-        except BaseException:
-            plan.pool.release(lease, Outcome.NEUTRAL)
-            raise
-        return None
 
     @staticmethod
     async def _wait_unless_gone(plan: _Plan, waiting: Waiting) -> Lease:

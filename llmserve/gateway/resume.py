@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from llmserve.api.stream_format import DONE, HEAD, IDS_KEY, take_ids
+from llmserve.gateway.adapter_attempt import adapter_ready
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
@@ -69,9 +70,6 @@ class Attempts(Protocol):
     def upstream(self) -> UpstreamClient: ...
 
     async def acquire(self, plan: Plan, ctx: RequestRecord) -> Lease: ...
-
-    async def adapter_ready(self, plan: Plan, lease: Lease) -> GatewayError | None:
-        """None once the plan's LoRA adapter is on the lease's instance; else why not (lease released)."""
 
 
 class UpstreamFailed(Exception):
@@ -283,7 +281,7 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
         except GatewayError as e:
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
-        if plan.adapter is not None and (failed := await proxy.adapter_ready(plan, lease)) is not None:
+        if plan.adapter is not None and (failed := await adapter_ready(proxy.upstream, plan, lease)) is not None:
             last = failed.message
             continue
         plan.tried.append(inst.instance_id)

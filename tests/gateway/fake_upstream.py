@@ -53,6 +53,7 @@ class Behaviour:
     load_status: int = 200
     load_delay_s: float = 0.0
     adapter_loads: list[dict] = field(default_factory=list)
+    report_adapters: set[str] | None = None  # override what /load says is resident
     # observations
     requests: int = 0
     running: int = 0
@@ -141,7 +142,8 @@ def make_app(b: Behaviour) -> Starlette:
             "num_waiting_by_priority": {}, "kv_cache_usage": 0.0, "busy_fraction": 0.0,
             "tokens_per_s": 0.0, "generation_tokens_per_s": 0.0,
             "max_num_seqs": b.max_num_seqs, "prefix_cache_hit_rate": 0.0,
-            "timestamp": time.time(), "lora_adapters": sorted(b.adapters)})
+            "timestamp": time.time(),
+            "lora_adapters": sorted(b.adapters if b.report_adapters is None else b.report_adapters)})
 
     async def load_adapter(request: Request) -> Response:
         body = await request.json()

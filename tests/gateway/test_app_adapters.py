@@ -171,3 +171,16 @@ def test_a_broken_adapter_stream_resumes_on_another_instance_which_loads_the_ada
         assert text.rstrip().endswith("data: [DONE]") and "t7 " in text, text
         assert not has.adapter_loads and len(other.adapter_loads) == 1  # loaded where the stream went on
         assert other.bodies[0]["model"] == "sql-lora" and other.bodies[0]["resume_token_ids"] == [0, 1, 2]
+
+
+def test_an_instance_that_evicted_the_adapter_since_its_report_gets_the_request_retried_and_loaded_elsewhere():
+    stale = Behaviour("stale", base_model="chat", report_adapters={"sql-lora"})  # says resident; is not
+    other = Behaviour("other", base_model="chat", report_running=1)
+    with stack({"v1": [stale, other], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
+               auth={"open_privileges": {"version_override": True}}) as s:
+        _reported(s)
+        r = s.chat("q", headers={"x-llmserve-version": "v2"})
+        assert r.status_code == 200, r.text
+        assert _by_fake(s, r) == "other" and len(other.adapter_loads) == 1
+        assert [b["model"] for b in stale.bodies] == ["sql-lora"]  # its 404 was not the client's answer
+        assert all(st.value == "closed" for st in s.gateway.pool("chat", "v1").breaker_states().values())
