@@ -130,7 +130,7 @@ async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig
         await inst.residency.ensure(adapter.name, there, load)
     except httpx.HTTPError as e:
         raise AdapterLoadFailed(APIError(502, f"loading adapter {adapter.name!r} on {inst.instance_id} "
-                                                  f"failed: {type(e).__name__}: {e}", code="adapter_load_failed"),
+                                              f"failed: {type(e).__name__}: {e}", code="adapter_load_failed"),
                                 True) from None
 
 
@@ -138,7 +138,7 @@ async def _load(client: _Poster, target: Instance, adapter: AdapterConfig, heade
     where = f"adapter {adapter.name!r} is not on {target.instance_id}"
     if adapter.path is None:
         raise AdapterLoadFailed(APIError(502, f"{where} and has no path to load it from",
-                                             code="adapter_not_resident"), False)
+                                         code="adapter_not_resident"), False)
     body = json.dumps({"lora_name": adapter.name, "lora_path": adapter.path}).encode()
     sent = {k: v for k, v in headers.items() if k in ("authorization", "x-request-id", "traceparent")}
     resp = await client.post(f"{target.url}{LOAD_PATH}", body, {"content-type": "application/json", **sent})
@@ -149,7 +149,7 @@ async def _load(client: _Poster, target: Instance, adapter: AdapterConfig, heade
     if resp.status_code == 200 or (resp.status_code == 400 and b"already" in answer):
         return  # loaded, or loaded already (by another gateway, or before our report)
     raise AdapterLoadFailed(APIError(502, f"loading adapter {adapter.name!r} on {target.instance_id}: "
-                                              f"{resp.status_code} {_message(answer)}", code="adapter_load_failed"),
+                                          f"{resp.status_code} {_message(answer)}", code="adapter_load_failed"),
                             resp.status_code >= 500)
 
 
