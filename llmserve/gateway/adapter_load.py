@@ -114,10 +114,9 @@ def reported(report: LoadReport | None) -> tuple[list[str], list[str]]:
     return (report.lora_adapters, report.lora_adapters_loaded) if report is not None else ([], [])
 
 
-def resident_on(inst: Instance) -> frozenset[str]:
-    """Every adapter on ``inst`` as far as this gateway knows (its last report and our loads since)."""
-    resident, loaded = inst.residency.view(inst.report, inst.report_asked_at, time.monotonic())
-    return resident | loaded
+def adapters_of(inst: Instance) -> tuple[frozenset[str], frozenset[str]]:
+    """(resident, loaded) adapters of ``inst`` as far as this gateway knows (its last report and our loads since)."""
+    return inst.residency.view(inst.report, inst.report_asked_at, time.monotonic())
 
 
 async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig, headers: dict[str, str]) -> None:

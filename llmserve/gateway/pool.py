@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from llmserve.gateway.adapter_load import Residency, resident_on
+from llmserve.gateway.adapter_load import Residency, adapters_of
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, ClassStats,
                                         ConcurrencyConfig, Rejected, Ticket)
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
@@ -102,7 +102,7 @@ class Upstream:
             "draining": not self.accepting, "ejected": ejected, "inflight": self.inflight,
             "breaker": self.breaker.state(now).value, "served": self.served,
             "load_source": self.load_source,
-            "adapters": sorted(resident_on(self)),
+            "adapters": sorted(frozenset().union(*adapters_of(self))),
             "report": (self.report.model_dump()
                        if self.report is not None and now - self.report_at <= report_ttl_s
                        else None),

@@ -19,7 +19,7 @@ from contextlib import suppress
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from llmserve.gateway.adapter_load import resident_on
+from llmserve.gateway.adapter_load import adapters_of
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
 from llmserve.gateway.config import GatewayConfig, ServedModelConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
@@ -255,8 +255,9 @@ class Gateway:
                       ["model", "version", "instance"])
         breaker = gauge("instance_breaker_open", "0 closed, 0.5 half-open, 1 open",
                         ["model", "version", "instance"])
-        adapter = gauge("instance_adapter_resident", "1 for each LoRA adapter resident on an instance "
-                        "(its /load report and this gateway's loads since)", ["model", "version", "instance", "adapter"])
+        adapter = gauge("instance_adapter", "1 per LoRA adapter on an instance: resident in a slot, or loaded in "
+                        "memory only (its /load report and this gateway's loads since)",
+                        ["model", "version", "instance", "adapter", "state"])
         level = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
         for name, rt in self.models.items():
             for version, w in rt.router.weights.items():  # adapter versions too
@@ -270,6 +271,7 @@ class Gateway:
                     inflight.add_metric([name, version, iid], inst.inflight)
                     ready.add_metric([name, version, iid], float(inst.ready))
                     breaker.add_metric([name, version, iid], level[state.value])
-                    for a in sorted(resident_on(inst)):
-                        adapter.add_metric([name, version, iid, a], 1.0)
+                    for state_name, names in zip(("resident", "loaded"), adapters_of(inst)):
+                        for a in sorted(names):
+                            adapter.add_metric([name, version, iid, a, state_name], 1.0)
         return [depth, oldest, weight, inflight, ready, breaker, adapter]

@@ -53,8 +53,8 @@ def test_an_adapter_version_runs_on_the_base_pool_where_the_adapter_is_resident(
         assert r.status_code == 400 and r.json()["error"]["code"] == "adapter_version", r.text
         metrics = s.client.get("/metrics").text
         assert 'version_weight{model="chat",version="v2"}' in metrics
-        resident = [line for line in metrics.splitlines() if line.startswith("llmserve:gateway_instance_adapter_resident{")]
-        assert len(resident) == 1 and 'adapter="sql-lora"' in resident[0] and 'version="v1"' in resident[0]
+        on = [line for line in metrics.splitlines() if line.startswith("llmserve:gateway_instance_adapter{")]
+        assert len(on) == 1 and 'adapter="sql-lora"' in on[0] and 'state="resident"' in on[0] and 'version="v1"' in on[0]
 
 
 async def test_nowhere_resident_one_load_on_the_least_loaded_serves_every_request():

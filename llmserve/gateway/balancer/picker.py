@@ -2,7 +2,7 @@
 
 Filter: routable (ready, healthy, not draining, breaker lets a request through)
 and has room (below its concurrency target); a request on a LoRA adapter then
-only where it is resident, if anywhere (``adapter.py``). Score: the weighted mean of the
+only where it is resident or loaded, if anywhere (``adapter.py``). Score: the weighted mean of the
 configured scorers, in [0, 1]. Pick: of the candidates within ``tie_margin`` of
 the best score, draw two at random and take the better (lower load on a tie).
 Randomising only among near-equals keeps a strong signal (prefix affinity, an
