@@ -81,3 +81,27 @@ def test_mixed_batch_equals_merged_models(family, spec):
     assert eng.scheduler.num_preemptions > 0
     assert eng.kv.prefix_hits > 0
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_int8_weights_with_adapters_equal_merged_models(tmp_path):
+    """On the int8 path (weights on GGUF's Q4_1 grid, held exactly; exact activations) each row's
+    adapter delta, added in fp32 on the int8 product, gives the merged fp32 model's tokens."""
+    from tests.engine.test_weight_formats import q4_1_tiny
+
+    t = q4_1_tiny(seed=3)
+    paths, merged = {}, {None: t.hf}
+    for i, (r, targets) in enumerate(TARGETS["default"]):
+        merged[f"a{i}"] = make_adapter(t.hf, tmp_path / f"a{i}", r, targets, seed=20 + i)
+        paths[f"a{i}"] = str(tmp_path / f"a{i}")
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 40, 9)]
+    jobs = list(zip(prompts, [None, "a0", "a1", "a2"])) + [(prompts[2], "a2"), (prompts[1], None)]
+    eng = t.engine(dtype="int8", exact_activations=True, num_kv_blocks=64, block_size=4, max_num_batched_tokens=16,
+                   lora_modules=paths, max_loras=3)
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    for i, (p, a) in enumerate(jobs):
+        eng.add_request(str(i), p, sp, lora_name=a)
+    done = {}
+    while eng.has_unfinished():
+        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
+    for i, (p, a) in enumerate(jobs):
+        assert done[str(i)] == hf_greedy(merged[a], p, N)[0], f"job {i} ({a})"

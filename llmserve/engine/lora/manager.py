@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from llmserve.engine.lora.residency import assign_slots
 from llmserve.models.config import ModelConfig
-from llmserve.models.lora.adapter import LoraAdapter, LoraError, read_adapter
+from llmserve.models.lora.adapter import LoraAdapter, LoraError
+from llmserve.models.lora.read import read_adapter
 from llmserve.models.lora.slots import LoraSlots
 
 

@@ -106,18 +106,3 @@ def check(name: str, path: Path, pairs: dict[tuple[int, str], dict[str, torch.Te
         deltas[(layer, module)] = (a.contiguous(), (b * scaling(alphas[(layer, module)], r, rslora)).contiguous())
     return LoraAdapter(name, str(path), deltas)
 
-
-def read_adapter(name: str, path: str | Path, config: ModelConfig, max_rank: int) -> LoraAdapter:
-    """A PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``) or a GGUF LoRA file."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        from llmserve.models.lora.peft_format import read_peft
-
-        return read_peft(name, p, config, max_rank)
-    if p.is_file() and p.suffix.lower() == ".gguf":
-        from llmserve.models.lora.gguf_format import read_gguf_lora
-
-        return read_gguf_lora(name, p, config, max_rank)
-    if not p.exists():
-        raise LoraError(f"{p}: no such adapter (a PEFT folder or a .gguf LoRA file)")
-    raise LoraError(f"{p}: not a LoRA adapter (a PEFT folder or a .gguf LoRA file)")

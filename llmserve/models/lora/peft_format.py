@@ -17,7 +17,7 @@ import torch
 
 from llmserve.models.config import ModelConfig
 from llmserve.models.files import read_json
-from llmserve.models.lora.adapter import LoraAdapter, LoraError, check
+from llmserve.models.lora.adapter import LoraAdapter, LoraError, check, model_modules
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -51,6 +51,13 @@ def _config(folder: Path) -> dict[str, Any]:
 
 def read_peft(name: str, folder: Path, config: ModelConfig, max_rank: int) -> LoraAdapter:
     d = _config(folder)
+    targets = d.get("target_modules")
+    if isinstance(targets, list):  # (a string is a regular expression: the tensors say what it matched)
+        spots = model_modules(config)
+        for t in targets:
+            if str(t).rsplit(".", 1)[-1] not in spots:
+                raise LoraError(f"{folder}: target module {t!r} is not in this {config.family} model "
+                                f"(its modules: {', '.join(sorted(spots))})")
     path = folder / WEIGHTS
     if not path.is_file():
         raise LoraError(f"{folder}: no {WEIGHTS} (adapter_model.bin is not supported)")

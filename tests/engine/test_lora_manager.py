@@ -1,0 +1,94 @@
+"""The adapters' bookkeeping without a model run: slots for a step (pure), the prefix cache keyed
+by adapter, the scheduler's cap on adapters in flight, and the manager's levels (registered,
+loaded least recently used out, resident) with unload while requests still run."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.lora.manager import LoraManager, UnknownAdapter
+from llmserve.engine.lora.residency import assign_slots
+from llmserve.engine.request import Request, RequestStatus
+from llmserve.engine.sampling_params import SamplingParams
+from llmserve.engine.scheduler import Scheduler, SchedulerConfig
+from llmserve.models.lora.adapter import LoraError
+from llmserve.models.lora.slots import LoraSlots
+from tests.engine.conftest import make_tiny
+from tests.lora_adapters import make_adapter
+
+
+def test_assign_slots_keeps_resident_fills_free_then_evicts_least_recent():
+    assert assign_slots([None, None], {7}, {}) == {0: 7}
+    assert assign_slots([7, None], {7, 8}, {}) == {1: 8}  # 7 stays where it is
+    assert assign_slots([7, 8], {9, 8}, {7: 5, 8: 3}) == {0: 9}  # 8 is wanted: 7 goes
+    assert assign_slots([7, 8, 6], {9}, {7: 5, 8: 3, 6: 4}) == {1: 9}  # least recently used
+    with pytest.raises(ValueError):
+        assign_slots([None], {1, 2}, {})
+
+
+def _req(rid: str, tokens: list[int], lora_id: int = 0) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=4), 4, lora_id=lora_id)
+
+
+def test_prefix_cache_never_shares_blocks_between_adapters():
+    kv = KVCacheManager(32, 4, enable_prefix_caching=True)
+    first = _req("a", list(range(13)), lora_id=1)
+    assert kv.allocate_slots(first, 13, admitting=True)
+    first.num_computed_tokens = 13
+    kv.cache_computed_blocks(first)
+    kv.free(first)
+    assert kv.get_computed_blocks(_req("b", list(range(13)), lora_id=2))[1] == 0
+    assert kv.get_computed_blocks(_req("c", list(range(13))))[1] == 0
+    assert kv.get_computed_blocks(_req("d", list(range(13)), lora_id=1))[1] == 12
+
+
+def test_scheduler_runs_at_most_max_loras_adapters_at_once():
+    kv = KVCacheManager(64, 4, enable_prefix_caching=False)
+    sch = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_loras=2), kv)
+    for i, lora in enumerate([1, 2, 3, 0, 1]):
+        sch.add_request(_req(str(i), [5, 6, 7], lora))
+    plan = sch.schedule()
+    assert sorted(s.request.request_id for s in plan.scheduled) == ["0", "1", "3", "4"]  # 3 waits for a slot
+    sch.finish_request("1", RequestStatus.FINISHED_ABORTED)
+    plan = sch.schedule()
+    assert "2" in {s.request.request_id for s in plan.scheduled}
+    assert len({r.lora_id for r in sch.running if r.lora_id}) <= 2
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    t = make_tiny(seed=1)
+    root = tmp_path_factory.mktemp("mgr")
+    for i, r in enumerate((4, 8, 8)):
+        make_adapter(t.hf, root / f"a{i}", r, ["q_proj", "down_proj"], seed=i)
+    return t.config, root
+
+
+def test_manager_levels_and_unload_while_running(adapters):
+    config, root = adapters
+    slots = LoraSlots(config, 2, 8)
+    m = LoraManager(config, slots, 8, max_cpu_loras=2)
+    ids = [m.add(m.read(f"a{i}", str(root / f"a{i}"))) for i in range(3)]
+    assert m.loaded() == ["a1", "a2"]  # a0 evicted from memory: least recently used, unused
+    assert m.acquire("r0", "a0") == ids[0]  # read again from its file
+    with pytest.raises(LoraError, match="already loaded"):
+        m.add(m.read("a1", str(root / "a1")))
+    assert m.activate({ids[0], ids[1]}) == {ids[0]: 0, ids[1]: 1}
+    assert m.resident() == ["a0", "a1"]
+    m.remove("a0")  # a request still runs on it: new ones are refused, its slot stays
+    with pytest.raises(UnknownAdapter):
+        m.acquire("r1", "a0")
+    assert slots.stacks[0]["qkv"].a[0].abs().sum() > 0
+    m.release("r0")  # its last request ended: slot and memory freed
+    assert slots.stacks[0]["qkv"].a[0].abs().sum() == 0
+    assert m.resident() == ["a1"] and "a0" not in m.paths()
+    with pytest.raises(UnknownAdapter):
+        m.remove("a0")
+
+
+def test_rank_over_the_maximum_is_refused(adapters):
+    config, root = adapters
+    m = LoraManager(config, LoraSlots(config, 1, 4), 4, 1)
+    with pytest.raises(LoraError, match="rank 8 is over the maximum LoRA rank 4"):
+        m.read("a1", str(root / "a1"))
