@@ -5,10 +5,11 @@ and one ``llmserve gateway`` in front of it serving two models on that instance:
 ``base`` (the base model alone) and ``mixed`` (the base and four adapter versions,
 ``pool: v1``, equal weights, so anonymous requests spread over the five). Four
 random rank-16 PEFT adapters (every projection) are written for the model's
-architecture. Each round runs ``llmserve bench`` (its Python API) at concurrency
-16 through the gateway against ``base`` and ``mixed``, the order alternating; the
-gateway loads the adapters on first use (in the warm-ups). Reported: output
-tok/s of each and the ratio mixed / base per round (target >= 0.8).
+architecture. Each round runs 16 closed-loop streams (completions, ``ignore_eos``)
+through the gateway against ``base`` and ``mixed``, and the same two mixes against
+the engine directly (which says what is the engine's and what the gateway's), the
+order alternating; the gateway loads the adapters on first use (in the warm-ups).
+Reported: output tok/s of each and the ratio mixed / base per round (target >= 0.8).
 
 Then the adapter load: a fifth rank-16 adapter loaded directly on the engine
 (``POST /v1/load_lora_adapter``), timed until the call returns and until a one-token
@@ -77,22 +78,42 @@ def write_adapters(config: Any, folder: Path, names: tuple[str, ...], rank: int)
     return out
 
 
-def bench(url: str, model: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    from llmserve.bench.cli import execute
-    from llmserve.bench.client import EndpointConfig
-    from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
+def streams(url: str, models: list[str], args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """16 closed-loop streams, ``args.num_prompts`` completions in all (``ignore_eos``: every one
+    ``args.output_len`` tokens), request ``k`` on ``models[k % len(models)]``; output tokens/s.
+    The same client for the gateway and the engine, so the two compare."""
+    import asyncio
+    import random
 
-    cfg = BenchConfig(
-        endpoint=EndpointConfig(base_url=url, model=model, ignore_eos=True, timeout_s=600),
-        dataset=DatasetConfig(name="random", tokenizer=args.tokenizer, random_input_len=args.input_len,
-                              random_output_len=args.output_len),
-        load=LoadConfig(num_prompts=args.num_prompts, max_concurrency=16, num_warmups=16, seed=seed),
-        percentiles=(50.0, 99.0), show_progress=False)
-    s = execute(cfg).summary
-    if s.failed:
-        raise RuntimeError(f"{model}: {s.failed} requests failed: {s.failures_by_kind}")
-    return {"output_tok_s": s.output_throughput, "ttft_p50_ms": s.ttft.percentiles_ms["p50"],
-            "itl_p50_ms": s.itl.percentiles_ms["p50"], "requests": s.num_requests}
+    import httpx
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "select", "rows", "from", "where", "join", "table"]
+    prompts = [" ".join(rng.choice(words) for _ in range(args.input_len // 2)) for _ in range(args.num_prompts)]
+
+    async def run() -> tuple[int, float]:
+        queue = list(enumerate(prompts))
+        tokens = 0
+        async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False,
+                                     limits=httpx.Limits(max_connections=32)) as c:
+            async def one(k: int, prompt: str) -> int:
+                r = await c.post("/completions", json={"model": models[k % len(models)], "prompt": prompt,
+                                                       "max_tokens": args.output_len, "ignore_eos": True})
+                r.raise_for_status()
+                return r.json()["usage"]["completion_tokens"]
+
+            await asyncio.gather(*(one(k, p) for k, p in queue[:16]))  # warm-up: loads, first steps
+            t0 = time.perf_counter()
+
+            async def worker() -> None:
+                nonlocal tokens
+                while queue:
+                    k, p = queue.pop()
+                    tokens += await one(k, p)
+            await asyncio.gather(*(worker() for _ in range(16)))
+            return tokens, time.perf_counter() - t0
+    tokens, elapsed = asyncio.run(run())
+    return {"output_tok_s": tokens / elapsed, "tokens": tokens, "seconds": elapsed}
 
 
 def rss_kib(pid: int) -> int:
@@ -154,13 +175,17 @@ def main() -> None:
         gateway.wait_ready()
         gurl = f"http://127.0.0.1:{gport}/v1"
         runs = []
+        targets = {"base": (gurl, ["base"]), "mixed": (gurl, ["mixed"]),  # the gateway's router spreads "mixed"
+                   "base direct": (f"{eurl}/v1", ["base"]), "mixed direct": (f"{eurl}/v1", ["base", *ADAPTERS])}
         for rnd in range(args.rounds):
-            order = ("base", "mixed") if rnd % 2 == 0 else ("mixed", "base")
-            got = {m: bench(gurl, m, args, seed=rnd) for m in order}
-            runs.append({"round": rnd, **{f"{m}_{k}": v for m in got for k, v in got[m].items()},
-                         "ratio": got["mixed"]["output_tok_s"] / got["base"]["output_tok_s"]})
-            print(f"round {rnd}: base {got['base']['output_tok_s']:.1f} tok/s, mixed "
-                  f"{got['mixed']['output_tok_s']:.1f} tok/s, ratio {runs[-1]['ratio']:.3f}", flush=True)
+            order = list(targets) if rnd % 2 == 0 else list(reversed(targets))
+            got = {t: streams(*targets[t], args, seed=rnd) for t in order}
+            runs.append({"round": rnd, **{t: got[t]["output_tok_s"] for t in targets},
+                         "ratio": got["mixed"]["output_tok_s"] / got["base"]["output_tok_s"],
+                         "ratio_direct": got["mixed direct"]["output_tok_s"] / got["base direct"]["output_tok_s"]})
+            print(f"round {rnd}: " + ", ".join(f"{t} {got[t]['output_tok_s']:.1f} tok/s" for t in targets) +
+                  f"; mixed / base {runs[-1]['ratio']:.3f} through the gateway, {runs[-1]['ratio_direct']:.3f} direct",
+                  flush=True)
         load = load_time(eurl, engine.pid, paths["fresh"], "base")
         print(f"load: {load}", flush=True)
     finally:
@@ -175,23 +200,28 @@ def write(args: argparse.Namespace, runs: list[dict], load: dict, model: str) ->
     info = machine()
     name = "lora_gateway_streams" + (f"-{args.label}" if args.label else "")
     ratio = statistics.median(r["ratio"] for r in runs)
+    direct = statistics.median(r["ratio_direct"] for r in runs)
     md = [f"# {name}", "", f"`python benchmarks/lora/gateway_streams.py {' '.join(sys.argv[1:])}`  ",
-          f"{info['date']}, {info['host_cpus']} CPUs shared with other work, commit {info['git_commit']}", "",
-          f"model {model}, engine --threads {args.threads} --max-num-seqs 16 --max-loras 5; 4 rank-16 adapters on "
-          f"every projection; {args.num_prompts} prompts {args.input_len} in / {args.output_len} out (ignore_eos, "
-          "streaming) at concurrency 16 through `llmserve gateway`; `mixed` spreads them over the base and the "
-          "four adapter versions.", "",
-          md_table(["round", "base tok/s", "mixed tok/s", "mixed / base", "base TTFT p50 ms", "mixed TTFT p50 ms"],
-                   [[r["round"], r["base_output_tok_s"], r["mixed_output_tok_s"], r["ratio"], r["base_ttft_p50_ms"],
-                     r["mixed_ttft_p50_ms"]] for r in runs]), "",
-          f"Median ratio **{ratio:.3f}** (target >= 0.8).", "",
+          f"{info['date']}, {info['host_cpus']} CPUs shared with other work (load average "
+          f"{info['loadavg_start'][0]:.1f} at start), commit {info['git_commit']}", "",
+          f"model {model}, engine --threads {args.threads} --max-num-seqs 16 --enable-lora --max-loras 5; 4 rank-16 "
+          f"adapters on every projection; 16 closed-loop streams, {args.num_prompts} completions of "
+          f"{args.output_len} tokens (ignore_eos) after 16 warm-ups. `base`: model `base` through `llmserve "
+          "gateway`; `mixed`: model `mixed` through it (the base and four adapter versions on its pool, equal "
+          "weights); `direct`: the same mixes sent to the engine itself, round robin over the names.", "",
+          md_table(["round", "base tok/s", "mixed tok/s", "mixed / base", "base direct", "mixed direct",
+                    "mixed / base direct"],
+                   [[r["round"], r["base"], r["mixed"], r["ratio"], r["base direct"], r["mixed direct"],
+                     r["ratio_direct"]] for r in runs]), "",
+          f"Median mixed / base: **{ratio:.3f}** through the gateway (target >= 0.8), {direct:.3f} direct.", "",
           f"A fifth rank-16 adapter loaded on the engine: the load call took {load['load_ms']:.0f} ms, "
           f"{load['until_served_ms']:.0f} ms until a one-token completion on it answered (target <= 200 ms); "
           f"adapter files {load['file_bytes'] / 1e6:.2f} MB, engine RSS grew {load['rss_delta_bytes'] / 1e6:.2f} MB.",
           ""]
     (RESULTS / f"{name}.md").write_text("\n".join(md))
     (RESULTS / f"{name}.json").write_text(json.dumps({"machine": info, "args": vars(args), "runs": runs,
-                                                      "median_ratio": ratio, "load": load}, indent=1))
+                                                      "median_ratio": ratio, "median_ratio_direct": direct,
+                                                      "load": load}, indent=1))
     print(f"wrote {RESULTS / name}.md")
 
 
