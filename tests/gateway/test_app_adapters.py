@@ -23,6 +23,16 @@ def _by_fake(s, response):
     return _ids(s)[urls[instance_of(response)]]
 
 
+def _forced(*fakes, v2=SQL, **kw):
+    """v1 on ``fakes``, v2 an adapter on its pool at weight 0, reached by forcing it."""
+    return stack({"v1": list(fakes), "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": v2},
+                 auth={"open_privileges": {"version_override": True}}, **kw)
+
+
+def _on_v2(s, text="q"):
+    return s.chat(text, headers={"x-llmserve-version": "v2"})
+
+
 def _reported(s):
     pool = s.gateway.pool("chat", "v1")
     wait_until(lambda: all(i.report is not None for i in pool.instances()), what="reports")
@@ -60,8 +70,7 @@ def test_an_adapter_version_runs_on_the_base_pool_where_the_adapter_is_resident(
 async def test_nowhere_resident_one_load_on_the_least_loaded_serves_every_request():
     busy = Behaviour("busy", base_model="chat", report_running=4, tokens=1)
     idle = Behaviour("idle", base_model="chat", load_delay_s=0.3, tokens=1)
-    with stack({"v1": [busy, idle], "v2": []}, weights={"v1": 1, "v2": 0},
-               version_extra={"v2": SQL}, auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(busy, idle) as s:
         _reported(s)
         async with httpx.AsyncClient(base_url=s.url, timeout=30) as c:
             async def one(i):
@@ -78,25 +87,23 @@ async def test_nowhere_resident_one_load_on_the_least_loaded_serves_every_reques
 def test_a_failed_load_is_retried_on_another_instance():
     broken = Behaviour("broken", base_model="chat", load_status=500)  # least loaded: tried first
     fine = Behaviour("fine", base_model="chat", report_running=2)
-    with stack({"v1": [broken, fine], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
-               auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(broken, fine) as s:
         _reported(s)
-        r = s.chat("q", headers={"x-llmserve-version": "v2"})
+        r = _on_v2(s, "q")
         assert r.status_code == 200, r.text
         assert _by_fake(s, r) == "fine"
         assert len(broken.adapter_loads) == 1 and len(fine.adapter_loads) == 1
         # resident on "fine" now (our load, then its report): no second load anywhere
         for i in range(4):
-            assert _by_fake(s, s.chat(f"again {i}", headers={"x-llmserve-version": "v2"})) == "fine"
+            assert _by_fake(s, _on_v2(s, f"again {i}")) == "fine"
         assert len(broken.adapter_loads) == 1 and len(fine.adapter_loads) == 1
 
 
 def test_a_load_failing_everywhere_is_a_502_and_base_traffic_is_untouched():
     fakes = [Behaviour(n, base_model="chat", load_status=400) for n in "ab"]
-    with stack({"v1": fakes, "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
-               auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(*fakes) as s:
         _reported(s)
-        r = s.chat("q", headers={"x-llmserve-version": "v2"})
+        r = _on_v2(s, "q")
         assert r.status_code == 502 and r.json()["error"]["code"] == "adapter_load_failed", r.text
         assert "injected load failure" in r.json()["error"]["message"]
         # each instance tried; the retries stop at retry.max_attempts (3)
@@ -108,15 +115,14 @@ def test_a_load_failing_everywhere_is_a_502_and_base_traffic_is_untouched():
 
 def test_an_adapter_without_a_path_goes_only_where_the_engines_preloaded_it():
     preloaded = {"pool": "v1", "adapter": {"name": "sql-lora"}}
-    with stack({"v1": [Behaviour("a", base_model="chat")], "v2": []}, weights={"v1": 1, "v2": 0},
-               version_extra={"v2": preloaded}, auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(Behaviour("a", base_model="chat"), v2=preloaded) as s:
         _reported(s)
-        r = s.chat("q", headers={"x-llmserve-version": "v2"})
+        r = _on_v2(s, "q")
         assert r.status_code == 502 and r.json()["error"]["code"] == "adapter_not_resident", r.text
         s.fakes["a"].adapters.add("sql-lora")  # e.g. started with --lora-modules
         pool = s.gateway.pool("chat", "v1")
         wait_until(lambda: "sql-lora" in pool.instances()[0].report.lora_adapters, what="report")
-        assert s.chat("q", headers={"x-llmserve-version": "v2"}).status_code == 200
+        assert _on_v2(s, "q").status_code == 200
 
 
 # The canary analysis at test_app_canary.py's settings, the canary an adapter on v1's pool.
@@ -161,8 +167,7 @@ def test_an_adapter_canary_whose_load_fails_is_rolled_back_and_base_traffic_neve
 def test_a_broken_adapter_stream_resumes_on_another_instance_which_loads_the_adapter_first():
     has = Behaviour("has", base_model="chat", adapters={"sql-lora"}, tokens=8, break_after_tokens=3)
     other = Behaviour("other", base_model="chat", tokens=8)
-    with stack({"v1": [has, other], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
-               auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(has, other) as s:
         _reported(s)
         body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         with s.client.stream("POST", "/v1/chat/completions", json=body, headers={"x-llmserve-version": "v2"}) as r:
@@ -176,10 +181,9 @@ def test_a_broken_adapter_stream_resumes_on_another_instance_which_loads_the_ada
 def test_an_instance_that_evicted_the_adapter_since_its_report_gets_the_request_retried_and_loaded_elsewhere():
     stale = Behaviour("stale", base_model="chat", report_adapters={"sql-lora"})  # says resident; is not
     other = Behaviour("other", base_model="chat", report_running=1)
-    with stack({"v1": [stale, other], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
-               auth={"open_privileges": {"version_override": True}}) as s:
+    with _forced(stale, other) as s:
         _reported(s)
-        r = s.chat("q", headers={"x-llmserve-version": "v2"})
+        r = _on_v2(s, "q")
         assert r.status_code == 200, r.text
         assert _by_fake(s, r) == "other" and len(other.adapter_loads) == 1
         assert [b["model"] for b in stale.bodies] == ["sql-lora"]  # its 404 was not the client's answer
