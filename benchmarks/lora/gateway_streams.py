@@ -109,7 +109,8 @@ def streams(url: str, models: list[str], args: argparse.Namespace, seed: int) ->
                 nonlocal tokens
                 while queue:
                     k, p = queue.pop()
-                    tokens += await one(k, p)
+                    n = await one(k, p)  # (not tokens += await ...: that reads tokens before the wait)
+                    tokens += n
             await asyncio.gather(*(worker() for _ in range(16)))
             return tokens, time.perf_counter() - t0
     tokens, elapsed = asyncio.run(run())
