@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -52,7 +52,6 @@ from llmserve.lifecycle import InstanceState
 
 log = logging.getLogger(__name__)
 S = InstanceState
-
 __all__ = ["ControllerConfig", "NoReclaim", "PoolController"]
 
 SpecFactory = Callable[[str], InstanceSpec]
@@ -61,10 +60,10 @@ SpecFactory = Callable[[str], InstanceSpec]
 class PoolController:
     """Scales one gateway pool (one model version) through one provider.
 
-    It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()``
-    for the dashboard) and a request observer (``on_arrival``, ``on_first_token``,
-    ``on_finish`` and ``on_batch_need``; other pools' are ignored). Its instances
-    are its :class:`InstanceBook`'s; every change is an effect its :class:`Executor` applies.
+    It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()`` for the
+    dashboard) and a request observer (``on_*``) of its ``versions``: its own and the LoRA
+    adapters its instances serve, whose traffic is its load. Its instances are its
+    :class:`InstanceBook`'s; every change is an effect its :class:`Executor` applies.
     """
 
     def __init__(self, pool: Pool, model: str, version: str, autoscale: AutoscaleConfig,
@@ -73,12 +72,13 @@ class PoolController:
                  prober: Prober | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, id_prefix: str | None = None,
                  instance_api_key: str | None = None, close_provider: bool = True,
-                 endpoints: EngineEndpoints | None = None) -> None:
+                 endpoints: EngineEndpoints | None = None, adapter_versions: Iterable[str] = ()) -> None:
         self.pool = pool
         pool.can_grow = True  # queued requests wait for this controller's starts
         self._close_provider = close_provider  # False where pools share it and another closes it
         self.model = model
         self.version = version
+        self.versions = frozenset((version, *adapter_versions))
         self.autoscale = autoscale
         self.provider = provider
         self.config = cfg = config or ControllerConfig()
@@ -214,16 +214,16 @@ class PoolController:
 
     # ---- request observer ---------------------------------------------------------------
     def on_arrival(self, model: str, version: str, t: float, prompt_chars: int, batch: bool = False) -> None:
-        if model == self.model and version == self.version:
+        if model == self.model and version in self.versions:
             self.collector.record_arrival(t, estimate_prompt_tokens(prompt_chars, self.config.chars_per_token), batch)
 
     def on_first_token(self, model: str, version: str, t: float, ttft_s: float, batch: bool = False) -> None:
-        if model == self.model and version == self.version:
+        if model == self.model and version in self.versions:
             self.collector.record_first_token(t, ttft_s, batch)
 
     def on_finish(self, model: str, version: str, t: float, e2e_s: float, output_tokens: int,
                   ok: bool, batch: bool = False) -> None:
-        if ok and model == self.model and version == self.version:
+        if ok and model == self.model and version in self.versions:
             self.collector.record_finish(t, e2e_s, output_tokens, batch)
 
     def on_batch_need(self, model: str, lines_per_s: float) -> None:

@@ -134,6 +134,9 @@ def admin_router(gw: Gateway) -> APIRouter:
 
     def pool_of(model: str, version: str):
         rt = runtime(model)
+        if version in rt.adapters:  # its instances are its pool's: change them there
+            raise GatewayError(400, f"version {version!r} is an adapter on version {rt.config.pool_of(version)!r}'s "
+                                    "pool; its instances are that version's", code="adapter_version")
         if version not in rt.pools:
             raise GatewayError(404, f"model {model!r} has no version {version!r}",
                                code="version_not_found")

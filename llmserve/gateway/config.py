@@ -34,6 +34,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def checked_name(kind: str, v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError(f"{kind} name {v!r}: use letters, digits and . _ : / -")
+    return v
+
+
 def normalize_url(url: str) -> str:
     """``http(s)://host[:port][/prefix]`` without a trailing slash; raises ValueError."""
     parts = urlsplit(url.strip())
@@ -50,19 +56,34 @@ def normalize_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
+class AdapterConfig(_Strict):
+    """A LoRA adapter served on another version's pool (docs/lora-versions.md)."""
+
+    name: str  # what the engines call it: the request's "model" upstream
+    # Where the engines load it from (POST /v1/load_lora_adapter); None: only where
+    # the engines have it already (their --lora-modules).
+    path: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return checked_name("adapter", v)
+
+
 class VersionConfig(_Strict):
     name: str
     weight: float = Field(ge=0.0)  # relative; normalised over the model's versions
     upstreams: list[str] = Field(default_factory=list)  # base URLs; may start empty
     upstream_model: str | None = None  # rewrite the request's "model" to this upstream
     api_key: SecretStr | None = None  # sent to these upstreams as Authorization: Bearer
+    # A version that is an adapter on another version's pool: no upstreams of its own.
+    pool: str | None = None  # the version whose instances serve it
+    adapter: AdapterConfig | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"version name {v!r}: use letters, digits and . _ : / -")
-        return v
+        return checked_name("version", v)
 
     @field_validator("upstreams")
     @classmethod
@@ -72,6 +93,17 @@ class VersionConfig(_Strict):
         if dupes:
             raise ValueError(f"upstreams listed twice: {dupes}")
         return out
+
+    @model_validator(mode="after")
+    def _adapter(self) -> VersionConfig:
+        if (self.pool is None) != (self.adapter is None):
+            raise ValueError(f"version {self.name!r}: an adapter version names both pool and adapter")
+        if self.adapter is not None:
+            own = [k for k in ("upstreams", "upstream_model", "api_key") if getattr(self, k)]
+            if own:
+                raise ValueError(f"version {self.name!r}: {', '.join(own)}: an adapter version runs on "
+                                 f"the pool of {self.pool!r} and has none of its own")
+        return self
 
 
 class CanarySettings(CanaryConfig):
@@ -107,9 +139,7 @@ class ServedModelConfig(PoolSettings):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"model name {v!r}: use letters, digits and . _ : / -")
-        return v
+        return checked_name("model", v)
 
     @model_validator(mode="after")
     def _check(self) -> ServedModelConfig:
@@ -132,10 +162,27 @@ class ServedModelConfig(PoolSettings):
                                  f"{c.version!r}; give it weight 0 in the config")
         if sum(v.weight for v in self.versions) <= 0:
             raise ValueError(f"model {self.name!r}: the version weights sum to 0")
+        self._check_adapters(names)
         return self
+
+    def _check_adapters(self, names: list[str]) -> None:
+        adapters = [v for v in self.versions if v.adapter is not None]
+        for v in adapters:
+            if v.pool not in names or self.version(v.pool).adapter is not None:
+                full = [n for n in names if self.version(n).adapter is None]
+                raise ValueError(f"model {self.name!r}: version {v.name!r} names pool {v.pool!r}; "
+                                 f"an adapter runs on a version with its own pool: {full}")
+        given = [v.adapter.name for v in adapters]
+        dupes = sorted({a for a in given if given.count(a) > 1})
+        if dupes:
+            raise ValueError(f"model {self.name!r}: adapters named by more than one version: {dupes}")
 
     def version(self, name: str) -> VersionConfig:
         return next(v for v in self.versions if v.name == name)
+
+    def pool_of(self, name: str) -> str:
+        """The version whose pool serves version ``name`` (itself, unless an adapter)."""
+        return self.version(name).pool or name
 
     @property
     def base_weights(self) -> dict[str, float]:

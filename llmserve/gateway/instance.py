@@ -28,6 +28,10 @@ class InstanceView:
     inflight: int = 0
     inflight_at_report: int = 0
     report: LoadReport | None = None
+    # LoRA adapters resident (in a slot: the report's lora_adapters), and loaded in memory only
+    # (the report's lora_adapters_loaded, and what this gateway loaded or is loading since)
+    adapters: frozenset[str] = frozenset()
+    adapters_loaded: frozenset[str] = frozenset()
 
     # Kept at construction (a view is read by every pick and scorer of a round, built once):
     routable: bool = field(init=False, repr=False, compare=False)  # eligible for new requests, load aside

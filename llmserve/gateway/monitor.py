@@ -66,7 +66,7 @@ class Monitor:
             tasks.clear()
 
     async def poll_load(self, pool: Pool, inst: Upstream) -> None:
-        inflight_at_send = inst.inflight
+        inflight_at_send, asked_at = inst.inflight, time.monotonic()
         try:
             report = await self._fetch_load(inst)
         except (httpx.HTTPError, ValueError) as e:
@@ -79,7 +79,7 @@ class Monitor:
         inst.poll_failures = 0
         inst.report = report
         inst.inflight_at_report = inflight_at_send
-        inst.report_at = time.monotonic()
+        inst.report_at, inst.report_asked_at = time.monotonic(), asked_at
         pool.pump()
 
     async def _fetch_load(self, inst: Upstream) -> LoadReport:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from llmserve.gateway.adapter_load import Residency, adapters_of
 from llmserve.gateway.admission import (AdmissionConfig, AdmissionQueue, ClassStats,
                                         ConcurrencyConfig, Rejected, Ticket)
 from llmserve.gateway.balancer import BalancerConfig, Picker, RouteRequest
@@ -87,6 +88,8 @@ class Upstream:
     report: LoadReport | None = None
     inflight_at_report: int = 0
     report_at: float = 0.0  # monotonic time the report arrived
+    report_asked_at: float = 0.0  # and when it was asked for
+    residency: Residency = field(default_factory=Residency)  # LoRA adapters beyond the report's
     poll_failures: int = 0
     load_source: str = "load"  # "load" or "metrics"
     ready_path: str = "/ready"  # "/health" for upstreams without /ready
@@ -99,6 +102,7 @@ class Upstream:
             "draining": not self.accepting, "ejected": ejected, "inflight": self.inflight,
             "breaker": self.breaker.state(now).value, "served": self.served,
             "load_source": self.load_source,
+            "adapters": sorted(frozenset().union(*adapters_of(self))),
             "report": (self.report.model_dump()
                        if self.report is not None and now - self.report_at <= report_ttl_s
                        else None),
@@ -274,13 +278,14 @@ class Pool:
 
     def _view(self, i: Upstream, now: float) -> InstanceView:
         fresh = i.report is not None and now - i.report_at <= self._report_ttl_s
+        resident, loaded = i.residency.view(i.report if fresh else None, i.report_asked_at, now)
         return InstanceView(
             instance_id=i.instance_id, url=i.url, ready=i.ready,
             healthy=not self.outlier.is_ejected(i.instance_id, now), accepting=i.accepting,
             has_been_ready=i.has_been_ready,
             breaker_available=i.breaker.available(now), inflight=i.inflight,
             inflight_at_report=i.inflight_at_report if fresh else 0,
-            report=i.report if fresh else None)
+            report=i.report if fresh else None, adapters=resident, adapters_loaded=loaded)
 
     async def acquire(self, request: RouteRequest, priority: PriorityClass,
                       exclude: Iterable[str] = ()) -> Lease:
@@ -359,6 +364,9 @@ class Pool:
         inst.breaker.acquire(now)
         inst.inflight += 1
         inst.served += 1
+        adapter = entry.item.request.adapter
+        if adapter is not None and adapter not in view.adapters and adapter not in view.adapters_loaded:
+            inst.residency.claim(adapter, now)  # the next requests for it follow this one here
         entry.item.future.set_result(Lease(inst, now - entry.enqueued_at))
 
     def _broken(self, views: Sequence[InstanceView]) -> bool:

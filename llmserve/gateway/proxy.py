@@ -33,6 +33,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
+from llmserve.gateway.adapter_attempt import adapter_gone, adapter_ready
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, sse_error_event
@@ -46,7 +47,7 @@ from llmserve.gateway.upstream import Abandoned, UpstreamResponse
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 
 if TYPE_CHECKING:
-    from llmserve.gateway.config import GatewayConfig
+    from llmserve.gateway.config import AdapterConfig, GatewayConfig
     from llmserve.gateway.health import RetryBudget
     from llmserve.gateway.runtime import ModelRuntime
     from llmserve.gateway.tenants.limiter import Tenants
@@ -64,7 +65,7 @@ _RETURN_HEADERS = ("content-type", "x-request-id")
 class _Plan:
     """One request's attempts: where and what to send, and how the tries went."""
 
-    __slots__ = ("attempt", "content", "gone", "headers", "last", "path", "plain", "pool", "request",
+    __slots__ = ("adapter", "attempt", "content", "gone", "headers", "last", "path", "plain", "pool", "request",
                  "resume", "route", "tried")
 
     def __init__(self, request: Request, pool: Pool, path: str, content: bytes,
@@ -73,6 +74,7 @@ class _Plan:
         self.content, self.headers, self.route = content, headers, route
         self.plain = content  # for an instance that is not an llmserve engine (gateway/resume.py)
         self.resume: ResumeState | None = None
+        self.adapter: AdapterConfig | None = None  # a LoRA version's: loaded where it is not yet
         self.attempt = 0
         self.tried: list[str] = []
         self.last: GatewayError | Response | None = None
@@ -173,13 +175,14 @@ class Proxy:
         if upstream_auth:
             headers["authorization"] = upstream_auth
         prefix_cfg = rt.config.balancer.prefix
+        adapter = rt.adapters.get(ctx.version)
         route = RouteRequest(prompt_text(ctx.parsed.body,
                                          prefix_cfg.block_chars * prefix_cfg.max_blocks),
-                             ctx.parsed.user)
+                             ctx.parsed.user, adapter and adapter.name)
         gw.retry_budget.record_request(time.monotonic())
         resume, engine_content = open_resume(body, content, ctx.parsed.stream, self.max_resumes)
-        plan = _Plan(request, rt.pools[ctx.version], path, engine_content, headers, route)
-        plan.plain, plan.resume = content, resume
+        plan = _Plan(request, rt.pool_of[ctx.version], path, engine_content, headers, route)
+        plan.plain, plan.resume, plan.adapter = content, resume, adapter
         if not ctx.parsed.stream:
             plan.gone = asyncio.ensure_future(request.receive())
         try:
@@ -249,6 +252,9 @@ class Proxy:
             if plan.attempt > 1:  # the failed one counts against the version (recorder.py says why)
                 ctx.attempt_failed(plan.last.code if isinstance(plan.last, GatewayError) else None)
             inst = lease.instance
+            if plan.adapter is not None and (failed := await adapter_ready(gw.upstream, plan, lease)) is not None:
+                plan.last = failed
+                continue
             ctx.sent(inst.instance_id, plan.headers)
             try:
                 resp = await gw.upstream.post(f"{inst.url}{plan.path}",
@@ -264,6 +270,9 @@ class Proxy:
                 plan.pool.release(lease, Outcome.NEUTRAL)
                 raise
             plan.tried.append(inst.instance_id)
+            if (gone := await adapter_gone(plan, lease, resp)) is not None:
+                plan.last = gone  # evicted since we looked: the retry loads it again
+                continue
             if resp.status_code >= 500:
                 plan.last, own_fault = await self._read_error(resp, lease, plan.pool)
                 if own_fault:  # the request itself failed in the engine: elsewhere too

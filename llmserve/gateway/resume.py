@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from llmserve.api.stream_format import DONE, HEAD, IDS_KEY, take_ids
+from llmserve.gateway.adapter_attempt import adapter_ready
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
@@ -36,6 +37,7 @@ from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, las
 from llmserve.gateway.tenants.tab import first_events
 
 if TYPE_CHECKING:
+    from llmserve.gateway.config import AdapterConfig
     from llmserve.gateway.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class Plan(Protocol):
     headers: dict[str, str]
     tried: list[str]  # instance ids, excluded from the next pick
     resume: ResumeState | None
+    adapter: AdapterConfig | None  # a LoRA version's adapter: loaded where it is not yet
 
 
 class Attempts(Protocol):
@@ -288,6 +291,9 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
         except GatewayError as e:
             return f"no instance to resume on: {e.message}"
         inst = lease.instance
+        if plan.adapter is not None and (failed := await adapter_ready(proxy.upstream, plan, lease)) is not None:
+            last = failed.message
+            continue
         plan.tried.append(inst.instance_id)
         ctx.resuming(inst.instance_id, plan.headers, len(state.ids))
         if not is_engine(inst):

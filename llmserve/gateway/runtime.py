@@ -19,6 +19,7 @@ from contextlib import suppress
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from llmserve.gateway.adapter_load import adapters_of
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
 from llmserve.gateway.config import GatewayConfig, ServedModelConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
@@ -50,13 +51,18 @@ class ModelRuntime:
                  rng: random.Random, telemetry: GatewayTelemetry | None = None) -> None:
         self.config = config
         self.name = config.name
-        self.pools: dict[str, Pool] = {}
-        # Looked up on every request: a dict, not a scan of the config's list.
-        self.upstream_models = {v.name: v.upstream_model for v in config.versions}
-        self.upstream_auth = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}"
-                              for v in config.versions}
+        self.pools: dict[str, Pool] = {}  # by version, for the versions with a pool of their own
+        # Looked up on every request: dicts, not scans of the config's list. An adapter
+        # version is sent to its pool's instances with "model" the adapter's name.
+        self.adapters = {v.name: v.adapter for v in config.versions if v.adapter is not None}
+        self.upstream_models = {v.name: v.adapter.name if v.adapter else v.upstream_model
+                                for v in config.versions}
+        own = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}" for v in config.versions}
+        self.upstream_auth = {v.name: own[config.pool_of(v.name)] for v in config.versions}
         self.count_forced = config.canary is not None and config.canary.count_forced
         for v in config.versions:
+            if v.adapter is not None:
+                continue
             pool = Pool(f"{config.name}/{v.name}", admission=config.admission,
                         concurrency=config.concurrency, balancer=config.balancer,
                         breaker=gateway_config.breaker, outlier=gateway_config.outlier,
@@ -65,6 +71,7 @@ class ModelRuntime:
             for url in v.upstreams:
                 pool.add_instance(url)
             self.pools[v.name] = pool
+        self.pool_of = {v.name: self.pools[config.pool_of(v.name)] for v in config.versions}
         self.canary: CanaryAnalysis | None = None
         self._not_judged: str | None = None
         if config.canary is not None:
@@ -88,7 +95,7 @@ class ModelRuntime:
             return Action.NONE
         if self.canary.state is CanaryState.PROGRESSING:
             # Remembered until the next check: one cold moment spoils the interval.
-            short = self.pools[self.canary.canary].capacity_shortfall()
+            short = self.pool_of[self.canary.canary].capacity_shortfall()
             self._not_judged = f"not judged: the canary pool {short}" if short else self._not_judged
         d = self.canary.tick(now, self._not_judged)
         if d.action is not Action.NONE:
@@ -110,7 +117,8 @@ class ModelRuntime:
         return {"name": self.config.name,
                 "versions": [{"name": v.name, "base_weight": v.weight,
                               "weight": self.router.weights[v.name],
-                              "instances": len(self.pools[v.name].instances())}
+                              "instances": len(self.pool_of[v.name].instances()),
+                              **({"pool": v.pool, "adapter": v.adapter.name} if v.adapter else {})}
                              for v in self.config.versions],
                 "canary": None if self.canary is None else self.canary.status()}
 
@@ -266,10 +274,14 @@ class Gateway:
                       ["model", "version", "instance"])
         breaker = gauge("instance_breaker_open", "0 closed, 0.5 half-open, 1 open",
                         ["model", "version", "instance"])
+        adapter = gauge("instance_adapter", "1 per LoRA adapter on an instance: resident in a slot, or loaded in "
+                        "memory only (its /load report and this gateway's loads since)",
+                        ["model", "version", "instance", "adapter", "state"])
         level = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
         for name, rt in self.models.items():
+            for version, w in rt.router.weights.items():  # adapter versions too
+                weight.add_metric([name, version], w)
             for version, pool in rt.pools.items():
-                weight.add_metric([name, version], rt.router.weights[version])
                 for p, s in pool.queue_stats().items():
                     depth.add_metric([name, version, p.name.lower()], s.depth)
                     oldest.add_metric([name, version, p.name.lower()], s.oldest_wait_s)
@@ -278,4 +290,7 @@ class Gateway:
                     inflight.add_metric([name, version, iid], inst.inflight)
                     ready.add_metric([name, version, iid], float(inst.ready))
                     breaker.add_metric([name, version, iid], level[state.value])
-        return [depth, oldest, weight, inflight, ready, breaker, *self.shared.gauges()]
+                    for state_name, names in zip(("resident", "loaded"), adapters_of(inst)):
+                        for a in sorted(names):
+                            adapter.add_metric([name, version, iid, a, state_name], 1.0)
+        return [depth, oldest, weight, inflight, ready, breaker, adapter, *self.shared.gauges()]

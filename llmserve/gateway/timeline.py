@@ -77,6 +77,8 @@ def pool_sample(rt: ModelRuntime) -> dict[str, dict[str, Any]]:
                 counts["ready" if i.ready else "not_ready"] += 1
         queued = sum(s.depth for s in pool.queue_stats().values())
         out[version] = {"weight": rt.router.weights[version], **counts, "inflight": inflight, "queued": queued}
+    for version in rt.adapters:  # a LoRA version: its weight; its instances are its pool's
+        out[version] = {"weight": rt.router.weights[version], "pool": rt.config.pool_of(version)}
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.gateway.config import CanarySettings, PoolSettings
+from llmserve.gateway.config import AdapterConfig, CanarySettings, PoolSettings
 
 # Flags that serve sets itself on every instance.
 RESERVED_ENGINE_FLAGS = ("--host", "--port", "--instance-id", "--model", "--served-model-name", "--threads",
@@ -65,6 +65,9 @@ class VersionDeployment(_Strict):
     autoscale: dict[str, Any] = Field(default_factory=dict)  # over the top-level autoscale
     threads_per_instance: int | None = Field(None, ge=1)
     cold_start_delay_s: float | None = Field(None, ge=0.0)
+    # A LoRA adapter on another version's pool (docs/lora-versions.md): no pool, no engine of its own.
+    pool: str | None = None
+    adapter: AdapterConfig | None = None
 
     @field_validator("engine_args")
     @classmethod
@@ -74,6 +77,12 @@ class VersionDeployment(_Strict):
     @model_validator(mode="after")
     def _source(self) -> VersionDeployment:
         where = f"versions[{self.name}]"
+        if self.adapter is not None:
+            own = sorted(self.model_fields_set - {"name", "weight", "pool", "adapter"})
+            if own:
+                raise ValueError(f"{where}: {', '.join(own)}: an adapter version runs on the pool of "
+                                 f"{self.pool!r} and has none of its own")
+            return self
         if self.command is None:
             if self.model is None:
                 raise ValueError(f"{where}: give a model (or a command for a foreign server)")
@@ -128,6 +137,7 @@ class PoolDeployment:
     ready_path: str = "/ready"
     load_source: str = "load"
     upstream_model: str | None = None  # the name a foreign server knows the model by
+    adapter_versions: tuple[str, ...] = ()  # adapter versions served by this pool's instances
 
     @property
     def key(self) -> str:
@@ -157,16 +167,19 @@ def pools_of(models: list[ModelDeployment], autoscale: AutoscaleConfig, engine_a
     out = []
     for m in models:
         for v in m.versions:
+            if v.adapter is not None:
+                continue  # served by its pool's instances (their controller counts its traffic)
+            adapters = tuple(a.name for a in m.versions if a.pool == v.name)
             auto = merged_autoscale(autoscale, v.autoscale, f"models[{m.name}].versions[{v.name}]")
             if v.command is not None:
                 argv = tuple(a.replace("{model}", v.model or m.name) for a in shlex.split(v.command))
                 out.append(PoolDeployment(m.name, v.name, v.model or v.command, m.weight(v), (), auto, None, 0.0,
                                           argv, v.ready_path or "/health", v.load_source or "metrics",
-                                          v.model))
+                                          v.model, adapters))
                 continue
             out.append(PoolDeployment(
                 m.name, v.name, v.model, m.weight(v), engine_args + tuple(v.engine_args), auto,
                 v.threads_per_instance if v.threads_per_instance is not None else threads,
                 v.cold_start_delay_s if v.cold_start_delay_s is not None else cold_start_delay_s,
-                (), v.ready_path or "/ready", v.load_source or "load"))
+                (), v.ready_path or "/ready", v.load_source or "load", None, adapters))
     return out

@@ -135,7 +135,8 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
                           config=cfg.controller_config(), metrics=metrics, prober=prober,
                           instance_api_key=key, id_prefix=None if single else prefix,
                           close_provider=i == 0,  # the gateway stops the first pool last
-                          endpoints=EngineEndpoints(p.ready_path, p.load_source), **lead)
+                          endpoints=EngineEndpoints(p.ready_path, p.load_source),
+                          adapter_versions=p.adapter_versions, **lead)
         gw.services.append(controller)
         gw.observers.append(controller)
         controllers.append(controller)
@@ -213,6 +214,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"{cfg.threads(p)} threads each"
         lines.append(f"  pool {p.key} ({p.source}, weight {p.weight:g}): policy {auto.policy}, {size} instances, "
                      f"{threads}\n")
+        lines += [f"    with version {v}: a LoRA adapter on this pool\n" for v in p.adapter_versions]
     print(f"llmserve serve: {', '.join(sorted({p.model for p in cfg.pools()}))} on {base}/v1 "
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"

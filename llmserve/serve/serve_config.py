@@ -192,7 +192,9 @@ class ServeConfig(_Strict):
         if self.models is None:
             models = [{"name": self.served_name, "versions": [version(pools[0])], **_fields(self.pool)}]
         else:
-            models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name],
+            models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name] +
+                       [{"name": v.name, "weight": m.weight(v), "pool": v.pool, "adapter": v.adapter}
+                        for v in m.versions if v.adapter is not None],
                        "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
                        **_fields(m.pool)} for m in self.models]
         return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})

@@ -138,6 +138,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                    "the versions by their starting weights, each pool with its own autoscale config")
     g.add_argument("--deployment-model", default=None, help="deployment: the served model the trace is for "
                    "(default: the file's first)")
+    g.add_argument("--adapter-load-s", type=float, default=0.2, help="deployment: seconds a LoRA adapter version's "
+                   "adapter takes to load on an instance that lacks it (docs/lora-versions.md)")
 
     add_canary_power_args(parser)
 
@@ -303,7 +305,8 @@ def run_deployment(args: argparse.Namespace) -> int:
         profile = profile.with_cold_start(args.cold_start)
     trace = trace_from_args(args)
     model = args.deployment_model or serve.pools()[0].model
-    results, rollout = replay_deployment(serve, trace, profile, model, seed=args.seed)
+    results, rollout = replay_deployment(serve, trace, profile, model, seed=args.seed,
+                                         adapter_load_s=args.adapter_load_s)
     weights = ", ".join(f"{v} {w:.0%}" for v, w in starting_weights(serve, model).items())
     if rollout is not None:  # the canary's replayed rollout: where it ended
         last = rollout.events[-1]

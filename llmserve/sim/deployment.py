@@ -20,6 +20,8 @@ import numpy as np
 
 from llmserve.serve.serve_config import ServeConfig
 from llmserve.gateway.version_router import VersionRouter, with_weight
+from llmserve.sim.adapter_pool import merge, split
+from llmserve.sim.adapters import SimAdapters
 from llmserve.sim.canary_replay import Rollout, replay
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import SimResult
@@ -58,9 +60,12 @@ def simulate_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfi
 
 
 def replay_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile, model: str | None = None,
-                      seed: int = 0, rollout: bool = True) -> tuple[dict[str, SimResult], Rollout | None]:
+                      seed: int = 0, rollout: bool = True, adapter_load_s: float = 0.2
+                      ) -> tuple[dict[str, SimResult], Rollout | None]:
     """:func:`simulate_deployment`'s results, and the canary's replayed rollout (None
-    without a canary that starts with the gateway, or with ``rollout=False``)."""
+    without a canary that starts with the gateway, or with ``rollout=False``). A LoRA
+    adapter version runs on its pool (:mod:`llmserve.sim.adapter_pool`), each load
+    taking ``adapter_load_s``."""
     pools = serve.pools()
     model = model or pools[0].model
     gateway = serve.gateway_config(_ADMIN_PLACEHOLDER)
@@ -77,8 +82,19 @@ def replay_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile
             auto = serve.autoscale_config(p)
             sim = SimConfig.like(ctrl, initial_instances=auto.bounds.min_instances,
                                  poll_interval_s=gateway.polling.load_interval_s, seed=seed)
-            out[p.version] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency,
-                                       cfg.balancer, label=p.key).run()
+            if not p.adapter_versions:
+                out[p.version] = Simulator(shares[p.version], profile, auto, sim, cfg.admission, cfg.concurrency,
+                                           cfg.balancer, label=p.key).run()
+                continue
+            # The adapter versions' requests run on this pool, each with its adapter.
+            trace_p, version = merge(p.key, {v: shares[v] for v in (p.version, *p.adapter_versions)})
+            names = {v: cfg.version(v).adapter.name for v in p.adapter_versions}
+            run = Simulator(trace_p, profile, auto, sim, cfg.admission, cfg.concurrency, cfg.balancer, label=p.key,
+                            adapters=SimAdapters(shares={}, load_s=adapter_load_s),
+                            adapter_of=[names.get(v) for v in version.tolist()])
+            res = run.run()
+            for v, rec in split(run.record(), version, p.version, p.model).items():
+                out[v] = SimResult.build(rec, res.summary.wall_s, res.summary.cpu_s)
         return out
 
     c = cfg.canary

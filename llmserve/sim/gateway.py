@@ -38,12 +38,12 @@ class _Request:
     """A queued simulated request, as the dispatcher reads it: no retries to steer
     (nothing excluded) and no client that goes away."""
 
-    __slots__ = ("rid",)
-    request = _ROUTE
+    __slots__ = ("rid", "request")
     exclude: tuple[str, ...] = ()
 
-    def __init__(self, rid: int) -> None:
+    def __init__(self, rid: int, request: RouteRequest = _ROUTE) -> None:
         self.rid = rid
+        self.request = request
 
     def withdrawn(self) -> bool:
         return False
@@ -83,6 +83,7 @@ class SimGateway:
         self._slot: dict[str, int] = {}
         self._stale: set[int] = set()
         self.queued = 0  # requests in the admission queue (kept here: len() of it walks both classes)
+        self._routes: dict[str, RouteRequest] = {}  # one per adapter
 
     # ---- pool membership (the controller's decisions) ---------------------------------------
     def add_instance(self, inst: SimInstance, now: float) -> None:
@@ -107,9 +108,11 @@ class SimGateway:
             self._stale.add(k)
 
     # ---- requests -----------------------------------------------------------------------------
-    def offer(self, rid: int, priority: PriorityClass, now: float) -> bool:
-        """Queue a request; False when the admission queue rejects it (the live gateway's 429)."""
-        if isinstance(self.admission.offer(_Request(rid), priority, now), Admitted):
+    def offer(self, rid: int, priority: PriorityClass, now: float, adapter: str | None = None) -> bool:
+        """Queue a request (on ``adapter``, None: the base); False when the admission
+        queue rejects it (the live gateway's 429)."""
+        route = _ROUTE if adapter is None else self._routes.setdefault(adapter, RouteRequest(adapter=adapter))
+        if isinstance(self.admission.offer(_Request(rid, route), priority, now), Admitted):
             self.queued += 1
             return True
         return False
@@ -178,5 +181,7 @@ class SimGateway:
         self._invalidate(r)
 
     def _view(self, r: _Routed) -> InstanceView:
+        # Its adapters as the live gateway knows its own loads: at once, not at the next poll.
         return InstanceView(instance_id=r.sid, inflight=r.inst.in_flight,
-                            inflight_at_report=r.inflight_at_report, report=r.report)
+                            inflight_at_report=r.inflight_at_report, report=r.report,
+                            adapters=r.inst.adapters.names())

@@ -39,6 +39,7 @@ import math
 from collections import deque
 
 from llmserve.lifecycle import InstanceState
+from llmserve.sim.adapters import Resident
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.sharing import BusyInstances
 
@@ -73,10 +74,10 @@ class SimInstance:
                  "reclaim_at", "drain_started", "ready_at", "exit_code", "running", "waiting",
                  "kv_reserved", "kind", "seg_start", "seg_steps", "seg_end", "seg_n", "seg_ctx0",
                  "version", "tokens_total", "gen_total", "busy_total", "first_tokens", "finished", "cores", "_a", "_b",
-                 "_c", "_d", "_prefilling", "_steps", "_dec_n", "_dec_ctx", "_done", "_admitted")
+                 "_c", "_d", "_prefilling", "_steps", "_dec_n", "_dec_ctx", "_done", "_admitted", "adapters", "held")
 
     def __init__(self, iid: int, profile: InstanceProfile, now: float, state: InstanceState,
-                 cores: BusyInstances | None = None) -> None:
+                 cores: BusyInstances | None = None, max_adapters: int | None = None) -> None:
         self.id = iid
         self.profile = profile
         self.state = state
@@ -104,6 +105,8 @@ class SimInstance:
         self.first_tokens: list[Seq] = []
         self.finished: list[Seq] = []
         self.cores = cores
+        self.adapters = Resident(max_adapters)
+        self.held: list[Seq] = []  # routed here, waiting for their adapter's load
         self._prefilling: list[Seq] = []  # running, prompt not yet computed, in batch order
         self._steps = 0  # steps taken: each decoding sequence has this minus its start tokens
         self._dec_n = 0  # decoding sequences
@@ -133,9 +136,10 @@ class SimInstance:
 
     def cut(self) -> list[Seq]:
         """Everything on it, taken away at once (a reclaim's deadline): its segment is stale."""
-        gone = [*self.running.values(), *self.waiting]
+        gone = [*self.running.values(), *self.waiting, *self.held]
         self.running.clear()
         self.waiting.clear()
+        self.held.clear()
         self._prefilling.clear()
         self._done.clear()
         self._dec_n = self._dec_ctx = 0
@@ -145,7 +149,7 @@ class SimInstance:
 
     @property
     def in_flight(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.held)
 
     # ---- requests in -----------------------------------------------------------------
     def add(self, seq: Seq, now: float) -> bool:

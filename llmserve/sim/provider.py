@@ -33,9 +33,10 @@ class SimLauncher:
         self.born = born  # a new instance: the simulator draws its reclaim
         self.exited: Callable[[SimInstance, str, int | None], None] | None = None  # the executor's
         self.ready_at_once = False  # the run's first instances: ready at time 0, no cold start
+        self.max_adapters: int | None = None  # adapters an instance keeps (SimAdapters.max_resident)
 
     def create(self, iid: int, now: float, start: Start) -> SimInstance:
-        inst = SimInstance(iid, self.profile, now, S.STARTING, self.cores)
+        inst = SimInstance(iid, self.profile, now, S.STARTING, self.cores, self.max_adapters)
         inst.reason, inst.capacity_class, inst.replaces = start.reason, start.capacity_class, start.replaces
         return inst
 

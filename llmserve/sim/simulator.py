@@ -49,6 +49,7 @@ from llmserve.gateway.admission import AdmissionConfig, ConcurrencyConfig
 from llmserve.gateway.balancer import BalancerConfig
 from llmserve.lifecycle import InstanceState
 from llmserve.priority import PriorityClass
+from llmserve.sim.adapters import SimAdapters
 from llmserve.sim.gateway import SimGateway
 from llmserve.sim.instance import SimInstance, Seq
 from llmserve.sim.profile import InstanceProfile
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from llmserve.autoscale.managed import ControllerConfig
 
 S = InstanceState
-_STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN = 0, 1, 2, 3, 4, 5
+_STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN, _ADAPTER = 0, 1, 2, 3, 4, 5, 6
 
 
 class SimConfig(BaseModel):
@@ -117,7 +118,8 @@ class Simulator:
     def __init__(self, trace: Trace, profile: InstanceProfile, autoscale: AutoscaleConfig,
                  sim: SimConfig | None = None, admission: AdmissionConfig | None = None,
                  concurrency: ConcurrencyConfig | None = None, balancer: BalancerConfig | None = None,
-                 label: str | None = None, policy: ScalingPolicy | None = None) -> None:
+                 label: str | None = None, policy: ScalingPolicy | None = None,
+                 adapters: SimAdapters | None = None, adapter_of: list[str | None] | None = None) -> None:
         self.trace = trace
         self.profile = profile
         self.autoscale = autoscale
@@ -135,6 +137,10 @@ class Simulator:
         self.executor = Executor(self.book, self.launcher, SimRouter(self.gateway, lambda: self.now),
                                  itertools.count().__next__, name=self.label)
         self.launcher.exited = self.executor.exited
+        self.adapters = adapters
+        # Each request's adapter (None: the base): given, else drawn with the adapters' shares.
+        self.adapter_of = adapter_of or (adapters.assign(len(trace), self.cfg.seed) if adapters else [None] * len(trace))
+        self.launcher.max_adapters = adapters.max_resident if adapters else None
         self._heap: list[tuple] = []
         self._seq = 0
         # The columns read per request, as arrays of machine numbers: an item is a plain int or
@@ -237,8 +243,22 @@ class Simulator:
 
     def _deliver(self, rid: int, inst: SimInstance, now: float) -> None:
         self.batch_out += int(self._priority[rid] > 0)
-        if inst.add(Seq(rid, self._prompt[rid], self._output[rid]), now):
+        seq = Seq(rid, self._prompt[rid], self._output[rid])
+        adapter = self.adapter_of[rid]
+        if adapter is not None:
+            at = inst.adapters.serve_at(adapter, now, self.adapters.load_s)
+            if at > now:  # its adapter is loading there: the request waits for the load
+                inst.held.append(seq)
+                self._push(at, _ADAPTER, inst, seq)
+                return
+        if inst.add(seq, now):
             self._schedule(inst)
+
+    def _loaded(self, inst: SimInstance, seq: Seq, now: float) -> None:
+        if seq in inst.held:  # not cut since (a reclaim)
+            inst.held.remove(seq)
+            if inst.add(seq, now):
+                self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
         if self.status[rid] != PENDING:
@@ -277,7 +297,7 @@ class Simulator:
         priority = PriorityClass.BATCH if self._priority[rid] else PriorityClass.REALTIME
         self.collector.record_arrival(now, estimate_prompt_tokens(chars, cfg.chars_per_token),
                                       priority is PriorityClass.BATCH)
-        if not self.gateway.offer(rid, priority, now):
+        if not self.gateway.offer(rid, priority, now, self.adapter_of[rid]):
             self._finish(rid, REJECTED, now)
             return
         self._dispatch(now)
@@ -317,6 +337,8 @@ class Simulator:
                 self._notice(a, now)
             elif kind == _TAKEN:
                 self._taken(a, now)
+            elif kind == _ADAPTER:
+                self._loaded(a, b, now)
             elif kind == _POLL:
                 self.gateway.poll(now)
                 for rid in self.gateway.expire(now):

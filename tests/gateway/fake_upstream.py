@@ -46,6 +46,14 @@ class Behaviour:
     report_waiting: int | None = None  # override what /load says
     report_running: int | None = None
     seed: int = 0
+    # LoRA (vLLM's API): resident adapters (/load's lora_adapters); a request whose model is
+    # neither "base_model" nor resident gets 404; /v1/load_lora_adapter answers load_status.
+    adapters: set[str] = field(default_factory=set)
+    base_model: str | None = None
+    load_status: int = 200
+    load_delay_s: float = 0.0
+    adapter_loads: list[dict] = field(default_factory=list)
+    report_adapters: set[str] | None = None  # override what /load says is resident
     # observations
     requests: int = 0
     running: int = 0
@@ -79,6 +87,10 @@ def make_app(b: Behaviour) -> Starlette:
         b.requests += 1
         b.bodies.append(body)
         b.headers.append(dict(request.headers))
+        if b.base_model is not None and body.get("model") not in (b.base_model, *b.adapters):
+            return JSONResponse({"error": {"message": f"model {body.get('model')!r} not found",
+                                           "type": "not_found_error", "param": "model",
+                                           "code": "model_not_found"}}, status_code=404)
         if b.error_rate and b.rng.random() < b.error_rate:
             return JSONResponse({"error": {"message": f"injected fault on {b.instance_id}",
                                            "type": "server_error", "param": None,
@@ -130,7 +142,23 @@ def make_app(b: Behaviour) -> Starlette:
             "num_waiting_by_priority": {}, "kv_cache_usage": 0.0, "busy_fraction": 0.0,
             "tokens_per_s": 0.0, "generation_tokens_per_s": 0.0,
             "max_num_seqs": b.max_num_seqs, "prefix_cache_hit_rate": 0.0,
-            "timestamp": time.time()})
+            "timestamp": time.time(),
+            "lora_adapters": sorted(b.adapters if b.report_adapters is None else b.report_adapters)})
+
+    async def load_adapter(request: Request) -> Response:
+        body = await request.json()
+        b.adapter_loads.append(body)
+        await asyncio.sleep(b.load_delay_s)
+        if b.load_status != 200:
+            return JSONResponse({"error": {"message": f"injected load failure on {b.instance_id}",
+                                           "type": "invalid_request_error", "param": None, "code": None}},
+                                status_code=b.load_status)
+        if body["lora_name"] in b.adapters:
+            return JSONResponse({"error": {"message": f"adapter {body['lora_name']!r} is already loaded",
+                                           "type": "invalid_request_error", "param": "lora_name",
+                                           "code": None}}, status_code=400)
+        b.adapters.add(body["lora_name"])
+        return PlainTextResponse("ok")
 
     async def metrics(request: Request) -> Response:
         running = b.running if b.report_running is None else b.report_running
@@ -151,6 +179,7 @@ def make_app(b: Behaviour) -> Starlette:
     return Starlette(routes=[
         Route("/v1/chat/completions", generate, methods=["POST"]),
         Route("/v1/completions", generate, methods=["POST"]),
+        Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
         Route("/load", load), Route("/metrics", metrics), Route("/ready", ready),
         Route("/health", health)])
 

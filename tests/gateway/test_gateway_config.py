@@ -25,6 +25,7 @@ def test_the_example_file_loads():
     assert cfg.auth.admin_key.get_secret_value() == "change-me-admin-key-0123"
     assert "change-me" not in repr(cfg.auth)  # secrets stay out of logs
     assert cfg.model("nope") is None
+    assert m.pool_of("sql") == "v1" and m.version("sql").adapter.name == "smollm2-sql"
 
 
 def test_minimal_config_gets_defaults_and_normalised_urls():
@@ -88,3 +89,42 @@ def test_load_rejects_a_non_mapping(tmp_path):
 
 def test_normalize_url_keeps_a_path_prefix():
     assert normalize_url("https://host:8443/prefix/") == "https://host:8443/prefix"
+
+
+def _with_adapter(**v3) -> dict:
+    data = _minimal()
+    data["models"][0]["versions"].append({"name": "v3", "weight": 0, **v3})
+    return data
+
+
+def test_an_adapter_version_is_served_by_its_pool():
+    data = _with_adapter(pool="v1", adapter={"name": "sql-lora", "path": "/a/sql"})
+    data["models"][0]["canary"] = {"version": "v3", "stable": "v1"}
+    m = GatewayConfig.model_validate(data).models[0]
+    assert m.pool_of("v3") == "v1" and m.pool_of("v2") == "v2"
+    assert m.version("v3").adapter.path == "/a/sql"
+
+
+@pytest.mark.parametrize("v3,match", [
+    ({"pool": "v1"}, "both pool and adapter"),
+    ({"adapter": {"name": "x"}}, "both pool and adapter"),
+    ({"pool": "v9", "adapter": {"name": "x"}}, r"names pool 'v9'.*\['v1', 'v2'\]"),
+    ({"pool": "v3", "adapter": {"name": "x"}}, "names pool 'v3'"),
+    ({"pool": "v1", "adapter": {"name": "x"}, "upstreams": ["http://127.0.0.1:9"]}, "has none of its own"),
+    ({"pool": "v1", "adapter": {"name": "x"}, "upstream_model": "m"}, "upstream_model"),
+    ({"pool": "v1", "adapter": {"name": "bad name"}}, "adapter name"),
+    ({"pool": "v1", "adapter": {"name": "x", "rank": 8}}, "Extra inputs"),
+])
+def test_bad_adapter_versions_are_refused_by_name(v3, match):
+    with pytest.raises(ValidationError, match=match):
+        GatewayConfig.model_validate(_with_adapter(**v3))
+
+
+def test_an_adapter_on_an_adapter_and_two_versions_on_one_adapter_are_refused():
+    data = _with_adapter(pool="v1", adapter={"name": "x"})
+    data["models"][0]["versions"].append({"name": "v4", "weight": 0, "pool": "v3", "adapter": {"name": "y"}})
+    with pytest.raises(ValidationError, match="names pool 'v3'"):
+        GatewayConfig.model_validate(data)
+    data["models"][0]["versions"][-1] = {"name": "v4", "weight": 0, "pool": "v2", "adapter": {"name": "x"}}
+    with pytest.raises(ValidationError, match=r"more than one version: \['x'\]"):
+        GatewayConfig.model_validate(data)

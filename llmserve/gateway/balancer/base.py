@@ -21,6 +21,7 @@ class RouteRequest:
 
     prefix_text: str = ""  # the prompt as text (chat messages flattened), for affinity
     user: str | None = None
+    adapter: str | None = None  # the LoRA adapter the request runs on (None: the base model)
 
 
 class Scorer(Protocol):

@@ -1,7 +1,8 @@
 """The picker: filter, score, then power of two choices among the best.
 
 Filter: routable (ready, healthy, not draining, breaker lets a request through)
-and has room (below its concurrency target). Score: the weighted mean of the
+and has room (below its concurrency target); a request on a LoRA adapter then
+only where it is resident or loaded, if anywhere (``adapter.py``). Score: the weighted mean of the
 configured scorers, in [0, 1]. Pick: of the candidates within ``tie_margin`` of
 the best score, draw two at random and take the better (lower load on a tie).
 Randomising only among near-equals keeps a strong signal (prefix affinity, an
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
+from llmserve.gateway.balancer.adapter import place
 from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
 from llmserve.gateway.balancer.kv import KVScorer
@@ -164,10 +166,12 @@ class Picker:
              exclude: Iterable[str] = ()) -> PickResult:
         """Choose an instance for the request (tell the scorers), or say why none."""
         pool = instances if isinstance(instances, list) else list(instances)
-        cands, why_not = self.candidates(pool, exclude)
+        # An adapter's request sees the whole pool: residency decides before any draw, or a
+        # draw without the adapter's holders would load it on one more instance.
+        cands, why_not = self.candidates(pool, exclude, sample=request.adapter is None)
         if not cands:
             return PickResult(None, why_not)
-        cands = self.with_affinity(request, cands, pool)
+        cands = place(request.adapter, self.with_affinity(request, cands, pool)).candidates
         chosen, scores = self._choose(request, cands)
         by_id = {c.instance_id: s for s, c in zip(scores, cands)} if scores is not None else {}
         return PickResult(chosen, None, by_id)
@@ -175,7 +179,7 @@ class Picker:
     def choose(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> InstanceView:
         """Of ``candidates`` (non-empty, from :meth:`candidates`), the one for the request
         (the scorers are told). For a caller that filtered already: nothing is filtered again."""
-        return self._choose(request, candidates)[0]
+        return self._choose(request, place(request.adapter, candidates).candidates)[0]
 
     def _choose(self, request: RouteRequest,
                 cands: Sequence[InstanceView]) -> tuple[InstanceView, list[float] | None]:
