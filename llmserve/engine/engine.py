@@ -23,6 +23,7 @@ import torch
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
+from llmserve.engine.reasoning_gate import think_tokens
 from llmserve.engine.input_processor import InputProcessor
 from llmserve.engine.kv_budget import available_memory
 from llmserve.engine.kv_cache import KVCacheManager
@@ -131,7 +132,10 @@ class EngineCore:
         thread and cached, so a server compiles in a worker thread before ``add_request``."""
         if params.structured_outputs is None:
             return None
-        return self.warm_grammar().backend.compile(params.structured_outputs)
+        guided = self.warm_grammar()
+        if params.structured_outputs.after_reasoning is not None:
+            think_tokens(self.tokenizer)  # refused here (a 400), not when the request starts
+        return guided.backend.compile(params.structured_outputs)
 
     def warm_grammar(self) -> GuidedDecoding | None:
         """Build the tokenizer's grammar info now (~0.4 s for 49k tokens), so no request
@@ -150,7 +154,9 @@ class EngineCore:
         All or nothing: whatever raises here leaves no trace of the request.
         """
         state = self.output.new_state(req, prompt_text)
-        matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+        so = req.sampling_params.structured_outputs
+        matcher = self._guided.matcher(req.grammar, req.output_token_ids, prompt_ids=req.prompt_token_ids,
+                                       after_reasoning=so.after_reasoning) if req.grammar is not None else None
         prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
         self.scheduler.add_request(req)
         self.output.add(state)

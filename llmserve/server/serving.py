@@ -125,7 +125,7 @@ class OpenAIServing:
                 include_stop_str_in_output=r.include_stop_str_in_output,
                 skip_special_tokens=r.skip_special_tokens,
                 logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None,
-                structured_outputs=structured_outputs(r))
+                structured_outputs=structured_outputs(r, self.formats.reasoning_parser))
         except InvalidParameterError as e:
             raise APIError(400, str(e), param=e.param) from None
 
