@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--families", nargs="+", default=list(SHAPES))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="families-bench-"))
     for family in args.families:
@@ -64,6 +65,7 @@ def main() -> int:
         print(f"{family}: {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)
         cmd = [sys.executable, str(ROOT / "benchmarks/peers/run.py"), "--llama-server", args.llama_server,
                "--gguf", str(gguf), "--threads", str(args.threads), "--skip-hol", "--scale", str(args.scale),
+               "--output-len", str(args.output_len),
                "--concurrency", *map(str, args.concurrency), "--results", str(HERE / f"{family}.md")]
         subprocess.run(cmd, check=True)
     return 0

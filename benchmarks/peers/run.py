@@ -102,6 +102,7 @@ def main() -> int:
     ap.add_argument("--serve", action="store_true", help="also `llmserve serve` at its defaults (gateway + "
                                                           "elastic pool) beside `llmserve engine`")
     ap.add_argument("--write", action="store_true", help="write the table into README.md")
+    ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--results", type=Path, default=None, help="write the table to this file instead")
     ap.add_argument("--skip-hol", action="store_true")
     args = ap.parse_args()
@@ -133,7 +134,7 @@ def main() -> int:
                     out = work / f"{name}-c{c}-r{rnd}.json"
                     # Fresh prompts for every server, level and round: none hits another run's prefix cache.
                     seed = 1000 * (level + 1) + 100 * rnd + list(servers).index(name)
-                    cmd = bench(url, args.gguf, out, concurrency=c, prompts=n, seed=seed)
+                    cmd = bench(url, args.gguf, out, concurrency=c, prompts=n, seed=seed, output_len=args.output_len)
                     cmds.append(" ".join(cmd[1:]).replace(url, f"<{name}>"))
                     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                     s = summary(out)

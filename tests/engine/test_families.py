@@ -14,6 +14,7 @@ from llmserve.engine.engine import EngineCore
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.config import ModelConfig
 from llmserve.models.hf_loader import HFLoader
+from llmserve.models.kv_layout import kv_layout
 from tests.family_models import FAMILIES, VOCAB, hf_greedy, make_family
 
 N = 16
@@ -49,8 +50,10 @@ def test_greedy_tokens_and_logprobs_equal_transformers(family, spec):
     _, config, weights, prompts, ref = family
     sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True, logprobs=0)
     # 4-token blocks, a 7-token step budget (chunked prefill), a pool that preempts: 20 blocks,
-    # 12 where every layer slides (a request holds its window's blocks only)
-    blocks = 12 if config.max_window else 20
+    # 12 where every layer slides (a request holds its window's blocks only); where sliding
+    # and full layers mix, a block is a page of fewer layers (kv_layout): as many more
+    layout = kv_layout(config)
+    blocks = 12 if config.max_window else (20 if layout.num_groups == 1 else 14 * layout.num_groups)
     eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=7, num_kv_blocks=blocks,
                                   enable_prefix_caching=True, speculative_config=spec, dtype="fp32"),
                      config, weights)

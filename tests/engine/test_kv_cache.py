@@ -46,7 +46,7 @@ def test_eviction_is_lru_and_tail_before_head():
     still = _req("a2", range(6))
     hits, n = kv.get_computed_blocks(still)
     assert n == 4  # a's head blocks survived, its tail was evicted first
-    assert [b.block_id for b in hits] == [a_blocks[2], a_blocks[1]]
+    assert [b.block_id for b in hits[0]] == [a_blocks[2], a_blocks[1]]
 
 
 def test_free_queue_remove_from_middle_is_consistent():
