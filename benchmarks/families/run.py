@@ -45,9 +45,12 @@ def build(family: str, work: Path) -> Path:
     from tests.family_gguf import write_gguf
     from tests.family_models import make_family
 
+    out = work / f"{family}-Q4_1.gguf"
+    if out.exists():  # built by an earlier run in the same --work folder
+        return out
     folder = work / f"{family}-hf"
     make_family(family, folder, **SHAPES[family])
-    return write_gguf(folder, work / f"{family}-Q4_1.gguf", "Q4_1", tokenizer_from=SMOLLM2)
+    return write_gguf(folder, out, "Q4_1", tokenizer_from=SMOLLM2)
 
 
 def main() -> int:
@@ -58,8 +61,10 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--work", type=Path, default=None, help="folder for the model files (kept, reused)")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="families-bench-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="families-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     for family in args.families:
         gguf = build(family, work)
         print(f"{family}: {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)

@@ -30,7 +30,7 @@ PY = sys.executable
 HERE = Path(__file__).resolve().parent
 
 
-def wait_ready(url: str, path: str, timeout: float = 180) -> None:
+def wait_ready(url: str, path: str, timeout: float = 900) -> None:  # a busy shared host starts slowly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -23,7 +23,6 @@ import torch
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.guided import GuidedDecoding
-from llmserve.engine.reasoning_gate import think_tokens
 from llmserve.engine.input_processor import InputProcessor
 from llmserve.engine.kv_budget import available_memory
 from llmserve.engine.kv_cache import KVCacheManager
@@ -135,10 +134,7 @@ class EngineCore:
         thread and cached, so a server compiles in a worker thread before ``add_request``."""
         if params.structured_outputs is None:
             return None
-        guided = self.warm_grammar()
-        if params.structured_outputs.after_reasoning is not None:
-            think_tokens(self.tokenizer)  # refused here (a 400), not when the request starts
-        return guided.backend.compile(params.structured_outputs)
+        return self.warm_grammar().backend.compile(params.structured_outputs)
 
     def warm_grammar(self) -> GuidedDecoding | None:
         """Build the tokenizer's grammar info now (~0.4 s for 49k tokens), so no request

@@ -65,9 +65,9 @@ class GuidedDecoding:
         (so that a request the scheduler refuses leaves nothing here). ``after_reasoning``:
         the grammar begins after the reasoning (``reasoning_gate``), as ``prompt_ids`` leave it."""
         m = self.backend.matcher(compiled)
-        if after_reasoning is not None:
-            start, end = think_tokens(self.backend.tokenizer)
-            m = AfterReasoning(m, first_phase(after_reasoning, start, end, prompt_ids), start, end)
+        tags = think_tokens(self.backend.tokenizer) if after_reasoning is not None else None
+        if tags is not None:
+            m = AfterReasoning(m, first_phase(after_reasoning, *tags, prompt_ids), *tags)
         for t in output_ids:
             m.accept_token(t)
         return m

@@ -14,16 +14,19 @@ Where the reasoning starts, by the server's ``--reasoning-parser`` style:
 - either way the prompt decides first: one whose last tag is ``</think>`` (Qwen3 with
   ``enable_thinking`` false puts the empty pair there) starts in the answer, one whose
   last tag is ``<think>`` starts in the reasoning.
+
+A vocabulary where the tags are not single tokens has no reasoning to skip: the grammar
+then holds from the first token, as without a reasoning parser.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:  # pure Python at run time: the API process reads the prompt's phase too
+    import torch
 
-from llmserve.engine.grammar import Matcher
-from llmserve.engine.sampling_params import InvalidParameterError
+    from llmserve.engine.grammar import Matcher
 
 STYLES = ("qwen3", "deepseek_r1")
 START, END = "<think>", "</think>"
@@ -31,15 +34,14 @@ START, END = "<think>", "</think>"
 OPENING, REASONING, ANSWER = "opening", "reasoning", "answer"
 
 
-def think_tokens(tokenizer: Any) -> tuple[int, int]:
-    """The token ids of ``<think>`` and ``</think>``; refused unless each is one token
-    (a tag spread over tokens cannot end the reasoning at a token boundary)."""
+def think_tokens(tokenizer: Any) -> tuple[int, int] | None:
+    """The token ids of ``<think>`` and ``</think>``, or None unless each is one token: a
+    vocabulary without them is no reasoning model's, and its grammar holds from the start."""
     ids = []
     for tag in (START, END):
         enc = tokenizer.encode(tag, add_special_tokens=False) if tokenizer is not None else []
         if len(enc) != 1:
-            raise InvalidParameterError("structured_outputs", f"with a reasoning parser needs {tag} to be one "
-                                        "token of the model's vocabulary")
+            return None
         ids.append(enc[0])
     return ids[0], ids[1]
 
@@ -56,7 +58,7 @@ def first_phase(style: str, start_id: int, end_id: int, prompt_ids: Sequence[int
     return REASONING if style == "deepseek_r1" else OPENING
 
 
-def _allow(bitmask: torch.Tensor, index: int, token_id: int) -> None:
+def _allow(bitmask: "torch.Tensor", index: int, token_id: int) -> None:
     word, bit = divmod(token_id, 32)
     value = int(bitmask[index, word]) & 0xFFFFFFFF | (1 << bit)
     bitmask[index, word] = value - (1 << 32) if value >= 1 << 31 else value  # int32 words
@@ -65,7 +67,7 @@ def _allow(bitmask: torch.Tensor, index: int, token_id: int) -> None:
 class AfterReasoning:
     """A :class:`~llmserve.engine.grammar.Matcher` whose grammar begins after ``</think>``."""
 
-    def __init__(self, inner: Matcher, phase: str, start_id: int, end_id: int) -> None:
+    def __init__(self, inner: "Matcher", phase: str, start_id: int, end_id: int) -> None:
         self.inner = inner
         self.phase = phase
         self.start_id, self.end_id = start_id, end_id
@@ -87,7 +89,7 @@ class AfterReasoning:
         self._history.append((before, False))
         return True
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
+    def fill_next_token_bitmask(self, bitmask: "torch.Tensor", index: int = 0) -> None:
         if self.phase == REASONING:
             bitmask[index].fill_(-1)
             return

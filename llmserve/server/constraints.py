@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
+from llmserve.engine.reasoning_gate import first_phase, think_tokens
 from llmserve.engine.sampling_params import StructuredOutputsParams
 from llmserve.server.tool_calls import call_grammar
 
@@ -18,6 +19,12 @@ def structured_outputs(r: CompletionRequest | ChatCompletionRequest,
     if so is not None and reasoning_parser is not None and isinstance(r, ChatCompletionRequest):
         return replace(so, after_reasoning=reasoning_parser)
     return so
+
+
+def prompt_phase(reasoning_parser: str | None, tokenizer, prompt_ids: list[int]) -> str | None:
+    """Where a chat prompt leaves the reasoning, as the engine's grammar gate reads it."""
+    tags = think_tokens(tokenizer) if reasoning_parser is not None else None
+    return first_phase(reasoning_parser, *tags, prompt_ids) if tags is not None else None
 
 
 def _constraint(r: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:

@@ -30,7 +30,7 @@ from llmserve.engine.sampling_params import InvalidParameterError, SamplingParam
 from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.formats import output_formats
-from llmserve.server.constraints import structured_outputs
+from llmserve.server.constraints import prompt_phase, structured_outputs
 from llmserve.server.disconnect import until_disconnect
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
@@ -273,7 +273,8 @@ class OpenAIServing:
                             chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
                             chat and r.parallel_tool_calls, r.return_token_ids, resume,
                             self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",
-                            self.formats.reasoning_parser if chat else None)
+                            self.formats.reasoning_parser if chat else None,
+                            prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",

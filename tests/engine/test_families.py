@@ -11,6 +11,7 @@ import pytest
 
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
+from llmserve.engine.kv_cache import _FREED
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.config import ModelConfig
 from llmserve.models.hf_loader import HFLoader
@@ -102,3 +103,38 @@ def test_blocks_left_of_every_window_are_freed(tmp_path):
     # 86 tokens fill 22 blocks; held at once: the window (12), a chunk (8) and two partial blocks
     assert peak <= (12 + 8) // 4 + 2
     assert eng.kv.prefix_hits > 0  # "b" reused the blocks "a" freed
+
+
+def test_sliding_layers_free_their_blocks_while_full_layers_keep_theirs(tmp_path):
+    """Gemma 3 mixes sliding and full layers (here sliding, full, sliding; a 12-token window):
+    each layer group has its own block table (kv_layout), the sliding groups hold their
+    window's blocks only, the full group every block, and the next request reuses them."""
+    hf = make_family("gemma3", tmp_path / "g")
+    config, weights = HFLoader().load(tmp_path / "g")
+    layout = kv_layout(config)
+    assert sorted(layout.windows, key=str) == [12, 12, None] and layout.group_size == 1
+    prompt = [random.Random(9).randrange(VOCAB) for _ in range(70)]
+    ref, _ = hf_greedy(hf, prompt, N)
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=96,
+                                  enable_prefix_caching=True, dtype="fp32"), config, weights)
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    peak = 0
+    for rid in ("a", "b"):
+        eng.add_request(rid, prompt, sp)
+        out = None
+        while eng.has_unfinished():
+            for o in eng.step():
+                out = o if o.finished else out
+            peak = max(peak, eng.kv.num_blocks - eng.kv.num_free_blocks)
+            req = eng.scheduler.requests.get(rid)
+            if req is not None:
+                for table, w in zip(eng.kv._reqs[rid].tables, eng.kv.windows):
+                    real = [b for b in table.blocks if b is not _FREED]
+                    if w is None:  # a full layer keeps every block of the context
+                        assert len(real) == len(table.blocks) >= req.num_computed_tokens // 4
+                    else:
+                        assert len(real) <= (12 + 8) // 4 + 2
+        assert out.outputs[0].token_ids == ref, rid
+    # 86 tokens fill 22 blocks; one table for all three layers would hold 3 x 22 pages
+    assert peak <= 22 + 2 * ((12 + 8) // 4 + 2) < 3 * 22
+    assert eng.kv.prefix_hits > 0  # "b" reused what "a" left in the cache

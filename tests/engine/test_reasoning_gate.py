@@ -165,14 +165,12 @@ def test_matcher_phases_masks_and_rollback(tok):
     assert not answer.accept_token(z) and answer.phase == OPENING  # refused, nothing changed
 
 
-def test_a_style_needs_single_token_tags(tiny):
-    from llmserve.models.tokenizer import Tokenizer as Tok
-
-    plain = Tok(RustTokenizer.from_str(tiny_tokenizer_json(VOCAB)), bos_token="<|im_start|>",
-                eos_token="<|im_end|>")
-    eng = EngineCore(EngineConfig(block_size=4, num_kv_blocks=16), tiny.config, tiny.weights, plain)
-    with pytest.raises(InvalidParameterError, match="<think>"):
-        eng.add_request("a", "Hello", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
-            json=SCHEMA, after_reasoning="qwen3")))
+def test_without_single_token_tags_the_grammar_holds_from_the_start(tiny):
+    """A vocabulary without <think> and </think> as tokens has no reasoning to leave free."""
+    plain = Tokenizer(RustTokenizer.from_str(tiny_tokenizer_json(VOCAB)), bos_token="<|im_start|>",
+                      eos_token="<|im_end|>")
+    eng = _engine(tiny, plain)
+    done = _run(eng, [("a", "Hello", _params(plain, "deepseek_r1", 0, Z=9.0))])
+    _answer(done["a"].text)
     with pytest.raises(InvalidParameterError, match="after_reasoning"):
         StructuredOutputsParams(json=SCHEMA, after_reasoning="nope")
