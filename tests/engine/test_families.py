@@ -93,14 +93,15 @@ def _oracle_run(config, weights, prompts, ref, spec, blocks: int) -> EngineCore:
     return eng
 
 
-def test_blocks_left_of_every_window_are_freed(tmp_path):
-    """Mistral slides on every layer: a long request holds its window's blocks, not its
-    whole context, and the freed blocks stay in the prefix cache for the next request."""
-    hf = make_family("mistral", tmp_path / "m")  # a 12-token window
-    config, weights = HFLoader().load(tmp_path / "m")
+def _long_twice(family: str, folder, blocks: int, each_step=None) -> tuple[EngineCore, int]:
+    """A 70-token prompt run twice (8-token chunks, 4-token blocks), each token-exact against
+    transformers; returns the engine and the most blocks held at once. ``each_step(eng, rid)``
+    checks the tables after every step."""
+    hf = make_family(family, folder)
+    config, weights = HFLoader().load(folder)
     prompt = [random.Random(9).randrange(VOCAB) for _ in range(70)]
     ref, _ = hf_greedy(hf, prompt, N)
-    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=64,
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=blocks,
                                   enable_prefix_caching=True, dtype="fp32"), config, weights)
     sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
     peak = 0
@@ -111,7 +112,16 @@ def test_blocks_left_of_every_window_are_freed(tmp_path):
             for o in eng.step():
                 out = o if o.finished else out
             peak = max(peak, eng.kv.num_blocks - eng.kv.num_free_blocks)
+            if each_step is not None and rid in eng.scheduler.requests:
+                each_step(eng, eng.scheduler.requests[rid])
         assert out.outputs[0].token_ids == ref, rid
+    return eng, peak
+
+
+def test_blocks_left_of_every_window_are_freed(tmp_path):
+    """Mistral slides on every layer: a long request holds its window's blocks, not its
+    whole context, and the freed blocks stay in the prefix cache for the next request."""
+    eng, peak = _long_twice("mistral", tmp_path / "m", 64)  # a 12-token window
     # 86 tokens fill 22 blocks; held at once: the window (12), a chunk (8) and two partial blocks
     assert peak <= (12 + 8) // 4 + 2
     assert eng.kv.prefix_hits > 0  # "b" reused the blocks "a" freed
@@ -121,32 +131,16 @@ def test_sliding_layers_free_their_blocks_while_full_layers_keep_theirs(tmp_path
     """Gemma 3 mixes sliding and full layers (here sliding, full, sliding; a 12-token window):
     each layer group has its own block table (kv_layout), the sliding groups hold their
     window's blocks only, the full group every block, and the next request reuses them."""
-    hf = make_family("gemma3", tmp_path / "g")
-    config, weights = HFLoader().load(tmp_path / "g")
-    layout = kv_layout(config)
-    assert sorted(layout.windows, key=str) == [12, 12, None] and layout.group_size == 1
-    prompt = [random.Random(9).randrange(VOCAB) for _ in range(70)]
-    ref, _ = hf_greedy(hf, prompt, N)
-    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=8, num_kv_blocks=96,
-                                  enable_prefix_caching=True, dtype="fp32"), config, weights)
-    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
-    peak = 0
-    for rid in ("a", "b"):
-        eng.add_request(rid, prompt, sp)
-        out = None
-        while eng.has_unfinished():
-            for o in eng.step():
-                out = o if o.finished else out
-            peak = max(peak, eng.kv.num_blocks - eng.kv.num_free_blocks)
-            req = eng.scheduler.requests.get(rid)
-            if req is not None:
-                for table, w in zip(eng.kv._reqs[rid].tables, eng.kv.windows):
-                    real = [b for b in table.blocks if b is not _FREED]
-                    if w is None:  # a full layer keeps every block of the context
-                        assert len(real) == len(table.blocks) >= req.num_computed_tokens // 4
-                    else:
-                        assert len(real) <= (12 + 8) // 4 + 2
-        assert out.outputs[0].token_ids == ref, rid
+    def tables_hold_what_they_should(eng, req):
+        for table, w in zip(eng.kv._reqs[req.request_id].tables, eng.kv.windows):
+            real = [b for b in table.blocks if b is not _FREED]
+            if w is None:  # a full layer keeps every block of the context
+                assert len(real) == len(table.blocks) >= req.num_computed_tokens // 4
+            else:
+                assert len(real) <= (12 + 8) // 4 + 2
+
+    eng, peak = _long_twice("gemma3", tmp_path / "g", 96, tables_hold_what_they_should)
+    assert sorted(eng.kv.windows, key=str) == [12, 12, None] and eng.model.kv_layout.group_size == 1
     # 86 tokens fill 22 blocks; one table for all three layers would hold 3 x 22 pages
     assert peak <= 22 + 2 * ((12 + 8) // 4 + 2) < 3 * 22
     assert eng.kv.prefix_hits > 0  # "b" reused what "a" left in the cache

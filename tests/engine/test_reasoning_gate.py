@@ -19,6 +19,7 @@ from llmserve.engine.reasoning_gate import ANSWER, OPENING, REASONING, AfterReas
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams, StructuredOutputsParams
 from llmserve.models.tokenizer import Tokenizer
 from tests.engine.conftest import make_tiny
+from tests.engine.test_guided import _run
 from tests.helpers import tiny_tokenizer_json
 
 SCHEMA = {"type": "object", "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"}},
@@ -48,19 +49,6 @@ def _engine(tiny, tok, **opts) -> EngineCore:
                 speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                     "prompt_lookup_max": 3, "adaptive": False})
     return EngineCore(EngineConfig(**{**base, **opts}), tiny.config, tiny.weights, tok)
-
-
-def _run(eng: EngineCore, reqs) -> dict:
-    for r in reqs:
-        eng.add_request(*r)
-    done, steps = {}, 0
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = out
-        steps += 1
-        assert steps < 5000
-    return done
 
 
 def _answer(text: str) -> dict:
