@@ -36,7 +36,8 @@ def _llama3_freq_factors(p: dict, dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(folder: Path, out: Path, quant: str = "F32") -> Path:
+def write_gguf(folder: Path, out: Path, quant: str = "F32", tokenizer_from: Path | None = None) -> Path:
+    """``tokenizer_from``: a GGUF whose ``tokenizer.*`` metadata to copy (a servable file)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -85,6 +86,10 @@ def write_gguf(folder: Path, out: Path, quant: str = "F32") -> Path:
         extra["rope_factors_long.weight"] = np.array(full["long_factor"], dtype=np.float32)
         extra["rope_factors_short.weight"] = np.array(full["short_factor"], dtype=np.float32)
 
+    if tokenizer_from is not None:
+        for key, f in gguf.GGUFReader(str(tokenizer_from)).fields.items():
+            if key.startswith("tokenizer."):
+                w.add_key_value(key, f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
     names = gguf.get_tensor_name_map(arch_enum, n_layers)
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     for name, arr in load_file(str(folder / "model.safetensors")).items():

@@ -30,7 +30,7 @@ PY = sys.executable
 HERE = Path(__file__).resolve().parent
 
 
-def wait_ready(url: str, path: str, timeout: float = 180) -> None:
+def wait_ready(url: str, path: str, timeout: float = 900) -> None:  # a busy shared host starts slowly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -40,6 +40,14 @@ def wait_ready(url: str, path: str, timeout: float = 180) -> None:
             pass
         time.sleep(0.3)
     raise TimeoutError(f"{url}{path} not ready")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tree_pss_mb(pid: int) -> float:
@@ -94,10 +102,12 @@ def main() -> int:
     ap.add_argument("--serve", action="store_true", help="also `llmserve serve` at its defaults (gateway + "
                                                           "elastic pool) beside `llmserve engine`")
     ap.add_argument("--write", action="store_true", help="write the table into README.md")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--results", type=Path, default=None, help="write the table to this file instead")
     ap.add_argument("--skip-hol", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="peers-"))
-    lport, mport, sport = 8771, 8772, 8773
+    lport, mport, sport = free_port(), free_port(), free_port()  # other servers share this machine
     lcmd = [args.llama_server, "-m", args.gguf, "-np", "64", "-c", "32768", "-t", str(args.threads),
             "--port", str(lport), "--host", "127.0.0.1"]
     mcmd = [PY, "-m", "llmserve.cli", "engine", "--model", args.gguf, "--port", str(mport), "--max-num-seqs", "64"]
@@ -124,7 +134,7 @@ def main() -> int:
                     out = work / f"{name}-c{c}-r{rnd}.json"
                     # Fresh prompts for every server, level and round: none hits another run's prefix cache.
                     seed = 1000 * (level + 1) + 100 * rnd + list(servers).index(name)
-                    cmd = bench(url, args.gguf, out, concurrency=c, prompts=n, seed=seed)
+                    cmd = bench(url, args.gguf, out, concurrency=c, prompts=n, seed=seed, output_len=args.output_len)
                     cmds.append(" ".join(cmd[1:]).replace(url, f"<{name}>"))
                     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                     s = summary(out)
@@ -142,7 +152,9 @@ def main() -> int:
     load = os.getloadavg()
     table = render(rows, pss, hol, cmds, load, args)
     print(table)
-    if args.write:
+    if args.results is not None:
+        args.results.write_text(table)
+    elif args.write:
         readme = HERE / "README.md"
         head = readme.read_text().split("<!-- results -->")[0] if readme.exists() else ""
         readme.write_text(head + "<!-- results -->\n" + table)

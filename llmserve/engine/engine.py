@@ -75,12 +75,15 @@ class EngineCore:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
-        num_blocks = config.num_blocks_for(model_config.kv_bytes_per_token(kv_dtype.itemsize),
-                                           self.max_model_len, available_memory())
+        # a block is a page of group_size layers; a short request takes one per KV group
+        layout = self.model.kv_layout
+        num_blocks = config.num_blocks_for(
+            model_config.kv_bytes_per_token(kv_dtype.itemsize) * layout.group_size // model_config.num_hidden_layers,
+            self.max_model_len * layout.num_groups, available_memory())
         spec_tokens = config.speculative_config.max_speculative_tokens if config.speculative_config else 0
         self.kv = KVCacheManager(num_blocks, config.block_size,
                                  enable_prefix_caching=config.enable_prefix_caching,
-                                 model_key=model_config.name, sliding_window=model_config.max_window,
+                                 model_key=model_config.name, windows=layout.windows,
                                  step_tokens=config.max_num_batched_tokens + spec_tokens)
         # a draft model's pool mirrors this one's without freeing: it bounds the length then
         draft = config.speculative_config is not None and config.speculative_config.method == "draft"
@@ -162,7 +165,9 @@ class EngineCore:
             req.lora_id = need(self.lora).acquire(req.request_id, req.lora_name)
         try:
             state = self.output.new_state(req, prompt_text)
-            matcher = self._guided.matcher(req.grammar, req.output_token_ids) if req.grammar is not None else None
+            so = req.sampling_params.structured_outputs
+            matcher = self._guided.matcher(req.grammar, req.output_token_ids, prompt_ids=req.prompt_token_ids,
+                                           after_reasoning=so.after_reasoning) if req.grammar is not None else None
             prime(state, req.output_token_ids)  # (a resumed stream's; none otherwise)
             self.scheduler.add_request(req)
         except BaseException:

@@ -92,6 +92,7 @@ class GrammarBackend:
         import xgrammar as xgr
 
         self._xgr = xgr
+        self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.info = _tokenizer_info(xgr, tokenizer, vocab_size, stop_token_ids)
         # One compile thread: compiles run beside the engine on a small machine.

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from llmserve.engine.grammar import GrammarBackend, Matcher
+from llmserve.engine.reasoning_gate import AfterReasoning, first_phase, think_tokens
 from llmserve.engine.sampler import StepSamples
 from llmserve.engine.sampling_params import InvalidParameterError
 
@@ -58,10 +59,15 @@ class GuidedDecoding:
             raise InvalidParameterError("structured_outputs", "needs an engine with a tokenizer")
         return cls(GrammarBackend(tokenizer, vocab_size, sorted(eos_token_ids)))
 
-    def matcher(self, compiled: Any, output_ids: list[int] = ()) -> Matcher:
+    def matcher(self, compiled: Any, output_ids: list[int] = (), *, after_reasoning: str | None = None,
+                prompt_ids: list[int] = ()) -> Matcher:
         """A matcher of ``compiled`` after ``output_ids``; kept only once ``add`` is called
-        (so that a request the scheduler refuses leaves nothing here)."""
+        (so that a request the scheduler refuses leaves nothing here). ``after_reasoning``:
+        the grammar begins after the reasoning (``reasoning_gate``), as ``prompt_ids`` leave it."""
         m = self.backend.matcher(compiled)
+        tags = think_tokens(self.backend.tokenizer) if after_reasoning is not None else None
+        if tags is not None:
+            m = AfterReasoning(m, first_phase(after_reasoning, *tags, prompt_ids), *tags)
         for t in output_ids:
             m.accept_token(t)
         return m

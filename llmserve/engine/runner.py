@@ -41,7 +41,10 @@ class ModelRunner:
         self.lora = lora
         self.kv = kv
         self.block_size = kv.block_size
-        self.kv_caches = model.allocate_kv_cache(kv.num_blocks, kv.block_size, kv_dtype)
+        # a block table per KV group where the manager keeps the model's groups (a draft
+        # model's mirror pool keeps one table for all its layers)
+        grouped = kv.windows == model.kv_layout.windows
+        self.kv_caches = model.allocate_kv_cache(kv.num_blocks, kv.block_size, kv_dtype, grouped=grouped)
         self.n_rep = model.num_heads // model.num_kv_heads
 
     def execute(self, plan: SchedulerOutput) -> RunOutput:
@@ -53,41 +56,42 @@ class ModelRunner:
             q_len = s.num_tokens + len(s.spec_token_ids)
             by_len.setdefault(1 if q_len <= ROW_ATTENTION_MAX else q_len, []).append(s)
 
+        num_groups = self.kv.num_groups
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        groups = []
+        slots: list[list[int]] = [[] for _ in range(num_groups)]  # per KV group
+        groups: list[list] = [[] for _ in range(num_groups)]
         sample_rows: list[int] = []
         rows: dict[str, tuple[int, int]] = {}
         for key in sorted(by_len):
             members = by_len[key]
             start = len(ids)
-            ctx_lens, tables = [], []
+            ctx_lens: list[int] = []
+            tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
             for s in members:
                 req = s.request
                 c = req.num_computed_tokens
                 tokens = req.all_token_ids[c:c + s.num_tokens] + s.spec_token_ids
                 q_len = len(tokens)
-                table = self.kv.block_ids(req.request_id)
                 # plain lists, one tensor each at the end: per-request tensor ops cost more than this
                 positions.extend(range(c, c + q_len))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q_len))
                 row0 = len(ids)
                 ids.extend(tokens)
                 row_slots.extend([slot_of.get(req.lora_id, -1)] * q_len)
-                if key == 1:  # one query row per token, each over its own causal context
-                    ctx_lens.extend(range(c + 1, c + q_len + 1))
-                    tables.extend([table] * q_len)
-                else:
-                    ctx_lens.append(c + q_len)
-                    tables.append(table)
+                rows_of = q_len if key == 1 else 1  # one query row per token, each over its own context
+                ctx_lens.extend(range(c + 1, c + q_len + 1) if key == 1 else [c + q_len])
+                for g, table in enumerate(self.kv.block_tables(req.request_id)):
+                    slots[g].extend(table[p // bs] * bs + p % bs for p in range(c, c + q_len))
+                    tables[g].extend([table] * rows_of)
                 if s.sample:
                     n_rows = 1 + len(s.spec_token_ids)
                     rows[req.request_id] = (len(sample_rows), n_rows)
                     sample_rows.extend(range(row0 + q_len - n_rows, row0 + q_len))
-            groups.append(build_group(start, key, ctx_lens, tables, bs, self.n_rep))
+            for g in range(num_groups):
+                groups[g].append(build_group(start, key, ctx_lens, tables[g], bs, self.n_rep))
 
-        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long), groups)
+        metas = [AttentionMetadata(torch.tensor(slots[g], dtype=torch.long), groups[g]) for g in range(num_groups)]
+        meta = metas if num_groups > 1 else metas[0]
         input_ids = torch.tensor(ids, dtype=torch.long)
         pos_t = torch.tensor(positions, dtype=torch.long)
         if self.lora is not None:

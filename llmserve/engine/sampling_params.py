@@ -24,7 +24,8 @@ class StructuredOutputsParams:
     ``json`` is a JSON Schema (dict or text), ``json_object`` any JSON object,
     ``regex`` a regular expression, ``choice`` one of the strings, ``grammar`` an
     EBNF (GBNF) grammar, ``structural_tag`` an xgrammar structural tag (free text
-    with constrained tagged regions, e.g. tool calls).
+    with constrained tagged regions, e.g. tool calls). ``after_reasoning``: a reasoning
+    style (``reasoning_gate.STYLES``) whose ``<think>`` part the constraint leaves free.
     """
 
     json: dict[str, Any] | str | None = None
@@ -33,6 +34,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     structural_tag: dict[str, Any] | str | None = None
+    after_reasoning: str | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, k) is not None]
@@ -40,6 +42,8 @@ class StructuredOutputsParams:
         _check(len(given) == 1, "structured_outputs",
                f"needs exactly one of json, json_object, regex, choice, grammar, structural_tag; got {given or 'none'}")
         _check(self.choice is None or len(self.choice) > 0, "structured_outputs.choice", "must not be empty")
+        _check(self.after_reasoning in (None, "qwen3", "deepseek_r1"), "structured_outputs.after_reasoning",
+               f"must be qwen3 or deepseek_r1, got {self.after_reasoning!r}")
 
     def key(self) -> tuple[str, str]:
         """(kind, text): equal constraints share one compiled grammar. Keys keep their order:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from llmserve.models.attention import AttentionMetadata, paged_attention
 from llmserve.models.config import ModelConfig
+from llmserve.models.kv_layout import kv_layout
 from llmserve.models.linear import LinearFactory, LinearLayer, dense_factory
 from llmserve.models.ops import TorchOps, layer_ops
 from llmserve.models.rope import RotaryEmbedding
@@ -100,6 +101,7 @@ class LlamaForCausalLM:
             ropes["sliding"] = RotaryEmbedding(self.head_dim, c.max_position_embeddings, c.rope_local_theta,
                                                None, c.rotary_dim)
         self.layers = [_Layer(c, weights, i, linear, ropes) for i in range(c.num_hidden_layers)]
+        self.kv_layout = kv_layout(c)
         self.norm = weights["model.norm.weight"].float() + c.norm_offset
         head = weights.get("lm_head.weight")
         if head is None or c.tie_word_embeddings:
@@ -123,16 +125,20 @@ class LlamaForCausalLM:
         return sum(m.out_features * m.in_features for m in linears) + norms
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata | list[AttentionMetadata],
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Hidden states [T, hidden] before the final norm, for every input token."""
+        """Hidden states [T, hidden] before the final norm, for every input token. ``meta``:
+        one per KV group (``kv_layout``), or one for all layers."""
         ops, eps, c = self.ops, self.eps, self.config
+        metas = meta if isinstance(meta, list) else [meta] * self.kv_layout.num_groups
         # the residual stream: a fresh tensor, updated in place
         x = self._rows(input_ids) if self._rows is not None else self.embed.index_select(0, input_ids)
         if c.embed_scale != 1.0:
             x.mul_(c.embed_scale)
         delta = None  # what the previous sublayer adds to x
-        for layer, (kc, vc) in zip(self.layers, kv_caches):
+        for layer, (kc, vc), g in zip(self.layers, kv_caches, self.kv_layout.layer_group):
+            meta = metas[g]
             h = ops.rms_norm(x, layer.input_norm, eps) if delta is None \
                 else ops.add_rms_norm_(x, delta, layer.input_norm, eps)
             qkv = layer.qkv(h)
@@ -173,8 +179,11 @@ class LlamaForCausalLM:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int,
-                          dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
+                          grouped: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (K, V) pool. ``grouped``: a block is a page of ``group_size`` layers,
+        addressed per KV group (``kv_layout``); else a page of every layer, one table for all."""
         shape = (num_blocks * block_size, self.num_kv_heads, self.head_dim)
-        pool = lazily_zeroed((2 * self.config.num_hidden_layers, *shape), dtype)
-        return [(pool[2 * i], pool[2 * i + 1]) for i in range(self.config.num_hidden_layers)]
+        slots = self.kv_layout.layer_slot if grouped else range(self.config.num_hidden_layers)
+        pool = lazily_zeroed((2 * len(set(slots)), *shape), dtype)
+        return [(pool[2 * s], pool[2 * s + 1]) for s in slots]

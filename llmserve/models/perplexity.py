@@ -18,7 +18,7 @@ def teacher_forced(model: LlamaForCausalLM, token_ids: list[int], window: int = 
     model's top-1 token, over non-overlapping windows, each scored from its own start; the
     keys and values go through a KV pool of ``kv_dtype``, as an engine's would."""
     nlls, tops = [], []
-    caches = model.allocate_kv_cache(1, window, kv_dtype)
+    caches = model.allocate_kv_cache(1, window, kv_dtype, grouped=False)  # one table
     n_rep = model.num_heads // model.num_kv_heads
     for start in range(0, len(token_ids) - 1, window):
         chunk = token_ids[start:start + window + 1]

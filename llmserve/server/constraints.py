@@ -1,15 +1,33 @@
 """A request's output constraint, from whichever field set it: OpenAI's
 ``response_format`` or ``tool_choice``, vLLM's ``guided_*`` or ``structured_outputs``.
-The request models allow at most one (api/protocol.py), so there is no precedence."""
+The request models allow at most one (api/protocol.py), so there is no precedence.
+With a reasoning parser on, a chat's constraint applies after the reasoning."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
+from llmserve.engine.reasoning_gate import first_phase, think_tokens
 from llmserve.engine.sampling_params import StructuredOutputsParams
 from llmserve.server.tool_calls import call_grammar
 
 
-def structured_outputs(r: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+def structured_outputs(r: CompletionRequest | ChatCompletionRequest,
+                       reasoning_parser: str | None = None) -> StructuredOutputsParams | None:
+    so = _constraint(r)
+    if so is not None and reasoning_parser is not None and isinstance(r, ChatCompletionRequest):
+        return replace(so, after_reasoning=reasoning_parser)
+    return so
+
+
+def prompt_phase(reasoning_parser: str | None, tokenizer, prompt_ids: list[int]) -> str | None:
+    """Where a chat prompt leaves the reasoning, as the engine's grammar gate reads it."""
+    tags = think_tokens(tokenizer) if reasoning_parser is not None else None
+    return first_phase(reasoning_parser, *tags, prompt_ids) if tags is not None else None
+
+
+def _constraint(r: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
     if isinstance(r, ChatCompletionRequest) and r.tool_mode != "none":
         tools = [t.model_dump(exclude_none=True) for t in r.tools or []]
         if r.tool_mode == "named":

@@ -31,15 +31,18 @@ class ReasoningParser:
     """Feed output text as it comes (``feed``), then ``finish``; each returns Reasoning and
     Content events, in order. ``reasoning`` and ``content`` hold the whole of each."""
 
-    def __init__(self, style: str) -> None:
+    def __init__(self, style: str, prompt_phase: str | None = None) -> None:
+        """``prompt_phase``: where the prompt left the output (``reasoning_gate.first_phase``,
+        as the engine's grammar sees it): a prompt that closed ``</think>`` leaves none to
+        split, one that opened ``<think>`` leaves reasoning first whatever the style."""
         if style not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {style!r} (known: {', '.join(REASONING_PARSERS)})")
-        self.style = style
+        self.style = "deepseek_r1" if prompt_phase == "reasoning" else style
         self.reasoning = ""
         self.content = ""
         self._buf = ""
         # before: the opening tag may still come; inside: reasoning; after: the answer
-        self._state = "before"
+        self._state = "after" if prompt_phase == "answer" else "before"
 
     def feed(self, text: str) -> list[Reasoning | Content]:
         self._buf += text

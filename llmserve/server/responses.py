@@ -28,6 +28,7 @@ class ResponseMeta:
     resumed: list[int] | None = None  # output another instance streamed (server/resume.py)
     tool_parser: str = "hermes"  # tool_formats.TOOL_CALL_PARSERS
     reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
+    prompt_phase: str | None = None  # where the prompt left the reasoning (reasoning_gate.first_phase)
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -40,7 +41,8 @@ class ChoiceWriter:
     def __init__(self, index: int, meta: ResponseMeta, tokenizer: Any, echo: str | None = None) -> None:
         self.index, self.meta, self.tok, self.echo = index, meta, tokenizer, echo
         self.parser = tool_call_parser(meta.tool_parser, meta.parallel_tool_calls) if meta.tool_calls else None
-        self.reasoning = ReasoningParser(meta.reasoning_parser) if meta.chat and meta.reasoning_parser else None
+        self.reasoning = ReasoningParser(meta.reasoning_parser, meta.prompt_phase) \
+            if meta.chat and meta.reasoning_parser else None
         self.started = False
         self.text_offset = len(echo or "")
         self.unsent_ids: list[int] = []  # token ids of outputs that made no chunk yet

@@ -31,7 +31,7 @@ from llmserve.priority import parse_priority
 from llmserve.server.config import ServerConfig
 from llmserve.server.formats import output_formats
 from llmserve.server.lora_api import adapter_named
-from llmserve.server.constraints import structured_outputs
+from llmserve.server.constraints import prompt_phase, structured_outputs
 from llmserve.server.disconnect import until_disconnect
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
@@ -40,7 +40,6 @@ from llmserve.server.tool_calls import render_messages
 from llmserve.tracing.instance import request_telemetry
 
 log = logging.getLogger(__name__)
-
 
 _COMPILES = None
 
@@ -129,7 +128,7 @@ class OpenAIServing:
                 include_stop_str_in_output=r.include_stop_str_in_output,
                 skip_special_tokens=r.skip_special_tokens,
                 logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None,
-                structured_outputs=structured_outputs(r))
+                structured_outputs=structured_outputs(r, self.formats.reasoning_parser))
         except InvalidParameterError as e:
             raise APIError(400, str(e), param=e.param) from None
 
@@ -278,7 +277,8 @@ class OpenAIServing:
                             chat, r.n, r.logprobs is not None and r.logprobs is not False, tool_calls,
                             chat and r.parallel_tool_calls, r.return_token_ids, resume,
                             self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",
-                            self.formats.reasoning_parser if chat else None)
+                            self.formats.reasoning_parser if chat else None,
+                            prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",

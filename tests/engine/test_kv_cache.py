@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmserve.engine.kv_cache import KVCacheManager
+from llmserve.engine.kv_cache import _FREED, KVCacheManager
 from llmserve.engine.request import Request, RequestStatus
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -46,7 +46,7 @@ def test_eviction_is_lru_and_tail_before_head():
     still = _req("a2", range(6))
     hits, n = kv.get_computed_blocks(still)
     assert n == 4  # a's head blocks survived, its tail was evicted first
-    assert [b.block_id for b in hits] == [a_blocks[2], a_blocks[1]]
+    assert [b.block_id for b in hits[0]] == [a_blocks[2], a_blocks[1]]
 
 
 def test_free_queue_remove_from_middle_is_consistent():
@@ -69,9 +69,12 @@ ops = st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops, st.integers(4, 40), st.sampled_from([1, 2, 4]), st.booleans(), st.integers(0, 3))
-def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size, caching, spec_k):
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+@given(ops, st.integers(4, 40), st.sampled_from([1, 2, 4]), st.booleans(), st.integers(0, 3),
+       st.sampled_from([None, (6, None), (5, 5, None), (7,)]))
+def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size, caching, spec_k, windows):
+    """``windows``: KV groups (kv_layout): all full, Gemma-like mixes, all sliding."""
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching, windows=windows,
+                        step_tokens=16 + spec_k)
     s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16,
                                   max_model_len=num_blocks * block_size), kv)
     n = 0
@@ -83,7 +86,7 @@ def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size,
             try:
                 s.add_request(r)
             except ValueError:
-                assert b + c > num_blocks * block_size
+                assert b + c > min(num_blocks * block_size, kv.token_capacity)
         elif op in ("abort", "stop") and s.requests:
             rid = sorted(s.requests)[a % len(s.requests)]
             s.finish_request(rid, RequestStatus.FINISHED_ABORTED if op == "abort" else RequestStatus.FINISHED_STOPPED)
@@ -99,8 +102,8 @@ def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size,
             # two running requests never hold the same block unless it is a shared, full, cached one
             owners: dict[int, list[str]] = {}
             for r in s.running:
-                for bid in kv.block_ids(r.request_id):
-                    owners.setdefault(bid, []).append(r.request_id)
+                for blk in held(kv, r):
+                    owners.setdefault(blk.block_id, []).append(r.request_id)
             for bid, who in owners.items():
                 blk = kv.pool.blocks[bid]
                 assert blk.ref_cnt == len(who)
@@ -109,13 +112,23 @@ def test_random_operations_keep_kv_accounting_exact(ops, num_blocks, block_size,
             s.update_from_output(out, sampled)
             for r in s.running:
                 assert r.num_computed_tokens <= r.num_tokens - 1 or r.num_computed_tokens < r.num_prompt_tokens
-                assert len(kv.block_ids(r.request_id)) * block_size >= r.num_computed_tokens
+                for g, (table, w) in enumerate(zip(kv.block_tables(r.request_id), kv.windows)):
+                    assert len(table) * block_size >= r.num_computed_tokens
+                    real = [b for b in kv._reqs[r.request_id].tables[g].blocks if b is not _FREED]
+                    if w is not None:  # a sliding group holds its window, a step and partial blocks only
+                        assert len(real) <= kv.blocks_needed(w + 16 + spec_k) + 2
         assert all(b.ref_cnt >= 0 for b in kv.pool.blocks)
         assert kv.num_free_blocks == sum(1 for b in kv.pool.blocks if b.ref_cnt == 0)
     for rid in list(s.requests):
         s.finish_request(rid, RequestStatus.FINISHED_ABORTED)
     assert kv.num_free_blocks == kv.num_blocks
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
+
+
+def held(kv: KVCacheManager, r: Request) -> list:
+    """The blocks a request references, over every KV group (freed ones left out)."""
+    rb = kv._reqs.get(r.request_id)
+    return [b for t in rb.tables for b in t.blocks if b is not _FREED] if rb else []
 
 
 def test_a_request_needing_the_whole_pool_starts_on_an_idle_engine():
