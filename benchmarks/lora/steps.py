@@ -4,7 +4,6 @@ on the base only, and 12 rows over 4 rank-16 adapters + 4 on the base.
     python benchmarks/lora/steps.py   (after benchmarks/lora/bench.py wrote the adapters)
 """
 import sys, time, torch
-sys.path.insert(0, "/work/wt/k31e")
 from pathlib import Path
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
