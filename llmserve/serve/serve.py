@@ -239,16 +239,15 @@ def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:
     from llmserve.http_guard import uvicorn_options
 
     gcfg = app.state.gateway.config
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
-        **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30))
+    options = dict(host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
+                   **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
     check_store(gcfg.state.redis_url, gcfg.state.redis_password_file)  # one line, not a traceback
     if replica is None:
-        server.run()
+        uvicorn.run(app, **options)
         return 0
     from llmserve.serve.replicas import reuse_port_socket
 
-    server.run(sockets=[reuse_port_socket(cfg.host, cfg.port)])
+    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[reuse_port_socket(cfg.host, cfg.port)])
     return 0
 
 
