@@ -111,6 +111,7 @@ class LiveGateway:
         self.canary = CanaryAnalysis("v2", "v1", CANARY)
         self.canary.start(0.0, "started with the gateway")
         self.pools = pools
+        self.pool_of = pools  # every version has a pool of its own here
         self._not_judged: str | None = None
         self.config = type("Named", (), {"name": "m"})()
         self.router = VersionRouter(with_weight(BASE, "v2", self.canary.weight), rng=random.Random(SEED))
