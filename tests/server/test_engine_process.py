@@ -12,17 +12,23 @@ from tests.helpers import make_tiny_llama
 from tests.server.harness import start_engine
 
 
-def _children(pid: int) -> list[int]:
+def _forked_children(pid: int) -> list[int]:
+    """The children forked from ``pid`` (same command line): the engine core, not helpers."""
+    def cmdline(p: int) -> bytes:
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            return f.read()
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(x) for x in f.read().split()]
+        return [int(x) for x in f.read().split() if cmdline(int(x)) == cmdline(pid)]
 
 
 def test_killing_the_engine_process_turns_ready_503_and_ends_the_stream(tmp_path):
-    ep = start_engine(make_tiny_llama(tmp_path / "model", max_position_embeddings=512), tmp_path)
+    ep = start_engine(make_tiny_llama(tmp_path / "model", max_position_embeddings=4096), tmp_path)
     try:
         assert httpx.get(ep.url + "/ready").status_code == 200
-        (child,) = _children(ep.proc.pid)
-        body = {"prompt": [5, 6, 7], "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
+        (child,) = _forked_children(ep.proc.pid)
+        body = {"prompt": [5, 6, 7], "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}
+        # 4,000 tokens: the stream must still be running when the kill lands, even when
+        # this client reads its second event late on a loaded machine
         events = []
         with httpx.stream("POST", ep.url + "/v1/completions", json=body, timeout=30) as r:
             for line in r.iter_lines():
