@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from llmserve.load_report import LoadReport
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, which made
+# building a view (once per load change, for every request) 4x dearer. Nothing writes to one.
+@dataclass(slots=True)
 class InstanceView:
     """A snapshot of one instance: its last load report plus the gateway's own view.
 
@@ -41,16 +43,16 @@ class InstanceView:
     seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (0: no report)
 
     def __post_init__(self) -> None:
-        r, put = self.report, object.__setattr__
-        put(self, "routable", self.ready and self.healthy and self.accepting and self.breaker_available
-            and not (r is not None and (r.draining or not r.ready)))
-        put(self, "seats", r.max_num_seqs if r is not None else 0)
+        r = self.report
+        self.routable = (self.ready and self.healthy and self.accepting and self.breaker_available
+                         and not (r is not None and (r.draining or not r.ready)))
         if r is None:
-            put(self, "est_waiting", 0)
-            put(self, "est_running", self.inflight)
-            put(self, "est_load", self.inflight)
+            self.seats = 0
+            self.est_waiting = 0
+            self.est_running = self.est_load = self.inflight
             return
+        self.seats = r.max_num_seqs
         delta = self.inflight - self.inflight_at_report
-        put(self, "est_waiting", r.num_waiting)
-        put(self, "est_running", max(0, r.num_running + delta))
-        put(self, "est_load", max(self.inflight, r.num_running + r.num_waiting + delta))
+        self.est_waiting = r.num_waiting
+        self.est_running = max(0, r.num_running + delta)
+        self.est_load = max(self.inflight, r.num_running + r.num_waiting + delta)

@@ -31,6 +31,7 @@ from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
 from llmserve.gateway.balancer.adapter import place
 from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
+from llmserve.gateway.balancer.combine import weighted_mean
 from llmserve.gateway.balancer.kv import KVScorer
 from llmserve.gateway.balancer.prefix import PrefixAffinityScorer, PrefixConfig
 from llmserve.gateway.balancer.queue import QueueScorer
@@ -101,6 +102,8 @@ class Picker:
         self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
         self._prefix = self.scorer("prefix")
         self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
+        self._weights = [w for _, w in self.scorers]
+        self._total_w = sum(w for _, w in self.scorers)
 
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
@@ -146,21 +149,14 @@ class Picker:
         return candidates + extra if extra else candidates
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        total_w = sum(w for _, w in self.scorers)
-        combined: list[float] | None = None
         n = len(candidates)
-        for scorer, w in self.scorers:
+        columns = []
+        for scorer, _ in self.scorers:
             values = scorer.score(request, candidates)
             if len(values) != n:
                 raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {n} candidates")
-            # min(1, max(0, s)) written out (NaN -> 0 as there): one pick per request, so it is hot.
-            # The first term stands alone: 0.0 + x is x for the x >= 0 a weight times a clamp is.
-            if combined is None:
-                combined = [w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0)) for s in values]
-            else:
-                combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
-                            for c, s in zip(combined, values)]
-        return [c / total_w for c in combined or [0.0] * n]
+            columns.append(values)
+        return weighted_mean(columns, self._weights, self._total_w) if columns else [0.0] * n
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:
@@ -187,8 +183,8 @@ class Picker:
             chosen, scores = cands[0], None
         else:
             scores = self.score(request, cands)
-            best = max(scores)
-            near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
+            cut = max(scores) - self.config.tie_margin
+            near = [(s, c) for s, c in zip(scores, cands) if s >= cut]
             if len(near) >= 2:
                 a, b = self._rng.sample(near, 2)  # the better; on a tie the less loaded, then a
                 chosen = b[1] if (b[0], -b[1].est_load) > (a[0], -a[1].est_load) else a[1]
