@@ -46,7 +46,7 @@ class AdmissionConfig(BaseModel):
         return self.realtime if priority is PriorityClass.REALTIME else self.batch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and frozen fields are set dearly
 class Admitted:
     ticket: int
     priority: PriorityClass
@@ -59,7 +59,7 @@ class Rejected:
     status: int = 429
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and frozen fields are set dearly
 class Ticket(Generic[T]):
     """A queued item."""
 

@@ -149,9 +149,11 @@ class Simulator:
         self._prompt, self._output = _column(trace.prompt_tokens, "q"), _column(trace.output_tokens, "q")
         self._priority = _column(trace.priority, "q")
         n = len(trace)
-        self.status = np.zeros(n, np.int8)
-        self.ttft = np.full(n, np.nan)
-        self.e2e = np.full(n, np.nan)
+        # Written per request as arrays (an item set costs a third of a numpy one), read as
+        # numpy views of the same memory.
+        self._status, self._ttft, self._e2e = array("b", bytes(n)), array("d", [math.nan]) * n, array("d", [math.nan]) * n
+        self.status = np.frombuffer(self._status, np.int8)
+        self.ttft, self.e2e = np.frombuffer(self._ttft, np.float64), np.frombuffer(self._e2e, np.float64)
         self.timeline: list[TimelineRow] = []
         self.events: list[tuple[float, int, int, str]] = []
         c = self.cfg
@@ -261,11 +263,11 @@ class Simulator:
                 self._schedule(inst)
 
     def _finish(self, rid: int, status: int, now: float) -> None:
-        if self.status[rid] != PENDING:
+        if self._status[rid] != PENDING:
             raise RuntimeError(f"request {rid} ended twice")
-        self.status[rid] = status
+        self._status[rid] = status
         if status == COMPLETED:
-            self.e2e[rid] = now - self._arrival[rid]
+            self._e2e[rid] = now - self._arrival[rid]
 
     def _step(self, inst: SimInstance, now: float) -> None:
         inst.end_segment(now)
@@ -273,7 +275,7 @@ class Simulator:
         seen = now + self.profile.request_overhead_s  # when the client gets it: latency outside the engine
         for s in inst.first_tokens:
             ttft = seen - arrival[s.rid]
-            self.ttft[s.rid] = ttft
+            self._ttft[s.rid] = ttft
             self.collector.record_first_token(now, ttft, bool(batch[s.rid]))
         for s in inst.finished:
             self._finish(s.rid, COMPLETED, seen)

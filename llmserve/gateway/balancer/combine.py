@@ -20,14 +20,21 @@ def weighted_mean(columns: Sequence[Sequence[float]], weights: Sequence[float], 
     first, w0 = columns[0], weights[0]
     rest = [(c, w) for c, w in zip(columns[1:], weights[1:]) if any(c) or not math.isfinite(w)]
     # clamp(x) written out, x if 0 < x < 1 else (1 if x >= 1 else 0), NaN -> 0: a call per value costs more.
-    if len(rest) % 2:  # an odd column joins the first pass, so the rest go two by two
+    # The first pass takes one column more when that leaves the rest in pairs; the last divides.
+    if not rest:
+        return [w0 * (x if 0.0 < x < 1.0 else (1.0 if x >= 1.0 else 0.0)) / total for x in first]
+    if len(rest) % 2:
         (b, wb), rest = rest[0], rest[1:]
         acc = [w0 * (x if 0.0 < x < 1.0 else (1.0 if x >= 1.0 else 0.0))
                + wb * (y if 0.0 < y < 1.0 else (1.0 if y >= 1.0 else 0.0)) for x, y in zip(first, b)]
+        if not rest:
+            return [a / total for a in acc]
     else:
         acc = [w0 * (x if 0.0 < x < 1.0 else (1.0 if x >= 1.0 else 0.0)) for x in first]
-    for k in range(0, len(rest), 2):
+    for k in range(0, len(rest) - 2, 2):
         (b, wb), (c, wc) = rest[k], rest[k + 1]
         acc = [(a + wb * (y if 0.0 < y < 1.0 else (1.0 if y >= 1.0 else 0.0)))
                + wc * (z if 0.0 < z < 1.0 else (1.0 if z >= 1.0 else 0.0)) for a, y, z in zip(acc, b, c)]
-    return [a / total for a in acc]
+    (b, wb), (c, wc) = rest[-2], rest[-1]
+    return [((a + wb * (y if 0.0 < y < 1.0 else (1.0 if y >= 1.0 else 0.0)))
+             + wc * (z if 0.0 < z < 1.0 else (1.0 if z >= 1.0 else 0.0))) / total for a, y, z in zip(acc, b, c)]
