@@ -119,16 +119,15 @@ class Picker:
             roomy = [i for i in drawn if i.routable and i.est_load < limit[i.seats]]
             if roomy:
                 return roomy, None
-        excluded = set(exclude)
-        if excluded:
+        if exclude:
+            excluded = set(exclude)
             pool = [i for i in pool if i.instance_id not in excluded]
         if not pool:
             return [], NoPick.NO_INSTANCES
-        routable = [i for i in pool if i.routable]
-        if not routable:
-            return [], NoPick.NONE_ROUTABLE
-        roomy = [i for i in routable if i.est_load < limit[i.seats]]
-        return roomy, (None if roomy else NoPick.NO_ROOM)
+        roomy = [i for i in pool if i.routable and i.est_load < limit[i.seats]]
+        if roomy:
+            return roomy, None
+        return [], (NoPick.NO_ROOM if any(i.routable for i in pool) else NoPick.NONE_ROUTABLE)
 
     def has_room(self, instances: Iterable[InstanceView]) -> bool:
         return bool(self.candidates(instances)[0])
