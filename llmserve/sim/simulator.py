@@ -151,7 +151,8 @@ class Simulator:
         n = len(trace)
         # Written per request as arrays (an item set costs a third of a numpy one), read as
         # numpy views of the same memory.
-        self._status, self._ttft, self._e2e = array("b", bytes(n)), array("d", [math.nan]) * n, array("d", [math.nan]) * n
+        self._status = array("b", bytes(n))
+        self._ttft, self._e2e = array("d", [math.nan]) * n, array("d", [math.nan]) * n
         self.status = np.frombuffer(self._status, np.int8)
         self.ttft, self.e2e = np.frombuffer(self._ttft, np.float64), np.frombuffer(self._e2e, np.float64)
         self.timeline: list[TimelineRow] = []
