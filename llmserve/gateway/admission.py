@@ -115,6 +115,8 @@ class AdmissionQueue(Generic[T]):
         self._ids = itertools.count(1)
         self._batch_credit = 0.0
         self._expired: list[Expired[T]] = []
+        # Read per request: kept as plain numbers (a pydantic field costs ~10x to read).
+        self._limits = {p: (self.config.limits(p).max_queue, self.config.limits(p).deadline_s) for p in PriorityClass}
 
     def __len__(self) -> int:
         q = self._queues  # two classes, read on every dispatch round: no generator
@@ -124,14 +126,14 @@ class AdmissionQueue(Generic[T]):
         return len(self._queues[priority].items)
 
     def offer(self, item: T, priority: PriorityClass, now: float) -> Admitted | Rejected:
-        q, limits = self._queues[priority], self.config.limits(priority)
-        if len(q.items) >= limits.max_queue:
+        q, (max_queue, deadline_s) = self._queues[priority], self._limits[priority]
+        if len(q.items) >= max_queue:
             q.rejected += 1
             return Rejected(self._retry_after(priority, now),
                             f"the {priority.name.lower()} queue is full "
-                            f"({limits.max_queue} waiting)")
+                            f"({max_queue} waiting)")
         ticket = next(self._ids)
-        q.items[ticket] = Ticket(ticket, item, priority, now, now + limits.deadline_s)
+        q.items[ticket] = Ticket(ticket, item, priority, now, now + deadline_s)
         q.admitted += 1
         return Admitted(ticket, priority)
 

@@ -99,6 +99,9 @@ class Picker:
         self.concurrency = concurrency or ConcurrencyConfig()
         self.scorers = make_scorers(self.config)
         self._rng = rng or random.Random()
+        # Read per pick: kept as plain numbers (a pydantic field costs ~10x to read).
+        c = self.config
+        self._all_up_to, self._sample_size, self._tie_margin = c.score_all_up_to, c.sample_size, c.tie_margin
         self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
         self._prefix = self.scorer("prefix")
         self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
@@ -114,8 +117,8 @@ class Picker:
         large pool, those of a random draw that have room (``sample`` False: of all)."""
         limit = self._limits[batch]
         pool = instances if isinstance(instances, list) else list(instances)
-        if sample and len(pool) > self.config.score_all_up_to and not exclude:
-            drawn = self._rng.sample(pool, min(self.config.sample_size, len(pool)))
+        if sample and len(pool) > self._all_up_to and not exclude:
+            drawn = self._rng.sample(pool, min(self._sample_size, len(pool)))
             roomy = [i for i in drawn if i.routable and i.est_load < limit[i.seats]]
             if roomy:
                 return roomy, None
@@ -137,7 +140,7 @@ class Picker:
         """A sampled ``candidates`` plus the instances of ``pool`` holding the request's prefix
         (routable, with room); the candidates themselves when there are none."""
         prefix = self._prefix
-        if prefix is None or len(pool) <= self.config.score_all_up_to:
+        if prefix is None or len(pool) <= self._all_up_to:
             return candidates
         owners = set(prefix.matched_blocks(request)[0])  # type: ignore[attr-defined]
         if not owners:
@@ -182,7 +185,7 @@ class Picker:
             chosen, scores = cands[0], None
         else:
             scores = self.score(request, cands)
-            cut = max(scores) - self.config.tie_margin
+            cut = max(scores) - self._tie_margin
             near = [(s, c) for s, c in zip(scores, cands) if s >= cut]
             if len(near) >= 2:
                 a, b = self._rng.sample(near, 2)  # the better; on a tie the less loaded, then a
