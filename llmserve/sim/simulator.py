@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from llmserve.autoscale.managed import ControllerConfig
 
 S = InstanceState
+# Read per request or step: an enum class's member is a slow attribute to read.
+_DRAINING, _REALTIME, _BATCH = S.DRAINING, PriorityClass.REALTIME, PriorityClass.BATCH
 _STEP, _LIFECYCLE, _TICK, _POLL, _RECLAIM, _TAKEN, _ADAPTER = 0, 1, 2, 3, 4, 5, 6
 
 
@@ -290,7 +292,7 @@ class Simulator:
         inst.finished.clear()
         if inst.plan(now):
             self._schedule(inst)
-        if inst.state is S.DRAINING and inst.in_flight == 0:
+        if inst.state is _DRAINING and inst.in_flight == 0:
             self.executor.apply(drain_effects([Draining(inst.id, 0, 0, now - (inst.drain_started or now))],
                                               math.inf), now)
         if freed:
@@ -301,8 +303,7 @@ class Simulator:
         chars = self._prompt[rid] * self._trace_chars
         batch = self._priority[rid] != 0
         self.collector.record_arrival(now, estimate_prompt_tokens(chars, self._chars_per_token), batch)
-        if not self.gateway.offer(rid, PriorityClass.BATCH if batch else PriorityClass.REALTIME, now,
-                                  self.adapter_of[rid]):
+        if not self.gateway.offer(rid, _BATCH if batch else _REALTIME, now, self.adapter_of[rid]):
             self._finish(rid, REJECTED, now)
             return
         self.gateway.dispatch(now)
