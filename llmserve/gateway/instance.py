@@ -8,7 +8,7 @@ from llmserve.load_report import LoadReport
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, which made
-# building a view (once per load change, for every request) 4x dearer. Nothing writes to one.
+# building a view (once per load change, for every request) 6x dearer. Nothing writes to one.
 @dataclass(slots=True)
 class InstanceView:
     """A snapshot of one instance: its last load report plus the gateway's own view.
