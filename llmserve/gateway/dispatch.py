@@ -49,6 +49,7 @@ class Queued(Protocol):
 
 
 Q = TypeVar("Q", bound=Queued)
+_BATCH = PriorityClass.BATCH  # read every round: an enum class's member is a slow attribute
 Views = Callable[[float], Sequence[InstanceView]]
 Commit = Callable[[Ticket[Q], InstanceView, float], None]
 
@@ -90,7 +91,7 @@ class Dispatcher(Generic[Q]):
                 return Stop.BROKEN
             # Batch room is looked for only when a batch request waits (else it decides nothing).
             roomy = (picker.candidates(views, batch=True)[0]
-                     if candidates and queue.depth(PriorityClass.BATCH) else [])
+                     if candidates and queue.depth(_BATCH) else [])
             entry = queue.next_to_dispatch(now, bool(candidates), bool(roomy))
             if entry is None:
                 # with room for both classes, only expiries are left
@@ -98,7 +99,7 @@ class Dispatcher(Generic[Q]):
             item = entry.item
             if item.withdrawn():
                 continue
-            batch = entry.priority is PriorityClass.BATCH
+            batch = entry.priority is _BATCH
             if batch:
                 candidates = roomy
             exclude = item.exclude

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from llmserve.load_report import LoadReport
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, which made
+# building a view (once per load change, for every request) 6x dearer. Nothing writes to one.
+@dataclass(slots=True)
 class InstanceView:
     """A snapshot of one instance: its last load report plus the gateway's own view.
 
@@ -33,24 +35,32 @@ class InstanceView:
     adapters: frozenset[str] = frozenset()
     adapters_loaded: frozenset[str] = frozenset()
 
-    # Kept at construction (a view is read by every pick and scorer of a round, built once):
+    # Kept at construction (a view is read by every pick and scorer of a round, built once; and
+    # a report's field costs ~10x a view's to read: pydantic's __getattr__ hook defeats the
+    # interpreter's attribute cache, so each is read here once):
     routable: bool = field(init=False, repr=False, compare=False)  # eligible for new requests, load aside
     est_waiting: int = field(init=False, repr=False, compare=False)
     est_running: int = field(init=False, repr=False, compare=False)
     est_load: int = field(init=False, repr=False, compare=False)  # running plus waiting, as best known
     seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (0: no report)
+    kv_usage: float | None = field(init=False, repr=False, compare=False)  # the report's (None: no report)
+    busy_fraction: float | None = field(init=False, repr=False, compare=False)  # the report's (None: no report)
 
     def __post_init__(self) -> None:
-        r, put = self.report, object.__setattr__
-        put(self, "routable", self.ready and self.healthy and self.accepting and self.breaker_available
-            and not (r is not None and (r.draining or not r.ready)))
-        put(self, "seats", r.max_num_seqs if r is not None else 0)
+        r = self.report
         if r is None:
-            put(self, "est_waiting", 0)
-            put(self, "est_running", self.inflight)
-            put(self, "est_load", self.inflight)
+            self.routable = self.ready and self.healthy and self.accepting and self.breaker_available
+            self.seats = 0
+            self.est_waiting = 0
+            self.est_running = self.est_load = self.inflight
+            self.kv_usage = self.busy_fraction = None
             return
+        self.routable = (self.ready and self.healthy and self.accepting and self.breaker_available
+                         and not (r.draining or not r.ready))
+        self.seats = r.max_num_seqs
+        self.kv_usage, self.busy_fraction = r.kv_cache_usage, r.busy_fraction
         delta = self.inflight - self.inflight_at_report
-        put(self, "est_waiting", r.num_waiting)
-        put(self, "est_running", max(0, r.num_running + delta))
-        put(self, "est_load", max(self.inflight, r.num_running + r.num_waiting + delta))
+        running, waiting = r.num_running, r.num_waiting
+        self.est_waiting = waiting
+        self.est_running = max(0, running + delta)
+        self.est_load = max(self.inflight, running + waiting + delta)

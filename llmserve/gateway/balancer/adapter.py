@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from llmserve.gateway.instance import InstanceView
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per pick, and frozen fields are set dearly
 class Placement:
     candidates: Sequence[InstanceView]  # the ones the scorers choose among
     loads: bool  # True: none has the adapter, the chosen one must load it

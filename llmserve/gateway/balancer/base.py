@@ -53,4 +53,5 @@ def lower_is_better(values: Sequence[float]) -> list[float]:
     lo, hi = min(values), max(values)
     if hi <= lo:
         return [1.0] * len(values)
-    return [(hi - v) / (hi - lo) for v in values]
+    span = hi - lo
+    return [(hi - v) / span for v in values]

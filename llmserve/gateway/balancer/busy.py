@@ -15,4 +15,4 @@ class BusyScorer(StatelessScorer):
     name = "busy"
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        return [0.5 if c.report is None else 1.0 - c.report.busy_fraction for c in candidates]
+        return [0.5 if c.busy_fraction is None else 1.0 - c.busy_fraction for c in candidates]  # kept by the view

@@ -15,4 +15,4 @@ class KVScorer(StatelessScorer):
     name = "kv"
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        return [0.5 if c.report is None else 1.0 - c.report.kv_cache_usage for c in candidates]
+        return [0.5 if c.kv_usage is None else 1.0 - c.kv_usage for c in candidates]  # kept by the view

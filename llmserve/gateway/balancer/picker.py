@@ -31,6 +31,7 @@ from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
 from llmserve.gateway.balancer.adapter import place
 from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
+from llmserve.gateway.balancer.combine import weighted_mean
 from llmserve.gateway.balancer.kv import KVScorer
 from llmserve.gateway.balancer.prefix import PrefixAffinityScorer, PrefixConfig
 from llmserve.gateway.balancer.queue import QueueScorer
@@ -98,9 +99,14 @@ class Picker:
         self.concurrency = concurrency or ConcurrencyConfig()
         self.scorers = make_scorers(self.config)
         self._rng = rng or random.Random()
+        # Read per pick: kept as plain numbers (a pydantic field costs ~10x to read).
+        c = self.config
+        self._all_up_to, self._sample_size, self._tie_margin = c.score_all_up_to, c.sample_size, c.tie_margin
         self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
         self._prefix = self.scorer("prefix")
         self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
+        self._weights = [w for _, w in self.scorers]
+        self._total_w = sum(w for _, w in self.scorers)
 
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
@@ -111,21 +117,20 @@ class Picker:
         large pool, those of a random draw that have room (``sample`` False: of all)."""
         limit = self._limits[batch]
         pool = instances if isinstance(instances, list) else list(instances)
-        if sample and len(pool) > self.config.score_all_up_to and not exclude:
-            drawn = self._rng.sample(pool, min(self.config.sample_size, len(pool)))
+        if sample and len(pool) > self._all_up_to and not exclude:
+            drawn = self._rng.sample(pool, min(self._sample_size, len(pool)))
             roomy = [i for i in drawn if i.routable and i.est_load < limit[i.seats]]
             if roomy:
                 return roomy, None
-        excluded = set(exclude)
-        if excluded:
+        if exclude:
+            excluded = set(exclude)
             pool = [i for i in pool if i.instance_id not in excluded]
         if not pool:
             return [], NoPick.NO_INSTANCES
-        routable = [i for i in pool if i.routable]
-        if not routable:
-            return [], NoPick.NONE_ROUTABLE
-        roomy = [i for i in routable if i.est_load < limit[i.seats]]
-        return roomy, (None if roomy else NoPick.NO_ROOM)
+        roomy = [i for i in pool if i.routable and i.est_load < limit[i.seats]]
+        if roomy:
+            return roomy, None
+        return [], (NoPick.NO_ROOM if any(i.routable for i in pool) else NoPick.NONE_ROUTABLE)
 
     def has_room(self, instances: Iterable[InstanceView]) -> bool:
         return bool(self.candidates(instances)[0])
@@ -135,7 +140,7 @@ class Picker:
         """A sampled ``candidates`` plus the instances of ``pool`` holding the request's prefix
         (routable, with room); the candidates themselves when there are none."""
         prefix = self._prefix
-        if prefix is None or len(pool) <= self.config.score_all_up_to:
+        if prefix is None or len(pool) <= self._all_up_to:
             return candidates
         owners = set(prefix.matched_blocks(request)[0])  # type: ignore[attr-defined]
         if not owners:
@@ -146,21 +151,14 @@ class Picker:
         return candidates + extra if extra else candidates
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        total_w = sum(w for _, w in self.scorers)
-        combined: list[float] | None = None
         n = len(candidates)
-        for scorer, w in self.scorers:
+        columns = []
+        for scorer, _ in self.scorers:
             values = scorer.score(request, candidates)
             if len(values) != n:
                 raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {n} candidates")
-            # min(1, max(0, s)) written out (NaN -> 0 as there): one pick per request, so it is hot.
-            # The first term stands alone: 0.0 + x is x for the x >= 0 a weight times a clamp is.
-            if combined is None:
-                combined = [w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0)) for s in values]
-            else:
-                combined = [c + w * (s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0))
-                            for c, s in zip(combined, values)]
-        return [c / total_w for c in combined or [0.0] * n]
+            columns.append(values)
+        return weighted_mean(columns, self._weights, self._total_w) if columns else [0.0] * n
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:
@@ -187,8 +185,8 @@ class Picker:
             chosen, scores = cands[0], None
         else:
             scores = self.score(request, cands)
-            best = max(scores)
-            near = [(s, c) for s, c in zip(scores, cands) if s >= best - self.config.tie_margin]
+            cut = max(scores) - self._tie_margin
+            near = [(s, c) for s, c in zip(scores, cands) if s >= cut]
             if len(near) >= 2:
                 a, b = self._rng.sample(near, 2)  # the better; on a tie the less loaded, then a
                 chosen = b[1] if (b[0], -b[1].est_load) > (a[0], -a[1].est_load) else a[1]
