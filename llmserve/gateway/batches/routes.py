@@ -107,6 +107,9 @@ class BatchRoutes:
         except Exception as e:  # noqa: BLE001 - a malformed multipart body is the client's
             raise APIError(400, f"malformed multipart body: {e}", param="file") from None
         try:
+            extra = sorted(set(form.keys()) - {"purpose", "file"})
+            if extra:  # e.g. expires_after[anchor]: files here live until deleted
+                raise APIError(400, f"{extra[0]} is not supported on /v1/files", param=extra[0])
             purpose, upload = form.get("purpose"), form.get("file")
             if purpose != "batch":
                 raise APIError(400, f"purpose must be 'batch' (the only one llmserve stores), got {purpose!r}",
