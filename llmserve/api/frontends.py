@@ -14,6 +14,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -132,6 +133,9 @@ class Frontends:
         owner = self._owner(scope)
         if method not in ("GET", "DELETE") or "/" in rid:
             raise APIError(405 if "/" not in rid else 404, f"{method} {scope['path']} is not supported")
+        query = sorted(parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+        if query:  # include, stream (a stored stream's replay), starting_after: not implemented
+            raise APIError(400, f"query parameter {query[0]!r} is not supported on {scope['path']}", param=query[0])
         rec = await self.store.get(rid)
         if rec is None or rec.owner != owner:
             raise APIError(404, f"no stored response with id {rid!r}", param="response_id", code="not_found")

@@ -134,6 +134,19 @@ def test_bad_uploads(gateway, files, data, param):
     assert 400 <= r.status_code < 500 and r.json()["error"]["param"] == param, r.text
 
 
+def test_a_form_field_or_query_we_do_not_take_is_refused_by_name(client):
+    """The client sends ``expires_after`` as form fields, ``order`` in the query: refused, not dropped."""
+    before = [f.id for f in client.files.list().data]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line("a", "b")]))), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 3600})
+    assert e.value.body["param"].startswith("expires_after")
+    assert [f.id for f in client.files.list().data] == before  # nothing stored
+    with pytest.raises(openai.BadRequestError) as e:  # a list option we do not implement
+        client.files.list(order="asc")
+    assert e.value.body["param"] == "order"
+
+
 def test_another_key_sees_nothing_and_no_key_is_401(gateway, client):
     f = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_line("a", "b")]))), purpose="batch")
     assert httpx.get(gateway.url + f"/v1/files/{f.id}").status_code == 401

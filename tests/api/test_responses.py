@@ -116,6 +116,9 @@ def test_previous_response_id_chain_and_delete(client, host):
             {"role": "user", "content": "third"}]
     assert r3.output_text == chat_text(host[0], conv, _auth(host), max_completion_tokens=6)
     assert client.responses.retrieve(r2.id).output_text == r2.output_text
+    with pytest.raises(openai.BadRequestError) as e:  # a query we do not implement: refused, not ignored
+        client.responses.retrieve(r2.id, include=["message.output_text.logprobs"])
+    assert e.value.body["param"].startswith("include")
     client.responses.delete(r2.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r2.id)

@@ -44,8 +44,14 @@ def owner(scope: Scope) -> str:
     return hashlib.sha256(bearer_token(header(scope, b"authorization"))).hexdigest()
 
 
-def _query(scope: Scope) -> dict[str, str]:
-    return {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+def _query(scope: Scope, *allowed: str) -> dict[str, str]:
+    """The query's parameters; one not in ``allowed`` (order, a files list's limit) is a 400 naming it."""
+    q = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                                       keep_blank_values=True).items()}
+    for k in sorted(q):
+        if k not in allowed:
+            raise APIError(400, f"query parameter {k!r} is not supported on {scope['path']}", param=k)
+    return q
 
 
 def _not_found(what: str, oid: str) -> APIError:
@@ -68,7 +74,7 @@ class BatchRoutes:
         if not parts:
             _method(scope, "GET", "POST")
             if scope["method"] == "GET":
-                data = await asyncio.to_thread(self.store.list_files, who, _query(scope).get("purpose"))
+                data = await asyncio.to_thread(self.store.list_files, who, _query(scope, "purpose").get("purpose"))
                 return JSONResponse({"object": "list", "data": data, "has_more": False})
             return JSONResponse(await self._upload(scope, body, who))
         fid = parts[0]
@@ -107,6 +113,9 @@ class BatchRoutes:
         except Exception as e:  # noqa: BLE001 - a malformed multipart body is the client's
             raise APIError(400, f"malformed multipart body: {e}", param="file") from None
         try:
+            extra = sorted(set(form.keys()) - {"purpose", "file"})
+            if extra:  # e.g. expires_after[anchor]: files here live until deleted
+                raise APIError(400, f"{extra[0]} is not supported on /v1/files", param=extra[0])
             purpose, upload = form.get("purpose"), form.get("file")
             if purpose != "batch":
                 raise APIError(400, f"purpose must be 'batch' (the only one llmserve stores), got {purpose!r}",
@@ -151,7 +160,7 @@ class BatchRoutes:
         return JSONResponse(obj)
 
     async def _list(self, scope: Scope, who: str) -> dict[str, Any]:
-        q = _query(scope)
+        q = _query(scope, "limit", "after")
         try:
             limit = int(q.get("limit", "20"))
         except ValueError:
