@@ -23,6 +23,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace import SpanKind
 
 _log = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ def _field(field: int, payload: bytes) -> bytes:
 
 _T_TRACE_ID, _T_SPAN_ID, _T_PARENT = _tag(1, _LEN) + b"\x10", _tag(2, _LEN) + b"\x08", _tag(4, _LEN) + b"\x08"
 _T_START, _T_END, _T_FLAGS = _tag(7, _I64), _tag(8, _I64), _tag(16, _I32)
-_KIND = {k: _tag(6, _VARINT) + _varint(k + 1) for k in range(5)}  # the SDK's SpanKind value + 1
-_STATUS_UNSET = _field(15, b"")
+_KIND = {k: _tag(6, _VARINT) + _varint(k.value + 1) for k in SpanKind}  # OTLP's numbers: the SDK's + 1
+_FLAGS_LOCAL = _T_FLAGS + struct.pack("<I", _HAS_IS_REMOTE)
+_FLAGS_REMOTE = _T_FLAGS + struct.pack("<I", _HAS_IS_REMOTE | _IS_REMOTE)
 _TRUE, _FALSE, _T_INT, _T_DOUBLE = _tag(2, _VARINT) + b"\x01", _tag(2, _VARINT) + b"\x00", _tag(3, _VARINT), _tag(4, _I64)
-_pack_q, _pack_d, _pack_i = struct.Struct("<Q").pack, struct.Struct("<d").pack, struct.Struct("<I").pack
+_pack_q, _pack_d = struct.Struct("<Q").pack, struct.Struct("<d").pack
 
 
 def _any_value(v: object) -> bytes:
@@ -90,9 +92,10 @@ class OTLPTraceEncoder:
     exporter (its export thread is the only caller)."""
 
     def __init__(self) -> None:
-        self._kv: dict[tuple[str, object], bytes] = {}  # (key, str or bool value) -> KeyValue field
+        self._kv: dict[tuple[str, type, object], bytes] = {}  # (key, type, value) -> KeyValue, its length first
         self._keys: dict[str, bytes] = {}  # key -> KeyValue's key field
         self._names: dict[str, bytes] = {}
+        self._statuses: dict[tuple, bytes] = {}  # (code, description) -> Status field
         self._heads: dict[int, tuple[object, bytes, bytes]] = {}  # id -> (resource or scope, before, after)
 
     def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
@@ -131,57 +134,65 @@ class OTLPTraceEncoder:
         return _field(1, body)
 
     def _attributes(self, attrs, field: int) -> bytes:
+        """``attrs`` as repeated KeyValue ``field``."""
         if not attrs:
             return b""
-        kv, keys = self._kv, self._keys
+        kv, keys, tag = self._kv, self._keys, _LEN_TAG[field]
         out = []
         for k, v in attrs.items():
-            if v is None:  # (the SDK's attributes drop None too)
-                continue
-            cacheable = isinstance(v, str | bool)
+            t = type(v)
+            cacheable = t is str or t is int or t is bool  # (floats are durations: seldom twice the same)
             if cacheable:
-                got = kv.get((k, v))
+                got = kv.get((k, t, v))
                 if got is not None:
-                    out.append(got)
+                    out += (tag, got)
                     continue
+            elif v is None:  # (the SDK's attributes drop None too)
+                continue
             key = keys.get(k)
             if key is None:
                 key = keys[k] = _field(1, k.encode())
             try:
-                one = _field(field, key + _field(2, _any_value(v)))
+                one = key + _field(2, _any_value(v))
             except Exception:  # noqa: BLE001 - as the SDK: an attribute it cannot encode is left out
                 continue
+            one = _varint(len(one)) + one
             if cacheable:
                 if len(kv) >= _CACHE_MAX:
                     kv.clear()
-                kv[(k, v)] = one
-            out.append(one)
+                kv[(k, t, v)] = one
+            out += (tag, one)
         return b"".join(out)
 
     def _span(self, s: ReadableSpan) -> bytes:
-        c, parent = s.context, s.parent
+        c, parent, attrs = s.context, s.parent, s.attributes
         name = self._names.get(s.name)
         if name is None:
             name = self._names[s.name] = _field(5, s.name.encode())
+        st = s.status
+        status = self._statuses.get((st.status_code, st.description))
+        if status is None:
+            if len(self._statuses) >= _CACHE_MAX:
+                self._statuses.clear()
+            status = self._statuses[(st.status_code, st.description)] = _status(st)
         parts = [_T_TRACE_ID, c.trace_id.to_bytes(16, "big"), _T_SPAN_ID, c.span_id.to_bytes(8, "big")]
         if c.trace_state:
             parts.append(_field(3, ",".join(f"{k}={v}" for k, v in c.trace_state.items()).encode()))
         if parent is not None:
             parts += (_T_PARENT, parent.span_id.to_bytes(8, "big"))
-        parts += (name, _KIND[s.kind.value], _T_START, _pack_q(s.start_time), _T_END, _pack_q(s.end_time),
-                  self._attributes(s.attributes, 9))
-        if s.dropped_attributes:
+        parts += (name, _KIND[s.kind], _T_START, _pack_q(s.start_time), _T_END, _pack_q(s.end_time),
+                  self._attributes(attrs, 9))
+        if type(attrs) is not dict and s.dropped_attributes:  # (a plain dict drops nothing)
             parts.append(_tag(10, _VARINT) + _varint(s.dropped_attributes))
-        st = s.status
-        if st.status_code.value == 0 and not st.description:
-            parts.append(_STATUS_UNSET)
-        else:
-            body = _field(2, st.description.encode()) if st.description else b""
-            if st.status_code.value:
-                body += _tag(3, _VARINT) + _varint(st.status_code.value)
-            parts.append(_field(15, body))
-        parts += (_T_FLAGS, _pack_i(_HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)))
+        parts += (status, _FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
+
+
+def _status(st) -> bytes:
+    code = st.status_code.value
+    body = (_field(2, st.description.encode()) if st.description else b"") + (
+        _tag(3, _VARINT) + _varint(code) if code else b"")
+    return _field(15, body)
 
 
 class OTLPWireExporter(OTLPSpanExporter):
