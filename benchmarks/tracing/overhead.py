@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "gateway"))
 sys.path.insert(0, str(ROOT))
 import overhead as gw  # noqa: E402 - benchmarks/gateway/overhead.py: processes, bench runs, paired TTFT
+import side_by_side  # noqa: E402 - benchmarks/tracing/side_by_side.py: both stacks loaded at once
 
 from llmserve.autoscale.providers.process import free_port  # noqa: E402
 
@@ -136,15 +137,23 @@ def main_run(args: argparse.Namespace) -> None:
         warm = argparse.Namespace(**{**vars(args), "num_prompts": args.concurrency})
         for url in urls.values():
             gw.bench_once(url, warm, tokenizer, args.seed + 1, pids)
-        print("bench runs (plain = 'direct'):", flush=True)
-        over = gw.overhead(args, urls, tokenizer, pids)
-        print(f"TTFT, {args.pairs} single requests per stack taking turns:", flush=True)
-        over["paired"] = gw.paired_ttft(args, urls, tokenizer)
+        if args.side_by_side:
+            print(f"side by side, {args.rounds} windows of {args.window_s:g} s:", flush=True)
+            rows = side_by_side.rounds(args, urls, tokenizer, pids, gw.cpu_s, logdir, gw.SERVED)
+        else:
+            print("bench runs (plain = 'direct'):", flush=True)
+            over = gw.overhead(args, urls, tokenizer, pids)
+            print(f"TTFT, {args.pairs} single requests per stack taking turns:", flush=True)
+            over["paired"] = gw.paired_ttft(args, urls, tokenizer)
     finally:
         for p in reversed(procs):
             p.stop()
     spans = json.loads(rx_out.read_text() or "{}")
-    write(name, info, args, over, spans)
+    if args.side_by_side:
+        info["loadavg"] = os.getloadavg()
+        side_by_side.write(gw.RESULTS / name.replace("overhead", "side_by_side"), info, args, rows, spans)
+    else:
+        write(name, info, args, over, spans)
 
 
 def write(name: str, info: dict, args: argparse.Namespace, over: dict, spans: dict) -> None:
@@ -205,6 +214,9 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=100)
     p.add_argument("--paired-output-len", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="2 rounds, 16 prompts, 30 pairs")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="both stacks loaded at once for --rounds windows (side_by_side.py), instead of in turns")
+    p.add_argument("--window-s", type=float, default=20.0, help="with --side-by-side: each window's length")
     p.add_argument("--label", default=None, help="suffix for the results files (e.g. smollm2)")
     args = p.parse_args()
     if args.role == "_receiver":

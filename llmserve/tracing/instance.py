@@ -1,12 +1,13 @@
 """An instance's side of a request's telemetry: its server span, the engine's phases.
 
 :class:`InstanceTelemetry` wraps the instance's ASGI app. For each generation
-request it opens a SERVER span under the caller's ``traceparent`` (the gateway's
-attempt), and leaves a :class:`RequestTelemetry` in the ASGI scope: serving reads
-the ``traceparent`` to hand the engine (whose spans then join this one) and gives it
-each sequence's final output. When the response is sent it adds ``Server-Timing`` to
-a whole answer, ends the span with the GenAI usage attributes, hands the engine's
-span records to the exporter and writes the JSON access-log line.
+request it draws its SERVER span's id under the caller's ``traceparent`` (the
+gateway's attempt), and leaves a :class:`RequestTelemetry` in the ASGI scope: serving
+reads the ``traceparent`` to hand the engine (whose spans then join this one) and
+gives it each sequence's final output. When the response is sent it adds
+``Server-Timing`` to a whole answer, makes the span (with the GenAI usage
+attributes: nothing of it is built before then), hands it and the engine's span
+records to the exporter and writes the JSON access-log line.
 """
 
 from __future__ import annotations
