@@ -112,7 +112,8 @@ def main_run(args: argparse.Namespace) -> None:
                      logdir, f"{otlp}/ready")  # (never 200: waited for by its file below)
         procs.append(rx)
         pids["receiver"] = rx.pid
-        for stack, extra in (("plain", []), ("traced", ["--otlp-endpoint", otlp])):
+        traced = [] if args.control else ["--otlp-endpoint", otlp]  # (--control: the method's own bias)
+        for stack, extra in (("plain", []), ("traced", traced)):
             e_port, g_port = free_port(), free_port()
             engine = gw.Proc(f"engine-{stack}", [
                 sys.executable, "-m", "llmserve.cli", "engine", "--model", model_path, "--threads", str(args.threads),
@@ -217,6 +218,7 @@ def main() -> None:
     p.add_argument("--side-by-side", action="store_true",
                    help="both stacks loaded at once for --rounds windows (side_by_side.py), instead of in turns")
     p.add_argument("--window-s", type=float, default=20.0, help="with --side-by-side: each window's length")
+    p.add_argument("--control", action="store_true", help="the 'traced' stack without tracing: checks the method")
     p.add_argument("--label", default=None, help="suffix for the results files (e.g. smollm2)")
     args = p.parse_args()
     if args.role == "_receiver":

@@ -131,9 +131,11 @@ def main() -> None:
           f"{args.requests} requests, {out['spans_per_request']:.0f} spans each; load average "
           f"{out['loadavg'][0]:.1f} on a shared 2-CPU machine (CPU time, not wall time).", "",
           "| where | CPU µs per request | on the request's path before its first token? |", "|---|---|---|",
-          f"| gateway spans (root, route, admission, attempt) | {per['gateway']:.0f} | yes, all but the ends |",
+          f"| gateway spans (root, route, admission, attempt) | {per['gateway']:.0f} "
+          "| its trace context and times; the spans are made at its end |",
           f"| engine span records (engine process) | {per['engine']:.0f} | no: when it finishes |",
-          f"| instance span + exporting the engine's records | {per['instance']:.0f} | its start only |",
+          f"| instance span + exporting the engine's records | {per['instance']:.0f} "
+          "| its trace context; the span is made at its end |",
           f"| OTLP protobuf encoding (batch thread; `llmserve.tracing.otlp_wire`) | {per['otlp_encode']:.0f} "
           f"| no: in the background |",
           f"| (the same with the SDK's `encode_spans`, not used) | ({per['otlp_encode_sdk']:.0f}) | |",

@@ -68,7 +68,8 @@ _T_START, _T_END, _T_FLAGS = _tag(7, _I64), _tag(8, _I64), _tag(16, _I32)
 _KIND = {k: _tag(6, _VARINT) + _varint(k.value + 1) for k in SpanKind}  # OTLP's numbers: the SDK's + 1
 _FLAGS_LOCAL = _T_FLAGS + struct.pack("<I", _HAS_IS_REMOTE)
 _FLAGS_REMOTE = _T_FLAGS + struct.pack("<I", _HAS_IS_REMOTE | _IS_REMOTE)
-_TRUE, _FALSE, _T_INT, _T_DOUBLE = _tag(2, _VARINT) + b"\x01", _tag(2, _VARINT) + b"\x00", _tag(3, _VARINT), _tag(4, _I64)
+_TRUE, _FALSE = _tag(2, _VARINT) + b"\x01", _tag(2, _VARINT) + b"\x00"
+_T_INT, _T_DOUBLE = _tag(3, _VARINT), _tag(4, _I64)
 _pack_q, _pack_d = struct.Struct("<Q").pack, struct.Struct("<d").pack
 
 
