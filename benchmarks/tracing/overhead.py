@@ -113,19 +113,23 @@ def main_run(args: argparse.Namespace) -> None:
         procs.append(rx)
         pids["receiver"] = rx.pid
         traced = [] if args.control else ["--otlp-endpoint", otlp]  # (--control: the method's own bias)
-        for stack, extra in (("plain", []), ("traced", traced)):
+        # --baseline-code DIR: the "plain" slot is that code tree (a git archive), traced too.
+        plain = ["--otlp-endpoint", otlp] if args.baseline_code else []
+        for stack, extra in (("plain", plain), ("traced", traced)):
+            # ``python -m`` imports the package from its working folder: the chosen code tree.
+            cwd = Path(args.baseline_code) if args.baseline_code and stack == "plain" else ROOT
             e_port, g_port = free_port(), free_port()
             engine = gw.Proc(f"engine-{stack}", [
                 sys.executable, "-m", "llmserve.cli", "engine", "--model", model_path, "--threads", str(args.threads),
                 "--port", str(e_port), "--served-model-name", gw.SERVED, "--no-enable-prefix-caching", *extra],
-                logdir, f"http://127.0.0.1:{e_port}/ready")
+                logdir, f"http://127.0.0.1:{e_port}/ready", cwd=cwd)
             procs.append(engine)
             cfg = logdir / f"gateway-{stack}.yaml"
             cfg.write_text(json.dumps({"models": [{"name": gw.SERVED, "versions": [
                 {"name": "v1", "weight": 1, "upstreams": [f"http://127.0.0.1:{e_port}"]}]}]}))
             gateway = gw.Proc(f"gateway-{stack}", [sys.executable, "-m", "llmserve.cli", "gateway", "--config",
                                                    str(cfg), "--port", str(g_port), *extra],
-                              logdir, f"http://127.0.0.1:{g_port}/ready")
+                              logdir, f"http://127.0.0.1:{g_port}/ready", cwd=cwd)
             procs.append(gateway)
             engine.wait_ready()
             gateway.wait_ready()
@@ -219,6 +223,8 @@ def main() -> None:
                    help="both stacks loaded at once for --rounds windows (side_by_side.py), instead of in turns")
     p.add_argument("--window-s", type=float, default=20.0, help="with --side-by-side: each window's length")
     p.add_argument("--control", action="store_true", help="the 'traced' stack without tracing: checks the method")
+    p.add_argument("--baseline-code", default=None,
+                   help="a code tree (git archive) for the 'plain' stack, traced as well: old tracing against new")
     p.add_argument("--label", default=None, help="suffix for the results files (e.g. smollm2)")
     args = p.parse_args()
     if args.role == "_receiver":
