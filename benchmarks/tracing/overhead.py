@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "gateway"))
 sys.path.insert(0, str(ROOT))
 import overhead as gw  # noqa: E402 - benchmarks/gateway/overhead.py: processes, bench runs, paired TTFT
+import side_by_side  # noqa: E402 - benchmarks/tracing/side_by_side.py: both stacks loaded at once
 
 from llmserve.autoscale.providers.process import free_port  # noqa: E402
 
@@ -51,6 +52,40 @@ def receiver_main(port: int, out: str) -> None:
             names[s["name"]] = names.get(s["name"], 0) + 1
         Path(out).write_text(json.dumps({"spans": len(rx.spans), "by_name": names,
                                          "traces": len({s["trace_id"] for s in rx.spans})}))
+
+
+def engine_core(api_pid: int) -> int:
+    """The engine process ``llmserve engine`` forked: its child that has worked most (not,
+    say, multiprocessing's resource tracker)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == api_pid:
+                kids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    if not kids:
+        raise RuntimeError(f"no engine process under {api_pid}")
+    return max(kids, key=gw.cpu_s)
+
+
+# Where the telemetry runs: the gateway and the instance's API process (the engine
+# process's share, its span records, is lost in its model steps' noise).
+STACK = {"plain": ("direct", "engine-plain"), "traced": ("traced", "engine-traced")}
+
+
+def serving_cpu(run: dict) -> float:
+    """CPU ms per request of the gateway and API process of the stack that served ``run``."""
+    return sum(run["cpu_ms_per_request"][k] for k in STACK["plain" if run["target"] == "direct" else "traced"])
+
+
+def cpu_ratios(runs: list[dict]) -> list[float]:
+    """Per round: plain's gateway + API CPU per request over traced's (what a machine
+    those two saturate would serve, traced, relative to plain)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_round.setdefault(r["round"], {})[r["target"]] = serving_cpu(r)
+    return [v["direct"] / v["traced"] for v in by_round.values() if v.get("traced")]
 
 
 def main_run(args: argparse.Namespace) -> None:
@@ -77,19 +112,24 @@ def main_run(args: argparse.Namespace) -> None:
                      logdir, f"{otlp}/ready")  # (never 200: waited for by its file below)
         procs.append(rx)
         pids["receiver"] = rx.pid
-        for stack, extra in (("plain", []), ("traced", ["--otlp-endpoint", otlp])):
+        traced = [] if args.control else ["--otlp-endpoint", otlp]  # (--control: the method's own bias)
+        # --baseline-code DIR: the "plain" slot is that code tree (a git archive), traced too.
+        plain = ["--otlp-endpoint", otlp] if args.baseline_code else []
+        for stack, extra in (("plain", plain), ("traced", traced)):
+            # ``python -m`` imports the package from its working folder: the chosen code tree.
+            cwd = Path(args.baseline_code) if args.baseline_code and stack == "plain" else ROOT
             e_port, g_port = free_port(), free_port()
             engine = gw.Proc(f"engine-{stack}", [
                 sys.executable, "-m", "llmserve.cli", "engine", "--model", model_path, "--threads", str(args.threads),
                 "--port", str(e_port), "--served-model-name", gw.SERVED, "--no-enable-prefix-caching", *extra],
-                logdir, f"http://127.0.0.1:{e_port}/ready")
+                logdir, f"http://127.0.0.1:{e_port}/ready", cwd=cwd)
             procs.append(engine)
             cfg = logdir / f"gateway-{stack}.yaml"
             cfg.write_text(json.dumps({"models": [{"name": gw.SERVED, "versions": [
                 {"name": "v1", "weight": 1, "upstreams": [f"http://127.0.0.1:{e_port}"]}]}]}))
             gateway = gw.Proc(f"gateway-{stack}", [sys.executable, "-m", "llmserve.cli", "gateway", "--config",
                                                    str(cfg), "--port", str(g_port), *extra],
-                              logdir, f"http://127.0.0.1:{g_port}/ready")
+                              logdir, f"http://127.0.0.1:{g_port}/ready", cwd=cwd)
             procs.append(gateway)
             engine.wait_ready()
             gateway.wait_ready()
@@ -97,30 +137,42 @@ def main_run(args: argparse.Namespace) -> None:
             key = "direct" if stack == "plain" else "traced"
             urls[key] = f"http://127.0.0.1:{g_port}/v1"
             pids.update({key: gateway.pid, f"engine-{stack}": engine.pid})  # (a target's own gateway by its name)
+            pids[f"core-{stack}"] = engine_core(engine.pid)
         print(f"stacks {urls}; logs {logdir}", flush=True)
         warm = argparse.Namespace(**{**vars(args), "num_prompts": args.concurrency})
         for url in urls.values():
             gw.bench_once(url, warm, tokenizer, args.seed + 1, pids)
-        print("bench runs (plain = 'direct'):", flush=True)
-        over = gw.overhead(args, urls, tokenizer, pids)
-        print(f"TTFT, {args.pairs} single requests per stack taking turns:", flush=True)
-        over["paired"] = gw.paired_ttft(args, urls, tokenizer)
+        if args.side_by_side:
+            print(f"side by side, {args.rounds} windows of {args.window_s:g} s:", flush=True)
+            rows = side_by_side.rounds(args, urls, tokenizer, pids, gw.cpu_s, logdir, gw.SERVED)
+        else:
+            print("bench runs (plain = 'direct'):", flush=True)
+            over = gw.overhead(args, urls, tokenizer, pids)
+            print(f"TTFT, {args.pairs} single requests per stack taking turns:", flush=True)
+            over["paired"] = gw.paired_ttft(args, urls, tokenizer)
     finally:
         for p in reversed(procs):
             p.stop()
     spans = json.loads(rx_out.read_text() or "{}")
-    write(name, info, args, over, spans)
+    if args.side_by_side:
+        info["loadavg"] = os.getloadavg()
+        side_by_side.write(gw.RESULTS / name.replace("overhead", "side_by_side"), info, args, rows, spans)
+    else:
+        write(name, info, args, over, spans)
 
 
 def write(name: str, info: dict, args: argparse.Namespace, over: dict, spans: dict) -> None:
     med = over["median"]["traced"]
     paired = over["paired"]["targets"]["traced"]
+    ratios = cpu_ratios(over["runs"])
+    cpu_ratio = gw.median(ratios)
     verdict = {"ttft_p50_delta_ms_bench": med["ttft_p50_ms"], "ttft_p50_delta_ms_paired": paired["diff_p50_ms"],
-               "throughput_ratio": med["throughput_ratio"],
+               "throughput_ratio": med["throughput_ratio"], "serving_cpu_ratio": cpu_ratio,
+               "serving_cpu_ratios": ratios,
                "meets_ttft_target": paired["diff_p50_ms"] <= 1.0, "meets_throughput_target": med["throughput_ratio"] >= 0.97}
     out = {"machine": info, "args": vars(args), "overhead": over, "receiver": spans, "verdict": verdict}
     (gw.RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
-    cpu = ("direct", "traced", "engine-plain", "engine-traced", "receiver")
+    cpu = ("direct", "traced", "engine-plain", "engine-traced", "core-plain", "core-traced", "receiver")
     rows = [[str(r["round"]), r["target"].replace("direct", "plain"), f"{r['ttft_p50_ms']:.2f}", f"{r['ttft_p99_ms']:.2f}",
              f"{r['itl_p50_ms']:.2f}", f"{r['output_tok_s']:.1f}",
              *(f"{r['cpu_ms_per_request'][k]:.2f}" for k in cpu)] for r in over["runs"]]
@@ -134,13 +186,17 @@ def write(name: str, info: dict, args: argparse.Namespace, over: dict, spans: di
           f"(IQR {paired['diff_p25_ms']:+.2f} .. {paired['diff_p75_ms']:+.2f}) | ≤ +1 ms |",
           f"| TTFT p50, bench runs (median over rounds) | {med['ttft_p50_ms']:+.2f} ms | ≤ +1 ms |",
           f"| output throughput (median ratio over rounds) | {med['throughput_ratio']:.3f}x | ≥ 0.97x |",
+          f"| gateway + API process CPU per request, plain over traced (median over rounds: "
+          f"{', '.join(f'{x:.3f}' for x in ratios)}) | {cpu_ratio:.3f}x | ≥ 0.97x |",
           f"| gateway CPU per request (traced; plain in the runs below) | {med['gateway_cpu_ms_per_request']:.2f} ms | |",
           "",
           f"The receiver got {spans.get('spans', 0)} spans in {spans.get('traces', 0)} traces: "
           f"{json.dumps(spans.get('by_name', {}))}.", "",
           "CPU ms per request of each process during each run (the idle stack's polls included):", "",
           gw.md_table(["round", "stack", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "out tok/s", "gw plain",
-                       "gw traced", "engine plain", "engine traced", "receiver"], rows), ""]
+                       "gw traced", "API plain", "API traced", "engine plain", "engine traced", "receiver"], rows),
+          "", "(gw: `llmserve gateway`; API: `llmserve engine`'s API process; engine: the engine process it forked.)",
+          ""]
     (gw.RESULTS / f"{name}.md").write_text("\n".join(md))
     print("\n".join(md))
 
@@ -163,6 +219,12 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=100)
     p.add_argument("--paired-output-len", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="2 rounds, 16 prompts, 30 pairs")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="both stacks loaded at once for --rounds windows (side_by_side.py), instead of in turns")
+    p.add_argument("--window-s", type=float, default=20.0, help="with --side-by-side: each window's length")
+    p.add_argument("--control", action="store_true", help="the 'traced' stack without tracing: checks the method")
+    p.add_argument("--baseline-code", default=None,
+                   help="a code tree (git archive) for the 'plain' stack, traced as well: old tracing against new")
     p.add_argument("--label", default=None, help="suffix for the results files (e.g. smollm2)")
     args = p.parse_args()
     if args.role == "_receiver":

@@ -24,12 +24,15 @@ if TYPE_CHECKING:
     from llmserve.engine.outputs import RequestMetrics
     from llmserve.engine.request import Request
 
+_ZERO = "0" * 16  # (not a valid span id)
 
 
-def _span_id() -> str:
-    # From the OS, not a seeded generator: forked processes (instances forked from one
-    # template, their engine processes) would otherwise draw the same ids.
-    return f"{secrets.randbits(64) or 1:016x}"
+def _span_ids(n: int) -> list[str]:
+    """``n`` span ids in hex, from one read of the OS's randomness (not a seeded
+    generator: forked processes, instances forked from one template and their engine
+    processes, would otherwise draw the same ids)."""
+    h = secrets.token_bytes(8 * n).hex()
+    return [h[i:i + 16] if h[i:i + 16] != _ZERO else "0000000000000001" for i in range(0, 16 * n, 16)]
 
 
 def parse_traceparent(value: str) -> tuple[str, str] | None:
@@ -57,7 +60,8 @@ def request_spans(req: Request, finish_reason: str | None, m: RequestMetrics) ->
         return int(t * 1e9) + offset
 
     end = m.finished_time if m.finished_time is not None else time.monotonic()
-    root = _span_id()
+    span_ids = _span_ids(4)
+    root = span_ids[0]
     pid = os.getpid()
     attrs = {"llmserve.engine_request_id": req.request_id, "gen_ai.usage.input_tokens": req.num_prompt_tokens,
              "gen_ai.usage.output_tokens": req.num_output_tokens,
@@ -72,7 +76,7 @@ def request_spans(req: Request, finish_reason: str | None, m: RequestMetrics) ->
             break
         if b is None:  # ended in this phase (aborted, failed)
             b = end
-        out.append([name, trace_id, _span_id(), root, ns(a), ns(b), {}, pid])
+        out.append([name, trace_id, span_ids[i + 1], root, ns(a), ns(b), {}, pid])
         if b is end:
             break
     return out

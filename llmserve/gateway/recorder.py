@@ -182,6 +182,8 @@ class RequestRecord:
             self.trace.finish(status, ok, error_kind, {
                 "gen_ai.usage.output_tokens": self.output_tokens, "llmserve.attempts": self.attempts,
                 "llmserve.resumes": self.resumes, **{f"llmserve.{k}": v for k, v in timings.items() if v is not None}})
+        if t.log is None:
+            return
         t.access({"time": round(time.time(), 3), "request_id": self.request_id,
                   "trace_id": self.trace.trace_id if self.trace is not None else None, "model": self.model,
                   "version": self.version, "route": self.route, "instance": self.instance, "status": status,

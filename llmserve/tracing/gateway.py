@@ -26,7 +26,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from llmserve.tracing.timing import access_line, access_logger
 
 if TYPE_CHECKING:
-    from llmserve.tracing.provider import Tracing
+    from llmserve.tracing.provider import SpanTuple, Tracing
 
 _OPERATIONS = {"messages": "chat", "prompt": "text_completion"}
 _PARAMS = {"max_tokens": "gen_ai.request.max_tokens", "max_completion_tokens": "gen_ai.request.max_tokens",
@@ -55,36 +55,36 @@ def _ns_ago(seconds: float) -> int:
     return time.time_ns() - int(seconds * 1e9)
 
 
-class RequestTrace:
-    """One request's gateway spans."""
+_FAILED = Status(StatusCode.ERROR, "the attempt failed")
 
-    __slots__ = ("_admission", "_attempt", "root", "trace_id", "tracing")
+
+class RequestTrace:
+    """One request's gateway spans, noted as plain times while it runs and made when it
+    ends (``Tracing.emit``); an unsampled request only passes its trace context on."""
+
+    __slots__ = ("_admission", "_attempt", "_body", "_model", "_request_id", "_route", "_spans", "_start", "ctx",
+                 "root_id", "trace_id", "tracing")
 
     def __init__(self, tracing: Tracing, headers: Any, body: dict, model: str, request_id: str,
                  t0: float) -> None:
         self.tracing = tracing
-        op = next((v for k, v in _OPERATIONS.items() if k in body), "chat")
-        attrs = {"gen_ai.operation.name": op, "gen_ai.request.model": model, "gen_ai.system": "llmserve",
-                 "llmserve.request_id": request_id, "llmserve.stream": bool(body.get("stream"))}
-        for k, name in _PARAMS.items():
-            v = body.get(k)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                attrs[name] = v
-        self.root = tracing.start_span(f"{op} {model}", tracing.extract(headers), kind=SpanKind.SERVER,
-                                       start_ns=_ns_ago(time.monotonic() - t0), attributes=attrs)
-        # The id, if the trace is recorded (an unsampled one is found nowhere).
-        self.trace_id = f"{self.root.get_span_context().trace_id:032x}" if self.root.is_recording() else None
+        self.ctx = tracing.context(headers)
+        self.root_id = tracing.span_id()
+        self.trace_id = self.ctx.trace_id_hex  # (an unsampled one is found nowhere)
+        self._start = _ns_ago(time.monotonic() - t0)
+        self._body, self._model, self._request_id = body, model, request_id  # the root's attributes, at the end
+        self._spans: list[SpanTuple] = []  # the finished children
+        self._route: tuple[int, str, str, dict[str, float]] | None = None  # (at, version, reason, weights)
         self._admission: tuple[int, int, dict] | None = None  # (start, end, attributes) until its instance is known
-        self._attempt = None
+        self._attempt: tuple[int, int, dict] | None = None  # (span id, start, attributes) until it ends
 
     def routed(self, version: str, reason: str, weights: dict[str, float]) -> None:
-        now = time.time_ns()
-        self.tracing.start_span("gateway.route", self.root, start_ns=now, attributes={
-            "llmserve.version": version, "llmserve.route.reason": reason,
-            **{f"llmserve.route.weight.{v}": w for v, w in weights.items()}}).end(now)
-        self.root.set_attribute("llmserve.version", version)
+        if self.ctx.sampled:
+            self._route = (time.time_ns(), version, reason, dict(weights))
 
     def waited(self, queued_s: float, cold: bool, priority_class: str) -> None:
+        if not self.ctx.sampled:
+            return
         start = _ns_ago(queued_s)
         self._end_attempt(start, failed=True)  # a wait for another instance: the last attempt failed
         self._flush_admission()
@@ -93,30 +93,52 @@ class RequestTrace:
 
     def attempt(self, instance: str, headers: dict[str, str], n: int, resumed_after: int | None) -> None:
         """An upstream attempt begins; its traceparent replaces the one in ``headers``."""
-        self._end_attempt(time.time_ns(), failed=True)
+        span_id = self.tracing.span_id()
+        headers["traceparent"] = self.ctx.traceparent(span_id)
+        if not self.ctx.sampled:
+            return
+        now = time.time_ns()
+        self._end_attempt(now, failed=True)
         self._flush_admission(instance)
         attrs: dict[str, Any] = {"llmserve.instance": instance, "llmserve.attempt": n}
         if resumed_after is not None:
             attrs["llmserve.resumed_after_tokens"] = resumed_after
-        self._attempt = self.tracing.start_span("gateway.attempt", self.root, kind=SpanKind.CLIENT, attributes=attrs)
-        tp = self.tracing.traceparent(self._attempt)
-        if tp is not None:
-            headers["traceparent"] = tp
+        self._attempt = (span_id, now, attrs)
 
     def finish(self, status: int, ok: bool, error_kind: str | None, attrs: dict[str, Any]) -> None:
+        if not self.ctx.sampled:
+            return
         now = time.time_ns()
         self._flush_admission()
         failed = not ok or status >= 500
         if self._attempt is not None:
-            self._attempt.set_attribute("http.response.status_code", status)
+            self._attempt[2]["http.response.status_code"] = status
             self._end_attempt(now, failed=failed)
-        root = self.root
-        root.set_attributes({"http.response.status_code": status, **attrs})
+        root = self._root_attributes()
+        if self._route is not None:
+            at, version, reason, weights = self._route
+            root["llmserve.version"] = version
+            self._spans.append(("gateway.route", self.tracing.span_id(), self.root_id, SpanKind.INTERNAL, at, at,
+                                {"llmserve.version": version, "llmserve.route.reason": reason,
+                                 **{f"llmserve.route.weight.{v}": w for v, w in weights.items()}}, None))
+        root.update({"http.response.status_code": status, **attrs})
         if error_kind is not None:
-            root.set_attribute("error.type", error_kind)
-        if failed:
-            root.set_status(Status(StatusCode.ERROR, error_kind or f"HTTP {status}"))
-        root.end(now)
+            root["error.type"] = error_kind
+        self._spans.append((f"{root['gen_ai.operation.name']} {self._model}", self.root_id, None, SpanKind.SERVER,
+                            self._start, now, root,
+                            Status(StatusCode.ERROR, error_kind or f"HTTP {status}") if failed else None))
+        self.tracing.emit(self.ctx, self._spans)
+
+    def _root_attributes(self) -> dict[str, Any]:
+        body = self._body
+        op = next((v for k, v in _OPERATIONS.items() if k in body), "chat")
+        attrs = {"gen_ai.operation.name": op, "gen_ai.request.model": self._model, "gen_ai.system": "llmserve",
+                 "llmserve.request_id": self._request_id, "llmserve.stream": bool(body.get("stream"))}
+        for k, name in _PARAMS.items():
+            v = body.get(k)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                attrs[name] = v
+        return attrs
 
     def _flush_admission(self, instance: str | None = None) -> None:
         if self._admission is None:
@@ -125,12 +147,11 @@ class RequestTrace:
         self._admission = None
         if instance is not None:
             attrs["llmserve.instance"] = instance
-        self.tracing.start_span("gateway.admission", self.root, start_ns=start, attributes=attrs).end(end)
+        self._spans.append(("gateway.admission", self.tracing.span_id(), self.root_id, SpanKind.INTERNAL, start,
+                            end, attrs, None))
 
     def _end_attempt(self, at: int, failed: bool) -> None:
         a, self._attempt = self._attempt, None
-        if a is None:
-            return
-        if failed:
-            a.set_status(Status(StatusCode.ERROR, "the attempt failed"))
-        a.end(at)
+        if a is not None:
+            self._spans.append(("gateway.attempt", a[0], self.root_id, SpanKind.CLIENT, a[1], at, a[2],
+                                _FAILED if failed else None))

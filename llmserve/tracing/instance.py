@@ -1,12 +1,13 @@
 """An instance's side of a request's telemetry: its server span, the engine's phases.
 
 :class:`InstanceTelemetry` wraps the instance's ASGI app. For each generation
-request it opens a SERVER span under the caller's ``traceparent`` (the gateway's
-attempt), and leaves a :class:`RequestTelemetry` in the ASGI scope: serving reads
-the ``traceparent`` to hand the engine (whose spans then join this one) and gives it
-each sequence's final output. When the response is sent it adds ``Server-Timing`` to
-a whole answer, ends the span with the GenAI usage attributes, hands the engine's
-span records to the exporter and writes the JSON access-log line.
+request it draws its SERVER span's id under the caller's ``traceparent`` (the
+gateway's attempt), and leaves a :class:`RequestTelemetry` in the ASGI scope: serving
+reads the ``traceparent`` to hand the engine (whose spans then join this one) and
+gives it each sequence's final output. When the response is sent it adds
+``Server-Timing`` to a whole answer, makes the span (with the GenAI usage
+attributes: nothing of it is built before then), hands it and the engine's span
+records to the exporter and writes the JSON access-log line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llmserve.tracing.timing import access_line, access_logger, server_timing
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on (~0.2 s at start)
     from llmserve.engine.outputs import RequestOutput
-    from llmserve.tracing.provider import Tracing
+    from llmserve.tracing.provider import TraceContext, Tracing
 
 TELEMETRY_KEY = "llmserve.telemetry"  # in the ASGI scope
 OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}  # gen_ai.operation.name
@@ -33,11 +34,13 @@ def request_telemetry(scope: dict) -> RequestTelemetry | None:
 class RequestTelemetry:
     """One generation request's engine phases and usage, from its sequences' final outputs."""
 
-    __slots__ = ("arrival", "cached", "finished", "first_token", "input_tokens", "output_tokens", "records",
-                 "scheduled", "traceparent")
+    __slots__ = ("arrival", "cached", "ctx", "finished", "first_token", "input_tokens", "output_tokens", "records",
+                 "scheduled", "span_id", "start_ns", "traceparent")
 
     def __init__(self, traceparent: str | None = None) -> None:
         self.traceparent = traceparent  # for the engine: None when not traced
+        self.ctx: TraceContext | None = None  # the trace, when tracing is on
+        self.span_id = self.start_ns = 0  # the instance's span, when recorded
         self.arrival = self.scheduled = self.first_token = self.finished = None
         self.input_tokens = self.output_tokens = self.cached = 0
         self.records: list[list] = []
@@ -87,18 +90,7 @@ class InstanceTelemetry:
         t0 = time.monotonic()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"traceparent", b"tracestate", b"x-request-id")}
-        span = None
-        tel = RequestTelemetry()
-        if self.tracing is not None:
-            from opentelemetry.trace import SpanKind
-
-            model = self.model_name()
-            span = self.tracing.start_span(f"{op} {model}", self.tracing.extract(headers), kind=SpanKind.SERVER,
-                                           attributes={"gen_ai.operation.name": op, "gen_ai.request.model": model,
-                                                       "gen_ai.system": "llmserve", "http.request.method": "POST",
-                                                       "url.path": scope["path"]})
-            if span.is_recording():  # (an unsampled trace stays unrecorded in the engine too)
-                tel.traceparent = self.tracing.traceparent(span)
+        tel = self.begin(headers)
         scope[TELEMETRY_KEY] = tel
         status = 0
 
@@ -115,28 +107,43 @@ class InstanceTelemetry:
         try:
             await self.app(scope, receive, send_timed)
         finally:
-            self._finish(tel, span, status, t0, headers.get("x-request-id"), scope["path"])
+            self.end(tel, status, t0, headers.get("x-request-id"), op, scope["path"])
 
-    def _finish(self, tel: RequestTelemetry, span, status: int, t0: float, request_id: str | None,
-                path: str) -> None:
+    def begin(self, headers: dict[str, str]) -> RequestTelemetry:
+        """A request's telemetry, in the trace its caller's ``traceparent`` names."""
+        tel = RequestTelemetry()
+        if self.tracing is not None:
+            tel.ctx = ctx = self.tracing.context(headers)
+            if ctx.sampled:  # (an unsampled trace stays unrecorded in the engine too)
+                tel.span_id, tel.start_ns = self.tracing.span_id(), time.time_ns()
+                tel.traceparent = ctx.traceparent(tel.span_id)
+        return tel
+
+    def end(self, tel: RequestTelemetry, status: int, t0: float, request_id: str | None, op: str,
+            path: str) -> None:
+        """The response is sent: its span and the engine's, its access-log line."""
         phases = tel.phases_ms()
-        if span is not None:
-            span.set_attributes({"gen_ai.usage.input_tokens": tel.input_tokens,
-                                 "gen_ai.usage.output_tokens": tel.output_tokens,
-                                 "gen_ai.response.model": self.model_name(), "http.response.status_code": status,
-                                 **{f"llmserve.{k}_ms": v for k, v in phases.items()}})
-            if status >= 500 or status == 0:
-                from opentelemetry.trace.status import Status, StatusCode
+        ctx = tel.ctx
+        if ctx is not None and ctx.sampled:
+            from opentelemetry.trace import SpanKind
+            from opentelemetry.trace.status import Status, StatusCode
 
-                span.set_status(Status(StatusCode.ERROR, f"HTTP {status}" if status else "no response"))
-            span.end()
+            model = self.model_name()
+            attrs = {"gen_ai.operation.name": op, "gen_ai.request.model": model, "gen_ai.system": "llmserve",
+                     "http.request.method": "POST", "url.path": path,
+                     "gen_ai.usage.input_tokens": tel.input_tokens, "gen_ai.usage.output_tokens": tel.output_tokens,
+                     "gen_ai.response.model": model, "http.response.status_code": status,
+                     **{f"llmserve.{k}_ms": v for k, v in phases.items()}}
+            failed = Status(StatusCode.ERROR, f"HTTP {status}" if status else "no response") \
+                if status >= 500 or status == 0 else None
+            self.tracing.emit(ctx, [(f"{op} {model}", tel.span_id, None, SpanKind.SERVER, tel.start_ns, time.time_ns(),
+                                     attrs, failed)])
             if tel.records:
                 self.tracing.emit_records(tel.records, ENGINE_SERVICE)
         if self.log is not None:
-            c = span.get_span_context() if span is not None else None
             self.log.info(access_line({
                 "time": round(time.time(), 3), "request_id": request_id,
-                "trace_id": f"{c.trace_id:032x}" if c is not None else None, "path": path, "status": status,
+                "trace_id": f"{ctx.trace_id:032x}" if ctx is not None else None, "path": path, "status": status,
                 "model": self.model_name(), "e2e_ms": round((time.monotonic() - t0) * 1000, 2),
                 **{f"{k}_ms": round(v, 2) for k, v in phases.items()},
                 "input_tokens": tel.input_tokens, "output_tokens": tel.output_tokens, "cached_tokens": tel.cached}))
