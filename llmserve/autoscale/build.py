@@ -7,6 +7,7 @@ from llmserve.autoscale.config import AutoscaleConfig, BoundsConfig, StaticConfi
 from llmserve.autoscale.kpa import KPAPolicy
 from llmserve.autoscale.policy import ScalingPolicy
 from llmserve.autoscale.predictive import PredictivePolicy
+from llmserve.autoscale.shared_cores import CoreBoundPolicy
 from llmserve.autoscale.static import StaticPolicy
 from llmserve.autoscale.threshold import ThresholdPolicy
 
@@ -44,4 +45,7 @@ def build_policy(config: AutoscaleConfig) -> BoundedPolicy:
         bounds = BoundsConfig(min_instances=n, max_instances=max(n, 1), scale_up_cooldown_s=0.0,
                               scale_down_window_s=0.0, max_step_up=max(n, 1), max_step_down=max(n, 1))
         return BoundedPolicy(inner, bounds)
-    return BoundedPolicy(build_inner_policy(config), config.bounds)
+    inner = build_inner_policy(config)
+    if config.shared_cores:  # instances split one machine's cores: more must be measured to serve more
+        inner = CoreBoundPolicy(inner, config.shared_cores)
+    return BoundedPolicy(inner, config.bounds)

@@ -62,7 +62,8 @@ class InstanceLoad(Protocol):
     busy_fraction: float
     tokens_per_s: float
     max_num_seqs: int
-    # optional: ``step_costs`` (base_s, prefill_token_s, decode_seq_s), the engine's fitted step model
+    # optional: ``step_costs`` (base_s, prefill_token_s, decode_seq_s), the engine's fitted step model,
+    # and ``threads``, the torch threads it was fitted on
 
 
 class SignalCollector:
@@ -153,12 +154,16 @@ class SignalCollector:
         k = len(loads)
         busy = kv = fill = tput = model = 0.0
         waiting = running = seats = modelled = 0
+        by_threads: dict[int, list[float]] = {}
         for r in loads:
             costs = getattr(r, "step_costs", None)  # (an upstream without an engine model has none)
             if costs is not None and r.max_num_seqs > 0:
-                model += modelled_capacity(costs.base_s, costs.prefill_token_s, costs.decode_seq_s, r.max_num_seqs,
-                                           self.mean_prompt_tokens, self.mean_output_tokens)
+                one = modelled_capacity(costs.base_s, costs.prefill_token_s, costs.decode_seq_s, r.max_num_seqs,
+                                        self.mean_prompt_tokens, self.mean_output_tokens)
+                model += one
                 modelled += 1
+                if getattr(r, "threads", None):
+                    by_threads.setdefault(r.threads, []).append(one)
             waiting += r.num_waiting
             running += r.num_running
             busy += r.busy_fraction
@@ -190,6 +195,7 @@ class SignalCollector:
             seats_per_instance=seats / d,
             throughput_per_instance=tput / d,
             modelled_capacity=model / modelled if modelled else 0.0,
+            modelled_by_threads=tuple((t, sum(v) / len(v)) for t, v in sorted(by_threads.items())),
             ready=counts.get(InstanceState.READY, 0),
             warming=counts.get(InstanceState.WARMING, 0),
             starting=counts.get(InstanceState.STARTING, 0),

@@ -209,6 +209,9 @@ class AutoscaleConfig(_Config):
     predictive: PredictiveConfig = PredictiveConfig()
     static: StaticConfig = StaticConfig()
     capacity: CapacityConfig = CapacityConfig()  # on-demand and spot
+    # Cores the pool's instances share, each on its share (llmserve serve sets it for
+    # local pools; 0: each instance's capacity is its own). See autoscale/shared_cores.py.
+    shared_cores: Annotated[int, Flag(skip=True)] = Field(0, ge=0, description="cores the instances share")
 
     def _check_values(self) -> None:
         _check(self.policy in POLICY_NAMES, "policy", f"must be one of {POLICY_NAMES}, got {self.policy!r}")

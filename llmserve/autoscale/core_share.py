@@ -108,9 +108,10 @@ class CoreShare:
 def cap_to_cores(autoscale, cores: int):
     """A pool whose instances share this machine's cores runs at most one instance per core:
     beyond that, each added instance only takes threads from the others (and their step
-    models, slower, would ask for more instances still)."""
+    models, slower, would ask for more instances still); and its policy knows the cores are shared."""
     b = autoscale.bounds
     most = max(1, cores)
+    autoscale = autoscale.model_copy(update={"shared_cores": most})  # the policy prices splits (shared_cores.py)
     if b.max_instances <= most:
         return autoscale
     log.warning("max_instances %d capped at %d: instances on this machine share its %d cores",

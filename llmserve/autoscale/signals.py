@@ -49,6 +49,9 @@ class PoolSignals:
     # Tokens/s one instance sustains at a full batch, from the step models the ready
     # instances report and the pool's mean request shape; 0: none reported.
     modelled_capacity: float = 0.0
+    # The same per thread count the reporting instances run on: ((threads, tokens/s), ...),
+    # what :mod:`llmserve.autoscale.shared_cores` compares splits of a machine's cores with.
+    modelled_by_threads: tuple[tuple[int, float], ...] = ()
     # Instances by lifecycle state.
     ready: int = 0
     warming: int = 0

@@ -67,8 +67,11 @@ def _run_child(argv: list[str], log: str, env: dict[str, str]) -> None:
     try:
         os.setsid()
         _die_with_parent()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        # As a fresh Python has it: ignored, so a write to a peer that left raises EPIPE. At
+        # SIG_DFL a gateway poll that timed out under load killed the instance (exit -13).
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

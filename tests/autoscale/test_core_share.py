@@ -78,4 +78,5 @@ def test_a_pool_sharing_the_cores_runs_at_most_one_instance_per_core():
     auto = AutoscaleConfig.model_validate({"bounds": {"min_instances": 3, "max_instances": 4}})
     capped = cap_to_cores(auto, 2)
     assert (capped.bounds.min_instances, capped.bounds.max_instances) == (2, 2)
-    assert cap_to_cores(auto, 8) is auto  # within the cores: as configured
+    within = cap_to_cores(auto, 8)  # within the cores: bounds as configured, the policy told of the sharing
+    assert within.bounds == auto.bounds and within.shared_cores == 8

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ async def test_a_forked_instance_serves_drains_and_exits_0(tmp_path):
                              json={"model": name, "prompt": "hello", "max_tokens": 5, "ignore_eos": True})
             # the instance's HTTP limits hold when forked too (issue 17: a 40 KB header got 200)
             big = await c.get(handle.url + "/health", headers={"x-big": "a" * 40_000})
+            # SIGPIPE ignored, as in a fresh Python: a write to a client that left must not kill it
+            os.kill(proc.pid, signal.SIGPIPE)
+            assert (await c.get(handle.url + "/health")).status_code == 200
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 5
         assert big.status_code == 431, big.text
