@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "qdot_linear.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
-HEADERS = ("simd.h",)
+SOURCES = ("bindings.cpp", "qdot_linear.cpp", "qdot_vnni.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
+HEADERS = ("simd.h", "qdot_rows.h")
 
 
 def sources() -> tuple[Path, ...]:
