@@ -1,5 +1,7 @@
 """llmserve's C++ CPU kernels, built once on first use: the int8 product for decode steps
-(``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32),
+(``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32; on
+CPUs with AVX-512 VNNI ``csrc/qdot_vnni.cpp``, the same bits with up to 8 rows per
+weight read, for speculative decoding's verification steps),
 the same codes unpacked to fp32 for prefill GEMM (``csrc/unpack.cpp``), decode attention
 over the paged KV pool
 (``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
