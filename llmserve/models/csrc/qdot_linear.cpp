@@ -16,7 +16,9 @@
 // codes for 16-level sources such as GGUF Q4_1, 8-bit for Q8_0; float16 scales where exact)
 // and instructions (tiles of 8 outputs whose codes come 4 per output and step, so products
 // sum in place and scales apply to 8 outputs at once). Weights stream once, in order, per
-// call; rows go 4 (fine: 2) at a time over a tile held in L1.
+// call; rows go 4 (fine: 2) at a time over a tile held in L1. Where the CPU has AVX-512
+// VNNI, qdot_vnni.cpp takes the call after the activations are quantised: same bits, up to
+// 8 rows per read of a tile's codes (verification steps of speculative decoding).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
