@@ -36,7 +36,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "engine"))
 sys.path.insert(0, str(HERE.parent / "peers"))
-from run import PY, bench, start, stop, summary, wait_ready  # noqa: E402  (benchmarks/peers/run.py)
+from run import PY, bench, free_port, start, stop, summary, wait_ready  # noqa: E402  (benchmarks/peers/run.py)
 from speculative import PROSE  # noqa: E402  (benchmarks/engine/speculative.py)
 
 COPY = "Repeat the following paragraph exactly, word for word, and output nothing else.\n\n"
@@ -82,13 +82,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="spec-"))
     engine = [PY, "-m", "llmserve.cli", "engine", "--model", args.gguf, "--max-num-seqs", "64",
               "--served-model-name", "m"]
-    servers = {"llmserve": (engine + ["--port", "8782"], "http://127.0.0.1:8782", "/ready"),
-               "llmserve, no speculation": (engine + ["--port", "8783", "--speculative-config", "none"],
-                                            "http://127.0.0.1:8783", "/ready")}
+    ports = [free_port() for _ in range(3)]  # other servers share this machine
+    servers = {"llmserve": (engine + ["--port", str(ports[1])], f"http://127.0.0.1:{ports[1]}", "/ready"),
+               "llmserve, no speculation": (engine + ["--port", str(ports[2]), "--speculative-config", "none"],
+                                            f"http://127.0.0.1:{ports[2]}", "/ready")}
     if args.llama_server:
         servers = {"llama.cpp": ([args.llama_server, "-m", args.gguf, "-np", "16", "-c", "16384", "-t",
-                                  str(args.threads), "--port", "8781", "--host", "127.0.0.1"],
-                                 "http://127.0.0.1:8781", "/health"), **servers}
+                                  str(args.threads), "--port", str(ports[0]), "--host", "127.0.0.1"],
+                                 f"http://127.0.0.1:{ports[0]}", "/health"), **servers}
     procs = {n: start(cmd, work / f"{i}.log") for i, (n, (cmd, _, _)) in enumerate(servers.items())}
     names = list(servers)
     copy: dict[str, list[list[float]]] = {n: [] for n in names}

@@ -1,5 +1,7 @@
 """llmserve's C++ CPU kernels, built once on first use: the int8 product for decode steps
-(``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32),
+(``csrc/qdot_linear.cpp``: 4- or 8-bit weight codes, activations quantised per 32; on
+CPUs with AVX-512 VNNI ``csrc/qdot_vnni.cpp``, the same bits with up to 8 rows per
+weight read, for speculative decoding's verification steps),
 the same codes unpacked to fp32 for prefill GEMM (``csrc/unpack.cpp``), decode attention
 over the paged KV pool
 (``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
@@ -36,8 +38,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "qdot_linear.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
-HEADERS = ("simd.h",)
+SOURCES = ("bindings.cpp", "qdot_linear.cpp", "qdot_vnni.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
+HEADERS = ("simd.h", "qdot_rows.h")
 
 
 def sources() -> tuple[Path, ...]:

@@ -16,21 +16,28 @@
 // codes for 16-level sources such as GGUF Q4_1, 8-bit for Q8_0; float16 scales where exact)
 // and instructions (tiles of 8 outputs whose codes come 4 per output and step, so products
 // sum in place and scales apply to 8 outputs at once). Weights stream once, in order, per
-// call; rows go 4 (fine: 2) at a time over a tile held in L1.
+// call; rows go 4 (fine: 2) at a time over a tile held in L1. Where the CPU has AVX-512
+// VNNI, qdot_vnni.cpp takes the call after the activations are quantised: same bits, up to
+// 8 rows per read of a tile's codes (verification steps of speculative decoding).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "qdot_rows.h"
 #include "simd.h"
 
 namespace {
 
-constexpr int64_t kGroup = 32;
-constexpr int64_t kTile = 8;  // outputs per tile: one float vector
+using llmserve::qdot::kGroup;
+using llmserve::qdot::kTile;
 constexpr int64_t kRowsPerPass = 4;
+// AVX-512 VNNI where the CPU has it (qdot_vnni.cpp: same bits, several rows per weight read)
+bool use_vnni = llmserve::qdot::vnni_supported();
 
 using llmserve::hsum;
 using llmserve::load8;
@@ -114,7 +121,7 @@ inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_c
 // per output in place and x enters as its 4 codes of the step, broadcast (the VNNI layout):
 // no horizontal sums anywhere.
 struct Q4 {
-  static constexpr int64_t kGroupBytes = kTile * kGroup / 2;  // step 2i: low nibbles; 2i + 1: high
+  static constexpr int64_t kGroupBytes = llmserve::qdot::kQ4GroupBytes;  // step 2i: low nibbles; 2i + 1: high
   // Codes 0..15 against the rounded x would weigh the rounding of x's whole group sum by
   // the group's mean weight (one-byte activations: perplexity +1.6 % on SmolLM2, against
   // +0.06 % with the int8 form's centred codes). So the codes are centred, j - 7.5, with
@@ -122,7 +129,7 @@ struct Q4 {
   // difference is one term (u: the unit of X, see Acts):
   //   scale * u * sum((j - 7.5) * X) + (offset + 7.5 * scale) * xs
   //     = scale * u * sum(j * X) + offset * xs + 7.5 * scale * e.
-  static constexpr float kCenter = 7.5f;
+  static constexpr float kCenter = llmserve::qdot::kQ4Center;
   template <int R, bool Fine>
   static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
                          __m256i (&p)[R]) {
@@ -157,7 +164,7 @@ struct Q4 {
 };
 
 struct Q8 {
-  static constexpr int64_t kGroupBytes = kTile * kGroup;
+  static constexpr int64_t kGroupBytes = llmserve::qdot::kQ8GroupBytes;
   static constexpr float kCenter = 0.f;  // codes -128..127 are centred already
   template <int R, bool Fine>
   static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
@@ -232,6 +239,19 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const S *sp = scale.data_ptr<S>(), *op = offset.data_ptr<S>();
   float* yp = y.data_ptr<float>();
+  if (use_vnni) {
+    constexpr bool four = std::is_same_v<Codes, Q4>;
+    std::vector<uint8_t> qu, ru;  // 8-bit codes: x's bytes + 128 (flipping the sign bit)
+    for (auto [from, to] : {std::pair{&a.q, &qu}, std::pair{&a.r, &ru}}) {
+      if (four) break;
+      to->resize(from->size());
+      for (size_t i = 0; i < from->size(); ++i) (*to)[i] = static_cast<uint8_t>((*from)[i]) ^ 0x80;
+    }
+    const llmserve::qdot::Operands o{M, K, G, N, a.q.data(), a.r.data(), qu.data(), ru.data(), a.u.data(),
+                                     a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp};
+    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
+    return y;
+  }
   at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* c = cp + t * G * Codes::kGroupBytes;
@@ -290,6 +310,13 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tenso
                         bool fine) {
   TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
   return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine);
+}
+
+// Whether q4_linear / q8_linear take the AVX-512 VNNI path: where the CPU has it unless
+// turned off (for tests and comparisons: both paths give the same bits).
+bool int8_vnni(bool enable) {
+  use_vnni = enable && llmserve::qdot::vnni_supported();
+  return use_vnni;
 }
 
 // The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros

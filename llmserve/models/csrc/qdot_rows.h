@@ -1,0 +1,33 @@
+// What the int8 products' two instruction sets share (qdot_linear.cpp: AVX2; qdot_vnni.cpp:
+// AVX-512 VNNI, several rows per weight read): the layout's constants and one call's operands.
+#pragma once
+#include <cstdint>
+
+namespace llmserve::qdot {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kTile = 8;  // outputs per tile: one float vector
+constexpr int64_t kQ4GroupBytes = kTile * kGroup / 2, kQ8GroupBytes = kTile * kGroup;
+constexpr float kQ4Center = 7.5f;  // 4-bit codes j count as j - 7.5 (see Q4 in qdot_linear.cpp)
+
+// One product y [M, N] = x [M, K] W^T: x as quantised (per group [M, G]: u, s, e), the
+// weights as qlayout packs them, scale / offset float16 (half) or float32.
+struct Operands {
+  int64_t M, K, G, N;
+  const int8_t *q, *r;  // [M, K]; r only when fine
+  const uint8_t *qu, *ru;  // 8-bit codes: q + 128 and r + 128, vpdpbusd's unsigned side
+  const float *u, *s, *e;
+  const uint8_t* codes;
+  const void *scale, *offset;
+  bool half, fine, four_bit;
+  float* y;
+};
+
+// Whether this CPU has AVX-512 VNNI (with VL and BW): vnni_tiles may run.
+bool vnni_supported();
+
+// Tiles [t0, t1) of the product for every row, up to 8 rows (fine: 4) per read of a tile's
+// codes; the same bits as the AVX2 kernel (integer sums are exact; the float steps are theirs).
+void vnni_tiles(const Operands& a, int64_t t0, int64_t t1);
+
+}  // namespace llmserve::qdot
