@@ -4,6 +4,7 @@ of different ranks and modules in one product), and base rows are left bit for b
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llmserve.models.config import ModelConfig
@@ -27,12 +28,13 @@ def _adapter(config, name: str, rank: int, modules: list[str], seed: int) -> Lor
     return LoraAdapter(name, name, deltas)
 
 
-def test_each_row_gets_its_own_adapters_delta_and_base_rows_none():
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernel", "torch"])
+def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
     config = _config()
     adapters = [_adapter(config, "a0", 4, ["q_proj", "v_proj"], 1),
                 _adapter(config, "a1", 8, sorted(model_modules(config)), 2),
                 _adapter(config, "a2", 2, ["k_proj", "gate_proj", "down_proj"], 3)]
-    slots = LoraSlots(config, 4, 8)
+    slots = LoraSlots(config, 4, 8, use_kernels=use_kernels)
     for i, a in enumerate(adapters):
         slots.write([2, 0, 3][i], a)  # slot 1 stays empty
     slot_of = {2: adapters[0], 0: adapters[1], 3: adapters[2]}

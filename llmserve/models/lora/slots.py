@@ -1,6 +1,7 @@
 """Per-row LoRA in one step: the resident adapters in slots, each adapter's rows multiplied by its own.
 
-S-LoRA / Punica's gathered products (SGMV) on CPU GEMMs. A step's rows are grouped by adapter
+S-LoRA / Punica's gathered products (SGMV), in one C++ call per product (``csrc/lora_sgmv.cpp``;
+torch's ops where the kernels cannot be had: the same arithmetic). A step's rows are grouped by adapter
 (the runner lays each adapter's requests side by side, and a request's rows are contiguous);
 :meth:`LoraSlots.begin_step` turns that into segments ``(slot, first row, end row)`` once per
 step, and every wrapped product of every layer then runs, per segment, ``h = x[seg] @ A.T`` and
@@ -31,12 +32,17 @@ from llmserve.models.lora.adapter import LoraAdapter, model_modules
 
 class _Stack:
     """One (layer, product)'s slots: ``a`` [slots, groups * R, in] (modules' rows packed at their
-    ranks), each group's ``b`` [slots, R, out] (``B`` transposed: rows are the rank)."""
+    ranks) and ``bt`` [slots, R, out] (each group's ``B`` transposed in its columns, ``b[g]``);
+    ``parts`` [slots, groups, 4]: each module's (first row in ``a``, rank, start, stop), rank 0
+    where the slot's adapter lacks it (the kernel's table)."""
 
     def __init__(self, slots: int, groups: list[tuple[int, int]], rank: int, in_features: int) -> None:
         self.groups = groups  # (start, stop) output columns of each group
         self.a = torch.zeros(slots, len(groups) * rank, in_features)
-        self.b = [torch.zeros(slots, rank, stop - start) for start, stop in groups]
+        self.bt = torch.zeros(slots, rank, groups[-1][1])
+        self.b = [self.bt[:, :, start:stop] for start, stop in groups]
+        self.parts = torch.zeros(slots, len(groups), 4, dtype=torch.long)
+        self.parts[:, :, 2:] = torch.tensor(groups, dtype=torch.long)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +69,12 @@ class LoraSlots:
     """``num_slots`` adapters resident at once, each in a slot; the model's LoRA-wrapped
     products call :meth:`add_delta` between :meth:`begin_step` and :meth:`end_step`."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int) -> None:
+    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, use_kernels: bool = True) -> None:
+        """``use_kernels``: the C++ kernel where it can be had (False: torch's ops, for comparison)."""
+        from llmserve.models import kernels
+
         self.num_slots, self.rank = num_slots, max_rank
+        self._kernels = kernels.load() if use_kernels else None
         self.spots = model_modules(config)
         by_kind: dict[str, dict[int, tuple[int, int, int]]] = {}
         for s in self.spots.values():
@@ -75,6 +85,7 @@ class LoraSlots:
         # per slot: (layer, kind) -> its _Product (absent: the adapter leaves that product alone)
         self._products: list[dict[tuple[int, str], _Product]] = [{} for _ in range(num_slots)]
         self._segments: list[tuple[dict[tuple[int, str], _Product], int, int]] = []
+        self._segs = torch.zeros(0, 3, dtype=torch.long)  # the kernel's (slot, first row, end row)
 
     @property
     def slot_bytes(self) -> int:
@@ -97,13 +108,16 @@ class LoraSlots:
                 start, stop = st.groups[group]
                 st.a[slot, lo:lo + r].copy_(a)
                 st.b[group][slot, :r].copy_(b.t())
+                st.parts[slot, group, :2] = torch.tensor([lo, r])
                 parts.append(_Part(module, lo, lo + r, start, stop, st.b[group][slot, :r]))
                 lo += r
             self._products[slot][(layer, kind)] = _Product(st.a[slot, :lo].t(), tuple(parts))
 
     def read(self, slot: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
         """The deltas in ``slot`` as :class:`LoraAdapter` holds them (copies, bit for bit)."""
-        return {(layer, p.module): (prod.at[:, p.lo:p.hi].t().clone(), p.b.t().clone())
+        copy = torch.contiguous_format  # (always a copy: the slot is cleared after)
+        return {(layer, p.module): (prod.at[:, p.lo:p.hi].t().clone(memory_format=copy),
+                                    p.b.t().clone(memory_format=copy))
                 for (layer, _), prod in self._products[slot].items() for p in prod.parts}
 
     def clear(self, slot: int) -> None:
@@ -112,6 +126,7 @@ class LoraSlots:
             st.a[slot, :prod.at.shape[1]].zero_()
             for p in prod.parts:
                 p.b.zero_()
+            st.parts[slot, :, :2] = 0
         self._products[slot] = {}
 
     def begin_step(self, row_slots: list[int]) -> None:
@@ -121,15 +136,24 @@ class LoraSlots:
         for i in range(1, len(row_slots) + 1):
             if i == len(row_slots) or row_slots[i] != row_slots[start]:
                 if row_slots[start] >= 0:
-                    segments.append((self._products[row_slots[start]], start, i))
+                    segments.append((row_slots[start], start, i))
                 start = i
-        self._segments = segments
+        self._segments = [(self._products[slot], lo, hi) for slot, lo, hi in segments]
+        if segments and self._kernels is not None:
+            self._segs = torch.tensor(segments, dtype=torch.long)
 
     def end_step(self) -> None:
         self._segments = []
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, kind: str) -> None:
         """``y += x @ (B_row A_row).T`` row by row, in place."""
+        if not self._segments:
+            return
+        if self._kernels is not None and y.dtype == x.dtype == torch.float32 and y.is_contiguous() \
+                and x.is_contiguous():
+            st = self.stacks[layer][kind]
+            self._kernels.lora_sgmv_(y, x, st.a, st.bt, st.parts, self._segs)
+            return
         key = (layer, kind)
         for products, lo, hi in self._segments:
             prod = products.get(key)
