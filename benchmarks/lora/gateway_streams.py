@@ -118,8 +118,10 @@ def streams(url: str, models: list[str], args: argparse.Namespace, seed: int) ->
 
 
 def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` and its children (the engine's core runs in a child process)."""
     line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS"))
-    return int(line.split()[1])
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(line.split()[1]) + sum(rss_kib(int(c)) for c in children)
 
 
 def load_time(engine_url: str, engine_pid: int, path: Path, served: str) -> dict[str, Any]:

@@ -65,6 +65,8 @@ class ModelRunner:
         rows: dict[str, tuple[int, int]] = {}
         for key in sorted(by_len):
             members = by_len[key]
+            if slot_of:  # an adapter's rows side by side: one segment per adapter (LoraSlots.begin_step)
+                members.sort(key=lambda s: slot_of.get(s.request.lora_id, -1))
             start = len(ids)
             ctx_lens: list[int] = []
             tables: list[list[list[int]]] = [[] for _ in range(num_groups)]

@@ -5,7 +5,8 @@ weight read, for speculative decoding's verification steps),
 the same codes unpacked to fp32 for prefill GEMM (``csrc/unpack.cpp``), decode attention
 over the paged KV pool
 (``csrc/paged_attention.cpp``) and the decoder layer's fused small steps
-(``csrc/fused_ops.cpp``: RMSNorm with the residual add, RoPE with the KV write, SwiGLU).
+(``csrc/fused_ops.cpp``: RMSNorm with the residual add, RoPE with the KV write, SwiGLU)
+and LoRA's gathered low-rank products (``csrc/lora_sgmv.cpp``).
 
 torch's own CPU kernels either quantise the activations per tensor (fbgemm's dynamic
 int8 linear: too lossy for this model, see the README) or are slow on AVX2-only CPUs
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
-SOURCES = ("bindings.cpp", "qdot_linear.cpp", "qdot_vnni.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp")
+SOURCES = ("bindings.cpp", "qdot_linear.cpp", "qdot_vnni.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp",
+           "lora_sgmv.cpp")
 HEADERS = ("simd.h", "qdot_rows.h")
 
 

@@ -5,6 +5,7 @@ loaded least recently used out, resident) with unload while requests still run."
 from __future__ import annotations
 
 import pytest
+import torch
 
 from llmserve.engine.kv_cache import KVCacheManager
 from llmserve.engine.lora.manager import LoraManager, UnknownAdapter
@@ -92,3 +93,19 @@ def test_rank_over_the_maximum_is_refused(adapters):
     m = LoraManager(config, LoraSlots(config, 1, 4), 4, 1)
     with pytest.raises(LoraError, match="rank 8 is over the maximum LoRA rank 4"):
         m.read("a1", str(root / "a1"))
+
+
+def test_a_resident_adapter_has_one_copy_its_slot(adapters):
+    """On the CPU the slot is the adapter's memory: its loaded tensors are dropped while it is
+    resident and come back, bit for bit, when another adapter takes the slot."""
+    config, root = adapters
+    m = LoraManager(config, LoraSlots(config, 1, 8), 8, max_cpu_loras=2)
+    a0, a1 = (m.read(f"a{i}", str(root / f"a{i}")) for i in range(2))
+    fresh = m.read("a0", str(root / "a0")).deltas
+    ids = [m.add(a0), m.add(a1)]
+    m.activate({ids[0]})
+    assert a0.nbytes == 0 and a1.nbytes > 0
+    m.activate({ids[1]})
+    assert a1.nbytes == 0 and m.loaded() == ["a0", "a1"]
+    assert sorted(a0.deltas) == sorted(fresh)
+    assert all(torch.equal(a0.deltas[k][i], fresh[k][i]) for k in fresh for i in (0, 1))

@@ -3,9 +3,9 @@
 Three levels, vLLM's: *registered* (a name and its path: ``--lora-modules`` and
 ``/v1/load_lora_adapter``), *loaded* (its tensors in memory, at most ``max_cpu_loras`` of the
 ones no request uses) and *resident* (in one of ``max_loras`` slots of :class:`LoraSlots`,
-where a step reads it). A request names an adapter; at enqueue it gets the adapter's id, an
-id per load, so a name unloaded and loaded again with other weights never meets the old KV
-(the prefix cache keys blocks by it). A request pins its adapter in memory until it ends:
+where a step reads it; the slot is then its one copy). A request names an adapter; at enqueue
+it gets the adapter's id, an id per load, so a name unloaded and loaded again with other
+weights never meets the old KV (the prefix cache keys blocks by it). A request pins its adapter in memory until it ends:
 unloading a name refuses new requests at once and frees the tensors after the last of its
 running ones. Everything here runs on the engine's thread, except :meth:`read`.
 """
@@ -102,7 +102,12 @@ class LoraManager:
         self._step += 1
         writes = assign_slots(self._table, wanted, self._last_used)
         for slot, lora_id in writes.items():
-            self.slots.write(slot, self._loaded[lora_id])
+            moved = self._table[slot]
+            if moved is not None and moved in self._loaded:
+                self._loaded[moved].deltas = self.slots.read(slot)  # its one copy leaves the slot
+            adapter = self._loaded[lora_id]
+            self.slots.write(slot, adapter)
+            adapter.deltas = {}  # the slot is its one copy now (the engine's memory is the CPU's)
             self._table[slot] = lora_id
         if writes:
             self._trim()  # (an adapter moved out of its slot may now be evicted)

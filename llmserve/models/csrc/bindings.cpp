@@ -17,6 +17,8 @@ torch::Tensor silu_mul(torch::Tensor gu);
 torch::Tensor argmax_rows(torch::Tensor x);
 void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH);
+void lora_sgmv_(torch::Tensor y, torch::Tensor x, torch::Tensor a, torch::Tensor b, torch::Tensor parts,
+                torch::Tensor segs);
 
 // setup.py names the sources it built from (llmserve/models/kernels.py checks it)
 #define LLMSERVE_STR2(x) #x
@@ -40,4 +42,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up] rows");
   m.def("argmax_rows", &argmax_rows, "index of each row's first maximum");
   m.def("rope_and_cache_", &rope_and_cache_, "RoPE on the q and k heads of qkv in place, k and v to the KV pool");
+  m.def("lora_sgmv_", &lora_sgmv_, "y += each segment's rows times its slot's LoRA factors, in place (AVX2)");
 }

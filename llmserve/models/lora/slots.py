@@ -1,17 +1,28 @@
-"""Per-row LoRA in one step: every resident adapter's factors stacked, each row gathering its own.
+"""Per-row LoRA in one step: the resident adapters in slots, each adapter's rows multiplied by its own.
 
-S-LoRA / Punica's idea on CPU GEMMs. For each (layer, product) the resident adapters' ``A``
-factors are one tensor ``[slots, groups, R, in]`` (a group per module fused into the product:
-q, k, v of ``qkv``) and each group's ``B`` one tensor ``[slots, R, out]``; ranks under ``R``
-are zero-padded. A step multiplies the rows by the first ``hi`` slots' ``A`` at once, zeroes
-each row's columns of every slot but its own (the mask is gathered by the row's slot index,
-built once per step), then adds ``h @ B`` to each group's column range of the base output:
-two GEMMs per product, whatever the mix of adapters in the batch. The delta is added in fp32
-on top of whatever the base product is (fp32, bf16 or int8 weights), the merged weight's
-``x @ (W + B A).T`` up to rounding. A row of no adapter (slot -1) gets an exact zero.
+S-LoRA / Punica's gathered products (SGMV), in one C++ call per product (``csrc/lora_sgmv.cpp``;
+torch's ops where the kernels cannot be had: the same arithmetic). A step's rows are grouped by adapter
+(the runner lays each adapter's requests side by side, and a request's rows are contiguous);
+:meth:`LoraSlots.begin_step` turns that into segments ``(slot, first row, end row)`` once per
+step, and every wrapped product of every layer then runs, per segment, ``h = x[seg] @ A.T`` and
+``y[seg, cols] += h[:, part] @ B`` for each module of the product. Rows of the base model cost
+nothing, and no row is multiplied by another adapter's factors (the masked product over every
+slot did ``slots`` times the work).
+
+Where the decoder fuses a product (q/k/v into ``qkv``, gate/up into ``gate_up``) a slot holds
+the adapter's ``A`` of its modules stacked ``[r_q + r_k + r_v, in]``: one GEMM for all of them.
+Each module's rows are packed at its own rank (no padding to ``--max-lora-rank``, none for a
+module the adapter does not target), so an adapter's slot holds and reads just its factors.
+The delta is added in fp32 on top of whatever the base product is (fp32, bf16 or int8 weights):
+the merged weight's ``x @ (W + B A).T`` up to rounding.
+
+The engine runs on the CPU, so the slot is the adapter's one copy in memory: :meth:`write`
+takes the tensors in and :meth:`read` gives them back when the slot is needed for another.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -20,18 +31,50 @@ from llmserve.models.lora.adapter import LoraAdapter, model_modules
 
 
 class _Stack:
+    """One (layer, product)'s slots: ``a`` [slots, groups * R, in] (modules' rows packed at their
+    ranks) and ``bt`` [slots, R, out] (each group's ``B`` transposed in its columns, ``b[g]``);
+    ``parts`` [slots, groups, 4]: each module's (first row in ``a``, rank, start, stop), rank 0
+    where the slot's adapter lacks it (the kernel's table)."""
+
     def __init__(self, slots: int, groups: list[tuple[int, int]], rank: int, in_features: int) -> None:
         self.groups = groups  # (start, stop) output columns of each group
-        self.a = torch.zeros(slots, len(groups), rank, in_features)
-        self.b = [torch.zeros(slots, rank, stop - start) for start, stop in groups]
+        self.a = torch.zeros(slots, len(groups) * rank, in_features)
+        self.bt = torch.zeros(slots, rank, groups[-1][1])
+        self.b = [self.bt[:, :, start:stop] for start, stop in groups]
+        self.parts = torch.zeros(slots, len(groups), 4, dtype=torch.long)
+        self.parts[:, :, 2:] = torch.tensor(groups, dtype=torch.long)
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One module of an adapter in a slot: its rows ``lo:hi`` of ``h``, its ``B`` and columns."""
+
+    module: str
+    lo: int
+    hi: int
+    start: int
+    stop: int
+    b: torch.Tensor  # [r, out] view into the slot
+
+
+@dataclass(frozen=True, slots=True)
+class _Product:
+    """What a slot's adapter does to one (layer, product): ``h = x @ at`` then each part."""
+
+    at: torch.Tensor  # [in, sum of the ranks] view into the slot
+    parts: tuple[_Part, ...]
 
 
 class LoraSlots:
     """``num_slots`` adapters resident at once, each in a slot; the model's LoRA-wrapped
     products call :meth:`add_delta` between :meth:`begin_step` and :meth:`end_step`."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int) -> None:
+    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, use_kernels: bool = True) -> None:
+        """``use_kernels``: the C++ kernel where it can be had (False: torch's ops, for comparison)."""
+        from llmserve.models import kernels
+
         self.num_slots, self.rank = num_slots, max_rank
+        self._kernels = kernels.load() if use_kernels else None
         self.spots = model_modules(config)
         by_kind: dict[str, dict[int, tuple[int, int, int]]] = {}
         for s in self.spots.values():
@@ -39,58 +82,90 @@ class LoraSlots:
         self.stacks = [{kind: _Stack(num_slots, [(g[0], g[1]) for _, g in sorted(gs.items())], max_rank,
                                      next(iter(gs.values()))[2]) for kind, gs in by_kind.items()}
                        for _ in range(config.num_hidden_layers)]
-        self._hi = 0  # slots this step reads (0: no row has an adapter)
-        self._masks: dict[int, torch.Tensor] = {}
+        # per slot: (layer, kind) -> its _Product (absent: the adapter leaves that product alone)
+        self._products: list[dict[tuple[int, str], _Product]] = [{} for _ in range(num_slots)]
+        self._segments: list[tuple[dict[tuple[int, str], _Product], int, int]] = []
+        self._segs = torch.zeros(0, 3, dtype=torch.long)  # the kernel's (slot, first row, end row)
 
     @property
     def slot_bytes(self) -> int:
-        """Memory one resident adapter holds, whatever its own rank (the stacks are padded to R)."""
+        """Memory one slot holds (allocated at start for ``--max-loras``): an adapter of rank R on
+        every module fills it exactly; lower ranks and fewer modules use part of it."""
         return sum(st.a[0].nbytes + sum(b[0].nbytes for b in st.b) for layer in self.stacks
                    for st in layer.values())
 
     def write(self, slot: int, adapter: LoraAdapter) -> None:
-        """Put ``adapter`` in ``slot`` (whatever was there is overwritten)."""
+        """Put ``adapter`` in ``slot`` (whatever was there is dropped)."""
         self.clear(slot)
+        by_product: dict[tuple[int, str], list[tuple[int, str, torch.Tensor, torch.Tensor]]] = {}
         for (layer, module), (a, b) in adapter.deltas.items():
             spot = self.spots[module]
-            st = self.stacks[layer][spot.kind]
-            r = a.shape[0]
-            st.a[slot, spot.group, :r].copy_(a)
-            st.b[spot.group][slot, :r].copy_(b.t())
+            by_product.setdefault((layer, spot.kind), []).append((spot.group, module, a, b))
+        for (layer, kind), mods in by_product.items():
+            st, lo, parts = self.stacks[layer][kind], 0, []
+            for group, module, a, b in sorted(mods, key=lambda m: m[0]):
+                r = a.shape[0]
+                start, stop = st.groups[group]
+                st.a[slot, lo:lo + r].copy_(a)
+                st.b[group][slot, :r].copy_(b.t())
+                st.parts[slot, group, :2] = torch.tensor([lo, r])
+                parts.append(_Part(module, lo, lo + r, start, stop, st.b[group][slot, :r]))
+                lo += r
+            self._products[slot][(layer, kind)] = _Product(st.a[slot, :lo].t(), tuple(parts))
+
+    def read(self, slot: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        """The deltas in ``slot`` as :class:`LoraAdapter` holds them (copies, bit for bit)."""
+        copy = torch.contiguous_format  # (always a copy: the slot is cleared after)
+        return {(layer, p.module): (prod.at[:, p.lo:p.hi].t().clone(memory_format=copy),
+                                    p.b.t().clone(memory_format=copy))
+                for (layer, _), prod in self._products[slot].items() for p in prod.parts}
 
     def clear(self, slot: int) -> None:
-        for layer in self.stacks:
-            for st in layer.values():
-                st.a[slot].zero_()
-                for b in st.b:
-                    b[slot].zero_()
+        for (layer, kind), prod in self._products[slot].items():
+            st = self.stacks[layer][kind]
+            st.a[slot, :prod.at.shape[1]].zero_()
+            for p in prod.parts:
+                p.b.zero_()
+            st.parts[slot, :, :2] = 0
+        self._products[slot] = {}
 
     def begin_step(self, row_slots: list[int]) -> None:
-        """Each row's slot for the coming forward pass (-1: the base model)."""
-        hi = max(row_slots, default=-1) + 1
-        self._hi, self._masks = hi, {}
-        if hi == 0:
-            return
-        rows = torch.tensor(row_slots, dtype=torch.long).view(-1, 1)
-        for groups in {len(st.groups) for st in self.stacks[0].values()}:
-            cols = torch.arange(hi).repeat_interleave(groups * self.rank).view(1, -1)
-            self._masks[groups] = (rows == cols).float()
+        """Each row's slot for the coming forward pass (-1: the base model): the segments of
+        consecutive rows on one slot, once for every layer."""
+        segments, start = [], 0
+        for i in range(1, len(row_slots) + 1):
+            if i == len(row_slots) or row_slots[i] != row_slots[start]:
+                if row_slots[start] >= 0:
+                    segments.append((row_slots[start], start, i))
+                start = i
+        self._segments = [(self._products[slot], lo, hi) for slot, lo, hi in segments]
+        if segments and self._kernels is not None:
+            self._segs = torch.tensor(segments, dtype=torch.long)
 
     def end_step(self) -> None:
-        self._hi, self._masks = 0, {}
+        self._segments = []
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, kind: str) -> None:
         """``y += x @ (B_row A_row).T`` row by row, in place."""
-        hi = self._hi
-        if hi == 0:
+        if not self._segments:
             return
-        st = self.stacks[layer][kind]
-        g, r, t = len(st.groups), self.rank, x.shape[0]
-        h = torch.mm(x, st.a[:hi].view(hi * g * r, -1).t())
-        h.mul_(self._masks[g])
-        for i, (start, stop) in enumerate(st.groups):
-            hg = h if g == 1 else h.view(t, hi, g, r)[:, :, i].reshape(t, hi * r)
-            y[:, start:stop].addmm_(hg, st.b[i][:hi].view(hi * r, stop - start))
+        if self._kernels is not None and y.dtype == x.dtype == torch.float32 and y.is_contiguous() \
+                and x.is_contiguous():
+            st = self.stacks[layer][kind]
+            self._kernels.lora_sgmv_(y, x, st.a, st.bt, st.parts, self._segs)
+            return
+        key = (layer, kind)
+        for products, lo, hi in self._segments:
+            prod = products.get(key)
+            if prod is None:
+                continue
+            h = torch.mm(x[lo:hi], prod.at)
+            if len(prod.parts) == 1:
+                p = prod.parts[0]
+                y[lo:hi, p.start:p.stop].addmm_(h, p.b)
+                continue
+            for p in prod.parts:
+                y[lo:hi, p.start:p.stop].addmm_(h[:, p.lo:p.hi], p.b)
 
 
 class LoraLinear:
