@@ -37,7 +37,8 @@ class Browser:
              "--disable-dev-shm-usage", "--no-first-run", "--window-size=1400,1000",
              f"--remote-debugging-port={self.port}", f"--user-data-dir={profile_dir}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        # 120 s: at load 20 (CI beside other jobs) chromium once took over 30 s to open its page
+        deadline = time.monotonic() + 120
         targets: list[dict] = []
         while time.monotonic() < deadline:
             try:
