@@ -128,12 +128,17 @@ def test_the_leader_sees_the_traffic_its_followers_serve(redis_server, tmp_path)
         serving_everywhere(procs, 1)
         follower = next(p for p in procs if p is not leader)
 
-        def seen() -> dict:
-            return leader.admin("GET", f"/autoscale/timeline?pool={POOL}").json()["samples"][-1]
-        assert seen()["arrival_rate"] == 0  # nothing so far
+        def seen() -> dict:  # the leader's latest sample ({} before its first tick has one)
+            samples = leader.admin("GET", f"/autoscale/timeline?pool={POOL}").json()["samples"]
+            return samples[-1] if samples else {}
+        deadline = time.monotonic() + 30
+        while not seen():
+            assert time.monotonic() < deadline, "the leader's timeline has no sample"
+            time.sleep(0.2)
+        assert not seen().get("arrival_rate")  # nothing so far (0, or not measured yet)
         with Load(follower.url, BODY, clients=2, timeout_s=30) as load:
             deadline = time.monotonic() + 30
-            while seen()["arrival_rate"] == 0 or seen()["e2e_p50"] is None:
+            while not seen().get("arrival_rate") or seen().get("e2e_p50") is None:
                 assert time.monotonic() < deadline, seen()
                 time.sleep(0.3)
         assert load.results and not load.failed()
