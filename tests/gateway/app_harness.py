@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -71,6 +73,7 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
     ``client_key`` (None: no key)."""
     upstreams: dict[str, ServerThread] = {}
     fakes: dict[str, Behaviour] = {}
+    state_dir = tempfile.mkdtemp(prefix="llmserve-state-")  # never the user's ~/.cache/llmserve/state
     try:
         version_cfgs = []
         for name, behaviours in versions.items():
@@ -86,7 +89,7 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
             version_cfgs.append({"name": name, "weight": w, "upstreams": urls,
                                  **(version_extra or {}).get(name, {})})
         data = {"models": [{"name": "chat", "versions": version_cfgs, **(model or {})}],
-                "polling": FAST_POLLING, "auth": {"admin_key": ADMIN_KEY}}
+                "polling": FAST_POLLING, "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": state_dir}}
         for k, v in top.items():
             data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
         config = GatewayConfig.model_validate(data)
@@ -108,6 +111,7 @@ def stack(versions: dict[str, list[Behaviour]], *, model: dict | None = None,
         for srv in upstreams.values():
             if srv.thread.is_alive():
                 srv.stop(force=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def instance_of(response: httpx.Response) -> str:
