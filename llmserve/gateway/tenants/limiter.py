@@ -100,11 +100,11 @@ class Tenants:
         prompt, completion = estimate(limits, prompt_chars, body)
         asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
         denied, store = await self.reserve(key, asks)
-        batch = limits.stream_charge_tokens
+        batch, whole = limits.stream_charge_tokens, True
         if denied is not None and denied.limit is Limit.BUDGET and stream and completion > batch:
             # The whole answer does not fit what is left: a stream may still have what does,
             # reserved batch by batch as it runs (one script call per batch, so only here).
-            completion = batch
+            completion, whole = batch, False
             asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
             denied, store = await self.reserve(key, asks)
         if denied is not None:
@@ -112,7 +112,7 @@ class Tenants:
             raise APIError(429, denied.message, type_=denied.type, code=denied.code,
                            headers={"retry-after": str(denied.retry_after_s)})
         self.counted(key, "admitted")
-        return Tab(self, key, model, limits, prices, store, asks, prompt, completion, stream)
+        return Tab(self, key, model, limits, prices, store, asks, prompt, completion, stream, whole)
 
     async def reserve(self, key: str, asks: list[Ask]) -> tuple[Denied | None, CounterStore]:
         """Reserve ``asks`` in the shared store, or in this replica's share while it is away."""

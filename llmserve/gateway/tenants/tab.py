@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 _UNCAPPED = 1 << 62  # a stream's tokens go on counting past the window's cap; only the budget stops it
 _NEVER = 1 << 62
 # The relay counts each data event a token; a stream's closing chunks (the finish reason,
-# usage when asked for) are two more that cost nothing: no charge for them alone.
+# usage when asked for) are two more that cost nothing: no charge for them alone, while
+# the reservation covers the whole answer. A stream reserved batch by batch has none: an
+# event past its reservation may be a token, and a refused charge could not take it back.
 _CLOSING = 2
 
 
@@ -50,11 +52,13 @@ class Tab:
                  "next_at", "prices", "prompt", "tenants")
 
     def __init__(self, tenants: Ledger, name: str, model: str, limits: KeyLimits, prices: Prices,
-                 store: CounterStore | None, asks: list[Ask], prompt: int, completion: int, stream: bool) -> None:
+                 store: CounterStore | None, asks: list[Ask], prompt: int, completion: int, stream: bool,
+                 whole: bool = True) -> None:
         self.tenants, self.name, self.model = tenants, name, model
         self.limits, self.prices = limits, prices
         self.prompt, self.completion = prompt, completion  # tokens reserved so far
-        self.next_at = completion + _CLOSING if stream and self._charged(asks) else _NEVER
+        # whole: the reservation covers the answer's max_tokens (else its first batch only)
+        self.next_at = completion + (_CLOSING if whole else 0) if stream and self._charged(asks) else _NEVER
         self.closed = False
         self._store = store
         self._tokens = next((a for a in asks if a.limit is Limit.TOKENS), None)  # the latest of each
@@ -89,7 +93,7 @@ class Tab:
             return (b"data: " + json.dumps(error_body(message, denied.type, None, denied.code)).encode()
                     + b"\n\ndata: [DONE]\n\n")
         self.completion += more
-        self.next_at = self.completion + _CLOSING
+        self.next_at = self.completion  # batch by batch from here: no closing slack
         self._store = store
         self._tokens = next((a for a in asks if a.limit is Limit.TOKENS), self._tokens)
         self._budget = next((a for a in asks if a.limit is Limit.BUDGET), self._budget)
