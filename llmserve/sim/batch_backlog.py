@@ -3,7 +3,8 @@
 A backlog of ``lines`` requests is submitted at ``submit_s`` with a completion
 window. As live (``gateway/batches/runner.py``), the lines wait outside the
 admission queues and are released ``lines_in_flight`` at a time, from the same
-pure rule (``gateway/batches/pace.py``) and the same pace meter; a line the
+pure rules (``gateway/batches/pace.py``; the share of seats that follows the
+policy's forecast, ``gateway/batches/share.py``) and the same pace meter; a line the
 gateway refuses (a full queue, a deadline) goes back to wait, as the runner
 retries a 429 / 503. Everything else is the simulator's: the same admission,
 dispatch, balancer, signals and scaling step, so the report says what the
