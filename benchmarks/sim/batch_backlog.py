@@ -21,10 +21,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from llmserve.gateway.batches.config import BatchShareConfig  # noqa: E402
 from llmserve.sim.batch_backlog import Backlog, compare_day  # noqa: E402
 from llmserve.sim.cli import add_simulate_args, autoscale_from_args, sim_from_args, trace_from_args  # noqa: E402
 from llmserve.sim.compare import initial_instances  # noqa: E402
 from llmserve.sim.profile import load_profile  # noqa: E402
+
+
+def share_from(text: str | None) -> BatchShareConfig | None:
+    if not text:
+        return BatchShareConfig()
+    if text == "off":
+        return None
+    trough, peak, trough_load, peak_load = text.split(",")
+    return BatchShareConfig(trough=int(trough), peak=int(peak), trough_load=float(trough_load),
+                            peak_load=float(peak_load))
 
 
 def main() -> None:
@@ -35,6 +46,8 @@ def main() -> None:
     ap.add_argument("--cold-start", type=float, default=120.0)
     ap.add_argument("--policy-name", default="predictive")
     ap.add_argument("--max-concurrency", type=int, default=64, help="batches.max_concurrency: the widened release's cap")
+    ap.add_argument("--share", default=None, metavar="TROUGH,PEAK,TROUGH_LOAD,PEAK_LOAD|off",
+                    help="batches.share: lines per ready instance that follow the forecast (default: the config's)")
     own, rest = ap.parse_known_args()
     sp = argparse.ArgumentParser()
     add_simulate_args(sp)
@@ -47,19 +60,21 @@ def main() -> None:
     sim = sim.model_copy(update={"initial_instances": start})
     slo = autoscale.slo.ttft_s
     backlog = Backlog(own.lines, own.submit_h * 3600, own.window_h * 3600,
-                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()), ceiling=own.max_concurrency)
+                      int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()), ceiling=own.max_concurrency,
+                      share=share_from(own.share))
     without, withb = compare_day(trace, backlog, profile, autoscale, sim)
     res = {"trace": trace.name, "requests": len(trace), "policy": own.policy_name, "cold_start_s": own.cold_start,
-           "ttft_slo_s": slo, "backlog": asdict(backlog), "without": asdict(without), "with": asdict(withb),
+           "ttft_slo_s": slo, "backlog": {**asdict(backlog), "share": backlog.share and backlog.share.model_dump()}, "without": asdict(without), "with": asdict(withb),
            "instance_hours_ratio": withb.instance_hours / without.instance_hours}
     print(json.dumps(res, indent=1))
     out = ROOT / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
-    (out / f"sim_batch_backlog_{own.lines}.json").write_text(json.dumps(res, indent=1) + "\n")
+    name = f"sim_batch_backlog_{own.lines}{f'_share_{own.share}' if own.share else ''}"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     done = "not finished" if withb.batch_done_s is None else f"{withb.batch_done_s / 3600:.2f} h"
-    (out / f"sim_batch_backlog_{own.lines}.md").write_text(
+    (out / f"{name}.md").write_text(
         f"# Simulated day with a batch backlog\n\n`python benchmarks/sim/batch_backlog.py --lines {own.lines} "
-        f"--max-concurrency {own.max_concurrency}` "
+        f"--max-concurrency {own.max_concurrency}{f' --share {own.share}' if own.share else ''}` "
         f"({trace.name}, {len(trace)} realtime requests, {own.policy_name}, cold start {own.cold_start:g} s)\n\n"
         "| | realtime TTFT attainment | realtime TTFT p99 | instance-hours | batch done after |\n|---|---|---|---|---|\n"
         f"| without | {without.realtime_ttft_attainment:.4%} | {without.realtime_ttft_p99_s:.2f} s | "

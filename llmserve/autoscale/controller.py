@@ -1,22 +1,21 @@
 """The elastic controller of one pool: observe, decide, act through effects.
 
-Each probe interval it looks at every instance (the provider: is the process
-there? the engine: what does ``/ready`` say? asked of ready instances every
-``ready_probe_interval_s``). Each tick it builds the pool's signals (arrivals,
-TTFT and e2e from the gateway's request observers; queue depth from the pool;
-load from the ready instances' ``/load`` reports) and takes
-:func:`~llmserve.autoscale.scaling_step.scaling_step`, the simulator's code too.
-Whatever it observes or decides becomes effects (:mod:`llmserve.autoscale.effects`)
-that its :class:`~llmserve.autoscale.executor.Executor` applies to its InstanceBook, the provider and the gateway pool.
+Each probe interval it looks at every instance (the provider: is the process there? the engine:
+what does ``/ready`` say? asked of ready instances every ``ready_probe_interval_s``). Each tick it
+builds the pool's signals (arrivals, TTFT and e2e from the gateway's request observers; queue depth
+from the pool; load from the ready instances' ``/load`` reports) and takes
+:func:`~llmserve.autoscale.scaling_step.scaling_step`, the simulator's code too; the batch runner
+reads its ``realtime_load`` (:mod:`llmserve.autoscale.outlook`). Whatever it observes or decides
+becomes effects (:mod:`llmserve.autoscale.effects`) that its
+:class:`~llmserve.autoscale.executor.Executor` applies to its InstanceBook, the provider and the gateway pool.
 
-The rules that protect requests: an instance joins the gateway's pool only once
-``/ready`` answered 200 (a cold instance never gets traffic); a drain stops new
-requests, waits until neither the gateway nor the engine has any in flight (or
-``drain_timeout_s``), then leaves the pool and stops (``stopping``: SIGTERM;
-``stopped`` once it exited); a failed instance (exited, died, unreachable for
-``unready_grace_s``) leaves the pool at once and is replaced, with a back-off
-while replacements fail before they get ready. Every transition is a
-:class:`~llmserve.autoscale.history.Event` with a time and a reason.
+The rules that protect requests: an instance joins the gateway's pool only once ``/ready`` answered
+200 (a cold instance never gets traffic); a drain stops new requests, waits until neither the
+gateway nor the engine has any in flight (or ``drain_timeout_s``), then leaves the pool and stops
+(``stopping``: SIGTERM; ``stopped`` once it exited); a failed instance (exited, died, unreachable
+for ``unready_grace_s``) leaves the pool at once and is replaced, with a back-off while replacements
+fail before they get ready. Every transition is a :class:`~llmserve.autoscale.history.Event` with a
+time and a reason.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from llmserve.autoscale.executor import Executor
 from llmserve.autoscale.history import History
 from llmserve.autoscale.managed import ControllerConfig, ManagedInstance
 from llmserve.autoscale.metrics import AutoscaleMetrics
+from llmserve.autoscale.outlook import realtime_load
 from llmserve.autoscale.overrides import ManualOverride
 from llmserve.autoscale.probe import EngineEndpoints, HttpProber, Prober
 from llmserve.autoscale.provider_launcher import LaunchReports, PoolRouter, ProviderLauncher
@@ -87,6 +87,7 @@ class PoolController:
         self.wall = wall
         self.policy = build_policy(autoscale)
         self.policy_state: Any = self.policy.initial_state()
+        self.realtime_load: float | None = None  # the forecast's, in instances (None: no forecast)
         # The window starts now (the simulator's at 0): early arrivals are not spread over a whole one.
         self.collector = SignalCollector(cfg.signal_window_s, cfg.latency_window_s, cfg.output_tokens_prior,
                                          start=clock())
@@ -102,8 +103,7 @@ class PoolController:
                                  cfg.max_restart_backoff_s, metrics, labels, self.key)
         self.capacity = CapacityLedger(autoscale.capacity, autoscale.bounds.min_instances, self.book, metrics,
                                         labels, self.key)
-        self.launcher.reports = LaunchReports(self.executor.started, self.executor.start_failed,
-                                              self.executor.exited,
+        self.launcher.reports = LaunchReports(self.executor.started, self.executor.start_failed, self.executor.exited,
                                               lambda inst, why: self.capacity.setback(inst, "refused", why))
         self.desired = 0
         self.last_signals: PoolSignals | None = None
@@ -119,9 +119,8 @@ class PoolController:
             metrics.attach(self)
 
     def _new_id(self) -> str:
-        iid = f"{self._prefix}{self._next_id}"
         self._next_id += 1
-        return iid
+        return f"{self._prefix}{self._next_id - 1}"
 
     def _heard(self, inst: ManagedInstance, old: InstanceState, new: InstanceState, now: float) -> None:
         log.info("%s: %s %s -> %s (%s)", self.key, inst.id, old.value, new.value, inst.reason)
@@ -318,6 +317,7 @@ class PoolController:
         step = scaling_step(self.policy, self.policy_state, ctx, self.statuses(), self._active_override(now),
                             self.executor.start_not_before, self.planner())
         self.policy_state = step.state
+        self.realtime_load = realtime_load(self.policy, step.state, now)
         wall = self.wall()
         self.desired = step.desired
         self.history.decision(wall, step.provisioned, step.desired, step.reason, step.source, step.policy_desired)

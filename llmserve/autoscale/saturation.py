@@ -78,8 +78,11 @@ def update_capacity(est: CapacityEstimate, ctx: PoolSignals, cfg: PredictiveConf
     observed = ctx.throughput_per_instance
     fill = ctx.batch_fill
     saturated = est.saturated_ticks
-    # realtime work waiting: a batch queue says nothing, batch lines wait for idle seats by design
-    if ctx.ready > 0 and observed > 0 and ctx.realtime_queued > 0 and fill >= SATURATED_FILL:
+    # realtime work waiting: a batch queue says nothing, batch lines wait for idle seats by design;
+    # nor does a realtime queue while batch lines hold seats (the seats are taken, the instances
+    # are not at their throughput: read so, the estimate fell ~8 % for the rest of the day)
+    if (ctx.ready > 0 and observed > 0 and ctx.realtime_queued > 0 and fill >= SATURATED_FILL
+            and ctx.batch_dispatched == 0):
         measured, saturated = observed, saturated + 1
     elif ctx.ready > 0 and ctx.modelled_capacity > 0 and cfg.capacity_from_model:
         if not est.measured:  # the first instance's own model replaces the configured prior

@@ -3,7 +3,8 @@
 A backlog of ``lines`` requests is submitted at ``submit_s`` with a completion
 window. As live (``gateway/batches/runner.py``), the lines wait outside the
 admission queues and are released ``lines_in_flight`` at a time, from the same
-pure rule (``gateway/batches/pace.py``) and the same pace meter; a line the
+pure rules (``gateway/batches/pace.py``; the share of seats that follows the
+policy's forecast, ``gateway/batches/share.py``) and the same pace meter; a line the
 gateway refuses (a full queue, a deadline) goes back to wait, as the runner
 retries a 429 / 503. Everything else is the simulator's: the same admission,
 dispatch, balancer, signals and scaling step, so the report says what the
@@ -19,7 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmserve.lifecycle import InstanceState as S
-from llmserve.gateway.batches.pace import PaceMeter, base_in_flight, lines_in_flight, told_need
+from llmserve.autoscale.outlook import realtime_load
+from llmserve.gateway.batches.config import BatchShareConfig
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, told_need
+from llmserve.gateway.batches.share import base_lines
 from llmserve.sim.results import COMPLETED, EXPIRED, REJECTED, SimResult
 from llmserve.sim.simulator import Simulator
 from llmserve.sim.traces import Trace
@@ -34,6 +38,7 @@ class Backlog:
     output_tokens: int = 200
     base: int = 2  # batches.concurrency: per ready instance
     ceiling: int = 64  # batches.max_concurrency
+    share: BatchShareConfig | None = BatchShareConfig()  # batches.share
 
 
 def with_backlog(trace: Trace, backlog: Backlog) -> tuple[Trace, np.ndarray]:
@@ -63,6 +68,7 @@ class BacklogSimulator(Simulator):
         self.done_at = float("nan")
         self.meter = PaceMeter()
         self.ready_now = 0
+        self.load: float | None = None  # the policy's forecast realtime load, in instances
 
     def _arrive(self, rid: int, now: float) -> None:
         if self.is_line[rid]:
@@ -94,13 +100,14 @@ class BacklogSimulator(Simulator):
         need = told_need(b.lines - self.finished, left, self.meter.rate(now, self.finished))
         self.collector.set_batch_need(need if now >= b.submit_s else 0.0)
         out = super()._tick(now, state)
+        self.load = realtime_load(self.policy, out, now)  # as the live controller publishes it
         self._release(now)
         return out
 
     def _release(self, now: float) -> None:
         b = self.backlog
         left = b.submit_s + b.window_s - now
-        base = base_in_flight(b.base, self.ready_now, b.ceiling)
+        base = base_lines(b.share, b.base, b.ceiling, self.load, self.ready_now)
         allowed = lines_in_flight(base, b.ceiling, b.lines - self.finished, self.meter.rate(now, self.finished), left)
         # at most one try per held line per call: a refused one waits for the next step or tick
         for _ in range(min(len(self.held), max(allowed - self.in_flight, 0))):

@@ -1,6 +1,6 @@
 import pytest
 
-from llmserve.autoscale.saturation import CapacityEstimate, update_capacity
+from llmserve.autoscale.saturation import SATURATED_FILL, CapacityEstimate, update_capacity
 from llmserve.autoscale.config import PredictiveConfig
 from llmserve.autoscale.signals import PoolSignals
 
@@ -22,6 +22,18 @@ def test_saturated_ticks_measure_the_capacity_in_both_directions():
     assert down.saturated_ticks == 60
     up = feed(CapacityEstimate(400.0, 0.0), [(600.0, 0.95, 3, 5.0)] * 60)
     assert up.tokens_per_s == pytest.approx(600.0, rel=0.01)
+
+
+def test_a_realtime_queue_behind_batch_lines_is_not_saturation():
+    """Batch lines hold seats there: the instances are not at their throughput (read so, the
+    simulated day's estimate fell ~8 % and stayed low)."""
+    def tick(batch_dispatched):
+        ctx = PoolSignals(now=10.0, ready=4, throughput_per_instance=500.0, batch_fill=SATURATED_FILL,
+                          queue_depth={"realtime": 8}, batch_dispatched=batch_dispatched)
+        return update_capacity(CapacityEstimate(1000.0, 0.0), ctx, CFG.model_copy(update={"capacity_measure_fill": 0.95}))
+
+    assert tick(6).tokens_per_s == 1000.0 and tick(6).saturated_ticks == 0
+    assert tick(0).tokens_per_s < 1000.0 and tick(0).saturated_ticks == 1
 
 
 def test_full_batches_without_a_queue_measure_throughput_per_seat():

@@ -34,6 +34,27 @@ class StateConfig(BaseModel):
         return self.dir.expanduser() / name
 
 
+class BatchShareConfig(BaseModel):
+    """Lines per ready instance that follow the realtime forecast (batches/share.py): ``trough``
+    while the forecast realtime load is at most ``trough_load`` of the ready pool, ``peak`` from
+    ``peak_load`` on, in proportion between."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    trough: int = Field(6, ge=1)  # an instance's batch room: 8 seats less the realtime reserve's 2
+    peak: int = Field(0, ge=0)  # 0: none (one line for all batches still runs, to measure the pace)
+    trough_load: float = Field(0.1, ge=0.0)
+    # the predictive pool runs realtime at ~0.75 of its capacity at the peak: no batch seat there
+    peak_load: float = Field(0.75, gt=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BatchShareConfig:
+        if self.peak > self.trough:
+            raise ValueError("batches.share: peak must not exceed trough")
+        if self.peak_load <= self.trough_load:
+            raise ValueError("batches.share: peak_load must exceed trough_load")
+        return self
+
+
 class BatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_file_bytes: int = Field(64 << 20, ge=1024)  # an uploaded file (OpenAI allows 200 MB)
@@ -43,6 +64,9 @@ class BatchConfig(BaseModel):
     # (benchmarks/batches/README.md); over a simulated day 2 per instance cost the fewest
     # instance-hours (benchmarks/sim/README.md); admission queues any excess behind realtime
     concurrency: int = Field(2, ge=1)
+    # with the predictive policy, lines per ready instance follow its forecast instead (None: off):
+    # over the simulated day realtime attainment as alone's at 2,000 to 20,000 lines (benchmarks/sim/README.md)
+    share: BatchShareConfig | None = BatchShareConfig()
     max_concurrency: int = Field(64, ge=1)  # for a batch that would miss its window (batches/pace.py)
     retry_interval_s: float = Field(1.0, gt=0.0)  # after a 429 / 503: the pool is full, try again
     poll_interval_s: float = Field(0.5, gt=0.0)  # how often the runner looks for new work

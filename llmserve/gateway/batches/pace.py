@@ -1,7 +1,8 @@
 """How many batch lines to keep in flight: idle capacity first, more only when a window needs it.
 
 Pure. A batch normally runs ``base`` lines at a time: :func:`base_in_flight`, a few
-per ready instance, so the idle seats of a pool of any size are filled (admission
+per ready instance (with the predictive policy, as many as its forecast leaves room
+for: :mod:`llmserve.gateway.batches.share`), so the idle seats of a pool of any size are filled (admission
 keeps each instance's realtime reserve free; lines past the free seats wait in
 the batch queue, behind realtime), while on one instance it leaves the engine to
 realtime traffic (``benchmarks/batches/README.md``). The rest of the backlog

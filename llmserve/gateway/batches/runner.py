@@ -3,7 +3,8 @@
 Each pending line is sent in process (``asgi_call``) to the gateway app, so it is
 validated, routed, admitted and balanced as a client's request would be; its
 privileges are the batch class only, so realtime traffic keeps going first.
-``concurrency`` lines per ready instance are in flight (more only when a
+``concurrency`` lines per ready instance are in flight (with ``share``, as many as
+the controllers' forecast leaves room for: ``share.py``; more only when a
 completion window needs them: ``pace.py``); the rest of the backlog waits in the store, not in the
 admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
 instance yet) is tried again after ``retry_interval_s``; any other answer is the
@@ -37,7 +38,8 @@ from llmserve.api.asgi_call import call
 from llmserve.api.frontends import OWNER_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.pace import PaceMeter, base_in_flight, lines_in_flight, told_need
+from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, told_need
+from llmserve.gateway.batches.share import base_lines
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
@@ -110,7 +112,8 @@ class BatchRunner:
         """Lines in flight for all batches: the base, or what the most pressed window needs (pace.py);
         and each model's need told to the observers."""
         cfg = self.config
-        base = base_in_flight(cfg.concurrency, self.ready_instances(), cfg.max_concurrency)
+        base = base_lines(cfg.share, cfg.concurrency, cfg.max_concurrency, self.realtime_load(),
+                          self.ready_instances())
         allowed = base
         need: dict[str, float] = {}
         for b in batches:
@@ -126,6 +129,12 @@ class BatchRunner:
                 o.on_batch_need(model, need.get(model, 0.0))
         self._told = set(need)
         return allowed
+
+    def realtime_load(self) -> float | None:
+        """The realtime load the observers' predictive policies forecast, in instances, summed
+        over their pools (as ``ready_instances`` counts every pool's); None: no forecast."""
+        loads = [x for x in (getattr(o, "realtime_load", None) for o in self.observers) if isinstance(x, float)]
+        return sum(loads) if loads else None
 
     async def tick(self) -> None:
         """Start lines up to the allowed number; end batches with nothing left."""

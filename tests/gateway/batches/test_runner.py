@@ -7,6 +7,7 @@ import io
 import json
 
 import openai
+import pytest
 
 from llmserve.priority import PriorityClass
 from tests.gateway.app_harness import stack, wait_until
@@ -67,3 +68,23 @@ def test_the_runner_measures_a_batch_pace_and_widens_only_when_its_window_needs_
     assert r._allowed([batch(0, 3600, 0.0)], 0.0) == 4  # no pace yet
     assert r._allowed([batch(500, 3590, 10.0)], 10.0) == 4  # 50 lines/s, 9,500 left in an hour: on time
     assert r._allowed([batch(520, 20, 20.0)], 20.0) > 4  # 26 lines/s, 9,480 left in 20 s: behind
+
+
+def test_the_runner_follows_the_controllers_forecast(tmp_path):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from llmserve.gateway.batches.config import BatchConfig
+    from llmserve.gateway.batches.runner import BatchRunner
+    from llmserve.gateway.batches.store import BatchStore
+
+    r = BatchRunner(BatchStore(tmp_path / "b.db"), BatchConfig(), Path("x"))
+    r.ready_instances = lambda: 4
+    batches = [{"id": "b", "expires_at": 86_400.0, "request_counts": {"total": 100, "completed": 0, "failed": 0}}]
+    assert r._allowed(batches, 0.0) == 8  # no controller with a forecast: 2 per ready instance
+    trough, peak = SimpleNamespace(realtime_load=0.2), SimpleNamespace(realtime_load=0.2)
+    r.observers = [trough, peak, SimpleNamespace(realtime_load=None), object()]
+    assert r.realtime_load() == pytest.approx(0.4)
+    assert r._allowed(batches, 0.0) == 24  # a tenth of 4 instances forecast busy: each one's batch room
+    peak.realtime_load = 3.0
+    assert r._allowed(batches, 0.0) == 1  # near the peak: one line, to keep measuring the pace
