@@ -45,6 +45,6 @@ class SampleWindow:
         self._start = k
 
     def values(self) -> np.ndarray:
-        """The values in the window, oldest first (a copy: the arrays may not grow while a
-        numpy view of them exists)."""
-        return np.frombuffer(self._v, np.float64)[self._start:].copy()
+        """The values in the window, oldest first: a view of a sliced copy, so nothing exports
+        the window's own arrays (an array exporting its buffer refuses to grow)."""
+        return np.frombuffer(self._v[self._start:], np.float64)
