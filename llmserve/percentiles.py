@@ -54,5 +54,7 @@ def percentiles(values: Collection[float], qs: Sequence[float], empty: T = None)
     import numpy as np
 
     ks = [rank(n, q) for q in qs]
-    arr = np.partition(np.fromiter(values, float, n), ks)
+    # A float array is partitioned as it is (np.partition copies); anything else read into one.
+    as_is = isinstance(values, np.ndarray) and values.dtype == np.float64
+    arr = np.partition(values if as_is else np.fromiter(values, float, n), ks)
     return [float(arr[k]) for k in ks]

@@ -39,6 +39,7 @@ from typing import Iterable, Mapping, Protocol
 
 from llmserve.autoscale.saturation import modelled_capacity
 from llmserve.autoscale.signals import PoolSignals
+from llmserve.autoscale.window import SampleWindow
 from llmserve.lifecycle import InstanceState
 from llmserve.percentiles import percentiles
 
@@ -91,11 +92,8 @@ class SignalCollector:
         self._arrivals: deque[float] = deque()
         self._batch_arrivals: deque[float] = deque()
         self.batch_need_lines_per_s = 0.0
-        # Times and values apart, so a snapshot reads the values without unpacking.
-        self._ttft_t: deque[float] = deque()
-        self._ttft_v: deque[float] = deque()
-        self._e2e_t: deque[float] = deque()
-        self._e2e_v: deque[float] = deque()
+        self._ttft = SampleWindow()
+        self._e2e = SampleWindow()
 
     def set_batch_need(self, lines_per_s: float) -> None:
         """The batch lines per second the active batches' windows require (0: none)."""
@@ -111,23 +109,15 @@ class SignalCollector:
     def record_first_token(self, t: float, ttft_s: float, batch: bool = False) -> None:
         if batch:
             return
-        self._ttft_t.append(t)
-        self._ttft_v.append(ttft_s)
+        self._ttft.append(t, ttft_s)
 
     def record_finish(self, t: float, e2e_s: float, output_tokens: int, batch: bool = False) -> None:
         if not batch:
-            self._e2e_t.append(t)
-            self._e2e_v.append(e2e_s)
+            self._e2e.append(t, e2e_s)
         # A plain average until ``tau`` samples, an EWMA after: the prior only
         # stands in until the first request finishes, not for ``tau`` requests.
         self._n_outputs += 1
         self.mean_output_tokens += (output_tokens - self.mean_output_tokens) / min(self._n_outputs, self._tau)
-
-    @staticmethod
-    def _prune(times: deque, values: deque, since: float) -> None:
-        while times and times[0] <= since:
-            times.popleft()
-            values.popleft()
 
     def snapshot(self, now: float, loads: Iterable[InstanceLoad], queue_depth: Mapping[str, int],
                  counts: Mapping[InstanceState, int], dispatched: int = 0,
@@ -139,16 +129,16 @@ class SignalCollector:
         for arrivals in (self._arrivals, self._batch_arrivals):
             while arrivals and arrivals[0] <= since:
                 arrivals.popleft()
-        self._prune(self._ttft_t, self._ttft_v, now - self.latency_window_s)
-        self._prune(self._e2e_t, self._e2e_v, now - self.latency_window_s)
+        self._ttft.prune(now - self.latency_window_s)
+        self._e2e.prune(now - self.latency_window_s)
         n_arr, n_batch = len(self._arrivals), len(self._batch_arrivals)
         per_request = self.mean_prompt_tokens + self.mean_output_tokens
         if self._start is None:
             self._start = now
         # Right after start the window is not full yet: divide by what has elapsed.
         span = min(self.window_s, now - self._start) if now > self._start else self.window_s
-        ttft_p50, ttft_p99 = percentiles(self._ttft_v, (50, 99))
-        e2e_p50, e2e_p99 = percentiles(self._e2e_v, (50, 99))
+        ttft_p50, ttft_p99 = percentiles(self._ttft.values(), (50, 99))
+        e2e_p50, e2e_p99 = percentiles(self._e2e.values(), (50, 99))
 
         loads = list(loads)
         k = len(loads)
