@@ -182,6 +182,9 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     return app
 
 
+GRACEFUL_S = 20  # on SIGTERM, in-flight requests get this long to finish before the exit
+
+
 def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
                 log_level: str = "info", tracing: TracingConfig | None = None) -> None:
     import uvicorn
@@ -197,4 +200,4 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     uvicorn.run(create_app(config, telemetry), host=host, port=port, log_level=log_level, access_log=False,
                 **uvicorn_options(config.limits.http_limits()),
                 # The gateway never reads the client address, so no X-Forwarded-* rewriting.
-                proxy_headers=False)
+                proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_S)

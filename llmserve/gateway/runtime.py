@@ -14,10 +14,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmserve.gateway.adapter_load import adapters_of
 from llmserve.gateway.canary import Action, CanaryAnalysis, CanaryState
@@ -212,21 +212,17 @@ class Gateway:
             return
         self.started = False
         for s in reversed(self.services):
-            try:
-                await s.stop()
-            except Exception:  # the gateway's own shutdown must still run
-                log.exception("stopping service %r failed", s)
+            await _bounded(s.stop(), f"service {s!r}")
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with suppress(asyncio.CancelledError):
-                await t
-        await self.shared.stop()
+            await _bounded(_settled(t), f"task {t.get_name()}")
+        await _bounded(self.shared.stop(), "shared state")
         if self.monitor is not None:
             self.monitor.close()
         if self.upstream is not None:
-            await self.upstream.aclose()
-        await self.tenants.stop()
+            await _bounded(self.upstream.aclose(), "upstream client")
+        await _bounded(self.tenants.stop(), "key limits")
         if self.telemetry is not None and self.telemetry.tracing is not None:
             self.telemetry.tracing.shutdown()  # export what is buffered
 
@@ -294,3 +290,23 @@ class Gateway:
                         for a in sorted(names):
                             adapter.add_metric([name, version, iid, a, state_name], 1.0)
         return [depth, oldest, weight, inflight, ready, breaker, adapter, *self.shared.gauges()]
+
+
+STOP_STEP_S = 5.0  # a stuck step (a store that hangs, a task that ignores its cancel) must not stop the exit
+
+
+async def _settled(task: asyncio.Task) -> None:
+    with suppress(asyncio.CancelledError):
+        await task
+
+
+async def _bounded(step: Awaitable[Any], what: str) -> None:
+    """One shutdown step, given STOP_STEP_S; a failure or overrun is logged and the rest
+    still runs. ``asyncio.wait``, not ``wait_for``: a step that ignores its cancel is left behind."""
+    fut = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({fut}, timeout=STOP_STEP_S)
+    if not done:
+        fut.cancel()
+        log.warning("stopping %s took over %.0f s; going on without it", what, STOP_STEP_S)
+    elif not fut.cancelled() and fut.exception() is not None:  # the gateway's own shutdown must still run
+        log.error("stopping %s failed", what, exc_info=fut.exception())

@@ -65,7 +65,13 @@ class GatewayProcess:
         self.client.close()
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=10)
+            try:  # in-flight requests get 20 s (GRACEFUL_S), each shutdown step 5 s
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                tail = self.log_path.read_text()[-4000:]
+                raise AssertionError(f"the gateway did not exit within 60 s of SIGTERM:\n{tail}") from None
 
 
 def gateway_config(versions: dict[str, list[str]], *, weights: dict[str, float] | None = None,

@@ -171,6 +171,7 @@ def test_redis_killed_and_restarted_mid_canary(upstreams, redis_server, tmp_path
         for t in threads:
             t.join(30)
     try:
+        assert not any(t.is_alive() for t in threads), "a request still open 30 s after the load stopped"
         assert not failures, failures[:5]
         _wait(lambda: _events(a) == _events(b), 10, "both replicas to agree")
         actions = [e["action"] for e in _events(a)]
