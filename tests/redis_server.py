@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from llmserve.ports import free_port
+
 
 def redis_binary() -> str:
     """The redis-server binary, or skip/fail as the browser tests do."""
@@ -29,18 +31,12 @@ def redis_binary() -> str:
     pytest.skip("no redis-server binary (scripts/setup.sh test installs it)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     def __init__(self, workdir: Path, password: str | None = None) -> None:
         self.binary = redis_binary()
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.password = password or secrets.token_hex(16)
         self.proc: subprocess.Popen | None = None
 

@@ -46,7 +46,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from llmserve.autoscale.providers.process import free_port, terminate
+from llmserve.autoscale.providers.process import terminate
+from llmserve.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "gateway"))
 from overhead import Proc, machine, tiny_model  # noqa: E402 - the gateway benchmark's process helpers
 from tables import md_table  # noqa: E402
 
-from llmserve.autoscale.providers.process import free_port  # noqa: E402
+from llmserve.ports import free_port  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

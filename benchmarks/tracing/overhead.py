@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import overhead as gw  # noqa: E402 - benchmarks/gateway/overhead.py: processes, bench runs, paired TTFT
 import side_by_side  # noqa: E402 - benchmarks/tracing/side_by_side.py: both stacks loaded at once
 
-from llmserve.autoscale.providers.process import free_port  # noqa: E402
+from llmserve.ports import free_port  # noqa: E402
 
 
 def receiver_main(port: int, out: str) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import yaml
 
-from llmserve.autoscale.providers.process import free_port, terminate
+from llmserve.autoscale.providers.process import terminate
+from llmserve.ports import free_port
 
 
 class ServeProcess:

@@ -14,11 +14,11 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
+from llmserve.ports import free_port
 from llmserve.state.redis_conn import StoreError, connect
 
 
@@ -31,16 +31,10 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalRedis:
     def __init__(self, workdir: Path) -> None:
         self.workdir = Path(workdir)
-        self.port = _free_port()
+        self.port = free_port()
         self.password_file = self.workdir / "redis-password"
         self.proc: subprocess.Popen | None = None
 

@@ -153,7 +153,7 @@ def test_an_orphan_no_leader_holds_is_stopped(replicas):
     import subprocess
     import sys
 
-    from llmserve.autoscale.providers.process import free_port
+    from llmserve.ports import free_port
     from llmserve.autoscale.providers.registry import ProcessRegistry, Registered, process_start
 
     procs, state = replicas

@@ -23,7 +23,7 @@ import pytest
 
 from llmserve.autoscale.providers.base import InstanceSpec, RunState
 from llmserve.autoscale.providers.local import LocalProvider, LocalProviderConfig
-from llmserve.autoscale.providers.process import free_port
+from llmserve.ports import free_port
 from llmserve.server.fork_server import ForkedProcess, Template, TemplateError
 from tests.helpers import make_tiny_llama
 

@@ -21,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from llmserve.ports import free_port
+
 
 DEAD_EVENT = (b'data: {"error": {"message": "the engine failed", "type": "service_unavailable", '
               b'"param": null, "code": "engine_dead"}}\n\n')
@@ -182,12 +184,6 @@ def make_app(b: Behaviour) -> Starlette:
         Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
         Route("/load", load), Route("/metrics", metrics), Route("/ready", ready),
         Route("/health", health)])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:

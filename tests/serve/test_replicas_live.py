@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from llmserve.autoscale.providers.process import free_port
+from llmserve.ports import free_port
 from llmserve.state.redis_conn import StoreError, connect
 from tests.autoscale.serve_harness import FAST_GATEWAY, ServeProcess, standin_config
 

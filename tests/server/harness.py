@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,11 +12,10 @@ from pathlib import Path
 
 import httpx
 
+from llmserve.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+BIND_RETRIES = 3  # another process can still take the port between our pick and the bind
 
 
 @dataclass
@@ -25,6 +23,8 @@ class EngineProcess:
     proc: subprocess.Popen
     port: int
     log_path: Path
+    args: tuple[str, ...] = ()  # the engine's arguments less --port, to start it again
+    rebind: bool = False  # the port was ours to choose: a taken one is chosen again
 
     @property
     def url(self) -> str:
@@ -33,10 +33,23 @@ class EngineProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def launch(self) -> None:
+        self.log_path = self.log_path.with_name(f"engine-{self.port}.log")
+        cmd = [sys.executable, "-m", "llmserve.cli", "engine", *self.args, "--port", str(self.port)]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
+        retries = BIND_RETRIES
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if retries and self.rebind and "address already in use" in self.log():
+                    retries -= 1
+                    self.port = free_port()
+                    self.launch()
+                    continue
                 raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.url + "/ready", timeout=1.0).status_code == 200:
@@ -54,14 +67,11 @@ class EngineProcess:
 
 def start_engine(model: Path | str, tmp_path: Path, *args: str, wait: bool = True,
                  port: int | None = None) -> EngineProcess:
-    port = port or free_port()
-    log_path = Path(tmp_path) / f"engine-{port}.log"
-    cmd = [sys.executable, "-m", "llmserve.cli", "engine", "--model", str(model), "--port", str(port),
-           "--threads", "1", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    ep = EngineProcess(proc, port, log_path)
+    """An engine on ``port`` (a free one if not given; chosen again if taken before it binds,
+    so read ``url`` after ``wait_ready``)."""
+    ep = EngineProcess(None, port or free_port(), Path(tmp_path) / "engine.log",  # type: ignore[arg-type]
+                       ("--model", str(model), "--threads", "1", *args), rebind=port is None)
+    ep.launch()
     if wait:
         ep.wait_ready()
     return ep

@@ -32,9 +32,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
-from llmserve.autoscale.providers.process import (engine_argv, engine_command, foreign_command, free_port, spawn,
-                                                  tail)
+from llmserve.autoscale.providers.process import engine_argv, engine_command, foreign_command, spawn, tail
 from llmserve.autoscale.providers.registry import AdoptedProcess, ProcessRegistry, Registered, process_start
+from llmserve.ports import free_port
 from llmserve.server.fork_server import ForkedProcess, Template, TemplateError, needs_fresh_process
 
 log = logging.getLogger(__name__)

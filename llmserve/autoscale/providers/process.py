@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,17 +33,6 @@ _LIBC = _libc() if sys.platform.startswith("linux") else None
 def _die_with_parent() -> None:  # runs in the child between fork and exec: keep it minimal
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
-    """A port nothing listens on right now (and not one handed out just before)."""
-    for _ in range(64):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if not avoid or port not in avoid:
-            return port
-    raise RuntimeError(f"no free port found on {host}")
 
 
 def engine_argv(engine_args: list[str] | tuple[str, ...], host: str, port: int, instance_id: str) -> list[str]:

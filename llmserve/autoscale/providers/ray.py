@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
-from llmserve.autoscale.providers.process import engine_command, foreign_command, free_port, spawn, tail, terminate
+from llmserve.autoscale.providers.process import engine_command, foreign_command, spawn, tail, terminate
+from llmserve.ports import free_port
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,55 @@
+"""Ports for the servers we start (instances, gateways, Redis).
+
+A port taken with ``bind(port 0)`` comes from the kernel's ephemeral range, the
+same range every outgoing connection draws its local port from: between our
+pick and the child's own bind, any client on the machine can take it, and the
+child dies with "address already in use". Picking below that range leaves only
+other servers to collide with, and the bind check catches those listening.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FLOOR = 10_000          # below: well-known and registered services people run
+_given: set[int] = set()  # handed out by this process: never twice
+_pick = random.SystemRandom()  # a test's random.seed must not make processes pick alike
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _binds(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
+    """A port nothing listens on now, outside the ephemeral range where it can be."""
+    taken = _given | (avoid or set())
+    high = _ephemeral_low() - 1
+    if high - _FLOOR >= 1_000:
+        for _ in range(256):
+            port = _pick.randint(_FLOOR, high)
+            if port not in taken and _binds(host, port):
+                _given.add(port)
+                return port
+    for _ in range(64):  # no room below the ephemeral range: the kernel's pick
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            _given.add(port)
+            return port
+    raise RuntimeError(f"no free port found on {host}")
