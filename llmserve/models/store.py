@@ -17,6 +17,7 @@ member we want out of it.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -81,8 +82,10 @@ def served_name(model: str | Path) -> str:
 
 
 def default_store_dir() -> Path:
-    """``~/.cache/llmserve/models``; the CLI overrides it (``--model-store``)."""
-    return Path.home() / ".cache" / "llmserve" / "models"
+    """``LLMSERVE_MODEL_STORE``, else ``~/.cache/llmserve/models``; ``--model-store`` overrides
+    both. Read here, so the Python API (``LLM(...)``) finds the store the CLI pulled into."""
+    env = os.environ.get("LLMSERVE_MODEL_STORE")
+    return Path(env) if env else Path.home() / ".cache" / "llmserve" / "models"
 
 
 def _store(store_dir: Path | str | None) -> Path:

@@ -115,3 +115,14 @@ def test_resolve_paths(tmp_path):
         resolve(tmp_path)  # a folder without config.json
     with pytest.raises(ModelLoadError, match="no such file or folder"):
         resolve(tmp_path / "missing.gguf", tmp_path)
+
+
+def test_the_python_api_finds_the_store_the_environment_names(tmp_path, monkeypatch):
+    """``LLMSERVE_MODEL_STORE`` is the default for every entry point, not only the CLI's:
+    ``LLM("SmolLM2-135M-Instruct")`` after ``llmserve pull`` into it must look there."""
+    from llmserve.engine.config import EngineConfig
+    from llmserve.engine.llm import build_engine
+
+    monkeypatch.setenv("LLMSERVE_MODEL_STORE", str(tmp_path / "elsewhere"))
+    with pytest.raises(ModelLoadError, match="elsewhere"):
+        build_engine(EngineConfig(model=KNOWN_MODELS[0].name))
