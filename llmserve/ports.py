@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
 from pathlib import Path
 
 _RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _FLOOR = 10_000          # below: well-known and registered services people run
-_given: set[int] = set()  # handed out by this process: never twice
+# Handed out lately by this process, not yet bound by their servers: never twice. Bounded,
+# so a controller that starts instances for months does not run out of ports.
+_given: deque[int] = deque(maxlen=1_024)
 _pick = random.SystemRandom()  # a test's random.seed must not make processes pick alike
 
 
@@ -37,19 +40,19 @@ def _binds(host: str, port: int) -> bool:
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
     """A port nothing listens on now, outside the ephemeral range where it can be."""
-    taken = _given | (avoid or set())
+    taken = set(_given) | (avoid or set())
     high = _ephemeral_low() - 1
     if high - _FLOOR >= 1_000:
         for _ in range(256):
             port = _pick.randint(_FLOOR, high)
             if port not in taken and _binds(host, port):
-                _given.add(port)
+                _given.append(port)
                 return port
     for _ in range(64):  # no room below the ephemeral range: the kernel's pick
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
         if port not in taken:
-            _given.add(port)
+            _given.append(port)
             return port
     raise RuntimeError(f"no free port found on {host}")

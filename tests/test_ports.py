@@ -32,6 +32,6 @@ def test_a_port_in_use_or_to_avoid_is_passed_over(monkeypatch):
                 return next(picks)
 
         monkeypatch.setattr(ports, "_pick", Scripted())
-        monkeypatch.setattr(ports, "_given", set())
+        monkeypatch.setattr(ports, "_given", ports.deque(maxlen=8))
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 60_000)
         assert ports.free_port(avoid={avoided}) == wanted

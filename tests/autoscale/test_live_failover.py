@@ -153,8 +153,8 @@ def test_an_orphan_no_leader_holds_is_stopped(replicas):
     import subprocess
     import sys
 
-    from llmserve.ports import free_port
     from llmserve.autoscale.providers.registry import ProcessRegistry, Registered, process_start
+    from llmserve.ports import free_port
 
     procs, state = replicas
     leader = leader_among(procs)
