@@ -38,7 +38,8 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
     for i, a in enumerate(adapters):
         slots.write([2, 0, 3][i], a)  # slot 1 stays empty
     slot_of = {2: adapters[0], 0: adapters[1], 3: adapters[2]}
-    row_slots = [-1, 0, 0, 2, -1, 3, 3, 3, 0, 2, 2, -1, 0]
+    # runs of 1-3 rows, and one of 6 (more rows than the kernel shares an A row's load over)
+    row_slots = [-1, 0, 0, 2, -1, 3, 3, 3, 0, 2, 2, -1, 0, 3, 3, 3, 3, 3, 3]
     spots = model_modules(config)
     g = torch.Generator().manual_seed(0)
     slots.begin_step(row_slots)
@@ -60,6 +61,33 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
     y = torch.ones(len(row_slots), 64)
     slots.add_delta(y, torch.ones(len(row_slots), 64), 0, "o")
     assert torch.equal(y, torch.ones_like(y))  # no step: no delta
+
+
+def test_the_kernel_at_sizes_off_its_vector_widths():
+    """Widths that are not multiples of 8 or 32, and segments of 1 to 9 rows: every remainder loop."""
+    from llmserve.models import kernels
+
+    k = kernels.load()
+    if k is None:
+        pytest.skip("no C++ kernels on this CPU")
+    g = torch.Generator().manual_seed(5)
+    IN, OUT, R = 37, 45, 5
+    groups = [(0, 20), (20, 45)]
+    a, b = torch.randn(2, 2 * R, IN, generator=g), torch.randn(2, R, OUT, generator=g)
+    parts = torch.tensor([[[0, 5, 0, 20], [5, 3, 20, 45]],    # slot 0: both modules, ranks 5 and 3
+                          [[0, 0, 0, 20], [0, 4, 20, 45]]])   # slot 1: the second only, rank 4
+    segs = torch.tensor([[0, 0, 6], [1, 6, 7], [0, 9, 11], [1, 11, 20]])
+    x, y0 = torch.randn(20, IN, generator=g), torch.randn(20, OUT, generator=g)
+    y = y0.clone()
+    k.lora_sgmv_(y, x, a, b, parts, segs)
+    want = y0.clone()
+    for slot, lo_row, hi_row in segs.tolist():
+        for (lo, r, start, stop), _ in zip(parts[slot].tolist(), groups):
+            if r:
+                h = x[lo_row:hi_row] @ a[slot, lo:lo + r].T
+                want[lo_row:hi_row, start:stop] += h @ b[slot, :r, start:stop]
+    assert torch.allclose(y, want, rtol=1e-5, atol=1e-4), (y - want).abs().max()
+    assert torch.equal(y[7:9], y0[7:9])  # rows no segment names
 
 
 def test_a_slot_reads_back_what_was_written_and_clears():
