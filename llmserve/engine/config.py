@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from llmserve.engine.kv_budget import default_kv_bytes
 from llmserve.flags import Flag
@@ -132,6 +132,9 @@ class EngineConfig(BaseModel):
         default_factory=dict, description="adapters served as models: a PEFT folder or a GGUF LoRA each")
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (one step mixes at most these)")
     max_lora_rank: int = Field(16, ge=1, le=512, description="largest LoRA rank accepted")
+    lora_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES)] = Field(
+        "auto", description="the LoRA factors' storage; auto = fp16 with int8 weights (half the memory and "
+                            "the bytes each step reads), else fp32 (token-exact against PEFT)")
     max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept loaded in memory beyond the "
                                                               "resident ones, least recently used out (default: --max-loras)")
     # Set by the server from its own --served-model-name.
@@ -164,12 +167,12 @@ class EngineConfig(BaseModel):
     def lora_enabled(self) -> bool:
         return self.enable_lora or bool(self.lora_modules)
 
-    @field_validator("kv_cache_dtype", mode="before")
+    @field_validator("kv_cache_dtype", "lora_dtype", mode="before")
     @classmethod
-    def _kv_dtype(cls, v: Any) -> str:
+    def _kv_dtype(cls, v: Any, info: ValidationInfo) -> str:
         kv = _KV_ALIASES.get(str(v).lower())
         if kv is None:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {v!r}")
+            raise ValueError(f"{info.field_name} must be one of {KV_CACHE_DTYPES}, got {v!r}")
         return kv
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,13 +28,15 @@ def _adapter(config, name: str, rank: int, modules: list[str], seed: int) -> Lor
     return LoraAdapter(name, name, deltas)
 
 
-@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernel", "torch"])
-def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
+@pytest.mark.parametrize("use_kernels, dtype", [(True, torch.float32), (False, torch.float32),
+                                                (True, torch.float16), (False, torch.float16)],
+                         ids=["kernel", "torch", "kernel-fp16", "torch-fp16"])
+def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels, dtype):
     config = _config()
     adapters = [_adapter(config, "a0", 4, ["q_proj", "v_proj"], 1),
                 _adapter(config, "a1", 8, sorted(model_modules(config)), 2),
                 _adapter(config, "a2", 2, ["k_proj", "gate_proj", "down_proj"], 3)]
-    slots = LoraSlots(config, 4, 8, use_kernels=use_kernels)
+    slots = LoraSlots(config, 4, 8, use_kernels=use_kernels, dtype=dtype)
     for i, a in enumerate(adapters):
         slots.write([2, 0, 3][i], a)  # slot 1 stays empty
     slot_of = {2: adapters[0], 0: adapters[1], 3: adapters[2]}
@@ -53,6 +55,7 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
             for row, s in enumerate(row_slots):
                 for (lay, m), (a, b) in (slot_of[s].deltas.items() if s >= 0 else ()):
                     if lay == layer and spots[m].kind == kind:
+                        a, b = a.to(dtype).float(), b.to(dtype).float()  # (fp16: the stored factors)
                         want[row, spots[m].start:spots[m].stop] += b @ (a @ x[row])
             assert torch.allclose(y, want, rtol=1e-5, atol=1e-4), (layer, kind, (y - want).abs().max())
             base = [r for r, s in enumerate(row_slots) if s < 0]
@@ -63,7 +66,8 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_none(use_kernels):
     assert torch.equal(y, torch.ones_like(y))  # no step: no delta
 
 
-def test_the_kernel_at_sizes_off_its_vector_widths():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_the_kernel_at_sizes_off_its_vector_widths(dtype):
     """Widths that are not multiples of 8 or 32, and segments of 1 to 9 rows: every remainder loop."""
     from llmserve.models import kernels
 
@@ -73,7 +77,7 @@ def test_the_kernel_at_sizes_off_its_vector_widths():
     g = torch.Generator().manual_seed(5)
     IN, OUT, R = 37, 45, 5
     groups = [(0, 20), (20, 45)]
-    a, b = torch.randn(2, 2 * R, IN, generator=g), torch.randn(2, R, OUT, generator=g)
+    a, b = torch.randn(2, 2 * R, IN, generator=g).to(dtype), torch.randn(2, R, OUT, generator=g).to(dtype)
     parts = torch.tensor([[[0, 5, 0, 20], [5, 3, 20, 45]],    # slot 0: both modules, ranks 5 and 3
                           [[0, 0, 0, 20], [0, 4, 20, 45]]])   # slot 1: the second only, rank 4
     segs = torch.tensor([[0, 0, 6], [1, 6, 7], [0, 9, 11], [1, 11, 20]])
@@ -84,8 +88,8 @@ def test_the_kernel_at_sizes_off_its_vector_widths():
     for slot, lo_row, hi_row in segs.tolist():
         for (lo, r, start, stop), _ in zip(parts[slot].tolist(), groups):
             if r:
-                h = x[lo_row:hi_row] @ a[slot, lo:lo + r].T
-                want[lo_row:hi_row, start:stop] += h @ b[slot, :r, start:stop]
+                h = x[lo_row:hi_row] @ a[slot, lo:lo + r].float().T
+                want[lo_row:hi_row, start:stop] += h @ b[slot, :r, start:stop].float()
     assert torch.allclose(y, want, rtol=1e-5, atol=1e-4), (y - want).abs().max()
     assert torch.equal(y[7:9], y0[7:9])  # rows no segment names
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from llmserve.engine.lora.manager import LoraManager
 from llmserve.models.lora.adapter import LoraAdapter, LoraError
 from llmserve.models.lora.slots import LoraSlots, install
@@ -19,12 +21,21 @@ def build_lora(config, model_config, model) -> LoraManager | None:
     A bad ``--lora-modules`` entry stops the start with its ``LoraError``."""
     if not config.lora_enabled:
         return None
-    slots = LoraSlots(model_config, config.max_loras, config.max_lora_rank)
+    slots = LoraSlots(model_config, config.max_loras, config.max_lora_rank, dtype=lora_dtype(config))
     install(model, slots)
     manager = LoraManager(model_config, slots, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
     for name, path in config.lora_modules.items():
         manager.add(manager.read(name, path))
     return manager
+
+
+def lora_dtype(config) -> torch.dtype:
+    """The factors' storage: fp16 beside int8 weights (already judged by the lossy bar; the
+    factors' reads are most of a LoRA product's cost), fp32 beside float weights."""
+    want = config.lora_dtype
+    if want == "auto":
+        want = "fp16" if config.dtype in ("int8", "w8a8") else "fp32"
+    return torch.float16 if want == "fp16" else torch.float32
 
 
 def need(manager: LoraManager | None) -> LoraManager:

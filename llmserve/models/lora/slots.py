@@ -36,10 +36,11 @@ class _Stack:
     ``parts`` [slots, groups, 4]: each module's (first row in ``a``, rank, start, stop), rank 0
     where the slot's adapter lacks it (the kernel's table)."""
 
-    def __init__(self, slots: int, groups: list[tuple[int, int]], rank: int, in_features: int) -> None:
+    def __init__(self, slots: int, groups: list[tuple[int, int]], rank: int, in_features: int,
+                 dtype: torch.dtype) -> None:
         self.groups = groups  # (start, stop) output columns of each group
-        self.a = torch.zeros(slots, len(groups) * rank, in_features)
-        self.bt = torch.zeros(slots, rank, groups[-1][1])
+        self.a = torch.zeros(slots, len(groups) * rank, in_features, dtype=dtype)
+        self.bt = torch.zeros(slots, rank, groups[-1][1], dtype=dtype)
         self.b = [self.bt[:, :, start:stop] for start, stop in groups]
         self.parts = torch.zeros(slots, len(groups), 4, dtype=torch.long)
         self.parts[:, :, 2:] = torch.tensor(groups, dtype=torch.long)
@@ -69,18 +70,23 @@ class LoraSlots:
     """``num_slots`` adapters resident at once, each in a slot; the model's LoRA-wrapped
     products call :meth:`add_delta` between :meth:`begin_step` and :meth:`end_step`."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, use_kernels: bool = True) -> None:
-        """``use_kernels``: the C++ kernel where it can be had (False: torch's ops, for comparison)."""
+    def __init__(self, config: ModelConfig, num_slots: int, max_rank: int, use_kernels: bool = True,
+                 dtype: torch.dtype = torch.float32) -> None:
+        """``use_kernels``: the C++ kernel where it can be had (False: torch's ops, for comparison).
+        ``dtype``: the factors' storage, float32 or float16 (half the memory and the reads; the
+        products still add up in fp32)."""
         from llmserve.models import kernels
 
-        self.num_slots, self.rank = num_slots, max_rank
+        if dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"LoRA factors are stored as float32 or float16, not {dtype}")
+        self.num_slots, self.rank, self.dtype = num_slots, max_rank, dtype
         self._kernels = kernels.load() if use_kernels else None
         self.spots = model_modules(config)
         by_kind: dict[str, dict[int, tuple[int, int, int]]] = {}
         for s in self.spots.values():
             by_kind.setdefault(s.kind, {})[s.group] = (s.start, s.stop, s.in_features)
         self.stacks = [{kind: _Stack(num_slots, [(g[0], g[1]) for _, g in sorted(gs.items())], max_rank,
-                                     next(iter(gs.values()))[2]) for kind, gs in by_kind.items()}
+                                     next(iter(gs.values()))[2], dtype) for kind, gs in by_kind.items()}
                        for _ in range(config.num_hidden_layers)]
         # per slot: (layer, kind) -> its _Product (absent: the adapter leaves that product alone)
         self._products: list[dict[tuple[int, str], _Product]] = [{} for _ in range(num_slots)]
@@ -114,7 +120,8 @@ class LoraSlots:
             self._products[slot][(layer, kind)] = _Product(st.a[slot, :lo].t(), tuple(parts))
 
     def read(self, slot: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-        """The deltas in ``slot`` as :class:`LoraAdapter` holds them (copies, bit for bit)."""
+        """The deltas in ``slot`` as :class:`LoraAdapter` holds them (copies in the slot's dtype:
+        bit for bit what was written when that is float32)."""
         copy = torch.contiguous_format  # (always a copy: the slot is cleared after)
         return {(layer, p.module): (prod.at[:, p.lo:p.hi].t().clone(memory_format=copy),
                                     p.b.t().clone(memory_format=copy))
@@ -159,13 +166,9 @@ class LoraSlots:
             prod = products.get(key)
             if prod is None:
                 continue
-            h = torch.mm(x[lo:hi], prod.at)
-            if len(prod.parts) == 1:
-                p = prod.parts[0]
-                y[lo:hi, p.start:p.stop].addmm_(h, p.b)
-                continue
+            h = torch.mm(x[lo:hi], prod.at.to(x.dtype))
             for p in prod.parts:
-                y[lo:hi, p.start:p.stop].addmm_(h[:, p.lo:p.hi], p.b)
+                y[lo:hi, p.start:p.stop].addmm_(h[:, p.lo:p.hi], p.b.to(x.dtype))
 
 
 class LoraLinear:
