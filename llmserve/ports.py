@@ -56,3 +56,21 @@ def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
             _given.append(port)
             return port
     raise RuntimeError(f"no free port found on {host}")
+
+
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket for a server of ours, bound now (before its slow start-up, so the
+    port is its own from the first moment); ``reuse_port``: replicas bind it too and the kernel
+    balances connections between them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -35,3 +35,40 @@ def test_a_port_in_use_or_to_avoid_is_passed_over(monkeypatch):
         monkeypatch.setattr(ports, "_given", ports.deque(maxlen=8))
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 60_000)
         assert ports.free_port(avoid={avoided}) == wanted
+
+
+def test_listen_binds_at_once_and_only_replicas_share_a_port():
+    port = ports.free_port()
+    with ports.listen("127.0.0.1", port) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # accepted into the backlog before anything serves
+        try:
+            ports.listen("127.0.0.1", port).close()
+            raise AssertionError("a second server bound a port in use")
+        except OSError:
+            pass
+        assert sock.getsockname()[1] == port
+    port = ports.free_port()
+    with ports.listen("127.0.0.1", port, reuse_port=True), ports.listen("127.0.0.1", port, reuse_port=True):
+        pass
+
+
+def test_the_instance_server_holds_its_port_before_it_imports_or_loads(monkeypatch):
+    """``llmserve engine``'s entry binds the port and then hands the socket to the server
+    (whose imports and model load take seconds): the port cannot be taken in between."""
+    import llmserve.server.app as app
+    from llmserve.server import entry
+
+    port, seen = ports.free_port(), {}
+
+    def fake_run_server(ecfg, scfg, sock=None):
+        seen["sock"] = sock
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            seen["listening"] = True
+        return 0
+
+    monkeypatch.setattr(app, "run_server", fake_run_server)
+    args = entry.parser().parse_args(["--port", str(port), "--host", "127.0.0.1"])
+    assert entry.serve(args) == 0
+    assert seen["listening"] and seen["sock"].getsockname()[1] == port
+    seen["sock"].close()

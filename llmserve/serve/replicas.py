@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from llmserve.ports import listen
 from llmserve.serve.deployment import deep_merge
 from llmserve.serve.serve_config import ServeConfig
 from llmserve.state.gateway_state import check_store
@@ -41,12 +42,7 @@ EARLY_EXIT_S = 10.0  # a first start that fails this soon is a bad configuration
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A listening socket that other replicas bind too: the kernel balances connections."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    sock = listen(host, port, reuse_port=True)
     sock.set_inheritable(True)
     return sock
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -322,8 +323,9 @@ class _DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
-    """Serve until drained; returns the process exit code."""
+def run_server(engine_config: EngineConfig, server_config: ServerConfig, sock: socket.socket | None = None) -> int:
+    """Serve until drained; returns the process exit code. ``sock``: the listening socket,
+    bound already (default: uvicorn binds the configured host and port)."""
     _refuse_unsupported(engine_config)
     logging.basicConfig(level=getattr(logging, server_config.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -339,7 +341,7 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         server = _DrainingServer(ucfg, inst)
         server.exit_code = 0  # type: ignore[attr-defined]
         loader = asyncio.create_task(inst.start())
-        await server.serve()
+        await server.serve(sockets=[sock] if sock is not None else None)
         loader.cancel()
         if inst.engine is not None:
             inst.engine.shutdown()

@@ -46,7 +46,14 @@ def serve(args: argparse.Namespace) -> int:
         from llmserve.engine.threads import available_cores, engine_threads
 
         ecfg = ecfg.model_copy(update={"threads": engine_threads(available_cores(), ecfg.instances)})
-    return run_server(ecfg, scfg)
+    # The port is bound before the imports and the model load (seconds): a port picked free
+    # for this instance is its own at once. Connections wait in the backlog until uvicorn runs;
+    # a process forked from here (the engine) closes its copy.
+    from llmserve.ports import listen
+
+    sock = listen(scfg.host, scfg.port)
+    os.register_at_fork(after_in_child=sock.close)
+    return run_server(ecfg, scfg, sock)
 
 
 def parser() -> argparse.ArgumentParser:
