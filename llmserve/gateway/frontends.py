@@ -17,6 +17,7 @@ from llmserve.api.frontends import Frontends
 from llmserve.api.response_store import ResponseStore, SQLiteResponseStore
 from llmserve.gateway.batches.routes import BatchRoutes
 from llmserve.gateway.batches.runner import BatchRunner
+from llmserve.gateway.batches.share import batch_room
 from llmserve.gateway.batches.store import BatchStore
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.events import GatewayService, RequestObserver
@@ -33,6 +34,9 @@ def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[
     gateway = getattr(app, "gateway", None)
     if gateway is not None:  # lines in flight scale with the instances that can take them
         runner.ready_instances = lambda: sum(i.ready and i.accepting for p in gateway.pools() for i in p.instances())
+        runner.batch_room = lambda: batch_room((i.report.max_num_seqs if i.report is not None else 0,
+                                                p.picker.concurrency)
+                                               for p in gateway.pools() for i in p.instances() if i.ready and i.accepting)
     services.append(runner)
     routes = BatchRoutes(store, config.batches, runner)
     responses: ResponseStore

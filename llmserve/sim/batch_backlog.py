@@ -23,7 +23,7 @@ from llmserve.lifecycle import InstanceState as S
 from llmserve.autoscale.outlook import realtime_load
 from llmserve.gateway.batches.config import BatchShareConfig
 from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, told_need
-from llmserve.gateway.batches.share import base_lines
+from llmserve.gateway.batches.share import base_lines, batch_room
 from llmserve.sim.results import COMPLETED, EXPIRED, REJECTED, SimResult
 from llmserve.sim.simulator import Simulator
 from llmserve.sim.traces import Trace
@@ -68,6 +68,7 @@ class BacklogSimulator(Simulator):
         self.done_at = float("nan")
         self.meter = PaceMeter()
         self.ready_now = 0
+        self.room = batch_room(())
         self.load: float | None = None  # the policy's forecast realtime load, in instances
 
     def _arrive(self, rid: int, now: float) -> None:
@@ -96,7 +97,9 @@ class BacklogSimulator(Simulator):
         b = self.backlog
         # what the live runner tells the controller: the rate the window requires, while idle seats fall short
         left = b.submit_s + b.window_s - now
-        self.ready_now = sum(1 for i in self.instances.values() if i.state is S.READY)  # as the runner counts
+        ready = [i for i in self.instances.values() if i.state is S.READY]
+        self.ready_now = len(ready)  # as the runner counts, and their batch room as it reads it
+        self.room = batch_room((i.profile.max_num_seqs, self.gateway.picker.concurrency) for i in ready)
         need = told_need(b.lines - self.finished, left, self.meter.rate(now, self.finished))
         self.collector.set_batch_need(need if now >= b.submit_s else 0.0)
         out = super()._tick(now, state)
@@ -107,7 +110,7 @@ class BacklogSimulator(Simulator):
     def _release(self, now: float) -> None:
         b = self.backlog
         left = b.submit_s + b.window_s - now
-        base = base_lines(b.share, b.base, b.ceiling, self.load, self.ready_now)
+        base = base_lines(b.share, b.base, b.ceiling, self.load, self.ready_now, self.room)
         allowed = lines_in_flight(base, b.ceiling, b.lines - self.finished, self.meter.rate(now, self.finished), left)
         # at most one try per held line per call: a refused one waits for the next step or tick
         for _ in range(min(len(self.held), max(allowed - self.in_flight, 0))):

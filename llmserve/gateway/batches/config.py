@@ -40,7 +40,9 @@ class BatchShareConfig(BaseModel):
     ``peak_load`` on, in proportion between."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    trough: int = Field(6, ge=1)  # an instance's batch room: 8 seats less the realtime reserve's 2
+    # None: each ready instance's batch room, its seats less the realtime reserve (8 - 2 = 6 for
+    # an 8-seat instance; share.batch_room)
+    trough: int | None = Field(None, ge=1)
     peak: int = Field(0, ge=0)  # 0: none (one line for all batches still runs, to measure the pace)
     trough_load: float = Field(0.1, ge=0.0)
     # the predictive pool runs realtime at ~0.75 of its capacity at the peak: no batch seat there
@@ -48,7 +50,7 @@ class BatchShareConfig(BaseModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> BatchShareConfig:
-        if self.peak > self.trough:
+        if self.trough is not None and self.peak > self.trough:
             raise ValueError("batches.share: peak must not exceed trough")
         if self.peak_load <= self.trough_load:
             raise ValueError("batches.share: peak_load must exceed trough_load")

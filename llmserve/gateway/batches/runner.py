@@ -39,7 +39,7 @@ from llmserve.api.frontends import OWNER_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.batches.config import BatchConfig
 from llmserve.gateway.batches.pace import PaceMeter, lines_in_flight, told_need
-from llmserve.gateway.batches.share import base_lines
+from llmserve.gateway.batches.share import base_lines, batch_room
 from llmserve.gateway.events import RequestObserver
 from llmserve.gateway.batches.store import BatchStore, line_result
 from llmserve.priority import PriorityClass
@@ -63,6 +63,7 @@ class BatchRunner:
         self._seen: dict[str, PaceMeter] = {}  # each active batch's pace
         self.observers: list[RequestObserver] = []  # told each model's batch need
         self.ready_instances: Callable[[], int] = lambda: 1  # the gateway's ready instances, set with it
+        self.batch_room: Callable[[], int] = lambda: batch_room(())  # a ready instance's (share.py), likewise
         self._models: dict[str, str] = {}  # batch id -> the model its lines name
         self._told: set[str] = set()  # models last told a need (told 0 once they have none)
         self._task: asyncio.Task | None = None
@@ -113,7 +114,7 @@ class BatchRunner:
         and each model's need told to the observers."""
         cfg = self.config
         base = base_lines(cfg.share, cfg.concurrency, cfg.max_concurrency, self.realtime_load(),
-                          self.ready_instances())
+                          self.ready_instances(), self.batch_room())
         allowed = base
         need: dict[str, float] = {}
         for b in batches:
