@@ -120,7 +120,16 @@ def disable() -> None:
 
 @functools.cache
 def load():
-    """The compiled module (``q4_linear``, ``paged_decode_attention``, ...), or None where it cannot be had."""
+    """The compiled module (``q4_linear``, ``paged_decode_attention``, ...), or None where it cannot be had.
+    ``LLMSERVE_NO_VNNI`` set: the AVX2 int8 path even where the CPU has AVX-512 VNNI (the same
+    bits; for comparisons with an AVX2-only peer build, or as an AVX2-only machine runs)."""
+    module = _load()
+    if module is not None and os.environ.get("LLMSERVE_NO_VNNI"):
+        module.int8_vnni(False)
+    return module
+
+
+def _load():
     if _disabled or not cpu_supported():
         return None
     try:

@@ -6,6 +6,8 @@ two-byte activations, float16 and float32 scales and a partial last tile."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -47,3 +49,20 @@ def test_the_vnni_path_gives_the_avx2_paths_bits(vnni, make, n, k):
             torch.testing.assert_close(got.double(), kernel_reference(layer, x), rtol=1e-4,
                                        atol=1e-4 * got.abs().max().item())
 
+
+
+def test_llmserve_no_vnni_keeps_the_avx2_path():
+    """``LLMSERVE_NO_VNNI``: the AVX2 path on a VNNI CPU (comparisons with an AVX2-only peer)."""
+    import subprocess
+    import sys
+
+    code = "from llmserve.models import kernels; k = kernels.load(); print(k is not None and k.int8_vnni_active())"
+    env = {**os.environ, "LLMSERVE_NO_VNNI": "1"}
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "False"
+    env.pop("LLMSERVE_NO_VNNI")
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    from llmserve.models import kernels
+
+    k = kernels.load()
+    assert on.stdout.strip() == str(k is not None and k.int8_vnni(True))

@@ -319,6 +319,8 @@ bool int8_vnni(bool enable) {
   return use_vnni;
 }
 
+bool int8_vnni_active() { return use_vnni; }
+
 // The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros
 // unless fine), xd = absmax / 127 and the exact sums xs [M, K / 32]: x ~ xd * (q + r / 128).
 std::vector<at::Tensor> quantize_activations(at::Tensor x, bool fine) {
