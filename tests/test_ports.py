@@ -72,3 +72,16 @@ def test_the_instance_server_holds_its_port_before_it_imports_or_loads(monkeypat
     assert entry.serve(args) == 0
     assert seen["listening"] and seen["sock"].getsockname()[1] == port
     seen["sock"].close()
+
+
+def test_a_taken_port_stops_llmserve_engine_at_once_with_one_line():
+    """Before any import or model load: exit code 2 and ``llmserve: error: ...``, no traceback."""
+    import subprocess
+    import sys
+
+    port = ports.free_port()
+    with ports.listen("127.0.0.1", port):
+        run = subprocess.run([sys.executable, "-m", "llmserve.cli", "engine", "--host", "127.0.0.1", "--port",
+                              str(port)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"llmserve: error: cannot listen on 127.0.0.1:{port}: address already in use"

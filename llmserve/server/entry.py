@@ -51,7 +51,10 @@ def serve(args: argparse.Namespace) -> int:
     # a process forked from here (the engine) closes its copy.
     from llmserve.ports import listen
 
-    sock = listen(scfg.host, scfg.port)
+    try:
+        sock = listen(scfg.host, scfg.port)
+    except OSError as e:  # one line, exit 2 (run_command), as for a bad flag
+        raise ValueError(f"cannot listen on {scfg.host}:{scfg.port}: {(e.strerror or str(e)).lower()}") from None
     os.register_at_fork(after_in_child=sock.close)
     return run_server(ecfg, scfg, sock)
 

@@ -45,7 +45,7 @@ class EngineProcess:
         retries = BIND_RETRIES
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                if retries and self.rebind and "address already in use" in self.log():
+                if retries and self.rebind and "address already in use" in self.log().lower():
                     retries -= 1
                     self.port = free_port()
                     self.launch()
