@@ -27,7 +27,7 @@ def vnni():
 
 @pytest.mark.parametrize("make", [q4_1_like, q8_0_like, lambda n, k: torch.randn(n, k) * 0.1],
                          ids=["q4_1", "q8_0", "random"])
-@pytest.mark.parametrize("n,k", [(44, 96), (300, 576)])
+@pytest.mark.parametrize("n,k", [(44, 96), (52, 64), (300, 576)])  # 6, 7 (odd: a lone tile) and 38 tiles
 def test_the_vnni_path_gives_the_avx2_paths_bits(vnni, make, n, k):
     w = make(n, k)
     torch.manual_seed(n)
