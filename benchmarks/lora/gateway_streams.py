@@ -89,7 +89,10 @@ def streams(url: str, models: list[str], args: argparse.Namespace, seed: int) ->
 
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "select", "rows", "from", "where", "join", "table"]
-    prompts = [" ".join(rng.choice(words) for _ in range(args.input_len // 2)) for _ in range(args.num_prompts)]
+    # Fresh prompts for the warm-up and for every target and round (the caller's seed): a prompt
+    # seen before would hit the prefix cache for the base, which the adapters (keyed apart) cannot.
+    prompts = [" ".join(rng.choice(words) for _ in range(args.input_len // 2)) for _ in range(args.num_prompts + 16)]
+    warm, prompts = prompts[:16], prompts[16:]
 
     async def run() -> tuple[int, float]:
         queue = list(enumerate(prompts))
@@ -102,7 +105,7 @@ def streams(url: str, models: list[str], args: argparse.Namespace, seed: int) ->
                 r.raise_for_status()
                 return r.json()["usage"]["completion_tokens"]
 
-            await asyncio.gather(*(one(k, p) for k, p in queue[:16]))  # warm-up: loads, first steps
+            await asyncio.gather(*(one(k, p) for k, p in enumerate(warm)))  # warm-up: loads, first steps
             t0 = time.perf_counter()
 
             async def worker() -> None:
@@ -182,7 +185,8 @@ def main() -> None:
                    "base direct": (f"{eurl}/v1", ["base"]), "mixed direct": (f"{eurl}/v1", ["base", *ADAPTERS])}
         for rnd in range(args.rounds):
             order = list(targets) if rnd % 2 == 0 else list(reversed(targets))
-            got = {t: streams(*targets[t], args, seed=rnd) for t in order}
+            seeds = {t: 100 * rnd + i for i, t in enumerate(targets)}  # fresh prompts for each
+            got = {t: streams(*targets[t], args, seed=seeds[t]) for t in order}
             runs.append({"round": rnd, **{t: got[t]["output_tok_s"] for t in targets},
                          "ratio": got["mixed"]["output_tok_s"] / got["base"]["output_tok_s"],
                          "ratio_direct": got["mixed direct"]["output_tok_s"] / got["base direct"]["output_tok_s"]})
