@@ -133,8 +133,9 @@ class EngineConfig(BaseModel):
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (one step mixes at most these)")
     max_lora_rank: int = Field(16, ge=1, le=512, description="largest LoRA rank accepted")
     lora_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES)] = Field(
-        "auto", description="the LoRA factors' storage; auto = fp16 with int8 weights (half the memory and "
-                            "the bytes each step reads), else fp32 (token-exact against PEFT)")
+        "auto", description="the LoRA factors' storage; auto = fp16 with int8 weights where the C++ kernel "
+                            "runs (half the memory and the bytes each step reads), else fp32 (token-exact "
+                            "against PEFT)")
     max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept loaded in memory beyond the "
                                                               "resident ones, least recently used out (default: --max-loras)")
     # Set by the server from its own --served-model-name.
@@ -169,7 +170,7 @@ class EngineConfig(BaseModel):
 
     @field_validator("kv_cache_dtype", "lora_dtype", mode="before")
     @classmethod
-    def _kv_dtype(cls, v: Any, info: ValidationInfo) -> str:
+    def _storage_dtype(cls, v: Any, info: ValidationInfo) -> str:
         kv = _KV_ALIASES.get(str(v).lower())
         if kv is None:
             raise ValueError(f"{info.field_name} must be one of {KV_CACHE_DTYPES}, got {v!r}")

@@ -4,8 +4,9 @@ What ``llmserve engine`` runs, without the console script: the engine's flags
 (``engine/argv.py``) and the server's (``ServerConfig``). The process provider and
 the template's children start instances with it. ``LLMSERVE_API_KEY`` is one more
 accepted key (an environment variable is not in ``ps`` output); ``LLMSERVE_NO_KERNELS``
-runs without the C++ kernels; ``OTEL_EXPORTER_OTLP_ENDPOINT`` is the default of
-``--otlp-endpoint``.
+runs without the C++ kernels; ``LLMSERVE_NO_VNNI`` keeps the int8 kernel on its AVX2 path
+on a CPU with AVX-512 VNNI (``models/kernels.py``); ``OTEL_EXPORTER_OTLP_ENDPOINT`` is the
+default of ``--otlp-endpoint``.
 """
 
 from __future__ import annotations

@@ -109,3 +109,21 @@ def test_a_resident_adapter_has_one_copy_its_slot(adapters):
     assert a1.nbytes == 0 and m.loaded() == ["a0", "a1"]
     assert sorted(a0.deltas) == sorted(fresh)
     assert all(torch.equal(a0.deltas[k][i], fresh[k][i]) for k in fresh for i in (0, 1))
+
+
+def test_the_factors_dtype_follows_the_weights_and_a_bad_one_is_refused():
+    """``--lora-dtype auto``: fp16 beside int8 weights where the kernel reads it, fp32 beside
+    float weights (the PEFT-exact path); an unknown value is refused when the config is read."""
+    from pydantic import ValidationError
+
+    from llmserve.engine.config import EngineConfig
+    from llmserve.engine.lora.ops import lora_dtype
+    from llmserve.models import kernels
+
+    int8 = torch.float16 if kernels.load() is not None else torch.float32
+    assert lora_dtype(EngineConfig(dtype="int8")) == int8
+    assert lora_dtype(EngineConfig(dtype="fp32")) == lora_dtype(EngineConfig(dtype="bf16")) == torch.float32
+    assert lora_dtype(EngineConfig(dtype="int8", lora_dtype="float32")) == torch.float32
+    assert lora_dtype(EngineConfig(dtype="fp32", lora_dtype="fp16")) == torch.float16
+    with pytest.raises(ValidationError, match="lora_dtype must be one of"):
+        EngineConfig(lora_dtype="int4")

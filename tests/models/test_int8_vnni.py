@@ -56,13 +56,16 @@ def test_llmserve_no_vnni_keeps_the_avx2_path():
     import subprocess
     import sys
 
+    from llmserve.models import kernels
+
+    k = kernels.load()
+    if k is None or not k.int8_vnni(True):
+        pytest.skip("no AVX-512 VNNI on this CPU: there is no other path to keep")
+
     code = "from llmserve.models import kernels; k = kernels.load(); print(k is not None and k.int8_vnni_active())"
     env = {**os.environ, "LLMSERVE_NO_VNNI": "1"}
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert off.stdout.strip() == "False"
     env.pop("LLMSERVE_NO_VNNI")
     on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    from llmserve.models import kernels
-
-    k = kernels.load()
-    assert on.stdout.strip() == str(k is not None and k.int8_vnni(True))
+    assert on.stdout.strip() == "True"

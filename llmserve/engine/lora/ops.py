@@ -30,11 +30,14 @@ def build_lora(config, model_config, model) -> LoraManager | None:
 
 
 def lora_dtype(config) -> torch.dtype:
-    """The factors' storage: fp16 beside int8 weights (already judged by the lossy bar; the
-    factors' reads are most of a LoRA product's cost), fp32 beside float weights."""
+    """The factors' storage: fp16 beside int8 weights where the C++ kernel reads them (already
+    judged by the lossy bar; the factors' reads are most of a LoRA product's cost), fp32 beside
+    float weights, and where torch's ops would have to widen them on every product."""
+    from llmserve.models import kernels
+
     want = config.lora_dtype
     if want == "auto":
-        want = "fp16" if config.dtype in ("int8", "w8a8") else "fp32"
+        want = "fp16" if config.dtype in ("int8", "w8a8") and kernels.load() is not None else "fp32"
     return torch.float16 if want == "fp16" else torch.float32
 
 
