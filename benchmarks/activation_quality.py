@@ -1,6 +1,6 @@
 """Which layer kinds keep quality with one-byte activations? The table behind the default.
 
-    python benchmarks/activation_quality.py [--tokens 4096]
+    python benchmarks/activation_quality.py [--tokens 4096] [--configs default]
 
 Issue 21's bar, on held-out text (IDLE's NEWS2x.txt, shipped with Python: neither the
 perplexity text of ``int8_quality.py`` / ``activation_rounding.py``, CPython's LICENSE, nor
@@ -9,9 +9,12 @@ teacher-forced top-1 agreement >= 98 % and perplexity within +0.5 %. Every int8 
 kernel on every row count (the 512-token windows are prefill chunks), with the engine's
 fp16 KV pool for int8 weights; each configuration rounds the activations of the listed
 kinds into one byte per value (per 32 values, llama.cpp's Q8 rounding) and the others into
-two. "fp32 activations" is the exact path (fp32 GEMM on the weights the codes hold).
+two. "fp32 activations" is the exact path (fp32 GEMM on the weights the codes hold). A kind
+marked ``+`` (``head+``) recomputes its top outputs in fp32 after the one-byte product
+(``RESCORED_KINDS``, as the engine does); unmarked, it does not.
 
-Writes benchmarks/results/activation_quality.{md,json}.
+Writes benchmarks/results/activation_quality.{md,json}; ``--configs default`` only the
+rescored rows and the shipped default, into activation_quality-default.{md,json}.
 """
 
 from __future__ import annotations
@@ -31,17 +34,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 KINDS = ("qkv", "o", "gate_up", "down", "head")
 ONE_BYTE = [(), ("qkv",), ("o",), ("gate_up",), ("down",), ("head",), ("o", "gate_up"), ("o", "down"),
             ("gate_up", "down"), ("o", "gate_up", "down"), ("qkv", "o", "gate_up"), ("qkv", "o", "gate_up", "down"),
-            KINDS]
+            KINDS, ("head+",), ("o", "down", "head+")]
+DEFAULT = [("o", "down"), ("head+",), ("o", "down", "head+")]
 BAR_TOP1, BAR_PPL = 0.98, 0.005
 TEXT = Path(os.__file__).parent / "idlelib" / "NEWS2x.txt"
 
 
 def configure(model, one_byte: tuple[str, ...] | None) -> None:
-    """The kernel on every row, one-byte activations for ``one_byte``; None: fp32 GEMM on every row."""
+    """The kernel on every row, one-byte activations for ``one_byte`` (``kind+``: its top
+    outputs recomputed); None: fp32 GEMM on every row."""
+    from llmserve.models.quant import RESCORED_KINDS
+
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             layer.SMALL_M = 0 if one_byte is None else 1 << 30
-            layer.FINE = one_byte is None or kind not in one_byte
+            rescored = one_byte is not None and f"{kind}+" in one_byte
+            layer.FINE = one_byte is None or (kind not in one_byte and not rescored)
+            layer.RESCORE = RESCORED_KINDS[kind] if rescored else 0
 
 
 def main() -> None:
@@ -53,7 +62,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--configs", choices=("all", "default"), default="all")
     args = ap.parse_args()
+    name = "activation_quality" + ("-default" if args.configs == "default" else "")
     torch.set_num_threads(2)
     store = default_store_dir()
     source = resolve("SmolLM2-135M-Instruct", store)
@@ -65,7 +76,7 @@ def main() -> None:
     print(f"fp32: perplexity {ref_ppl:.4f} on {len(ref_top)} tokens ({time.perf_counter() - t0:.0f} s)", flush=True)
     model = LlamaForCausalLM(mc, w, linear_factory_for("int8", exact=True))  # exact: the fp32 row
     rows = []
-    for one_byte in [None, *ONE_BYTE]:
+    for one_byte in [None, *(ONE_BYTE if args.configs == "all" else DEFAULT)]:
         configure(model, one_byte)
         nll, top = teacher_forced(model, ids, kv_dtype=torch.float16)
         ppl = math.exp(float(nll.mean()))
@@ -78,9 +89,9 @@ def main() -> None:
 
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    (out / "activation_quality.json").write_text(json.dumps(
+    (out / f"{name}.json").write_text(json.dumps(
         {"text": TEXT.name, "tokens": len(ref_top), "fp32_perplexity": ref_ppl, "rows": rows}, indent=2))
-    lines = [f"`python benchmarks/activation_quality.py --tokens {args.tokens}`: SmolLM2-135M-Instruct Q4_1, "
+    lines = [f"`python benchmarks/activation_quality.py --tokens {args.tokens} --configs {args.configs}`: SmolLM2-135M-Instruct Q4_1, "
              f"{len(ref_top)} tokens of Python's idlelib/{TEXT.name} (held out), 512-token windows, the int8 "
              f"kernel on every row, fp16 KV. fp32 reference: perplexity {ref_ppl:.4f}. Bar: top-1 >= 98 %, "
              "perplexity <= +0.5 %.", "",
@@ -88,11 +99,12 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         one = r["one_byte"]
-        two = "-" if r["activations"] == "fp32" else ", ".join(k for k in KINDS if k not in one) or "none"
+        two = "-" if r["activations"] == "fp32" else ", ".join(
+            k for k in KINDS if k not in one and f"{k}+" not in one) or "none"
         lines.append(f"| {r['activations']} | {', '.join(one) or 'none'} | {two} | {100 * r['top1_agreement']:.2f} % "
                      f"| {r['perplexity']:.4f} | {100 * r['perplexity_change']:+.2f} % | "
                      f"{'meets' if r['meets_bar'] else 'fails'} |")
-    (out / "activation_quality.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

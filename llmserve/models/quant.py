@@ -119,6 +119,13 @@ class WeightOnlyInt8Linear:
     # kernel took 18 / 38 ms for SmolLM2's head, unpack + GEMM 14 / 23 (2 threads).
     SMALL_M_8BIT = 24
     FINE = True
+    # After a one-byte product, this many of each row's largest outputs are computed again
+    # in fp32 (0: none). A head's argmax then is the exact product's unless rounding pushed
+    # the true top output below RESCORE others; the tail keeps the rounded values. Under
+    # RESCORE_MIN_ROWS rows such a layer keeps two bytes: there reading the codes bounds both
+    # products alike, and the recomputing would only add its ~0.3 ms (SmolLM2's head).
+    RESCORE = 0
+    RESCORE_MIN_ROWS = 6
 
     def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None,
                  unpacked: "Unpacked | None" = None) -> None:
@@ -162,24 +169,44 @@ class WeightOnlyInt8Linear:
             y = self.unpacked.linear(x2, self.packed)
         else:
             p = self.packed
-            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, self.FINE)
+            rescore = self.RESCORE and not self.FINE and x2.shape[0] >= self.RESCORE_MIN_ROWS
+            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features,
+                              self.FINE or (self.RESCORE > 0 and not rescore))
+            if rescore:
+                y = self._rescored(x2, y)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _rescored(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` with each row's ``RESCORE`` largest outputs recomputed on fp32 activations
+        (the weights' rows dequantized: what the exact path multiplies)."""
+        k = min(self.RESCORE, self.out_features)
+        idx = y.topk(k, dim=1, sorted=False).indices
+        w = self.rows(idx.reshape(-1)).view(x.shape[0], k, self.in_features)
+        return y.scatter_(1, idx, torch.bmm(w, x.unsqueeze(2)).squeeze(2))
 
 
 # The layer kinds whose activations round into one byte by default: those meeting issue 21's
 # bar together (teacher-forced top-1 >= 98 % of fp32, perplexity <= +0.5 %, on held-out
 # text; benchmarks/results/activation_quality.md). On SmolLM2 that is o and down (98.6 %,
-# +0.14 %); gate_up passes alone (98.3 %) but not beside either (97.6 %), qkv and the head
-# fail alone (97.9 %, 96.9 %). The others keep two bytes.
-ONE_BYTE_KINDS = frozenset({"o", "down"})
+# +0.14 %) and the head with its top outputs recomputed (below); gate_up passes alone (98.3 %)
+# but not beside o and down (97.3 %), qkv fails alone (97.9 %). The others keep two bytes.
+ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
+# The kinds whose one-byte products recompute their top outputs in fp32, and how many. The head
+# at one byte alone: top-1 96.9 %; with each row's 8 largest logits recomputed 99.85 % (two
+# bytes: 99.88 %), and beside o and down 98.56 %, +0.19 % perplexity (activation_quality.md).
+# It halves the head's time at 8-24 rows (16 rows: 4.5 -> 3.2 ms with the recomputing).
+RESCORED_KINDS = {"head": 8}
 
 
-def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS) -> None:
-    """One-byte activations on the int8 layers of the ``one_byte`` kinds, two on the rest."""
+def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS,
+                      rescored: dict[str, int] = RESCORED_KINDS) -> None:
+    """One-byte activations on the int8 layers of the ``one_byte`` kinds (their top outputs
+    recomputed where ``rescored`` says), two on the rest."""
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             if isinstance(layer, WeightOnlyInt8Linear):
                 layer.FINE = kind not in one_byte
+                layer.RESCORE = rescored.get(kind, 0) if kind in one_byte else 0
 
 
 class Unpacked:

@@ -206,6 +206,33 @@ def test_a_row_of_the_kernel_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(layer(x)[[0, 1, 150, 299]], alone)
 
 
+@needs_kernel
+@pytest.mark.parametrize("make", [q8_0_like, q4_1_like])
+def test_a_rescored_one_byte_product_has_its_top_outputs_exact(make):
+    """The head's one-byte product with each row's top outputs recomputed: those equal the
+    product of fp32 activations with the same weights, so the argmax is the exact one; under
+    RESCORE_MIN_ROWS rows it is the two-byte product."""
+    torch.manual_seed(7)
+    layer = WeightOnlyInt8Linear.from_float(make(500, 128))
+    layer.FINE, layer.RESCORE = False, 8
+    x = torch.randn(16, 128) * torch.linspace(0.05, 3, 128)  # uneven channels: one byte rounds them coarsely
+    exact = F.linear(x, layer.dequantized())
+    y = layer(x)
+    top = y.topk(8, dim=1).indices
+    torch.testing.assert_close(y.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y.argmax(1), exact.argmax(1))
+    layer.RESCORE = 0
+    plain = layer(x)  # one byte, nothing recomputed: the top outputs are off
+    assert not torch.allclose(plain.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y.scatter(1, top, 0), plain.scatter(1, top, 0))  # the rest is the one-byte product
+    layer.RESCORE = 8
+    few = x[:layer.RESCORE_MIN_ROWS - 1]
+    layer.FINE = True
+    two = layer(few)
+    layer.FINE = False
+    assert torch.equal(layer(few), two)
+
+
 @pytest.mark.parametrize("n,k,make", [(13, 96, q4_1_like), (40, 64, q8_0_like),
                                       (8, 32, lambda n, k: torch.randn(n, k))])
 def test_rows_are_those_of_the_dequantized_weights(n, k, make):
@@ -216,7 +243,7 @@ def test_rows_are_those_of_the_dequantized_weights(n, k, make):
 
 def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():
     from llmserve.models.llama import LINEAR_KINDS
-    from llmserve.models.quant import ONE_BYTE_KINDS, round_activations
+    from llmserve.models.quant import ONE_BYTE_KINDS, RESCORED_KINDS, round_activations
     from tests.engine.conftest import make_tiny
 
     t = make_tiny(seed=1, tie=True)
@@ -231,6 +258,7 @@ def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():
     kinds = model.linears_by_kind()
     assert set(kinds) == set(LINEAR_KINDS)
     assert all(layer.FINE == (kind not in ONE_BYTE_KINDS) for kind, ls in kinds.items() for layer in ls)
+    assert all(layer.RESCORE == RESCORED_KINDS.get(kind, 0) for kind, ls in kinds.items() for layer in ls)
 
 
 def test_without_the_kernel_the_layer_is_the_fp32_product(monkeypatch):
