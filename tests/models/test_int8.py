@@ -206,26 +206,40 @@ def test_a_row_of_the_kernel_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(layer(x)[[0, 1, 150, 299]], alone)
 
 
+@pytest.mark.parametrize("n", [500, 512, 49152])
+def test_the_largest_values_are_those_topk_finds(n):
+    from llmserve.models.quant import largest
+
+    torch.manual_seed(n)
+    y = torch.randn(5, n)
+    y[1, :] = 0.0  # ties: any k of them
+    y[2, n // 3] = float("inf")
+    got = largest(y, 8)
+    assert got.shape == (5, 8) and all(len(set(r)) == 8 for r in got.tolist())
+    torch.testing.assert_close(y.gather(1, got).sort(1).values, y.topk(8, dim=1).values.sort(1).values)
+
+
 @needs_kernel
 @pytest.mark.parametrize("make", [q8_0_like, q4_1_like])
 def test_a_rescored_one_byte_product_has_its_top_outputs_exact(make):
     """The head's one-byte product with each row's top outputs recomputed: those equal the
     product of fp32 activations with the same weights, so the argmax is the exact one; under
     RESCORE_MIN_ROWS rows it is the two-byte product."""
+    from llmserve.models.quant import largest
+
     torch.manual_seed(7)
-    layer = WeightOnlyInt8Linear.from_float(make(500, 128))
-    layer.FINE, layer.RESCORE = False, 8
+    layer = WeightOnlyInt8Linear.from_float(make(512, 128))
     x = torch.randn(16, 128) * torch.linspace(0.05, 3, 128)  # uneven channels: one byte rounds them coarsely
     exact = F.linear(x, layer.dequantized())
-    y = layer(x)
-    top = y.topk(8, dim=1).indices
-    torch.testing.assert_close(y.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
-    assert torch.equal(y.argmax(1), exact.argmax(1))
-    layer.RESCORE = 0
-    plain = layer(x)  # one byte, nothing recomputed: the top outputs are off
+    layer.FINE, layer.RESCORE = False, 0
+    plain = layer(x)  # one byte, nothing recomputed
+    top = largest(plain, 8)
     assert not torch.allclose(plain.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
-    assert torch.equal(y.scatter(1, top, 0), plain.scatter(1, top, 0))  # the rest is the one-byte product
     layer.RESCORE = 8
+    y = layer(x)
+    torch.testing.assert_close(y.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y.scatter(1, top, 0), plain.scatter(1, top, 0))  # the rest is the one-byte product
+    assert torch.equal(y.argmax(1), exact.argmax(1))
     few = x[:layer.RESCORE_MIN_ROWS - 1]
     layer.FINE = True
     two = layer(few)
