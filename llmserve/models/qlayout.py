@@ -62,11 +62,12 @@ class PackedWeights:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """``dequantized()[index]`` without the rest: a tied embedding's lookup."""
         t, j, groups = index // TILE, index % TILE, self.in_features // GROUP
-        c = self.codes[t]
-        if self.bits == 4:
-            c = c.reshape(-1, groups, STEPS // 2, 1, TILE * 4)
+        if self.bits == 8:  # one gather of the rows' own bytes (not their whole tiles): the head's rescoring
+            codes = self.codes.view(-1, groups, STEPS, TILE, 4)[t, :, :, j, :]
+        else:
+            c = self.codes[t].reshape(-1, groups, STEPS // 2, 1, TILE * 4)
             c = torch.cat([c & 0x0F, c >> 4], 3)
-        codes = c.reshape(-1, groups, STEPS, TILE, 4)[torch.arange(len(index)), :, :, j, :]
+            codes = c.reshape(-1, groups, STEPS, TILE, 4)[torch.arange(len(index)), :, :, j, :]
         g = codes.float().reshape(len(index), groups, GROUP)
         w = g * self.scale[t, :, j].float()[..., None] + self.offset[t, :, j].float()[..., None]
         return w.reshape(len(index), -1)
