@@ -6,7 +6,7 @@ written like ``tests.helpers.make_tiny_llama``; ``--model SmolLM2-135M-Instruct`
 takes the store's model) and one ``llmserve gateway`` subprocess in front of it.
 This process runs ``llmserve bench`` (its Python API) against the instance and
 against the gateway with the same seed and workload (streaming, ``ignore_eos``),
-``--rounds`` times with the order rotated each round, and reports TTFT p50/p99,
+``--rounds`` times with the order rotated each round (two targets alternate), and reports TTFT p50/p99,
 ITL p50 and output tok/s per run and the differences to the same round's direct
 run (median over rounds).
 
@@ -333,6 +333,15 @@ def rotation(targets: list[str], rnd: int) -> list[str]:
     return targets[k:] + targets[:k]
 
 
+def run_order(targets: list[str], rnd: int) -> list[str]:
+    """A bench round's order. Rotating two targets (AB, BA, AB, ...) runs each twice in a
+    row every other round, and a stack that has just run is slower than one that rested
+    (benchmarks/tracing/README.md: ~8 % more engine CPU per request): so two strictly
+    alternate, each run following the other's. Three or more rotate, which never repeats
+    one across a round's boundary."""
+    return list(targets) if len(targets) == 2 else rotation(targets, rnd)
+
+
 def overhead(args: argparse.Namespace, urls: dict[str, str], tokenizer: str | None,
              pids: dict[str, int]) -> dict[str, Any]:
     """Bench runs per round over ``urls`` (direct, gateway[, baseline]); diffs vs direct."""
@@ -340,7 +349,7 @@ def overhead(args: argparse.Namespace, urls: dict[str, str], tokenizer: str | No
     pairs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         got = {}
-        for target in rotation(list(urls), rnd):
+        for target in run_order(list(urls), rnd):
             m = bench_once(urls[target], args, tokenizer, args.seed, pids)
             m.update(round=rnd, target=target, own_gateway_cpu_ms=m["cpu_ms_per_request"].get(target))
             runs.append(m)
@@ -527,7 +536,7 @@ def write(name: str, info: dict[str, Any], args: argparse.Namespace, over: dict[
         md += ["## Overhead: one instance, direct and through the gateway", "",
                f"model {args.model}, engine `--threads {args.threads}`; {args.num_prompts} prompts "
                f"{args.input_len} in / {args.output_len} out (ignore_eos, streaming), concurrency "
-               f"{args.concurrency}, seed {args.seed}, {args.rounds} rounds, the order rotated each round; "
+               f"{args.concurrency}, seed {args.seed}, {args.rounds} rounds, the order rotated each round (two alternate); "
                "the bench client in this process, engine and gateway(s) in their own.", ""]
         rows = [[r["round"], r["target"], r["ttft_p50_ms"], r["ttft_p99_ms"], r["itl_p50_ms"],
                  r["output_tok_s"], "-" if r["own_gateway_cpu_ms"] is None else r["own_gateway_cpu_ms"],
