@@ -38,8 +38,8 @@ def share_from(text: str | None) -> BatchShareConfig | None:
                             peak_load=float(peak_load))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def day_args(ap: argparse.ArgumentParser) -> None:
+    """The day's own options (the rest go to ``llmserve simulate``'s parser)."""
     ap.add_argument("--lines", type=int, default=20_000)
     ap.add_argument("--submit-h", type=float, default=0.0)
     ap.add_argument("--window-h", type=float, default=24.0)
@@ -48,7 +48,10 @@ def main() -> None:
     ap.add_argument("--max-concurrency", type=int, default=64, help="batches.max_concurrency: the widened release's cap")
     ap.add_argument("--share", default=None, metavar="TROUGH,PEAK,TROUGH_LOAD,PEAK_LOAD|off",
                     help="batches.share: lines per ready instance that follow the forecast (default: the config's)")
-    own, rest = ap.parse_known_args()
+
+
+def setup(own: argparse.Namespace, rest: list[str]):
+    """(trace, backlog, profile, autoscale, sim) for the day ``own`` and ``rest`` describe."""
     sp = argparse.ArgumentParser()
     add_simulate_args(sp)
     args = sp.parse_args(["--trace", "diurnal", "--policy", own.policy_name, *rest])
@@ -58,10 +61,18 @@ def main() -> None:
     sim = sim_from_args(args)
     start = args.initial_instances or initial_instances(trace, 1, autoscale.bounds.min_instances)
     sim = sim.model_copy(update={"initial_instances": start})
-    slo = autoscale.slo.ttft_s
     backlog = Backlog(own.lines, own.submit_h * 3600, own.window_h * 3600,
                       int(trace.prompt_tokens.mean()), int(trace.output_tokens.mean()), ceiling=own.max_concurrency,
                       share=share_from(own.share))
+    return trace, backlog, profile, autoscale, sim
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    day_args(ap)
+    own, rest = ap.parse_known_args()
+    trace, backlog, profile, autoscale, sim = setup(own, rest)
+    slo = autoscale.slo.ttft_s
     without, withb = compare_day(trace, backlog, profile, autoscale, sim)
     res = {"trace": trace.name, "requests": len(trace), "policy": own.policy_name, "cold_start_s": own.cold_start,
            "ttft_slo_s": slo, "backlog": {**asdict(backlog), "share": backlog.share and backlog.share.model_dump()}, "without": asdict(without), "with": asdict(withb),
