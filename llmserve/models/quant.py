@@ -115,8 +115,11 @@ class WeightOnlyInt8Linear:
     """
 
     SMALL_M = 64  # the kernel up to this many rows (decode steps up to max_num_seqs' default), fp32 GEMM above
-    # With unpacking, 8-bit codes (the Q8_0 head) cross over sooner: at 32 / 64 rows the
-    # kernel took 18 / 38 ms for SmolLM2's head, unpack + GEMM 14 / 23 (2 threads).
+    # With unpacking, 8-bit codes (the Q8_0 head) cross over sooner at two bytes: at 32 / 64
+    # rows the kernel took 18 / 38 ms for SmolLM2's head, unpack + GEMM 14 / 23 (2 threads,
+    # AVX2). Rescored at one byte the head keeps the kernel up to SMALL_M: 10.1 / 22.0 ms at
+    # 32 / 64 rows against unpack + GEMM's 12.7 / 21.5 on AVX2, 5.2 / 10.6 against 11.7 / 20.5
+    # with VNNI (2 threads, quiet machine, 2026-12-03).
     SMALL_M_8BIT = 24
     FINE = True
     # After a one-byte product, this many of each row's largest outputs are computed again
@@ -136,7 +139,10 @@ class WeightOnlyInt8Linear:
         # without the kernel the fp32 product is all there is
         self.dense = dense if dense is not None or self._product is not None else self.dequantized()
         self.unpacked = unpacked if self.dense is None else None
-        self._unpack_above = self.SMALL_M_8BIT if packed.bits == 8 else self.SMALL_M
+
+    @property
+    def _unpack_above(self) -> int:
+        return self.SMALL_M_8BIT if self.packed.bits == 8 and not self.RESCORE else self.SMALL_M
 
     @classmethod
     def from_float(cls, w: torch.Tensor, exact: bool = False,

@@ -79,3 +79,10 @@ def test_eight_bit_codes_unpack_from_fewer_rows():
     few, more = torch.randn(m, 64), torch.randn(m + 1, 64)
     assert torch.equal(layer(few), layer._product(few, p.codes, p.scale, p.offset, 48, layer.FINE))
     assert torch.equal(layer(more), F.linear(more, w))
+    # rescored at one byte (the head's default), the kernel serves up to SMALL_M rows
+    layer.FINE, layer.RESCORE = False, 8
+    rows = torch.randn(WeightOnlyInt8Linear.SMALL_M, 64)
+    one_byte = layer._rescored(rows, layer._product(rows, p.codes, p.scale, p.offset, 48, False))
+    assert torch.equal(layer(rows), one_byte)
+    over = torch.randn(WeightOnlyInt8Linear.SMALL_M + 1, 64)
+    assert torch.equal(layer(over), F.linear(over, w))
