@@ -63,7 +63,10 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     port is its own from the first moment); ``reuse_port``: replicas bind it too and the kernel
     balances connections between them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto
+    # says TCP, and without it Nagle holds an SSE event until the client's delayed ACK (~40 ms
+    # a request on a kept-alive connection, such as the gateway's to its instances).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:

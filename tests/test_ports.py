@@ -53,6 +53,32 @@ def test_listen_binds_at_once_and_only_replicas_share_a_port():
         pass
 
 
+def test_connections_to_a_listen_socket_send_without_nagle():
+    """asyncio turns Nagle off only on accepted sockets whose proto is TCP: with it on, each
+    SSE event of a kept-alive connection waited for the client's delayed ACK (~40 ms)."""
+    import asyncio
+
+    async def accepted_nodelay() -> int:
+        got: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            got.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        sock = ports.listen("127.0.0.1", 0)
+        server = await asyncio.start_server(handle, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            for _ in range(100):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+        return got[0]
+
+    assert asyncio.run(accepted_nodelay()) == 1
+
+
 def test_the_instance_server_holds_its_port_before_it_imports_or_loads(monkeypatch):
     """``llmserve engine``'s entry binds the port and then hands the socket to the server
     (whose imports and model load take seconds): the port cannot be taken in between."""
