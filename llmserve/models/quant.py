@@ -175,9 +175,9 @@ class WeightOnlyInt8Linear:
             y = self.unpacked.linear(x2, self.packed)
         else:
             p = self.packed
-            rescore = self.RESCORE and not self.FINE and x2.shape[0] >= self.RESCORE_MIN_ROWS
-            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features,
-                              self.FINE or (self.RESCORE > 0 and not rescore))
+            rescore = self.RESCORE > 0 and not self.FINE and x2.shape[0] >= self.RESCORE_MIN_ROWS
+            fine = self.FINE or (self.RESCORE > 0 and not rescore)  # (a rescored layer's few rows: two bytes)
+            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine)
             if rescore:
                 y = self._rescored(x2, y)
         return y.reshape(*shape[:-1], self.out_features)
