@@ -60,7 +60,7 @@ def _rollout(engines, canary: str, max_requests: int) -> dict:
 
 def test_a_canary_failing_60_percent_of_requests_is_never_promoted(engines):
     for _ in range(4):
-        run = _rollout(engines, "bad", 300)
+        run = _rollout(engines, "bad", 3000)  # (settles in seconds: ~3 analysis intervals, whatever the request rate)
         assert run["state"] == "rolled_back", run["history"]
         assert not any(e["action"] in ("advance", "promote") for e in run["history"])
         assert "error rate canary" in run["history"][-1]["reason"]
