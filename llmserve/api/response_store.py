@@ -45,7 +45,18 @@ def connect(path: str | Path) -> sqlite3.Connection:
     if str(path) != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-    db.execute("PRAGMA journal_mode=WAL")
+    for wait in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, None):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            # Two processes opening a new file at once (gateway replicas on one state folder):
+            # the switch into WAL can fail at once, SQLite skipping its busy wait where waiting
+            # could deadlock. The other one's switch lasts milliseconds: try again.
+            if "locked" not in str(e) or wait is None:
+                db.close()
+                raise
+            time.sleep(wait)
     db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a committed write survives a process kill
     return db
 

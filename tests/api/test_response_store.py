@@ -86,3 +86,61 @@ async def test_a_gateway_started_with_redis_away_serves_once_it_is_back(redis_se
     redis_server.start()
     await s.put(_rec(1))
     assert await s.get("resp_1") == _rec(1)
+
+
+def _open_at_once(path: str, barrier, errors) -> None:
+    from llmserve.api.response_store import connect
+
+    barrier.wait()
+    try:
+        connect(path).close()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        errors.put(repr(e))
+
+
+def test_processes_opening_a_new_store_at_once_all_get_it(tmp_path):
+    """Gateway replicas on one state folder open its files together; switching a new file
+    into WAL can fail at once with "database is locked" (no busy wait): each one retries."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    errors = ctx.Queue()
+    for i in range(40):
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_at_once, args=(str(tmp_path / f"s{i}.db"), barrier, errors))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert found == []
+
+
+def test_a_refused_switch_into_wal_is_tried_again(tmp_path, monkeypatch):
+    import sqlite3
+
+    from llmserve.api import response_store
+
+    real = sqlite3.connect
+    refusals = [2]
+
+    class Refusing:
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *a):
+            if sql == "PRAGMA journal_mode=WAL" and refusals[0]:
+                refusals[0] -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self.db.execute(sql, *a)
+
+        def close(self):
+            self.db.close()
+
+    monkeypatch.setattr(response_store.sqlite3, "connect", lambda *a, **k: Refusing(real(*a, **k)))
+    db = response_store.connect(tmp_path / "r.db")
+    assert refusals == [0]
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
