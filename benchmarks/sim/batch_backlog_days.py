@@ -48,12 +48,11 @@ def main() -> None:
         ratio = withb.instance_hours / alone.instance_hours - 1
         done = "not finished" if withb.batch_done_s is None else f"{withb.batch_done_s / 3600:.1f} h"
         met = gap >= 0 and ratio <= 0.05 and withb.batch_done_s is not None
-        rows.append((gap, ratio, met))
         line = (f"| {seed} | {alone.realtime_ttft_attainment:.3%} | {alone.instance_hours:.1f} | "
                 f"{withb.realtime_ttft_attainment:.3%} | {gap:+.3f} pt | {withb.instance_hours:.1f} | "
                 f"{ratio:+.1%} | {done} | {'yes' if met else 'no'} |")
         print(line, flush=True)
-        rows[-1] += (line,)
+        rows.append((gap, ratio, met, line))
     n = len(rows)
     mean = (f"mean over {n} days: attainment {sum(r[0] for r in rows) / n:+.3f} pt, instance-hours "
             f"{sum(r[1] for r in rows) / n:+.2%}; target met on {sum(r[2] for r in rows)} of {n}")
