@@ -98,14 +98,16 @@ class EngineConfig(BaseModel):
     exact_activations: bool = Field(
         False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy-equal to "
                            "fp32), instead of one-byte activations on the layer kinds where quality holds")
-    # Where prefill rows go with int8 weights. torch's fp32 GEMM beats our kernel at prefill
-    # row counts on AVX2, so by default those rows unpack each layer's codes into one reused
-    # fp32 buffer and run the GEMM on it (the same bits as fp32 copies for a GGUF source, a
-    # few % slower, ~0.5 GB less for SmolLM2); fp32 keeps the copies, int8 runs the kernel.
-    prefill_weights: Annotated[Literal["unpack", "fp32", "int8"], Flag(choices=("unpack", "fp32", "int8"))] = Field(
-        "unpack", description="int8 weights: prefill rows through fp32 GEMM on weights unpacked a layer at a "
-                              "time (default), on kept fp32 copies (~0.55 GB more for SmolLM2), or through "
-                              "the int8 kernel like decode rows")
+    # Where prefill rows go with int8 weights: fp32 GEMM on each layer's codes unpacked into one
+    # reused buffer (the same bits as fp32 copies for a GGUF source), on kept fp32 copies, or
+    # our kernel like decode rows. Which of unpack and int8 is faster depends on the CPU's
+    # integer throughput, so auto times both when the engine starts (models/prefill_path.py).
+    prefill_weights: Annotated[Literal["auto", "unpack", "fp32", "int8"],
+                               Flag(choices=("auto", "unpack", "fp32", "int8"))] = Field(
+        "auto", description="int8 weights: prefill rows through the faster on this CPU of unpack and int8, "
+                            "timed at start (auto, default); fp32 GEMM on weights unpacked a layer at a time "
+                            "(unpack); on kept fp32 copies (fp32, ~0.55 GB more for SmolLM2); or the int8 "
+                            "kernel like decode rows (int8)")
     enable_prefix_caching: bool = Field(True, description="reuse the KV blocks of shared prompt prefixes")
     # On by default: prompt lookup costs next to nothing when it finds no match, and each
     # request's draft length follows what its drafts earn (spec_policy.py), down to none.

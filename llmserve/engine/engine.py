@@ -63,10 +63,15 @@ class EngineCore:
         self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
         keep_fp32 = config.exact_activations or config.prefill_weights == "fp32"
         factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32,
-                                     unpack=config.prefill_weights == "unpack")
+                                     unpack=config.prefill_weights in ("unpack", "auto"))
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if not config.exact_activations:
             round_activations(self.model)  # one byte where quality holds (int8 layers only)
+        if config.prefill_weights == "auto":  # resolved once, after the layers' rounding is set
+            from llmserve.models import prefill_path
+
+            chosen = prefill_path.choose(self.model) or ("fp32" if keep_fp32 else "unpack")
+            self.config = config = config.model_copy(update={"prefill_weights": chosen})
         if isinstance(factory, PreparedCache):
             factory.save()
         from llmserve.engine.lora.ops import build_lora

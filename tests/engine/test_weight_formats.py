@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from llmserve.engine.config import EngineConfig
@@ -75,12 +77,11 @@ def q4_1_tiny(seed: int):
 
 
 def test_prefill_weights_choose_where_prefill_rows_go(tiny):
-    """unpack (default): no fp32 copies, one shared buffer; fp32: copies kept; int8: neither,
-    every row through the kernel; all generate."""
+    """unpack: no fp32 copies, one shared buffer; fp32: copies kept; int8: neither, every row
+    through the kernel; all generate."""
     from llmserve.models.quant import WeightOnlyInt8Linear
 
     require_kernels()  # without them every int8 layer keeps fp32 weights
-    assert EngineConfig().prefill_weights == "unpack"
     for choice, kept, unpacks in (("unpack", False, True), ("fp32", True, False), ("int8", False, False)):
         eng = tiny.engine(dtype="int8", prefill_weights=choice, num_kv_blocks=64, block_size=4)
         layers = [layer for ls in eng.model.linears_by_kind().values() for layer in ls]
@@ -89,6 +90,35 @@ def test_prefill_weights_choose_where_prefill_rows_go(tiny):
         assert len({id(layer.unpacked) for layer in layers if layer.unpacked is not None}) == int(unpacks)
         eng.add_request("a", [3, 4, 5, 6], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
         assert len(run_to_completion(eng)["a"]) == 4
+
+
+def test_prefill_weights_auto_times_both_paths_and_takes_the_faster(tiny, caplog):
+    """auto (the default): the engine times the kernel against unpack + GEMM on its first
+    layer, logs both, and its layers and config follow the faster; the kernel must win by
+    MARGIN, so a near tie keeps unpacking."""
+    from llmserve.models import prefill_path
+    from llmserve.models.quant import WeightOnlyInt8Linear
+
+    require_kernels()
+    assert EngineConfig().prefill_weights == "auto"
+    with caplog.at_level(logging.WARNING, logger="llmserve.models.prefill_path"):
+        eng = tiny.engine(dtype="int8", num_kv_blocks=64, block_size=4)
+    chosen = eng.config.prefill_weights
+    assert chosen in ("int8", "unpack")
+    assert [r for r in caplog.records if f"int8 prefill rows: {chosen} (" in r.getMessage()]
+    layers = [layer for ls in eng.model.linears_by_kind().values() for layer in ls]
+    assert all(isinstance(layer, WeightOnlyInt8Linear) and layer.dense is None for layer in layers)
+    assert all((layer.unpacked is None) == (chosen == "int8") for layer in layers)
+    # a second engine in this process takes the same path without timing again
+    assert tiny.engine(dtype="int8", num_kv_blocks=64, block_size=4).config.prefill_weights == chosen
+    # the decision itself
+    m = prefill_path.MARGIN
+    assert prefill_path.Timing(kernel_s=1.0, unpack_s=1.01 * m).choice == "int8"
+    assert prefill_path.Timing(kernel_s=1.0, unpack_s=0.99 * m).choice == "unpack"
+    assert prefill_path.Timing(kernel_s=2.0, unpack_s=1.0).choice == "unpack"
+    # nothing to choose in the exact mode (fp32 copies kept) or with fp32 weights
+    assert tiny.engine(dtype="int8", exact_activations=True, num_kv_blocks=64,
+                       block_size=4).config.prefill_weights == "fp32"
 
 
 def test_unpacked_prefill_is_the_fp32_copies_prefill_bit_for_bit():
