@@ -67,8 +67,9 @@ def measure(model) -> Timing | None:
     layers = _layers(model)
     if not layers:
         return None
+    # (not the thread count: the timing runs on one thread whatever the engine's)
     key = (tuple((lay.in_features, lay.out_features, lay.packed.bits, lay.FINE, lay.RESCORE) for lay in layers),
-           torch.get_num_threads(), kernels.load().int8_vnni_active())
+           kernels.load().int8_vnni_active())
     if key not in _cache:
         gen = torch.Generator().manual_seed(0)
         xs = [torch.randn(ROWS, lay.in_features, generator=gen) for lay in layers]
@@ -113,6 +114,7 @@ def choose(model) -> str | None:
     if timing is None:
         return None
     log.warning("int8 prefill rows: %s (first layer at %d rows, one thread's CPU time: kernel %.1f ms, "
-                "unpack + fp32 GEMM %.1f ms; --prefill-weights pins it)", timing.choice, ROWS, 1e3 * timing.kernel_s, 1e3 * timing.unpack_s)
+                "unpack + fp32 GEMM %.1f ms; --prefill-weights pins it)",
+                timing.choice, ROWS, 1e3 * timing.kernel_s, 1e3 * timing.unpack_s)
     apply(model, timing.choice)
     return timing.choice

@@ -101,22 +101,28 @@ def test_prefill_weights_auto_times_both_paths_and_takes_the_faster(tiny, caplog
 
     require_kernels()
     assert EngineConfig().prefill_weights == "auto"
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("int8 prefill rows: ")]
+
     with caplog.at_level(logging.WARNING, logger="llmserve.models.prefill_path"):
         eng = tiny.engine(dtype="int8", num_kv_blocks=64, block_size=4)
-    chosen = eng.config.prefill_weights
-    assert chosen in ("int8", "unpack")
-    assert [r for r in caplog.records if f"int8 prefill rows: {chosen} (" in r.getMessage()]
-    layers = [layer for ls in eng.model.linears_by_kind().values() for layer in ls]
-    assert all(isinstance(layer, WeightOnlyInt8Linear) and layer.dense is None for layer in layers)
-    assert all((layer.unpacked is None) == (chosen == "int8") for layer in layers)
-    # a second engine in this process takes the same path without timing again
-    assert tiny.engine(dtype="int8", num_kv_blocks=64, block_size=4).config.prefill_weights == chosen
+        chosen = eng.config.prefill_weights
+        assert chosen in ("int8", "unpack")
+        assert logged()[-1].startswith(f"int8 prefill rows: {chosen} (")
+        layers = [layer for ls in eng.model.linears_by_kind().values() for layer in ls]
+        assert all(isinstance(layer, WeightOnlyInt8Linear) and layer.dense is None for layer in layers)
+        assert all((layer.unpacked is None) == (chosen == "int8") for layer in layers)
+        # a second engine in this process takes the same path without timing again: the
+        # process's one timing of this shape, the same object
+        timings = dict(prefill_path._cache)
+        assert tiny.engine(dtype="int8", num_kv_blocks=64, block_size=4).config.prefill_weights == chosen
+        assert timings and all(prefill_path._cache[k] is t for k, t in timings.items())
     # the decision itself
     m = prefill_path.MARGIN
     assert prefill_path.Timing(kernel_s=1.0, unpack_s=1.01 * m).choice == "int8"
     assert prefill_path.Timing(kernel_s=1.0, unpack_s=0.99 * m).choice == "unpack"
     assert prefill_path.Timing(kernel_s=2.0, unpack_s=1.0).choice == "unpack"
-    # nothing to choose in the exact mode (fp32 copies kept) or with fp32 weights
+    # nothing to choose in the exact mode (fp32 copies kept)
     assert tiny.engine(dtype="int8", exact_activations=True, num_kv_blocks=64,
                        block_size=4).config.prefill_weights == "fp32"
 
