@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("_llmserve_kernels_spec", HERE / "llmserve/models/kernels.py")
@@ -38,5 +38,10 @@ def _extension():
     return [ext], {"build_ext": BuildExtension}
 
 
+# The picker's score over column scorers (plain C, no torch): the same picks as its Python
+# path, which runs where this is not built.
+COLUMNS = Extension("llmserve.gateway.balancer._columns", ["llmserve/gateway/balancer/_columns.c"],
+                    extra_compile_args=["-O2"], optional=True)
+
 ext_modules, cmdclass = _extension()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+setup(ext_modules=[*ext_modules, COLUMNS], cmdclass=cmdclass)

@@ -20,8 +20,13 @@ def module_name(path: Path, root: Path, package: str) -> str:
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """``{module: modules of the package it imports}`` for every ``.py`` under ``root``."""
     files = {module_name(p, root, package): p for p in sorted(root.rglob("*.py"))}
-    graph: dict[str, set[str]] = {}
+    # a C extension built from one source beside the modules (setup.py) imports none of them
+    leaves = {module_name(p, root, package) for p in root.rglob("_*.c")}
+    graph: dict[str, set[str]] = {name: set() for name in leaves}
+    files.update({name: root for name in leaves if name not in files})
     for name, path in files.items():
+        if name in leaves:
+            continue
         is_pkg = path.name == "__init__.py"
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
+from llmserve.gateway.balancer import columns
 from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
@@ -113,7 +114,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
     g.add_argument("--no-plots", action="store_true")
     g.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run the policies N at a time in separate processes (results merged into one table)")
+                   help="run the policies, and the static sizing's tries, N at a time in separate processes "
+                        "(results merged into one table)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (simulated time, requests/s)")
 
     g = parser.add_argument_group("fidelity check (instead of a policy comparison)")
@@ -262,10 +264,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     sim = sim_from_args(args)
     console.print(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s / 3600:.1f} h, "
                   f"peak {trace.peak_rps:.2f} req/s; profile {profile.name}, cold start {profile.cold_start_s:g}s")
+    if not columns.COMPILED:  # the same decisions, about 1.4x the time (benchmarks/sim/fleet.md)
+        console.print("the picker's compiled score is not built (no compiler at install): "
+                      "its Python path decides the same, more slowly")
 
     log = console.print
     if args.static_instances == "auto":
-        static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log)
+        static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log, jobs=args.jobs)
     else:
         static_n = int(args.static_instances)
     start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)

@@ -129,9 +129,15 @@ def run_jobs(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig,
              policies: list[str], static_n: int, start: int, jobs: int, progress: RunProgress | None = None,
              log=None) -> list[SimResult]:
     """Every policy's run, ``jobs`` at a time; results in the order of ``policies``."""
-    if jobs <= 1 or len(policies) <= 1:
+    return run_many(trace, profile, base, sim, [(p, static_n, start) for p in policies], jobs, progress, log=log)
+
+
+def run_many(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, runs: list[tuple[str, int, int]],
+             jobs: int, progress: RunProgress | None = None, log=None) -> list[SimResult]:
+    """``(policy, static size, starting size)`` runs, ``jobs`` at a time, results in order."""
+    if jobs <= 1 or len(runs) <= 1:
         out = []
-        for p in policies:
+        for p, static_n, start in runs:
             cb = (lambda t, k, lb=job(p, static_n, start)[0]: progress.update(lb, t, k)) if progress else None
             out.append(simulate_one(trace, profile, base, sim, p, static_n, start, cb))
             _logged(out[-1], log)
@@ -139,8 +145,9 @@ def run_jobs(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig,
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     plain_trace = {"name": trace.name, "duration_s": trace.duration_s, **_arrays(trace, _TRACE)}
-    specs = [{"trace": plain_trace, "profile": profile.to_json(), "autoscale": base.model_dump(mode="json"), "sim": sim.model_dump(mode="json"),
-              "policy": p, "static_n": static_n, "start": start} for p in policies]
+    specs = [{"trace": plain_trace, "profile": profile.to_json(), "autoscale": base.model_dump(mode="json"),
+              "sim": sim.model_dump(mode="json"), "policy": p, "static_n": static_n, "start": start}
+             for p, static_n, start in runs]
     done = threading.Event()
 
     def drain() -> None:  # progress from the children, shown here

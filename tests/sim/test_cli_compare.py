@@ -102,3 +102,18 @@ def test_pool_flags_override_the_autoscale_file_and_defaults_fill_the_rest(tmp_p
     assert (s.seed, s.reclaim_notice_s, s.poll_interval_s, s.reclaim_rate_per_h) == (7, 30.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="bounds.max_instances"):
         autoscale_from_args(parse(["--min-instances", "6", "--max-instances", "5"]), PROFILE, tr)
+
+
+def test_static_sizing_in_parallel_finds_the_same_size_in_fewer_rounds():
+    tr = ramp(low_rps=2.0, high_rps=40.0, hold_s=60.0, ramp_s=120.0, seed=3,
+              prompt=LengthDist(60, 0.7, 4, 400), output=LengthDist(40, 0.7, 2, 300))
+    cfg = AutoscaleConfig(slo=SLOConfig(ttft_s=0.5))
+    logged: list[str] = []
+    one, tried_one = size_static_for_peak(tr, PROFILE, cfg, SimConfig(), window_s=60.0, log=logged.append)
+    two, tried_two = size_static_for_peak(tr, PROFILE, cfg, SimConfig(), window_s=60.0, jobs=2)
+    assert two == one
+    assert len(logged) == len(tried_one) >= 3  # one job: one size at a time, a bisection
+    both = dict(tried_one) | dict(tried_two)
+    assert both[one] >= 0.99 and both.get(one - 1, 0.0) < 0.99
+    # the same attainment for a size whichever process ran it (the runs are deterministic)
+    assert all(dict(tried_one)[n] == a for n, a in tried_two if n in dict(tried_one))

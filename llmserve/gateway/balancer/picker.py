@@ -31,6 +31,7 @@ from llmserve.gateway.admission import ConcurrencyConfig, RoomLimits
 from llmserve.gateway.balancer.adapter import place
 from llmserve.gateway.balancer.base import RouteRequest, Scorer, StatelessScorer
 from llmserve.gateway.balancer.busy import BusyScorer
+from llmserve.gateway.balancer.columns import ColumnScorer, compiled_score
 from llmserve.gateway.balancer.combine import weighted_mean
 from llmserve.gateway.balancer.kv import KVScorer
 from llmserve.gateway.balancer.prefix import PrefixAffinityScorer, PrefixConfig
@@ -105,8 +106,12 @@ class Picker:
         self._limits = RoomLimits(self.concurrency), RoomLimits(self.concurrency, batch=True)
         self._prefix = self.scorer("prefix")
         self._told = [s for s, _ in self.scorers if not isinstance(s, StatelessScorer)]  # on_picked does something
-        self._weights = [w for _, w in self.scorers]
+        self._weights = tuple(w for _, w in self.scorers)
         self._total_w = sum(w for _, w in self.scorers)
+        # per scorer, its declared column (attribute, rule), or None: it computes its own
+        self._declared = [(s.attribute, int(s.rule)) if isinstance(s, ColumnScorer) else None
+                          for s, _ in self.scorers]
+        self._static_spec = tuple(self._declared) if all(d is not None for d in self._declared) else None
 
     def scorer(self, name: str) -> Scorer | None:
         return next((s for s, _ in self.scorers if s.name == name), None)
@@ -152,13 +157,26 @@ class Picker:
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
         n = len(candidates)
-        columns = []
-        for scorer, _ in self.scorers:
-            values = scorer.score(request, candidates)
-            if len(values) != n:
-                raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {n} candidates")
-            columns.append(values)
-        return weighted_mean(columns, self._weights, self._total_w) if columns else [0.0] * n
+        if not self.scorers:
+            return [0.0] * n
+        cands = candidates if isinstance(candidates, list) else list(candidates)
+        spec = self._static_spec
+        if spec is None:  # a stateful scorer's column computed here, the declared ones compiled
+            spec = tuple(d if d is not None else self._column(s, request, cands)
+                         for (s, _), d in zip(self.scorers, self._declared))
+        out = compiled_score(cands, spec, self._weights, self._total_w)
+        if out is None:  # not compiled, or a value it does not take: the Python path
+            columns = [s.score(request, cands) if d is not None else c
+                       for (s, _), d, c in zip(self.scorers, self._declared, spec)]
+            out = weighted_mean(columns, self._weights, self._total_w)
+        return out
+
+    @staticmethod
+    def _column(scorer: Scorer, request: RouteRequest, cands: list[InstanceView]) -> list[float]:
+        values = scorer.score(request, cands)
+        if len(values) != len(cands):
+            raise ValueError(f"scorer {scorer.name} gave {len(values)} scores for {len(cands)} candidates")
+        return values if isinstance(values, list) else list(values)
 
     def pick(self, request: RouteRequest, instances: Iterable[InstanceView],
              exclude: Iterable[str] = ()) -> PickResult:

@@ -81,6 +81,8 @@ class PrefixAffinityScorer:
 
     def on_picked(self, request: RouteRequest, instance: InstanceView) -> None:
         hashes = self._hashes(request)
+        if not hashes:  # a prompt shorter than a block: nothing to record
+            return
         if any(self._table.get(h) == instance.instance_id for h in hashes[:1]):
             self.hits += 1
         for h in hashes:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from llmserve.gateway.balancer.base import RouteRequest, StatelessScorer, lower_is_better
-from llmserve.gateway.instance import InstanceView
+from llmserve.gateway.balancer.columns import ColumnScorer, Rule
 
 
-class QueueScorer(StatelessScorer):
+class QueueScorer(ColumnScorer):
     name = "queue"
-
-    def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        return lower_is_better([c.est_waiting for c in candidates])
+    attribute = "est_waiting"
+    rule = Rule.LOWER_IS_BETTER

@@ -5,14 +5,10 @@ Uses the reported count corrected by what this gateway sent since the report.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from llmserve.gateway.balancer.base import RouteRequest, StatelessScorer, lower_is_better
-from llmserve.gateway.instance import InstanceView
+from llmserve.gateway.balancer.columns import ColumnScorer, Rule
 
 
-class RunningScorer(StatelessScorer):
+class RunningScorer(ColumnScorer):
     name = "running"
-
-    def score(self, request: RouteRequest, candidates: Sequence[InstanceView]) -> list[float]:
-        return lower_is_better([c.est_running for c in candidates])
+    attribute = "est_running"
+    rule = Rule.LOWER_IS_BETTER
