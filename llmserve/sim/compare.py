@@ -62,10 +62,11 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
     r = len(peak) / max(peak.duration_s, 1e-9) * (mean_p + mean_o) / per_instance
     tried: dict[int, float] = {}
     base = sim or SimConfig()
+    width = max(1, jobs)  # sizes tried a round
 
     def run(sizes: list[int]) -> None:
         todo = [n for n in dict.fromkeys(sizes) if n not in tried]
-        for n, res in zip(todo, run_many(peak, profile, autoscale, base, [("static", n, n) for n in todo], jobs)):
+        for n, res in zip(todo, run_many(peak, profile, autoscale, base, [("static", n, n) for n in todo], width)):
             tried[n] = res.summary.ttft_attainment
             if log:
                 log(f"static {n}: {tried[n]:.2%} of peak-hour requests within the TTFT SLO")
@@ -76,7 +77,7 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
 
     lo = max(1, math.floor(r))  # below saturation a static pool cannot keep up
     hi = min(max_instances, max(lo + 1, math.ceil(r + 3 * math.sqrt(r))))
-    run([hi, lo] if jobs > 1 else [hi])
+    run([hi, lo] if width > 1 else [hi])
     while not ok(hi):
         if hi >= max_instances:
             raise RuntimeError(f"no static pool up to {max_instances} instances meets the SLO at the peak")
@@ -84,7 +85,7 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
     if ok(lo):
         hi = lo
     while hi - lo > 1:  # invariant: lo fails, hi passes; one job: the midpoint
-        cuts = sorted({lo + (hi - lo) * (i + 1) // (jobs + 1) for i in range(max(1, jobs))} - {lo, hi})
+        cuts = sorted({lo + (hi - lo) * (i + 1) // (width + 1) for i in range(width)} - {lo, hi})
         run(cuts)
         passing = [n for n in cuts if tried[n] >= target]
         hi = min(passing, default=hi)

@@ -2,9 +2,10 @@
 
 A candidate's score is ``(w1*clamp(s1) + w2*clamp(s2) + ...) / (w1 + w2 + ...)``, added
 left to right in scorer order (a NaN clamps to 0). It is computed once per pick over every
-candidate, so it is the balancer's hottest loop: this does the very same floating-point
-operations in the same order (so the same bits, and the same picks), in one pass over the
-candidates per two columns instead of one per column. A column that is all zero (the
+candidate: the picker's compiled score (``columns.py``, ``_columns.c``) does it where built,
+and this is its Python path, the reference the compiled one is tested against. It does the
+very same floating-point operations in the same order (so the same bits, and the same picks),
+in one pass over the candidates per two columns instead of one per column. A column that is all zero (the
 prefix scorer for a prompt nobody has served yet) is skipped: adding ``w * 0.0`` to a sum
 of non-negative terms leaves it as it was, for any finite weight.
 """
