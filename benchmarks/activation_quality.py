@@ -34,15 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 KINDS = ("qkv", "o", "gate_up", "down", "head")
 ONE_BYTE = [(), ("qkv",), ("o",), ("gate_up",), ("down",), ("head",), ("o", "gate_up"), ("o", "down"),
             ("gate_up", "down"), ("o", "gate_up", "down"), ("qkv", "o", "gate_up"), ("qkv", "o", "gate_up", "down"),
-            KINDS, ("head+",), ("o", "down", "head+")]
-DEFAULT = [("o", "down"), ("head+",), ("o", "down", "head+")]
+            KINDS, ("head+",), ("o", "down", "head+"), ("qkv", "o", "gate_up", "down", "head+", "split")]
+# "split": the kinds of outliers.CHANNELS less their outlier channels (calibrated on pydoc's topics)
+DEFAULT = [("o", "down"), ("head+",), ("o", "down", "head+"), ("qkv", "o", "gate_up", "down", "head+", "split")]
 BAR_TOP1, BAR_PPL = 0.98, 0.005
 TEXT = Path(os.__file__).parent / "idlelib" / "NEWS2x.txt"
 
 
-def configure(model, one_byte: tuple[str, ...] | None) -> None:
+def configure(model, one_byte: tuple[str, ...] | None, calibration: list[int] | None = None) -> None:
     """The kernel on every row, one-byte activations for ``one_byte`` (``kind+``: its top
-    outputs recomputed); None: fp32 GEMM on every row."""
+    outputs recomputed; ``split``: outlier channels set aside on ``calibration``, the
+    engine's default); None: fp32 GEMM on every row."""
+    from llmserve.models import outliers
     from llmserve.models.quant import RESCORED_KINDS
 
     for kind, layers in model.linears_by_kind().items():
@@ -51,9 +54,13 @@ def configure(model, one_byte: tuple[str, ...] | None) -> None:
             rescored = one_byte is not None and f"{kind}+" in one_byte
             layer.FINE = one_byte is None or (kind not in one_byte and not rescored)
             layer.RESCORE = RESCORED_KINDS[kind] if rescored else 0
+            layer.outliers = None
+    if one_byte is not None and "split" in one_byte:
+        outliers.split(model, calibration, {k: n for k, n in outliers.CHANNELS.items() if k in one_byte})
 
 
 def main() -> None:
+    from llmserve.models import outliers
     from llmserve.models.llama import LlamaForCausalLM
     from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
@@ -69,7 +76,11 @@ def main() -> None:
     store = default_store_dir()
     source = resolve("SmolLM2-135M-Instruct", store)
     mc, w = load_weights(source, store)
-    ids = load_tokenizer(source, store).encode(TEXT.read_text())[:args.tokens + 1]
+    tokenizer = load_tokenizer(source, store)
+    ids = tokenizer.encode(TEXT.read_text())[:args.tokens + 1]
+    from llmserve.models.outliers import calibration_ids
+
+    calibration = calibration_ids(tokenizer)
     t0 = time.perf_counter()
     ref_nll, ref_top = teacher_forced(LlamaForCausalLM(mc, w, linear_factory_for("fp32")), ids)
     ref_ppl = math.exp(float(ref_nll.mean()))
@@ -77,7 +88,7 @@ def main() -> None:
     model = LlamaForCausalLM(mc, w, linear_factory_for("int8", exact=True))  # exact: the fp32 row
     rows = []
     for one_byte in [None, *(ONE_BYTE if args.configs == "all" else DEFAULT)]:
-        configure(model, one_byte)
+        configure(model, one_byte, calibration)
         nll, top = teacher_forced(model, ids, kv_dtype=torch.float16)
         ppl = math.exp(float(nll.mean()))
         agree = float((top == ref_top).double().mean())
@@ -101,6 +112,9 @@ def main() -> None:
         one = r["one_byte"]
         two = "-" if r["activations"] == "fp32" else ", ".join(
             k for k in KINDS if k not in one and f"{k}+" not in one) or "none"
+        if "split" in one:
+            one = [k for k in one if k != "split"] + ["less " + ", ".join(
+                f"{n} outlier channels on {k}" for k, n in outliers.CHANNELS.items())]
         lines.append(f"| {r['activations']} | {', '.join(one) or 'none'} | {two} | {100 * r['top1_agreement']:.2f} % "
                      f"| {r['perplexity']:.4f} | {100 * r['perplexity_change']:+.2f} % | "
                      f"{'meets' if r['meets_bar'] else 'fails'} |")

@@ -35,6 +35,7 @@ from llmserve.engine.sampler import RowBuilder, Sampler, StepSamples
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
+from llmserve.models import outliers
 from llmserve.models.config import ModelConfig
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import round_activations
@@ -65,8 +66,8 @@ class EngineCore:
         factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32,
                                      unpack=config.prefill_weights in ("unpack", "auto"))
         self.model = LlamaForCausalLM(model_config, weights, factory)
-        if not config.exact_activations:
-            round_activations(self.model)  # one byte where quality holds (int8 layers only)
+        if not config.exact_activations:  # one byte where quality holds (int8 layers only)
+            round_activations(self.model, None if tokenizer is None else outliers.calibration_ids(tokenizer))
         if config.prefill_weights == "auto":  # resolved once, after the layers' rounding is set
             from llmserve.models import prefill_path
 

@@ -68,7 +68,8 @@ def measure(model) -> Timing | None:
     if not layers:
         return None
     # (not the thread count: the timing runs on one thread whatever the engine's)
-    key = (tuple((lay.in_features, lay.out_features, lay.packed.bits, lay.FINE, lay.RESCORE) for lay in layers),
+    key = (tuple((lay.in_features, lay.out_features, lay.packed.bits, lay.FINE, lay.RESCORE,
+                  0 if lay.outliers is None else len(lay.outliers[0])) for lay in layers),
            kernels.load().int8_vnni_active())
     if key not in _cache:
         gen = torch.Generator().manual_seed(0)

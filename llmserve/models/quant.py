@@ -102,7 +102,8 @@ class WeightOnlyInt8Linear:
 
     Our AVX2 kernel reads the packed codes (``qlayout``: 4 bits a weight for a Q4 source)
     and quantises each row of ``x`` per 32 on the fly, into two bytes (``FINE``) or one
-    (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``). It
+    (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``), less
+    the ``outliers`` channels it takes exactly (``outliers.py``). It
     runs on every row count: each row is rounded and summed alone, so a row's result does
     not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
     weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product
@@ -139,6 +140,19 @@ class WeightOnlyInt8Linear:
         # without the kernel the fp32 product is all there is
         self.dense = dense if dense is not None or self._product is not None else self.dequantized()
         self.unpacked = unpacked if self.dense is None else None
+        self.outliers: tuple[torch.Tensor, torch.Tensor] | None = None  # (channels, their weights): outliers.py
+
+    def set_outliers(self, channels: torch.Tensor) -> None:
+        """Input ``channels`` (int64, ascending) the kernel takes exactly, on their fp32
+        weights [tiles, len(channels), 8], when it rounds into one byte (``outliers.py``)."""
+        n, k, p = self.out_features, len(channels), self.packed
+        if self.dense is not None:
+            w = self.dense[:, channels]
+        else:  # (the kernel's unpacking: dequantized()'s bits, faster)
+            w = kernels.load().unpack_weights(p.codes, p.scale, p.offset, n, torch.empty(n * p.in_features))[:, channels]
+        tiles = -(-n // TILE)
+        w = torch.cat([w.float(), w.new_zeros(tiles * TILE - n, k)]) if tiles * TILE > n else w.float()
+        self.outliers = (channels.to(torch.long).contiguous(), w.reshape(tiles, TILE, k).transpose(1, 2).contiguous())
 
     @property
     def _unpack_above(self) -> int:
@@ -177,7 +191,8 @@ class WeightOnlyInt8Linear:
             p = self.packed
             rescore = self.RESCORE > 0 and not self.FINE and x2.shape[0] >= self.RESCORE_MIN_ROWS
             fine = self.FINE or (self.RESCORE > 0 and not rescore)  # (a rescored layer's few rows: two bytes)
-            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine)
+            split = self.outliers if not fine and self.outliers is not None else (None, None)
+            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine, *split)
             if rescore:
                 y = self._rescored(x2, y)
         return y.reshape(*shape[:-1], self.out_features)
@@ -204,11 +219,12 @@ def largest(y: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     return blocks.gather(1, j // block) * block + j % block
 
 
-# The layer kinds whose activations round into one byte by default: those meeting issue 21's
-# bar together (teacher-forced top-1 >= 98 % of fp32, perplexity <= +0.5 %, on held-out
+# The layer kinds whose activations round into one byte without calibration: those meeting issue
+# 21's bar together (teacher-forced top-1 >= 98 % of fp32, perplexity <= +0.5 %, on held-out
 # text; benchmarks/results/activation_quality.md). On SmolLM2 that is o and down (98.6 %,
 # +0.14 %) and the head with its top outputs recomputed (below); gate_up passes alone (98.3 %)
-# but not beside o and down (97.3 %), qkv fails alone (97.9 %). The others keep two bytes.
+# but not beside o and down (97.3 %), qkv fails alone (97.9 %). With a calibration text the
+# kinds of ``outliers.CHANNELS`` round into one byte too, less their outlier channels.
 ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
 # The kinds whose one-byte products recompute their top outputs in fp32, and how many. The head
 # at one byte alone: top-1 96.9 %; with each row's 8 largest logits recomputed 99.85 % (two
@@ -217,15 +233,22 @@ ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
 RESCORED_KINDS = {"head": 8}
 
 
-def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS,
-                      rescored: dict[str, int] = RESCORED_KINDS) -> None:
+def round_activations(model, calibration: list[int] | None = None, one_byte: frozenset[str] = ONE_BYTE_KINDS,
+                      rescored: dict[str, int] = RESCORED_KINDS, channels: dict[str, int] | None = None) -> None:
     """One-byte activations on the int8 layers of the ``one_byte`` kinds (their top outputs
-    recomputed where ``rescored`` says), two on the rest."""
+    recomputed where ``rescored`` says), two on the rest; given ``calibration`` token ids,
+    one byte on the ``channels`` kinds too (``outliers.CHANNELS``), their outlier channels
+    found on those tokens and taken exactly."""
+    from llmserve.models import outliers
+
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             if isinstance(layer, WeightOnlyInt8Linear):
                 layer.FINE = kind not in one_byte
                 layer.RESCORE = rescored.get(kind, 0) if kind in one_byte else 0
+                layer.outliers = None
+    if calibration:
+        outliers.split(model, calibration, outliers.CHANNELS if channels is None else channels)
 
 
 class Unpacked:

@@ -1,10 +1,12 @@
 // The Python module of llmserve's C++ kernels (built by setup.py, or at run time by llmserve/models/kernels.py).
 #include <torch/extension.h>
 
+#include <optional>
+
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scale, torch::Tensor offset, int64_t N,
-                        bool fine);
+                        bool fine, std::optional<torch::Tensor> chans, std::optional<torch::Tensor> wo);
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
-                        bool fine);
+                        bool fine, std::optional<torch::Tensor> chans, std::optional<torch::Tensor> wo);
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine);
 bool int8_vnni(bool enable);
 bool int8_vnni_active();
@@ -32,8 +34,13 @@ void lora_sgmv_(torch::Tensor y, torch::Tensor x, torch::Tensor a, torch::Tensor
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("sources_digest") = LLMSERVE_DIGEST;
-  m.def("q4_linear", &q4_linear, "4-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
-  m.def("q8_linear", &q8_linear, "8-bit weight codes x activations quantised per 32, integer dot products (AVX2)");
+  // chans / wo: outlier channels taken exactly (qdot_linear.cpp); omitted, none
+  m.def("q4_linear", &q4_linear, "4-bit weight codes x activations quantised per 32, integer dot products (AVX2)",
+        py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("N"), py::arg("fine"),
+        py::arg("chans") = py::none(), py::arg("wo") = py::none());
+  m.def("q8_linear", &q8_linear, "8-bit weight codes x activations quantised per 32, integer dot products (AVX2)",
+        py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("N"), py::arg("fine"),
+        py::arg("chans") = py::none(), py::arg("wo") = py::none());
   m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them");
   m.def("int8_vnni", &int8_vnni, "use the AVX-512 VNNI path of q4_linear / q8_linear where the CPU has it");
   m.def("int8_vnni_active", &int8_vnni_active, "whether q4_linear / q8_linear take the AVX-512 VNNI path now");

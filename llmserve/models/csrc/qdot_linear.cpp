@@ -7,10 +7,10 @@
 //   sum_k W[n, k] x[k] = sum_g scale * xd * sum_k(code * q) + offset * xs.
 // The inner sums are integer: _mm256_maddubs_epi16 multiplies unsigned by signed bytes and
 // adds neighbours into int16, _mm256_madd_epi16 widens to int32; one float multiply-add per
-// group, row and 8 outputs remains. Fine (the default of the Python layer): the rounding's
-// residual takes a second byte, x ~ xd * (q + r / 128), and a second maddubs, so the
-// activations carry 15 bits (one byte loses greedy agreement with fp32 on SmolLM2's outlier
-// channels); that doubles the arithmetic, which a one-row step, bound by memory, hardly sees.
+// group, row and 8 outputs remains. Fine: the rounding's residual takes a second byte,
+// x ~ xd * (q + r / 128), and a second maddubs, so the activations carry 15 bits, for twice
+// the arithmetic. One byte loses greedy agreement with fp32 on SmolLM2's outlier channels
+// unless those are set aside (Acts below): the Python layer's default since issue 28.
 //
 // The layout (llmserve/models/qlayout.py) serves both costs of a decode step: bytes (4-bit
 // codes for 16-level sources such as GGUF Q4_1, 8-bit for Q8_0; float16 scales where exact)
@@ -24,6 +24,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -61,13 +62,29 @@ inline int32_t hsum(__m256i v) {
 // activations in two bytes, each a maddubs operand). Per group [M, G]: the unit u of the
 // products (xd, or xd / 128 when fine), the exact sum xs, and e = xs - u * sum(X) for
 // X = q (or 128 q + r), what rounding took from the sum (see Q4::kCenter).
+//
+// Outlier channels (``chans``, the same for every row, chosen per layer by
+// llmserve/models/outliers.py): x's values there are kept aside in fp32 (xo [M, ko]) and
+// count as 0 in their groups, so that a few large channels do not coarsen the rounding of
+// the rest; the kernels add their exact products, on fp32 weights, after the groups' sums.
 struct Acts {
-  int64_t K, G;
+  int64_t K, G, ko;
   std::vector<int8_t> q, r;  // [M, K]; r only when fine
-  std::vector<float> u, s, e;
+  std::vector<float> u, s, e, xo;
 
-  Acts(const float* x, int64_t M, int64_t K_, bool fine)
-      : K(K_), G(K_ / kGroup), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), e(M * G) {
+  Acts(const float* x, int64_t M, int64_t K_, bool fine, const int64_t* chans = nullptr, int64_t ko_ = 0)
+      : K(K_), G(K_ / kGroup), ko(ko_), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), e(M * G),
+        xo(M * ko_) {
+    std::vector<float> held;  // x less its outlier channels
+    if (ko > 0) {
+      held.assign(x, x + M * K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < ko; ++j) {
+          xo[m * ko + j] = held[m * K + chans[j]];
+          held[m * K + chans[j]] = 0.f;
+        }
+      x = held.data();
+    }
     const __m256 sign = _mm256_set1_ps(-0.f);
     constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (int64_t i = 0; i < M * G; ++i) {
@@ -195,7 +212,7 @@ struct Q8 {
 // One tile (8 outputs from n0) for R rows from m0: codes [G][kGroupBytes]; scale and offset [G][8].
 template <class Codes, class S, int R, bool Fine>
 void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
-               int64_t N, int64_t n0) {
+               int64_t N, int64_t n0, const float* wo) {
   const int64_t K = a.K, G = a.G;
   __m256 acc[R], off[R];
   for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
@@ -216,6 +233,10 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
         off[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(Codes::kCenter * a.e[i]), off[r]);
     }
   }
+  for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_vnni.cpp)
+    const __m256 w = _mm256_loadu_ps(wo + ((n0 / kTile) * a.ko + j) * kTile);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&a.xo[(m0 + r) * a.ko + j]), w, acc[r]);
+  }
   for (int r = 0; r < R; ++r) {
     float* yr = y + (m0 + r) * N + n0;
     const __m256 v = _mm256_add_ps(acc[r], off[r]);
@@ -231,10 +252,12 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
 
 template <class Codes, class S, bool Fine>
 at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& scale,
-                  const at::Tensor& offset, int64_t N) {
+                  const at::Tensor& offset, int64_t N, const at::Tensor& chans, const at::Tensor& wo_) {
   const at::Tensor x = x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
-  const Acts a(x.data_ptr<float>(), M, K, Fine);
+  const int64_t ko = chans.defined() ? chans.numel() : 0;
+  const Acts a(x.data_ptr<float>(), M, K, Fine, ko ? chans.data_ptr<int64_t>() : nullptr, ko);
+  const float* wo = ko ? wo_.data_ptr<float>() : nullptr;
   auto y = at::empty({M, N}, x.options());
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const S *sp = scale.data_ptr<S>(), *op = offset.data_ptr<S>();
@@ -248,7 +271,8 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
       for (size_t i = 0; i < from->size(); ++i) (*to)[i] = static_cast<uint8_t>((*from)[i]) ^ 0x80;
     }
     const llmserve::qdot::Operands o{M, K, G, N, a.q.data(), a.r.data(), qu.data(), ru.data(), a.u.data(),
-                                     a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp};
+                                     a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp,
+                                     a.xo.data(), wo, ko};
     at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
     return y;
   }
@@ -258,16 +282,16 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
       const S *s = sp + t * G * kTile, *o = op + t * G * kTile;
       if constexpr (Fine) {  // two accumulators a row: half the rows a pass
         for (int64_t m = 0; m < M; m += 2) {
-          if (M - m == 1) tile_rows<Codes, S, 1, true>(a, m, c, s, o, yp, N, t * kTile);
-          else tile_rows<Codes, S, 2, true>(a, m, c, s, o, yp, N, t * kTile);
+          if (M - m == 1) tile_rows<Codes, S, 1, true>(a, m, c, s, o, yp, N, t * kTile, wo);
+          else tile_rows<Codes, S, 2, true>(a, m, c, s, o, yp, N, t * kTile, wo);
         }
       } else {
         for (int64_t m = 0; m < M; m += kRowsPerPass) {
           switch (std::min(kRowsPerPass, M - m)) {
-            case 1: tile_rows<Codes, S, 1, false>(a, m, c, s, o, yp, N, t * kTile); break;
-            case 2: tile_rows<Codes, S, 2, false>(a, m, c, s, o, yp, N, t * kTile); break;
-            case 3: tile_rows<Codes, S, 3, false>(a, m, c, s, o, yp, N, t * kTile); break;
-            default: tile_rows<Codes, S, 4, false>(a, m, c, s, o, yp, N, t * kTile); break;
+            case 1: tile_rows<Codes, S, 1, false>(a, m, c, s, o, yp, N, t * kTile, wo); break;
+            case 2: tile_rows<Codes, S, 2, false>(a, m, c, s, o, yp, N, t * kTile, wo); break;
+            case 3: tile_rows<Codes, S, 3, false>(a, m, c, s, o, yp, N, t * kTile, wo); break;
+            default: tile_rows<Codes, S, 4, false>(a, m, c, s, o, yp, N, t * kTile, wo); break;
           }
         }
       }
@@ -278,7 +302,7 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
 
 template <class Codes>
 at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t N,
-                       bool fine) {
+                       bool fine, const std::optional<at::Tensor>& chans_, const std::optional<at::Tensor>& wo_) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   const int64_t K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
   TORCH_CHECK(K % kGroup == 0 && codes.is_contiguous() && codes.numel() == tiles * G * Codes::kGroupBytes,
@@ -288,28 +312,40 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
               "scale and offset must be contiguous [ceil(N / 8), K / 32, 8] of one dtype");
   const bool half = scale.scalar_type() == at::kHalf;
   TORCH_CHECK(half || scale.scalar_type() == at::kFloat, "scale and offset must be float32 or float16");
+  at::Tensor chans, wo;
+  if (chans_ && chans_->numel() > 0) {
+    chans = chans_->contiguous();
+    TORCH_CHECK(chans.scalar_type() == at::kLong && chans.dim() == 1, "chans must be a 1-D int64 tensor");
+    const int64_t ko = chans.numel();
+    TORCH_CHECK(chans.min().item<int64_t>() >= 0 && chans.max().item<int64_t>() < K, "chans must lie in [0, K)");
+    TORCH_CHECK(wo_ && wo_->scalar_type() == at::kFloat && wo_->is_contiguous() && wo_->numel() == tiles * ko * kTile,
+                "wo must be contiguous float32 [ceil(N / 8), len(chans), 8]");
+    wo = *wo_;
+  }
   if (half)
-    return fine ? run<Codes, at::Half, true>(x, codes, scale, offset, N)
-                : run<Codes, at::Half, false>(x, codes, scale, offset, N);
-  return fine ? run<Codes, float, true>(x, codes, scale, offset, N)
-              : run<Codes, float, false>(x, codes, scale, offset, N);
+    return fine ? run<Codes, at::Half, true>(x, codes, scale, offset, N, chans, wo)
+                : run<Codes, at::Half, false>(x, codes, scale, offset, N, chans, wo);
+  return fine ? run<Codes, float, true>(x, codes, scale, offset, N, chans, wo)
+              : run<Codes, float, false>(x, codes, scale, offset, N, chans, wo);
 }
 
 }  // namespace
 
 // x [M, K] float32; nibbles: qlayout's 4-bit codes (uint8, ceil(N / 8) * K * 4 bytes);
-// scale, offset [ceil(N / 8), K / 32, 8] float16 or float32; fine: two-byte activations -> [M, N].
+// scale, offset [ceil(N / 8), K / 32, 8] float16 or float32; fine: two-byte activations;
+// chans (int64 [ko], optional): outlier channels, taken exactly on wo (float32 [ceil(N / 8),
+// ko, 8], those columns of W) -> [M, N].
 at::Tensor q4_linear(at::Tensor x, at::Tensor nibbles, at::Tensor scale, at::Tensor offset, int64_t N,
-                        bool fine) {
+                        bool fine, std::optional<at::Tensor> chans, std::optional<at::Tensor> wo) {
   TORCH_CHECK(nibbles.scalar_type() == at::kByte, "nibbles must be uint8");
-  return dispatch<Q4>(x, nibbles, scale, offset, N, fine);
+  return dispatch<Q4>(x, nibbles, scale, offset, N, fine, chans, wo);
 }
 
-// x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); scale, offset as above.
+// x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); the rest as above.
 at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t N,
-                        bool fine) {
+                        bool fine, std::optional<at::Tensor> chans, std::optional<at::Tensor> wo) {
   TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
-  return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine);
+  return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine, chans, wo);
 }
 
 // Whether q4_linear / q8_linear take the AVX-512 VNNI path: where the CPU has it unless

@@ -21,6 +21,11 @@ struct Operands {
   const void *scale, *offset;
   bool half, fine, four_bit;
   float* y;
+  // Outlier channels (qdot_linear.cpp's Acts): x's values there [M, ko] and their weights
+  // [tiles, ko, 8] in fp32, whose products both kernels add, channel by channel, after the
+  // groups' sums; ko = 0: none.
+  const float *xo, *wo;
+  int64_t ko;
 };
 
 // Whether this CPU has AVX-512 VNNI (with VL and BW): vnni_tiles may run.

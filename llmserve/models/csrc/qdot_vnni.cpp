@@ -125,6 +125,10 @@ void tile_rows(const Operands& a, int64_t m0, const uint8_t* codes, const S* sca
       if constexpr (kCenter != 0.f) off[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(kCenter * a.e[i]), off[r]);
     }
   }
+  for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_linear.cpp)
+    const __m256 w = _mm256_loadu_ps(a.wo + ((n0 / kTile) * a.ko + j) * kTile);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a.xo + (m0 + r) * a.ko + j), w, acc[r]);
+  }
   for (int r = 0; r < R; ++r) {
     float* yr = a.y + (m0 + r) * a.N + n0;
     const __m256 v = _mm256_add_ps(acc[r], off[r]);
