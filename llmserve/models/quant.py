@@ -241,13 +241,15 @@ def round_activations(model, calibration: list[int] | None = None, one_byte: fro
     found on those tokens and taken exactly."""
     from llmserve.models import outliers
 
+    kernel_layers = 0
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             if isinstance(layer, WeightOnlyInt8Linear):
                 layer.FINE = kind not in one_byte
                 layer.RESCORE = rescored.get(kind, 0) if kind in one_byte else 0
                 layer.outliers = None
-    if calibration:
+                kernel_layers += layer._product is not None
+    if calibration and kernel_layers:  # (no forward pass for a model without the kernel's layers)
         outliers.split(model, calibration, outliers.CHANNELS if channels is None else channels)
 
 
