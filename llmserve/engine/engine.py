@@ -67,7 +67,9 @@ class EngineCore:
                                      unpack=config.prefill_weights in ("unpack", "auto"))
         self.model = LlamaForCausalLM(model_config, weights, factory)
         if not config.exact_activations:  # one byte where quality holds (int8 layers only)
-            round_activations(self.model, None if tokenizer is None else outliers.calibration_ids(tokenizer))
+            round_activations(self.model)
+            if tokenizer is not None:  # and on the rest, less their outlier channels
+                outliers.split(self.model, outliers.calibration_ids(tokenizer))
         if config.prefill_weights == "auto":  # resolved once, after the layers' rounding is set
             from llmserve.models import prefill_path
 

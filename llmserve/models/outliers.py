@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from llmserve.models.quant import WeightOnlyInt8Linear
+
 # Set-aside channels per layer, by kind. All 7,498 held-out tokens, every row through the
 # kernel (benchmarks/results/activation_quality-default.md): one byte on every kind less these
 # channels, top-1 98.35 %, perplexity +0.09 %, against 98.31 %, +0.16 % for two bytes on qkv
@@ -63,7 +65,6 @@ def channel_absmax(model, ids: list[int], kinds) -> dict[tuple[str, int], torch.
     """Per (kind, layer index): each input channel's largest magnitude over ``ids``, the
     model's int8 layers rounding into two bytes."""
     from llmserve.models.attention import AttentionMetadata, build_group
-    from llmserve.models.quant import WeightOnlyInt8Linear
 
     layers = {(kind, i): getattr(layer, kind) for i, layer in enumerate(model.layers) for kind in kinds}
     # (the kernel's two bytes on every row, not unpacking: that would unpack every layer once
@@ -87,12 +88,16 @@ def channel_absmax(model, ids: list[int], kinds) -> dict[tuple[str, int], torch.
     return {key: rec.absmax for key, rec in recorders.items()}
 
 
-def split(model, ids: list[int], channels: dict[str, int] = CHANNELS) -> int:
-    """Sets each int8 layer of the ``channels`` kinds to one-byte activations less its
-    largest input channels over ``ids`` (taken exactly); returns how many layers it set."""
-    from llmserve.models.quant import WeightOnlyInt8Linear
-
+def split(model, ids: list[int], channels: dict[str, int] | None = None) -> int:
+    """Sets each int8 layer of the ``channels`` kinds (default ``CHANNELS``, read at the call)
+    to one-byte activations less its largest input channels over ``ids`` (taken exactly);
+    returns how many layers it set (0, with no forward pass, for a model without the
+    kernel's layers)."""
+    channels = CHANNELS if channels is None else channels
     kinds = [k for k, n in channels.items() if n > 0]
+    if not ids or not any(isinstance(layer, WeightOnlyInt8Linear) and layer._product is not None
+                          for kind in kinds for layer in model.linears_by_kind().get(kind, [])):
+        return 0
     absmax = channel_absmax(model, ids, kinds)
     done = 0
     for (kind, i), a in absmax.items():

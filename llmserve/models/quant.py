@@ -223,8 +223,9 @@ def largest(y: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
 # 21's bar together (teacher-forced top-1 >= 98 % of fp32, perplexity <= +0.5 %, on held-out
 # text; benchmarks/results/activation_quality.md). On SmolLM2 that is o and down (98.6 %,
 # +0.14 %) and the head with its top outputs recomputed (below); gate_up passes alone (98.3 %)
-# but not beside o and down (97.3 %), qkv fails alone (97.9 %). With a calibration text the
-# kinds of ``outliers.CHANNELS`` round into one byte too, less their outlier channels.
+# but not beside o and down (97.3 %), qkv fails alone (97.9 %). With a calibration text,
+# ``outliers.split`` rounds the kinds of ``outliers.CHANNELS`` into one byte too, less their
+# outlier channels.
 ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
 # The kinds whose one-byte products recompute their top outputs in fp32, and how many. The head
 # at one byte alone: top-1 96.9 %; with each row's 8 largest logits recomputed 99.85 % (two
@@ -233,24 +234,17 @@ ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
 RESCORED_KINDS = {"head": 8}
 
 
-def round_activations(model, calibration: list[int] | None = None, one_byte: frozenset[str] = ONE_BYTE_KINDS,
-                      rescored: dict[str, int] = RESCORED_KINDS, channels: dict[str, int] | None = None) -> None:
+def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS,
+                      rescored: dict[str, int] = RESCORED_KINDS) -> None:
     """One-byte activations on the int8 layers of the ``one_byte`` kinds (their top outputs
-    recomputed where ``rescored`` says), two on the rest; given ``calibration`` token ids,
-    one byte on the ``channels`` kinds too (``outliers.CHANNELS``), their outlier channels
-    found on those tokens and taken exactly."""
-    from llmserve.models import outliers
-
-    kernel_layers = 0
+    recomputed where ``rescored`` says), two on the rest, no channel set aside; then
+    ``outliers.split`` takes the kinds of ``outliers.CHANNELS`` to one byte as well."""
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             if isinstance(layer, WeightOnlyInt8Linear):
                 layer.FINE = kind not in one_byte
                 layer.RESCORE = rescored.get(kind, 0) if kind in one_byte else 0
                 layer.outliers = None
-                kernel_layers += layer._product is not None
-    if calibration and kernel_layers:  # (no forward pass for a model without the kernel's layers)
-        outliers.split(model, calibration, outliers.CHANNELS if channels is None else channels)
 
 
 class Unpacked:

@@ -134,7 +134,7 @@ def test_int8_default_meets_the_quality_bar_on_held_out_text(smollm2_path, model
     from llmserve.models.llama import LlamaForCausalLM
     from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
-    from llmserve.models.outliers import calibration_ids
+    from llmserve.models import outliers
     from llmserve.models.quant import WeightOnlyInt8Linear, round_activations
     from llmserve.models.weights import linear_factory_for
 
@@ -145,7 +145,8 @@ def test_int8_default_meets_the_quality_bar_on_held_out_text(smollm2_path, model
     ids = tokenizer.encode(text)[:1025]
     ref_nll, ref_top = teacher_forced(LlamaForCausalLM(mc, w, linear_factory_for("fp32")), ids)
     model = LlamaForCausalLM(mc, w, linear_factory_for("int8"))  # (no unpacking: the kernel on every row)
-    round_activations(model, calibration_ids(tokenizer))
+    round_activations(model)
+    outliers.split(model, outliers.calibration_ids(tokenizer))
     assert all(not layer.FINE for layers in model.linears_by_kind().values() for layer in layers
                if isinstance(layer, WeightOnlyInt8Linear) and not layer.RESCORE)
     nll, top = teacher_forced(model, ids, kv_dtype=torch.float16)

@@ -105,7 +105,7 @@ def test_calibration_sets_aside_each_layers_largest_channels():
     absmax = outliers.channel_absmax(model, ids, ["qkv", "gate_up", "down"])
     round_activations(model)
     assert all(getattr(layer, k).outliers is None for layer in model.layers for k in ("qkv", "o", "gate_up", "down"))
-    round_activations(model, ids, channels=channels)
+    assert outliers.split(model, ids, channels) == 3 * len(model.layers)
     for i, layer in enumerate(model.layers):
         assert layer.o.outliers is None and layer.o.FINE is False  # o: one byte without a split (ONE_BYTE_KINDS)
         for kind in ("qkv", "gate_up", "down"):
@@ -113,9 +113,10 @@ def test_calibration_sets_aside_each_layers_largest_channels():
             top = set(absmax[(kind, i)].topk(channels[kind]).indices.tolist())
             assert lay.FINE is False and set(lay.outliers[0].tolist()) == top
             assert lay.outliers[0].tolist() == sorted(top)
-    # without calibration tokens the kinds that need the split keep two bytes
+    # rounding set again: no channel set aside, the kinds that need them back on two bytes
     round_activations(model)
     assert all(layer.qkv.FINE and layer.qkv.outliers is None for layer in model.layers)
+    assert outliers.split(model, []) == 0
 
 
 def test_the_calibration_text_is_not_the_held_out_text():
