@@ -66,7 +66,8 @@ inline int32_t hsum(__m256i v) {
 // Outlier channels (``chans``, the same for every row, chosen per layer by
 // llmserve/models/outliers.py): x's values there are kept aside in fp32 (xo [M, ko]) and
 // count as 0 in their groups, so that a few large channels do not coarsen the rounding of
-// the rest; the kernels add their exact products, on fp32 weights, after the groups' sums.
+// the rest; the kernels add their products, on their weights in float16 (half the bytes a
+// one-row step streams for them), after the groups' sums.
 struct Acts {
   int64_t K, G, ko;
   std::vector<int8_t> q, r;  // [M, K]; r only when fine
@@ -212,7 +213,7 @@ struct Q8 {
 // One tile (8 outputs from n0) for R rows from m0: codes [G][kGroupBytes]; scale and offset [G][8].
 template <class Codes, class S, int R, bool Fine>
 void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
-               int64_t N, int64_t n0, const float* wo) {
+               int64_t N, int64_t n0, const c10::Half* wo) {
   const int64_t K = a.K, G = a.G;
   __m256 acc[R], off[R];
   for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
@@ -234,7 +235,7 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
     }
   }
   for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_vnni.cpp)
-    const __m256 w = _mm256_loadu_ps(wo + ((n0 / kTile) * a.ko + j) * kTile);
+    const __m256 w = load8(wo + ((n0 / kTile) * a.ko + j) * kTile);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&a.xo[(m0 + r) * a.ko + j]), w, acc[r]);
   }
   for (int r = 0; r < R; ++r) {
@@ -257,7 +258,7 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
   const int64_t ko = chans.defined() ? chans.numel() : 0;
   const Acts a(x.data_ptr<float>(), M, K, Fine, ko ? chans.data_ptr<int64_t>() : nullptr, ko);
-  const float* wo = ko ? wo_.data_ptr<float>() : nullptr;
+  const c10::Half* wo = ko ? wo_.data_ptr<at::Half>() : nullptr;
   auto y = at::empty({M, N}, x.options());
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const S *sp = scale.data_ptr<S>(), *op = offset.data_ptr<S>();
@@ -272,7 +273,7 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
     }
     const llmserve::qdot::Operands o{M, K, G, N, a.q.data(), a.r.data(), qu.data(), ru.data(), a.u.data(),
                                      a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp,
-                                     a.xo.data(), wo, ko};
+                                     a.xo.data(), reinterpret_cast<const uint16_t*>(wo), ko};
     at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
     return y;
   }
@@ -318,8 +319,8 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
     TORCH_CHECK(chans.scalar_type() == at::kLong && chans.dim() == 1, "chans must be a 1-D int64 tensor");
     const int64_t ko = chans.numel();
     TORCH_CHECK(chans.min().item<int64_t>() >= 0 && chans.max().item<int64_t>() < K, "chans must lie in [0, K)");
-    TORCH_CHECK(wo_ && wo_->scalar_type() == at::kFloat && wo_->is_contiguous() && wo_->numel() == tiles * ko * kTile,
-                "wo must be contiguous float32 [ceil(N / 8), len(chans), 8]");
+    TORCH_CHECK(wo_ && wo_->scalar_type() == at::kHalf && wo_->is_contiguous() && wo_->numel() == tiles * ko * kTile,
+                "wo must be contiguous float16 [ceil(N / 8), len(chans), 8]");
     wo = *wo_;
   }
   if (half)
@@ -333,8 +334,8 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
 
 // x [M, K] float32; nibbles: qlayout's 4-bit codes (uint8, ceil(N / 8) * K * 4 bytes);
 // scale, offset [ceil(N / 8), K / 32, 8] float16 or float32; fine: two-byte activations;
-// chans (int64 [ko], optional): outlier channels, taken exactly on wo (float32 [ceil(N / 8),
-// ko, 8], those columns of W) -> [M, N].
+// chans (int64 [ko], optional): outlier channels, taken on fp32 activations and wo (float16
+// [ceil(N / 8), ko, 8], those columns of W) -> [M, N].
 at::Tensor q4_linear(at::Tensor x, at::Tensor nibbles, at::Tensor scale, at::Tensor offset, int64_t N,
                         bool fine, std::optional<at::Tensor> chans, std::optional<at::Tensor> wo) {
   TORCH_CHECK(nibbles.scalar_type() == at::kByte, "nibbles must be uint8");

@@ -22,9 +22,10 @@ struct Operands {
   bool half, fine, four_bit;
   float* y;
   // Outlier channels (qdot_linear.cpp's Acts): x's values there [M, ko] and their weights
-  // [tiles, ko, 8] in fp32, whose products both kernels add, channel by channel, after the
-  // groups' sums; ko = 0: none.
-  const float *xo, *wo;
+  // [tiles, ko, 8] as IEEE halves (widened to fp32), whose products both kernels add, channel
+  // by channel, after the groups' sums; ko = 0: none.
+  const float* xo;
+  const uint16_t* wo;
   int64_t ko;
 };
 

@@ -126,7 +126,7 @@ void tile_rows(const Operands& a, int64_t m0, const uint8_t* codes, const S* sca
     }
   }
   for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_linear.cpp)
-    const __m256 w = _mm256_loadu_ps(a.wo + ((n0 / kTile) * a.ko + j) * kTile);
+    const __m256 w = load8(a.wo + ((n0 / kTile) * a.ko + j) * kTile);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a.xo + (m0 + r) * a.ko + j), w, acc[r]);
   }
   for (int r = 0; r < R; ++r) {
