@@ -1,5 +1,5 @@
 """Outlier channels: a layer's few input channels whose activations run far above the rest,
-taken exactly so that one-byte rounding holds for the others (LLM.int8()'s decomposition).
+taken in fp32 so that one-byte rounding holds for the others (LLM.int8()'s decomposition).
 
 Rounding a row per 32 values into one byte sets each group's step by its largest value, so
 one outlier coarsens the other 31. SmolLM2's inputs to qkv and gate_up carry such channels
@@ -25,14 +25,13 @@ from llmserve.models.quant import WeightOnlyInt8Linear
 
 # Set-aside channels per layer, by kind. All 7,498 held-out tokens, every row through the
 # kernel (benchmarks/results/activation_quality-default.md): one byte on every kind less these
-# channels, top-1 98.35 %, perplexity +0.09 %, against 98.31 %, +0.16 % for two bytes on qkv
-# and gate_up (the default before). Calibrated on 512 tokens instead: 98.39 %, +0.17 %; 16 on
-# every kind 98.12 %, 64 on qkv and gate_up (32 on o and down) 98.51 %. Each channel costs a
-# row and output one fp32 multiply-add beside a quarter of a byte product's instruction per
-# weight: 32 on a 576-wide input add ~20 % to its one-byte product. Their float16 weights add
-# ~9 MB to SmolLM2's instance, and the bytes a one-row step streams: there the products take
-# ~1.1x the time of two bytes without them (at 4 rows 0.9x; fp32 weights would be twice the bytes).
-# In fp32 weights the held-out figures were 98.35 %, +0.09 %; in float16 98.25 %, +0.11 %.
+# channels, their weights in float16, top-1 98.25 %, perplexity +0.11 % (fp32 weights: 98.35 %,
+# +0.09 %), against 98.31 %, +0.16 % for two bytes on qkv and gate_up (the default before). With
+# fp32 weights: calibrated on 512 tokens 98.39 %, 16 on every kind 98.12 %, 64 on qkv and
+# gate_up (32 on o and down) 98.51 %. Each channel costs a row and output one fp32 multiply-add
+# beside a quarter of a byte product's instruction per weight: 32 on a 576-wide input add ~20 %
+# to its one-byte product. The float16 weights add ~9 MB to SmolLM2's instance, bytes a one-row
+# step streams: there the products take ~1.1x the time of two bytes without them (4 rows: 0.9x).
 CHANNELS = {"qkv": 32, "gate_up": 32, "o": 16, "down": 16}
 CALIBRATION_TOKENS = 128  # ~0.2 s when an engine starts (through the kernel, two bytes)
 

@@ -103,7 +103,7 @@ class WeightOnlyInt8Linear:
     Our AVX2 kernel reads the packed codes (``qlayout``: 4 bits a weight for a Q4 source)
     and quantises each row of ``x`` per 32 on the fly, into two bytes (``FINE``) or one
     (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``), less
-    the ``outliers`` channels it takes exactly (``outliers.py``). It
+    the ``outliers`` channels it takes in fp32 (``outliers.py``). It
     runs on every row count: each row is rounded and summed alone, so a row's result does
     not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
     weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product

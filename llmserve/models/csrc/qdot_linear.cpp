@@ -318,7 +318,9 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
     chans = chans_->contiguous();
     TORCH_CHECK(chans.scalar_type() == at::kLong && chans.dim() == 1, "chans must be a 1-D int64 tensor");
     const int64_t ko = chans.numel();
-    TORCH_CHECK(chans.min().item<int64_t>() >= 0 && chans.max().item<int64_t>() < K, "chans must lie in [0, K)");
+    // (a plain loop, not min() / max(): two tensor reductions a layer a step on the hot path)
+    const int64_t* cp = chans.data_ptr<int64_t>();
+    for (int64_t j = 0; j < ko; ++j) TORCH_CHECK(cp[j] >= 0 && cp[j] < K, "chans must lie in [0, K)");
     TORCH_CHECK(wo_ && wo_->scalar_type() == at::kHalf && wo_->is_contiguous() && wo_->numel() == tiles * ko * kTile,
                 "wo must be contiguous float16 [ceil(N / 8), len(chans), 8]");
     wo = *wo_;
