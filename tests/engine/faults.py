@@ -8,6 +8,7 @@ raising detokeniser, the way a numerically broken row or a broken decoder would.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from llmserve.engine.engine import EngineCore
@@ -36,6 +37,21 @@ def poison_logits(core: EngineCore, monkeypatch, pick: Callable[[Request], bool]
 
     monkeypatch.setattr(core.runner, "execute", execute)
     return batches
+
+
+def hold_until_queued(engine, n: int, timeout: float = 30.0):
+    """Park an in-thread engine's loop until ``n`` more commands (adds) are queued
+    behind the hold, so they all enter the scheduler in one drain and share steps
+    however late their HTTP requests arrive on a loaded machine. Returns the hold's
+    future (it raises if the adds never came)."""
+    def wait(core):
+        deadline = time.monotonic() + timeout
+        while engine._cmds.qsize() < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {engine._cmds.qsize()} of {n} commands were queued")
+            time.sleep(0.002)
+
+    return engine.call(wait)
 
 
 def break_forward(core: EngineCore, monkeypatch) -> None:

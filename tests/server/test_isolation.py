@@ -26,7 +26,7 @@ from llmserve.gateway.upstream import UpstreamClient
 from llmserve.lifecycle import InstanceState
 from llmserve.server.app import Instance, create_app
 from llmserve.server.config import ServerConfig
-from tests.engine.faults import break_forward, poison_logits
+from tests.engine.faults import break_forward, hold_until_queued, poison_logits
 from tests.gateway.fake_upstream import ServerThread
 from tests.helpers import make_tiny_llama
 
@@ -83,9 +83,11 @@ async def test_a_poisoned_request_fails_alone_and_the_server_stays_ready(served,
         assert all(len(b["tokens"]) == 16 and not b["errors"] for b in baseline)
         shared = poison_logits(core, monkeypatch, lambda r: r.prompt_token_ids in (POISON, POISON_TOO),
                                after_tokens=3)
+        hold = hold_until_queued(inst.engine, len(PROMPTS) + 2)  # all five start in one step
         *clean, bad_stream, bad_json = await asyncio.gather(
             *(_stream(c, ids) for ids in PROMPTS), _stream(c, POISON),
             c.post("/v1/completions", json=_body(POISON_TOO, False)))
+        await hold
         assert [x["tokens"] for x in clean] == [b["tokens"] for b in baseline]
         assert all(not x["errors"] and x["done"] for x in clean)
         assert shared and all(len(batch) > 1 for batch in shared)  # the poison shared steps
