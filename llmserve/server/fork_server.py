@@ -46,7 +46,10 @@ from typing import Any
 
 from llmserve.autoscale.providers.process import _die_with_parent
 
-PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.model_source", "llmserve.server.entry")
+# xgrammar (and the transformers it imports, ~40 MB) too: every engine process builds its
+# grammar info while it warms up, and this way their code and heap are the template's pages.
+PRELOAD = ("torch", "llmserve.server.app", "llmserve.engine.llm", "llmserve.models.model_source", "llmserve.server.entry",
+           "xgrammar")
 # Read at torch's import: a spec that sets one of these is spawned, not forked.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "PYTORCH_", "LD_", "PYTHON")
 
