@@ -1,8 +1,9 @@
 """The int8 product's AVX-512 VNNI path (``csrc/qdot_vnni.cpp``): up to 8 rows per read of
 the weights, for the verification steps of speculative decoding (issue 37). Its integer
 sums are exact and its float steps those of the AVX2 path, so both must give the same
-bits, for every row count (passes of 8 and their remainders), both code widths, one- and
-two-byte activations, float16 and float32 scales and a partial last tile."""
+bits, for every row count (passes of 8 and their remainders; from 9 rows two tiles a pass
+in 512-bit vectors, a lone tile left at a thread's end or a partial last one), both code
+widths, one- and two-byte activations, float16 and float32 scales and a partial last tile."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_the_vnni_path_gives_the_avx2_paths_bits(vnni, make, n, k):
             layer.packed.scale, layer.packed.offset = layer.packed.scale.float(), layer.packed.offset.float()
         for fine in (True, False):
             layer.FINE = fine
-            for rows in (1, 2, 3, 5, 7, 8, 9, 16, 19):
+            for rows in (1, 2, 3, 5, 7, 8, 9, 16, 19, 64):
                 vnni.int8_vnni(False)
                 avx2 = layer(x[:rows])
                 assert vnni.int8_vnni(True)
