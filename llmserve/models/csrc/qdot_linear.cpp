@@ -89,7 +89,7 @@ struct Acts {
     const __m256 sign = _mm256_set1_ps(-0.f);
     constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     // Groups are independent: a prefill chunk's hundreds of rows are split over the threads
-    // (one thread quantising while the other waited cost a 512-row step ~4 %); few rows stay on one.
+    // rather than quantised on one while the others wait; a few rows stay on one.
     at::parallel_for(0, M * G, 512, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float* xg = x + i * kGroup;

@@ -249,10 +249,10 @@ inline void rows_of(const Operands& a, int64_t m, int64_t n, const uint8_t* c, c
   tile_rows<Four, S, R, Fine>(a, m, c, s, o, n0);
 }
 
-// From this many rows two tiles go in 512-bit vectors (pair_rows): 0.75-0.83x the time of
-// all SmolLM2's layer products at 16-256 rows on a Zen 4 EPYC; below it one tile in 256-bit
-// vectors (1.06-1.27x faster at 1-3 rows: a few rows' products are bound by the
-// multiply-adds' latency, longer on 512-bit vectors, not by instructions).
+// From this many rows two tiles go in 512-bit vectors (pair_rows): all SmolLM2's layer
+// products took 0.75-0.82x the time at 64 rows, 0.76-0.77x at 256, 0.87x at 32 on a Zen 4
+// EPYC; at 1-8 rows 512-bit vectors were 1.03-1.27x slower (a few rows' sums are bound by
+// the multiply-adds' latency, longer on 512-bit vectors), so those keep one tile in 256.
 constexpr int64_t kPairRows = 9;
 
 template <bool Four, class S, bool Fine>
