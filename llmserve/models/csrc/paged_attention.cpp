@@ -51,7 +51,7 @@ inline __m256 hsum8(const __m256* a) {
 }
 
 // scores[t] = scale * q . key(t) for t < n; D a multiple of 8.
-// ``vals`` (or null): their rows are asked for into L2 as the keys' are into L1.
+// ``vals`` (or null): on fp16 pools their rows are asked for into L2 as the keys' are into L1.
 template <typename T>
 void scores_of(const float* q, const T* const* keys, int64_t n, int64_t D, float scale, float* scores,
                const T* const* vals) {

@@ -5,8 +5,10 @@
 // (maddubs, add) per 32 byte products, so 7 rows cost ~5 one-row products. Here
 // vpdpbusd does both in one, and the 32 vector registers hold the accumulators of 4 rows
 // (fine: two bytes each) or 8 (one byte): each step's codes are loaded and unpacked once
-// for all of them. The integer sums are exact either way (no int16 saturation bounds
-// them here), and the float steps are the AVX2 kernel's, in its order: the same bits.
+// for all of them. From 9 rows (decode batches, prefill chunks) two tiles go through each
+// pass in 512-bit vectors (pair_rows). The integer sums are exact either way (no int16
+// saturation bounds them here), and the float steps are the AVX2 kernel's, in its order:
+// the same bits.
 //
 // Only this file is compiled for AVX-512 (the pragma below, after every include, so no
 // header's inline function is built for it); qdot_linear.cpp calls it where the CPU has it.
