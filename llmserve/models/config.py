@@ -105,6 +105,7 @@ class ModelConfig:
         """Build from a Hugging Face ``config.json`` dictionary of a supported family."""
         from llmserve.models.families import arch_from_hf
 
+        arch = d.get("llmserve_arch") or arch_from_hf(d)  # first: another family's config has other keys
         eos = d.get("eos_token_id")
         params = d.get("rope_parameters") or {}
         fields: dict[str, Any] = dict(
@@ -124,7 +125,7 @@ class ModelConfig:
             name=name,
             quantized_source=bool(d.get("llmserve_quantized_source", False)),
         )
-        return cls(**{**fields, **(d.get("llmserve_arch") or arch_from_hf(d))})
+        return cls(**{**fields, **arch})
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A Hugging Face ``config.json`` dictionary for this model (a ``LlamaConfig`` plus our
