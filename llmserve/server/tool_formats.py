@@ -173,9 +173,13 @@ def tool_call_parser(name: str, parallel: bool = True) -> Any:
 
 
 def parser_for_template(template_text: str) -> str:
-    """The notation a chat template writes calls in (its literal text), Hermes when unsure."""
+    """The notation a chat template writes calls in (its literal text), Hermes when unsure.
+    ``<tool_call>`` wins over ``"parameters"``: Hermes-2-Pro/3 templates write both (the tool
+    list as ``{"name": ..., "parameters": ...}``, calls in ``<tool_call>`` tags)."""
     if "[TOOL_CALLS]" in template_text:
         return "mistral"
+    if "<tool_call>" in template_text:
+        return "hermes"
     if "<|python_tag|>" in template_text or '"parameters"' in template_text:
         return "llama3_json"
     return "hermes"
