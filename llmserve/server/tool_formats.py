@@ -15,6 +15,8 @@ whose call never completes (cut short, or not JSON) comes back as the content it
 from __future__ import annotations
 
 import json
+import secrets
+import string
 from typing import Any, Callable
 
 from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser, _held_back, \
@@ -22,6 +24,7 @@ from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 _DECODER = json.JSONDecoder()
+_ALNUM = string.ascii_letters + string.digits
 
 
 class _BlockParser:
@@ -161,6 +164,12 @@ class MistralParser(_BlockParser):
             self._call(name, v, events)
 
 
+def mistral_call_id() -> str:
+    """Nine letters and digits: Mistral's chat templates refuse any other tool call id when the
+    call comes back in the next turn (vLLM's ``MistralToolCall`` ids)."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(9))
+
+
 def tool_call_parser(name: str, parallel: bool = True) -> Any:
     """The parser ``name`` (one of ``TOOL_CALL_PARSERS``) for one choice."""
     if name == "hermes":
@@ -168,7 +177,7 @@ def tool_call_parser(name: str, parallel: bool = True) -> Any:
     if name == "llama3_json":
         return Llama3JsonParser(parallel)
     if name == "mistral":
-        return MistralParser(parallel)
+        return MistralParser(parallel, new_id=mistral_call_id)
     raise ValueError(f"unknown tool call parser {name!r} (known: {', '.join(TOOL_CALL_PARSERS)})")
 
 
