@@ -11,9 +11,10 @@ The command line is generated from these fields (``llmserve/flags.py``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
@@ -74,7 +75,7 @@ class ServerConfig(HttpLimits):
     # The model's formats (docs/families.md); None: follow the model.
     chat_template: str | None = Field(None, description="chat template instead of the model's: a file, "
                                                         "or the Jinja text itself")
-    tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = Field(
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic"] | None = Field(
         None, description="notation tool calls are read in (default: the one the chat template writes)")
     reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
         None, description="return <think> reasoning as reasoning_content")
@@ -83,6 +84,15 @@ class ServerConfig(HttpLimits):
     def _tracing(self) -> "ServerConfig":
         self.tracing()  # validates the collector's URL
         return self
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_found(cls, v: str | None) -> str | None:
+        # As vLLM's load_chat_template: a value with no Jinja in it is a path, and a mistyped one
+        # fails the start instead of becoming every chat's prompt text.
+        if v is not None and not any(c in v for c in "{}\n") and not Path(v).is_file():
+            raise ValueError(f"{v!r}: no such chat template file (a template given inline has Jinja in it)")
+        return v
 
     def tracing(self) -> TracingConfig:
         return TracingConfig(otlp_endpoint=self.otlp_endpoint, service_name="llmserve-instance",

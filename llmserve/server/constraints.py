@@ -1,7 +1,8 @@
 """A request's output constraint, from whichever field set it: OpenAI's
 ``response_format`` or ``tool_choice``, vLLM's ``guided_*`` or ``structured_outputs``.
 The request models allow at most one (api/protocol.py), so there is no precedence.
-With a reasoning parser on, a chat's constraint applies after the reasoning."""
+With a reasoning parser on, a chat's constraint applies after the reasoning; tool_choice
+auto is constrained only in Hermes' notation (``OutputFormats.constrains_auto``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from llmserve.engine.sampling_params import StructuredOutputsParams
 from llmserve.server.tool_calls import call_grammar
 
 
-def structured_outputs(r: CompletionRequest | ChatCompletionRequest,
-                       reasoning_parser: str | None = None) -> StructuredOutputsParams | None:
-    so = _constraint(r)
+def structured_outputs(r: CompletionRequest | ChatCompletionRequest, reasoning_parser: str | None = None,
+                       constrain_auto: bool = True) -> StructuredOutputsParams | None:
+    so = _constraint(r, constrain_auto)
     if so is not None and reasoning_parser is not None and isinstance(r, ChatCompletionRequest):
         return replace(so, after_reasoning=reasoning_parser)
     return so
@@ -27,7 +28,9 @@ def prompt_phase(reasoning_parser: str | None, tokenizer, prompt_ids: list[int])
     return first_phase(reasoning_parser, *tags, prompt_ids) if tags is not None else None
 
 
-def _constraint(r: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+def _constraint(r: CompletionRequest | ChatCompletionRequest, constrain_auto: bool) -> StructuredOutputsParams | None:
+    if isinstance(r, ChatCompletionRequest) and r.tool_mode == "auto" and not constrain_auto:
+        return None
     if isinstance(r, ChatCompletionRequest) and r.tool_mode != "none":
         tools = [t.model_dump(exclude_none=True) for t in r.tools or []]
         if r.tool_mode == "named":

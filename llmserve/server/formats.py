@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmserve.server.config import ServerConfig
-from llmserve.server.tool_formats import parser_for_template
+from llmserve.server.tool_formats import mistral_call_id, parser_for_template
+from llmserve.server.tool_parser import new_call_id
+
+# Notations whose opening marker is a special token the detokenizer would drop (Mistral's
+# [TOOL_CALLS]): with tool_choice auto their output keeps special tokens, as vLLM's parser asks.
+_SPECIAL_OPENERS = ("mistral",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +25,21 @@ class OutputFormats:
     def tool_parser_for(self, tool_mode: str) -> str:
         # "required" and named calls are constrained to Hermes' notation (tool_calls.call_grammar)
         return self.tool_parser if tool_mode == "auto" else "hermes"
+
+    @property
+    def constrains_auto(self) -> bool:
+        """Whether tool_choice auto gets a grammar. Only Hermes' ``<tool_call>`` trigger is one we
+        constrain after; any other notation is read from free text (as vLLM does for all), since
+        the grammar would ban its opener (a special token: ``[TOOL_CALLS]``, ``<|python_tag|>``)."""
+        return self.tool_parser == "hermes"
+
+    def skip_special_tokens(self, asked: bool, tool_mode: str) -> bool:
+        return asked and not (tool_mode == "auto" and self.tool_parser in _SPECIAL_OPENERS)
+
+    def call_ids(self) -> Callable[[], str]:
+        """Ids in the shape the model's template accepts back in the next turn, whatever notation
+        the calls were read in (Mistral's templates refuse any but nine letters and digits)."""
+        return mistral_call_id if self.tool_parser == "mistral" else new_call_id
 
 
 def output_formats(tokenizer: Any, config: ServerConfig) -> OutputFormats:

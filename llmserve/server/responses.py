@@ -5,13 +5,13 @@ shapes them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from llmserve.api.stream_format import IDS_FIELD, attach_ids, head
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.server.reasoning_parser import Reasoning, ReasoningParser
 from llmserve.server.tool_formats import tool_call_parser
-from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event
+from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, new_call_id
 
 
 @dataclass
@@ -29,6 +29,7 @@ class ResponseMeta:
     tool_parser: str = "hermes"  # tool_formats.TOOL_CALL_PARSERS
     reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
     prompt_phase: str | None = None  # where the prompt left the reasoning (reasoning_gate.first_phase)
+    call_ids: Callable[[], str] = new_call_id  # ids the model's template takes back (formats.call_ids)
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -41,6 +42,8 @@ class ChoiceWriter:
     def __init__(self, index: int, meta: ResponseMeta, tokenizer: Any, echo: str | None = None) -> None:
         self.index, self.meta, self.tok, self.echo = index, meta, tokenizer, echo
         self.parser = tool_call_parser(meta.tool_parser, meta.parallel_tool_calls) if meta.tool_calls else None
+        if self.parser is not None:
+            self.parser.new_id = meta.call_ids
         self.reasoning = ReasoningParser(meta.reasoning_parser, meta.prompt_phase) \
             if meta.chat and meta.reasoning_parser else None
         self.started = False

@@ -28,6 +28,7 @@ from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
 from llmserve.priority import parse_priority
+from llmserve.server.chat_prompt import encode_chat
 from llmserve.server.config import ServerConfig
 from llmserve.server.formats import output_formats
 from llmserve.server.lora_api import adapter_named
@@ -36,7 +37,6 @@ from llmserve.server.disconnect import until_disconnect
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
-from llmserve.server.tool_calls import render_messages
 from llmserve.tracing.instance import request_telemetry
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,10 @@ class OpenAIServing:
                 frequency_penalty=r.frequency_penalty,
                 repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
                 include_stop_str_in_output=r.include_stop_str_in_output,
-                skip_special_tokens=r.skip_special_tokens,
+                skip_special_tokens=self.formats.skip_special_tokens(r.skip_special_tokens, r.tool_mode) if chat
+                else r.skip_special_tokens,
                 logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None,
-                structured_outputs=structured_outputs(r, self.formats.reasoning_parser))
+                structured_outputs=structured_outputs(r, self.formats.reasoning_parser, self.formats.constrains_auto))
         except InvalidParameterError as e:
             raise APIError(400, str(e), param=e.param) from None
 
@@ -221,18 +222,8 @@ class OpenAIServing:
 
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                     tools: list[dict[str, Any]] | None = None, kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Prompt ids; tools go through the template when it renders them, else tool_calls.py's format."""
-        msgs = [m.for_template() for m in messages]
-        kwargs = kwargs or {}
-        try:
-            if self.tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
-                extra = {"tools": tools} if tools else {}
-                return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs, **extra)
-            if tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs):
-                msgs = render_messages(msgs, tools)
-            return self.tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
-        except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
-            raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+        return encode_chat(self.tokenizer, [m.for_template() for m in messages], add_generation_prompt, tools,
+                           kwargs or {})
 
     def _completion_prompts(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -278,7 +269,8 @@ class OpenAIServing:
                             chat and r.parallel_tool_calls, r.return_token_ids, resume,
                             self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",
                             self.formats.reasoning_parser if chat else None,
-                            prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None)
+                            prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None,
+                            self.formats.call_ids())
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",

@@ -1,0 +1,102 @@
+"""Tool calls in each family's own notation reach the parser, and come back through the
+family's template: tool_choice auto is free text outside Hermes' notation (the grammar would
+ban Mistral's ``[TOOL_CALLS]`` and Llama's ``<|python_tag|>``, special tokens), Mistral's
+marker survives detokenising, calls get ids Mistral's template takes back in every mode,
+Gemma 2 (no system role) takes tools, and a mistyped ``--chat-template`` path stops the start."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from llmserve.api.errors import APIError
+from llmserve.api.parse import validate
+from llmserve.api.protocol import ChatCompletionRequest
+from llmserve.models.chat_template import ChatTemplate
+from llmserve.server.config import ServerConfig
+from llmserve.server.responses import ChoiceWriter, ResponseMeta
+from tests.server.test_formats import TEMPLATES, _out, _serving
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def _template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text()
+
+
+def _params(template: str, tool_choice: str):
+    serving, _ = _serving(template)
+    r = validate({"messages": ASK, "tools": [TOOL], "tool_choice": tool_choice}, ChatCompletionRequest)
+    return serving, serving.sampling_params(r, chat=True)
+
+
+def test_auto_calls_outside_hermes_are_read_from_free_text_with_special_tokens_kept():
+    serving, sp = _params(_template("mistralai-Mistral-Nemo-Instruct-2407"), "auto")
+    assert serving.formats.tool_parser == "mistral"
+    assert sp.structured_outputs is None and sp.skip_special_tokens is False
+    serving, sp = _params(_template("meta-llama-Llama-3.2-3B-Instruct"), "auto")
+    assert serving.formats.tool_parser == "llama3_json" and sp.structured_outputs is None
+
+
+def test_hermes_auto_and_every_required_call_stay_constrained():
+    _, sp = _params(_template("Qwen-Qwen3-0.6B"), "auto")
+    assert sp.structured_outputs.structural_tag["format"]["type"] == "triggered_tags"
+    assert sp.skip_special_tokens is True
+    _, sp = _params(_template("mistralai-Mistral-Nemo-Instruct-2407"), "required")
+    assert sp.structured_outputs.structural_tag["format"]["type"] == "tags_with_separator"
+    assert sp.skip_special_tokens is True  # Hermes' tags are text
+
+
+def test_required_calls_on_a_mistral_template_get_ids_it_takes_back():
+    """Required calls are written in Hermes' notation (the grammar), but the next turn renders
+    them through Mistral's template, which refuses any id but nine letters and digits."""
+    source = _template("mistralai-Mistral-Nemo-Instruct-2407")
+    serving, _ = _serving(source)
+    meta = ResponseMeta("id", 0, "tiny", True, 1, False, tool_calls=True,
+                        tool_parser=serving.formats.tool_parser_for("required"), call_ids=serving.formats.call_ids())
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    (call,) = ChoiceWriter(0, meta, None).final(_out(text, text, True))["message"]["tool_calls"]
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", call["id"])
+    back = {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+    turn = ASK + [{"role": "assistant", "tool_calls": [back]},
+                  {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    assert f'"id": "{call["id"]}"' in ChatTemplate(source).render(turn, bos_token="<s>", eos_token="</s>")
+    serving, _ = _serving(_template("Qwen-Qwen3-0.6B"))
+    assert serving.formats.call_ids()().startswith("call_")
+
+
+def test_gemma2_takes_tools_in_its_first_user_turn():
+    """Gemma 2's template renders no tools and raises on a system message: the tools text we
+    add goes ahead of the first user turn. A system message the caller sent is still theirs
+    to get refused."""
+    serving, tok = _serving(_template("google-gemma-2-2b-it"))
+    r = validate({"messages": ASK, "tools": [TOOL]}, ChatCompletionRequest)
+    prompt = tok.decode(serving.encode_chat(r.messages, True, [TOOL]), skip_special_tokens=False)
+    first_user = prompt.split("<start_of_turn>user\n", 1)[1]
+    assert first_user.index('"get_weather"') < first_user.index("Weather in Paris?")
+    assert "<start_of_turn>system" not in prompt
+    r = validate({"messages": [{"role": "system", "content": "Be brief."}] + ASK, "tools": [TOOL]},
+                 ChatCompletionRequest)
+    with pytest.raises(APIError) as e:
+        serving.encode_chat(r.messages, True, [TOOL])
+    assert e.value.status == 400
+
+
+def test_a_chat_template_path_that_does_not_exist_stops_the_start(tmp_path):
+    missing = str(tmp_path / "templates" / "llama3.jinja")
+    with pytest.raises(ValidationError, match="no such chat template file"):
+        ServerConfig(chat_template=missing)
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}")
+    assert ServerConfig(chat_template=str(tmp_path / "t.jinja")).chat_template
+    assert ServerConfig(chat_template="{{ messages[0].content }}").chat_template  # inline Jinja
+    p = subprocess.run([sys.executable, "-m", "llmserve.cli", "engine", "--model", str(tmp_path / "none.gguf"),
+                        "--chat-template", missing], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no such chat template file" in p.stderr
