@@ -76,8 +76,8 @@ def test_parser_follows_the_template():
     assert parser_for_template("... [TOOL_CALLS] ...") == "mistral"
     assert parser_for_template('{"name": function name, "parameters": ...}') == "llama3_json"
     assert parser_for_template("<tool_call>") == "hermes"
-    with pytest.raises(ValueError, match="known: hermes, llama3_json, mistral"):
-        tool_call_parser("pythonic")
+    with pytest.raises(ValueError, match="known: hermes, llama3_json, mistral, phi4_mini_json, pythonic"):
+        tool_call_parser("granite")
 
 
 REASONING = [
