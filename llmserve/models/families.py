@@ -123,7 +123,10 @@ FAMILIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gemma3_text": lambda d: _gemma(d, "gemma3"),
     "phi3": _phi3,
 }
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+# Multimodal checkpoints whose text decoder is a supported family: the vision tower is left
+# out, the decoder's config and weights are read from their place in the checkpoint.
+_TEXT_OF = {"gemma3": ("gemma3_text", "Gemma3TextConfig")}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(_TEXT_OF)  # what a refusal lists
 
 
 def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +138,6 @@ def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
     return FAMILIES[model_type](d)
 
 
-# Multimodal checkpoints whose text decoder is a supported family: the vision tower is left
-# out, the decoder's config and weights are read from their place in the checkpoint.
-_TEXT_OF = {"gemma3": ("gemma3_text", "Gemma3TextConfig")}
 _TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 
 

@@ -244,7 +244,8 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
         facts, now = _model_facts(inst.engine), int(time.time())
         return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "llmserve",
                                             "max_model_len": inst.engine.max_model_len if inst.engine else None,
-                                            "parent": None, **facts} for n in names]
+                                            "root": inst.engine.model_name if inst.engine else n, "parent": None,
+                                            **facts} for n in names]
                 + (adapter_cards(inst.engine, names[0], now) if names else [])}
 
     add_lora_routes(app, inst)

@@ -48,6 +48,7 @@ def test_models_and_completion(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny", "tiny-alias"]
     assert (models[0].family, models[0].context_length) == ("llama", 256)
+    assert models[0].root and models[0].root == models[1].root  # the model both names serve (vLLM's field)
     r = client.completions.create(model="tiny", prompt="hello world", max_tokens=7, temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 7
