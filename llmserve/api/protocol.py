@@ -286,6 +286,8 @@ class TokenizeRequest(_Strict):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=Limits.MESSAGES)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: Tools | None = None  # with messages: the chat prompt's tokens, tools rendered as chat does
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
 
 
 class DetokenizeRequest(_Strict):

@@ -268,7 +268,8 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
         s = inst.need_serving()
         s.check_model(body.model)
         if body.messages is not None:
-            ids = s.encode_chat(body.messages, body.add_generation_prompt)
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            ids = s.encode_chat(body.messages, body.add_generation_prompt, tools, body.chat_template_kwargs)
         elif body.prompt is not None:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:

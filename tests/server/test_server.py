@@ -165,6 +165,12 @@ def test_tokenize_detokenize(server):
     ids = httpx.post(server.url + "/tokenize", json={"prompt": "hello"}).json()["tokens"]
     assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()["prompt"].endswith("hello")
     assert httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}).status_code == 400
+    # a chat with tools counts the prompt the chat would send, tools included (vLLM's tokenize takes them)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    plain = httpx.post(server.url + "/tokenize", json=chat).json()["count"]
+    with_tools = httpx.post(server.url + "/tokenize", json={**chat, "tools": [tool]})
+    assert with_tools.status_code == 200 and with_tools.json()["count"] > plain
 
 
 def test_disconnect_aborts_and_frees_kv(tmp_path):
