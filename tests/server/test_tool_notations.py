@@ -100,3 +100,40 @@ def test_a_chat_template_path_that_does_not_exist_stops_the_start(tmp_path):
     p = subprocess.run([sys.executable, "-m", "llmserve.cli", "engine", "--model", str(tmp_path / "none.gguf"),
                         "--chat-template", missing], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no such chat template file" in p.stderr
+
+
+def test_a_special_token_opener_reaches_the_parser_through_a_live_engine(tmp_path):
+    """A tiny Mistral whose ``[TOOL_CALLS]`` is a special token, as in Mistral's tokenizers:
+    pushed to it by logit_bias, with tools offered and tool_choice auto, the token is neither
+    banned by a grammar nor dropped by the detokenizer; the parser sees it (no call follows in
+    one token, so it comes back as the text it was)."""
+    import httpx
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from tests.family_models import make_family
+    from tests.helpers import SPECIAL_TOKENS, tiny_tokenizer_json
+    from tests.server.harness import start_engine
+
+    folder = tmp_path / "mistral"
+    make_family("mistral", folder, bos_token_id=1, eos_token_id=2, vocab_size=386)
+    tok = RustTokenizer.from_str(tiny_tokenizer_json(384))
+    tok.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True, normalized=False),
+                            AddedToken("[ARGS]", special=True, normalized=False)])
+    opener = tok.token_to_id("[TOOL_CALLS]")
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": SPECIAL_TOKENS[1], "eos_token": SPECIAL_TOKENS[2], "unk_token": SPECIAL_TOKENS[0],
+        "add_bos_token": False, "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": _template("mistralai-Mistral-Nemo-Instruct-2407")}))
+    ep = start_engine(folder, tmp_path, "--served-model-name", "m")
+    try:
+        body = {"model": "m", "messages": ASK, "tools": [TOOL], "max_tokens": 1, "temperature": 0,
+                "logit_bias": {str(opener): 100}}
+        r = httpx.post(ep.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "[TOOL_CALLS]"
+        r = httpx.post(ep.url + "/v1/chat/completions", json={**body, "tool_choice": "none"}, timeout=60)
+        assert r.json()["choices"][0]["message"]["content"] == ""  # no tools: special tokens skipped as asked
+    finally:
+        ep.stop()
