@@ -20,8 +20,8 @@ def _ids():
     return lambda: f"call_{next(n)}"
 
 
-def _run(name: str, pieces: list[str]):
-    p = tool_call_parser(name)
+def _run(name: str, pieces: list[str], parallel: bool = True):
+    p = tool_call_parser(name, parallel)
     p.new_id = _ids()
     events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))

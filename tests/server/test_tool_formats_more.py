@@ -4,7 +4,6 @@ that fail mid-way coming back as content, and the template choosing each."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import typing
 from pathlib import Path
@@ -16,7 +15,8 @@ from llmserve.models.chat_template import ChatTemplate
 from llmserve.server.config import ServerConfig
 from llmserve.server.responses import ChoiceWriter, ResponseMeta
 from llmserve.server.tool_formats import TOOL_CALL_PARSERS, parser_for_template, tool_call_parser
-from llmserve.server.tool_parser import CallArguments, CallStart, Content
+from llmserve.server.tool_parser import Content
+from tests.server.test_tool_formats import _run as _events
 
 PARIS = '{"city": "Paris"}'
 ROME = '{"city": "Rome"}'
@@ -24,19 +24,9 @@ TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 
 
 def _run(name: str, pieces: list[str], parallel: bool = True):
-    p = tool_call_parser(name, parallel)
-    n = itertools.count()
-    p.new_id = lambda: f"call_{next(n)}"
-    events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
-    content = "".join(e.text for e in events if isinstance(e, Content))
-    calls: dict[int, list[str]] = {}
-    for e in events:
-        if isinstance(e, CallStart):
-            calls[e.index] = [e.name, ""]
-        elif isinstance(e, CallArguments):
-            calls[e.index][1] += e.text
-    whole = [(c["function"]["name"], c["function"]["arguments"]) for c in p.tool_calls()]
-    return content, [tuple(v) for _, v in sorted(calls.items())], whole
+    """(content, calls as streamed, calls whole), each call as (name, arguments)."""
+    content, streamed, calls = _events(name, pieces, parallel)
+    return content, streamed, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
 def _splits(text: str):
