@@ -17,117 +17,20 @@ whose call never completes (cut short, or not JSON) comes back as the content it
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import string
-from typing import Any, Callable
+from typing import Any
 
-from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, ToolCallParser, _held_back, \
-    new_call_id
+from llmserve.server.tool_block import _BlockParser
+from llmserve.server.tool_formats_py import PythonicParser
+from llmserve.server.tool_parser import Event, ToolCallParser
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic")
-_DECODER = json.JSONDecoder()
 _ALNUM = string.ascii_letters + string.digits
 # How the pythonic templates ask for calls: Llama 3.2's "[func_name1(params_name1=...", Llama
 # 4's "[func_name1(param1=value1, ...", Gemma 3's (vLLM's examples).
 _PYTHONIC_TEMPLATE = re.compile(r"\[\s*func_name1\(|\bfunc_name1\(param(?:s_name)?1=")
-
-
-class _BlockParser:
-    """Content until ``tag`` (or, with ``at_start``, a call only at the very start), then calls."""
-
-    tag = ""
-    at_start = False
-
-    def __init__(self, parallel: bool = True, new_id: Callable[[], str] = new_call_id) -> None:
-        self.parallel, self.new_id = parallel, new_id
-        self.content = ""
-        self._calls: list[dict[str, Any]] = []
-        self._buf = ""
-        self._raw = ""  # the call region as written, given back as content if no call completes
-        self._state = "before"  # before -> content | calls
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        events: list[Event] = []
-        if self._state == "calls":
-            self._raw += text
-        if self._state == "before":
-            self._start(events)
-        if self._state == "content":
-            self._text(self._buf, events)
-            self._buf = ""
-        elif self._state == "calls":
-            self._read_calls(events)
-        return events
-
-    def finish(self) -> list[Event]:
-        events = self.feed("")
-        if self._state == "before" and self._buf:
-            self._text(self._buf, events)
-        elif self._state == "calls" and not self._calls and self._raw:
-            self._text(self._raw, events)  # no call completed: it was text
-        self._buf = ""
-        return events
-
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return self._calls if self.parallel else self._calls[:1]
-
-    # -- internals
-    def _start(self, events: list[Event]) -> None:
-        if self.at_start:
-            head = self._buf.lstrip()
-            for opener in self.openers():
-                if head.startswith(opener):  # the tag goes; a call's own "{" stays
-                    self._buf = head[len(opener):] if opener == self.tag else head
-                    self._raw, self._state = head, "calls"
-                    return
-                if opener.startswith(head):
-                    return  # could still open a call
-            self._state = "content"
-            return
-        i = self._buf.find(self.tag)
-        if i < 0:
-            ready, self._buf = _held_back(self._buf, self.tag)
-            self._text(ready, events)
-            return
-        self._text(self._buf[:i], events)
-        self._buf = self._buf[i + len(self.tag):]
-        self._raw, self._state = self.tag + self._buf, "calls"
-
-    def openers(self) -> tuple[str, ...]:
-        return (self.tag,)
-
-    def _read_calls(self, events: list[Event]) -> None:
-        raise NotImplementedError
-
-    def _text(self, text: str, events: list[Event]) -> None:
-        if text:
-            self.content += text
-            events.append(Content(text))
-
-    def _call(self, name: Any, args: Any, events: list[Event]) -> None:
-        if not isinstance(name, str):
-            return
-        arguments = args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
-        call = {"id": self.new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-        self._calls.append(call)
-        if self.parallel or len(self._calls) == 1:
-            events += [CallStart(len(self._calls) - 1, call["id"], name), CallArguments(len(self._calls) - 1, arguments)]
-
-    def _value(self, skip: str) -> Any:
-        """The next complete JSON value of the buffer after ``skip`` characters, consumed; or
-        ``...`` when it is not complete yet."""
-        s = self._buf.lstrip(skip)
-        if not s:
-            return ...
-        try:
-            value, end = _DECODER.raw_decode(s)
-        except json.JSONDecodeError:
-            return ...
-        self._buf = s[end:]
-        return value
 
 
 class Llama3JsonParser(_BlockParser):
@@ -224,8 +127,6 @@ def tool_call_parser(name: str, parallel: bool = True) -> Any:
     if name == "phi4_mini_json":
         return Phi4MiniJsonParser(parallel)
     if name == "pythonic":
-        from llmserve.server.tool_formats_py import PythonicParser  # it builds on _BlockParser
-
         return PythonicParser(parallel)
     raise ValueError(f"unknown tool call parser {name!r} (known: {', '.join(TOOL_CALL_PARSERS)})")
 

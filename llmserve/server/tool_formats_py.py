@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from llmserve.server.tool_formats import _BlockParser
+from llmserve.server.tool_block import _BlockParser
 from llmserve.server.tool_parser import Event
 
 _FENCES = ("```tool_code", "```python")
