@@ -87,7 +87,7 @@ def test_unsupported_or_incomplete_folders(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
     with pytest.raises(ModelLoadError, match="model family 'falcon' is not supported "
-                                             r"\(supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3\)"):
+                                             r"\(supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, gemma3\)"):
         HFLoader().load(folder)
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "model.safetensors").unlink()
