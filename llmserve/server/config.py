@@ -75,7 +75,8 @@ class ServerConfig(HttpLimits):
     # The model's formats (docs/families.md); None: follow the model.
     chat_template: str | None = Field(None, description="chat template instead of the model's: a file, "
                                                         "or the Jinja text itself")
-    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic"] | None = Field(
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic",
+                              "llama4_pythonic"] | None = Field(
         None, description="notation tool calls are read in (default: the one the chat template writes)")
     reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
         None, description="return <think> reasoning as reasoning_content")

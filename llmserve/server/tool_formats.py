@@ -26,7 +26,7 @@ from llmserve.server.tool_block import _BlockParser
 from llmserve.server.tool_formats_py import PythonicParser
 from llmserve.server.tool_parser import Event, ToolCallParser
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic", "llama4_pythonic")
 _ALNUM = string.ascii_letters + string.digits
 # How the pythonic templates ask for calls: Llama 3.2's "[func_name1(params_name1=...", Llama
 # 4's "[func_name1(param1=value1, ...", Gemma 3's (vLLM's examples).
@@ -126,7 +126,7 @@ def tool_call_parser(name: str, parallel: bool = True) -> Any:
         return MistralParser(parallel, new_id=mistral_call_id)
     if name == "phi4_mini_json":
         return Phi4MiniJsonParser(parallel)
-    if name == "pythonic":
+    if name in ("pythonic", "llama4_pythonic"):  # vLLM's two names for the one notation
         return PythonicParser(parallel)
     raise ValueError(f"unknown tool call parser {name!r} (known: {', '.join(TOOL_CALL_PARSERS)})")
 

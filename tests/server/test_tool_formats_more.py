@@ -170,6 +170,8 @@ def test_the_flag_offers_every_parser():
     (literal,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     assert set(typing.get_args(literal)) == set(TOOL_CALL_PARSERS) >= {"pythonic", "phi4_mini_json"}
     assert ServerConfig(tool_call_parser="pythonic").tool_call_parser == "pythonic"
+    # vLLM's llama4_pythonic names the same notation: a command copied from vLLM works
+    assert _run("llama4_pythonic", ['[get_weather(city="Paris")]'])[2] == [("get_weather", PARIS)]
     with pytest.raises(ValueError, match="known: hermes, llama3_json, mistral, phi4_mini_json, pythonic"):
         tool_call_parser("granite")
 
