@@ -11,7 +11,7 @@ from llmserve.api.stream_format import IDS_FIELD, attach_ids, head
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
 from llmserve.server.reasoning_parser import Reasoning, ReasoningParser
 from llmserve.server.tool_formats import tool_call_parser
-from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event, new_call_id
+from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event
 
 
 @dataclass
@@ -29,7 +29,7 @@ class ResponseMeta:
     tool_parser: str = "hermes"  # tool_formats.TOOL_CALL_PARSERS
     reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
     prompt_phase: str | None = None  # where the prompt left the reasoning (reasoning_gate.first_phase)
-    call_ids: Callable[[], str] = new_call_id  # ids the model's template takes back (formats.call_ids)
+    call_ids: Callable[[], str] | None = None  # ids the model's template takes back (formats.call_ids)
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -42,7 +42,7 @@ class ChoiceWriter:
     def __init__(self, index: int, meta: ResponseMeta, tokenizer: Any, echo: str | None = None) -> None:
         self.index, self.meta, self.tok, self.echo = index, meta, tokenizer, echo
         self.parser = tool_call_parser(meta.tool_parser, meta.parallel_tool_calls) if meta.tool_calls else None
-        if self.parser is not None:
+        if self.parser is not None and meta.call_ids is not None:
             self.parser.new_id = meta.call_ids
         self.reasoning = ReasoningParser(meta.reasoning_parser, meta.prompt_phase) \
             if meta.chat and meta.reasoning_parser else None

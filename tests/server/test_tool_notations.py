@@ -71,6 +71,11 @@ def test_required_calls_on_a_mistral_template_get_ids_it_takes_back():
     assert f'"id": "{call["id"]}"' in ChatTemplate(source).render(turn, bos_token="<s>", eos_token="</s>")
     serving, _ = _serving(_template("Qwen-Qwen3-0.6B"))
     assert serving.formats.call_ids()().startswith("call_")
+    # a writer told no ids keeps its parser's own (the mistral parser's are Mistral's)
+    meta = ResponseMeta("id", 0, "tiny", True, 1, False, tool_calls=True, tool_parser="mistral")
+    text = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    (call,) = ChoiceWriter(0, meta, None).final(_out(text, text, True))["message"]["tool_calls"]
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", call["id"])
 
 
 def test_gemma2_takes_tools_in_its_first_user_turn():
