@@ -71,7 +71,11 @@ def test_kill_9_the_leading_replica_of_serve_replicas(tmp_path):
             time.sleep(2.0)
         lost = load.failed()
         assert all(status == 0 for _, _, status in lost), lost  # no HTTP error from a survivor
-        assert len(lost) <= CLIENTS, lost  # at most the request each client had on the dead one
+        # At most the request each client had on the dead replica, and the one it sends at once
+        # after: for the few ms the kernel takes to tear the killed process down, its listening
+        # socket is still in the SO_REUSEPORT group, so that reconnection can land there too.
+        assert len(lost) <= 2 * CLIENTS, lost
+        assert all(t - killed_at < 1.0 for t, _, _ in lost), (killed_at, lost)
         assert sum(1 for t, _, st in load.results if t > killed_at and st == 200) > 0
         assert new_token > token
         assert live_ids(state) == before  # adopted: nothing orphaned, nothing doubled
