@@ -19,6 +19,8 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 from llmserve.flags import Flag
 from llmserve.http_guard import HttpLimits
 from llmserve.priority import NAMED_RANGE, PriorityRange
+from llmserve.server.reasoning_parser import REASONING_PARSERS
+from llmserve.server.tool_formats import TOOL_CALL_PARSERS
 from llmserve.tracing.config import TracingConfig
 
 
@@ -75,10 +77,9 @@ class ServerConfig(HttpLimits):
     # The model's formats (docs/families.md); None: follow the model.
     chat_template: str | None = Field(None, description="chat template instead of the model's: a file, "
                                                         "or the Jinja text itself")
-    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic",
-                              "llama4_pythonic"] | None = Field(
+    tool_call_parser: Literal[TOOL_CALL_PARSERS] | None = Field(
         None, description="notation tool calls are read in (default: the one the chat template writes)")
-    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
+    reasoning_parser: Literal[REASONING_PARSERS] | None = Field(
         None, description="return <think> reasoning as reasoning_content")
 
     @model_validator(mode="after")

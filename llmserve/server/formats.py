@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmserve.server.config import ServerConfig
-from llmserve.server.tool_formats import mistral_call_id, parser_for_template
-from llmserve.server.tool_parser import new_call_id
+from llmserve.server.tool_formats import call_ids, parser_for_template
 
 # Notations whose opening marker is a special token the detokenizer would drop (Mistral's
 # [TOOL_CALLS]): with tool_choice auto their output keeps special tokens, as vLLM's parser asks.
@@ -39,7 +38,7 @@ class OutputFormats:
     def call_ids(self) -> Callable[[], str]:
         """Ids in the shape the model's template accepts back in the next turn, whatever notation
         the calls were read in (Mistral's templates refuse any but nine letters and digits)."""
-        return mistral_call_id if self.tool_parser == "mistral" else new_call_id
+        return call_ids(self.tool_parser)
 
 
 def output_formats(tokenizer: Any, config: ServerConfig) -> OutputFormats:

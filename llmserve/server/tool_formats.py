@@ -20,11 +20,11 @@ from __future__ import annotations
 import re
 import secrets
 import string
-from typing import Any
+from typing import Any, Callable
 
 from llmserve.server.tool_block import _BlockParser
 from llmserve.server.tool_formats_py import PythonicParser
-from llmserve.server.tool_parser import Event, ToolCallParser
+from llmserve.server.tool_parser import Event, ToolCallParser, new_call_id
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "phi4_mini_json", "pythonic", "llama4_pythonic")
 _ALNUM = string.ascii_letters + string.digits
@@ -116,6 +116,11 @@ def mistral_call_id() -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(9))
 
 
+def call_ids(name: str) -> Callable[[], str]:
+    """Call ids in the shape the notation ``name``'s templates take back in the next turn."""
+    return mistral_call_id if name == "mistral" else new_call_id
+
+
 def tool_call_parser(name: str, parallel: bool = True) -> Any:
     """The parser ``name`` (one of ``TOOL_CALL_PARSERS``) for one choice."""
     if name == "hermes":
@@ -123,7 +128,7 @@ def tool_call_parser(name: str, parallel: bool = True) -> Any:
     if name == "llama3_json":
         return Llama3JsonParser(parallel)
     if name == "mistral":
-        return MistralParser(parallel, new_id=mistral_call_id)
+        return MistralParser(parallel, new_id=call_ids(name))
     if name == "phi4_mini_json":
         return Phi4MiniJsonParser(parallel)
     if name in ("pythonic", "llama4_pythonic"):  # vLLM's two names for the one notation
