@@ -61,6 +61,14 @@ UNSUPPORTED: dict[str, str] = {
 }
 # Chat template variables the request sets itself: chat_template_kwargs may not.
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def _check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    if kwargs and (taken := sorted(set(kwargs) & TEMPLATE_VARIABLES)):
+        raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(taken)} "
+                                                 "(the request's own fields do)")
+
+
 # Accepted, documented as having no effect on generation (docs/openai-api.md).
 NO_OP = ("store", "metadata", "service_tier", "user", "modalities")
 
@@ -241,9 +249,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _template_kwargs(self) -> "ChatCompletionRequest":
-        if self.chat_template_kwargs and (taken := sorted(set(self.chat_template_kwargs) & TEMPLATE_VARIABLES)):
-            raise FieldError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(taken)} "
-                                                     "(the request's own fields do)")
+        _check_template_kwargs(self.chat_template_kwargs)
         return self
 
     @model_validator(mode="after")
@@ -288,6 +294,11 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool = True
     tools: Tools | None = None  # with messages: the chat prompt's tokens, tools rendered as chat does
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> "TokenizeRequest":
+        _check_template_kwargs(self.chat_template_kwargs)
+        return self
 
 
 class DetokenizeRequest(_Strict):

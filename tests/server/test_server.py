@@ -171,6 +171,8 @@ def test_tokenize_detokenize(server):
     plain = httpx.post(server.url + "/tokenize", json=chat).json()["count"]
     with_tools = httpx.post(server.url + "/tokenize", json={**chat, "tools": [tool]})
     assert with_tools.status_code == 200 and with_tools.json()["count"] > plain
+    refused = httpx.post(server.url + "/tokenize", json={**chat, "chat_template_kwargs": {"bos_token": "x"}})
+    assert refused.status_code == 400 and "may not set bos_token" in refused.json()["error"]["message"]
 
 
 def test_disconnect_aborts_and_frees_kv(tmp_path):
