@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every level (the table adds their medians)")
     ap.add_argument("--work", type=Path, default=None, help="folder for the model files (kept, reused)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="families-bench-"))
@@ -70,7 +71,7 @@ def main() -> int:
         print(f"{family}: {gguf} ({gguf.stat().st_size / 1e6:.0f} MB)", flush=True)
         cmd = [sys.executable, str(ROOT / "benchmarks/peers/run.py"), "--llama-server", args.llama_server,
                "--gguf", str(gguf), "--threads", str(args.threads), "--skip-hol", "--scale", str(args.scale),
-               "--output-len", str(args.output_len),
+               "--output-len", str(args.output_len), "--rounds", str(args.rounds),
                "--concurrency", *map(str, args.concurrency), "--results", str(HERE / f"{family}.md")]
         subprocess.run(cmd, check=True)
     return 0

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,29 @@ def head_of_line(url: str, gguf: str, work: Path, cmds: list[str]) -> dict:
             "loaded_median": b["median_ttft_ms"]}
 
 
+def ratio(r: dict, top: str, bottom: str) -> float:
+    return r[top]["output_throughput"] / r[bottom]["output_throughput"]
+
+
+def medians(rows: list[dict], serve: bool) -> list[str]:
+    """Each level's median over its rounds of the paired ratios (each round's servers ran
+    back to back on the same prompts): on a machine whose speed swings by a fifth within
+    minutes, one round's ratio is mostly the swing, the median of several is the servers."""
+    out = ["Median over the rounds of each round's ratio (every round listed above):", "",
+           "| concurrency | rounds | llmserve / llama.cpp | TPOT llama.cpp / llmserve |"
+           + (" serve / engine |" if serve else ""),
+           "|---|---|---|---|" + ("---|" if serve else "")]
+    for c in sorted({r["c"] for r in rows}):
+        level = [r for r in rows if r["c"] == c]
+        tpot = statistics.median(r["llama.cpp"]["median_tpot_ms"] / r["llmserve"]["median_tpot_ms"] for r in level)
+        cells = [str(c), str(len(level)), f"{statistics.median(ratio(r, 'llmserve', 'llama.cpp') for r in level):.2f}x",
+                 f"{tpot:.2f}x"]
+        if serve:
+            cells.append(f"{statistics.median(ratio(r, 'serve', 'llmserve') for r in level):.2f}x")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def render(rows, pss, hol, cmds, load, args) -> str:
     serve = any("serve" in r for r in rows)
     out = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
@@ -205,6 +229,8 @@ def render(rows, pss, hol, cmds, load, args) -> str:
         cells += [f"{a['median_tpot_ms']:.1f}", f"{b['median_tpot_ms']:.1f}", f"{a['median_ttft_ms']:.0f}",
                   f"{b['median_ttft_ms']:.0f}"]
         out.append("| " + " | ".join(cells) + " |")
+    if args.rounds > 1:
+        out += ["", *medians(rows, serve)]
     out += ["", f"Memory after the runs, PSS summed over each server's processes, KV pools included (llama.cpp's "
                 f"32,768 tokens, llmserve's sized from free memory; `benchmarks/engine/memory.py` compares them "
                 f"with equal pools): llama.cpp {pss.get('llama.cpp', 0):.0f} MB, llmserve (API + engine process) "
