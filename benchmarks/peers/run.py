@@ -193,20 +193,27 @@ def ratio(r: dict, top: str, bottom: str) -> float:
 
 
 def medians(rows: list[dict], serve: bool) -> list[str]:
-    """Each level's median over its rounds of the paired ratios (each round's servers ran
-    back to back on the same prompts): on a machine whose speed swings by a fifth within
-    minutes, one round's ratio is mostly the swing, the median of several is the servers."""
-    out = ["Median over the rounds of each round's ratio (every round listed above):", "",
+    """Each level's median over its rounds of the paired ratios, and for serve / engine the
+    rounds taken two by two. The servers of a round run back to back and the order flips
+    every round; on this shared host whichever of two runs first in a round tends to be
+    faster, so one round's ratio carries that order, and the geometric mean of two
+    consecutive rounds (each server once first) cancels it (an ABBA design)."""
+    out = ["Median over the rounds of each round's ratio (every round listed above)"
+           + ("; serve / engine also over pairs of consecutive rounds, the geometric mean of each pair:"
+              if serve else ":"), "",
            "| concurrency | rounds | llmserve / llama.cpp | TPOT llama.cpp / llmserve |"
-           + (" serve / engine |" if serve else ""),
-           "|---|---|---|---|" + ("---|" if serve else "")]
+           + (" serve / engine | serve / engine, pairs of rounds |" if serve else ""),
+           "|---|---|---|---|" + ("---|---|" if serve else "")]
     for c in sorted({r["c"] for r in rows}):
         level = [r for r in rows if r["c"] == c]
         tpot = statistics.median(r["llama.cpp"]["median_tpot_ms"] / r["llmserve"]["median_tpot_ms"] for r in level)
         cells = [str(c), str(len(level)), f"{statistics.median(ratio(r, 'llmserve', 'llama.cpp') for r in level):.2f}x",
                  f"{tpot:.2f}x"]
         if serve:
-            cells.append(f"{statistics.median(ratio(r, 'serve', 'llmserve') for r in level):.2f}x")
+            each = [ratio(r, "serve", "llmserve") for r in level]
+            pairs = [(a * b) ** 0.5 for a, b in zip(each[::2], each[1::2])]
+            cells += [f"{statistics.median(each):.2f}x",
+                      (f"{statistics.median(pairs):.2f}x ({', '.join(f'{p:.2f}' for p in pairs)})" if pairs else "-")]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
