@@ -195,9 +195,9 @@ def ratio(r: dict, top: str, bottom: str) -> float:
 def medians(rows: list[dict], serve: bool) -> list[str]:
     """Each level's median over its rounds of the paired ratios, and for serve / engine the
     rounds taken two by two. The servers of a round run back to back and the order flips
-    every round; on this shared host whichever of two runs first in a round tends to be
-    faster, so one round's ratio carries that order, and the geometric mean of two
-    consecutive rounds (each server once first) cancels it (an ABBA design)."""
+    every round, so a host whose speed drifts over a round's minutes favours one side in
+    one round and the other in the next: the geometric mean of two consecutive rounds
+    (each server once first) cancels a steady drift (an ABBA design)."""
     out = ["Median over the rounds of each round's ratio (every round listed above)"
            + ("; serve / engine also over pairs of consecutive rounds, the geometric mean of each pair:"
               if serve else ":"), "",
