@@ -231,10 +231,9 @@ def render(rows, pss, hol, cmds, load, args) -> str:
     for r in rows:
         a, b = r["llama.cpp"], r["llmserve"]
         cells = [f"{r['c']}", f"{r['round'] + 1}", f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
-                 f"{b['output_throughput'] / a['output_throughput']:.2f}x"]
+                 f"{ratio(r, 'llmserve', 'llama.cpp'):.2f}x"]
         if serve:
-            v = r["serve"]
-            cells += [f"{v['output_throughput']:.1f}", f"{v['output_throughput'] / b['output_throughput']:.2f}x"]
+            cells += [f"{r['serve']['output_throughput']:.1f}", f"{ratio(r, 'serve', 'llmserve'):.2f}x"]
         cells += [f"{a['median_tpot_ms']:.1f}", f"{b['median_tpot_ms']:.1f}", f"{a['median_ttft_ms']:.0f}",
                   f"{b['median_ttft_ms']:.0f}"]
         out.append("| " + " | ".join(cells) + " |")
