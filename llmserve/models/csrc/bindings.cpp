@@ -10,7 +10,6 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scal
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine);
 bool int8_vnni(bool enable);
 bool int8_vnni_active();
-bool work_claiming(bool enable);
 torch::Tensor unpack_weights(torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
                              torch::Tensor out);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -45,7 +44,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them");
   m.def("int8_vnni", &int8_vnni, "use the AVX-512 VNNI path of q4_linear / q8_linear where the CPU has it");
   m.def("int8_vnni_active", &int8_vnni_active, "whether q4_linear / q8_linear take the AVX-512 VNNI path now");
-  m.def("work_claiming", &work_claiming, "kernels' threads claim chunks of work in turn (else a fixed split)");
   m.def("unpack_weights", &unpack_weights, "the fp32 weights packed codes hold, into a reused buffer (AVX2)");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV pool (AVX2)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");

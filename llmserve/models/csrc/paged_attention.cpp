@@ -25,7 +25,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "claim.h"
 #include "simd.h"
 
 namespace {
@@ -150,7 +149,7 @@ template <typename T>
 void decode(const float* qp, const T* kp, const T* vp, const int64_t* ip, const int64_t* lp, float* op, int64_t B,
             int64_t H, int64_t KVH, int64_t D, int64_t L, float sc) {
   const int64_t rep = H / KVH;
-  llmserve::claim_for(0, B * KVH, 1, [&](int64_t w0, int64_t w1) {
+  at::parallel_for(0, B * KVH, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(static_cast<size_t>(rep * L));
     std::vector<const T*> keys(static_cast<size_t>(L)), vals(static_cast<size_t>(L)), next(static_cast<size_t>(2 * L));
     std::vector<const float*> probs(static_cast<size_t>(rep));

@@ -29,7 +29,6 @@
 #include <utility>
 #include <vector>
 
-#include "claim.h"
 #include "qdot_rows.h"
 #include "simd.h"
 
@@ -279,10 +278,10 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
     const llmserve::qdot::Operands o{M, K, G, N, a.q.data(), a.r.data(), qu.data(), ru.data(), a.u.data(),
                                      a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp,
                                      a.xo.data(), reinterpret_cast<const uint16_t*>(wo), ko};
-    llmserve::claim_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
+    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
     return y;
   }
-  llmserve::claim_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* c = cp + t * G * Codes::kGroupBytes;
       const S *s = sp + t * G * kTile, *o = op + t * G * kTile;
@@ -364,13 +363,6 @@ bool int8_vnni(bool enable) {
 }
 
 bool int8_vnni_active() { return use_vnni; }
-
-// Whether the kernels' threads claim chunks of work in turn (claim.h) or split it at::parallel_for's
-// fixed way: for comparisons and tests (both give the same bits).
-bool work_claiming(bool enable) {
-  llmserve::claiming().store(enable);
-  return enable;
-}
 
 // The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros
 // unless fine), xd = absmax / 127 and the exact sums xs [M, K / 32]: x ~ xd * (q + r / 128).
