@@ -1,0 +1,79 @@
+"""Where a c = 64 run's time goes, in process: the int8 products' rate per layer kind, then
+one run of 64 prompts split into its prefill and decode phases.
+
+    LLMSERVE_NO_VNNI=1 python benchmarks/engine/c64_budget.py   # as an AVX2-only CPU runs
+
+Products: each layer kind of one decoder layer at 64 / 256 / 512 rows, the median of 7
+calls, in multiply-adds per second (the engine's threads). Run: 64 prompts of 103 random
+token ids, 128 tokens out (``ignore_eos``, greedy), all added at once as ``peers/run.py``'s
+c = 64 level sends them; the prefill phase ends when every prompt is computed.
+The arithmetic these feed is in ``benchmarks/peers/README.md`` (AVX2 on both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from common import load
+
+from llmserve.engine.sampling_params import SamplingParams
+
+
+def products(core, rows: list[int]) -> None:
+    layer = core.runner.model.layers[len(core.runner.model.layers) // 2]
+    for name in ("qkv", "o", "gate_up", "down"):
+        lin = getattr(layer, name)
+        for m in rows:
+            x = torch.randn(m, lin.in_features)
+            for _ in range(3):
+                lin(x)
+            times = []
+            for _ in range(7):
+                t = time.perf_counter()
+                lin(x)
+                times.append(time.perf_counter() - t)
+            t = statistics.median(times)
+            print(f"{name:8s} {m:4d} rows: {t * 1e3:7.3f} ms, "
+                  f"{m * lin.in_features * lin.out_features / t / 1e9:6.1f} G multiply-adds/s", flush=True)
+
+
+def run(loaded, seed: int, prompts: int, prompt_len: int, output_len: int) -> None:
+    core = loaded.core(max_num_seqs=prompts)
+    rng = random.Random(seed)
+    sp = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    for i in range(prompts):
+        core.add_request(f"r{i}", [rng.randrange(100, 40000) for _ in range(prompt_len)], sp)
+    sch = core.scheduler
+    t0 = time.perf_counter()
+    steps = 0
+    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
+        core.step()
+        steps += 1
+    t1 = time.perf_counter()
+    decode = 0
+    while core.has_unfinished():
+        core.step()
+        decode += 1
+    t2 = time.perf_counter()
+    print(f"run (seed {seed}): prefill phase {t1 - t0:.2f} s ({steps} steps), decode phase {t2 - t1:.2f} s "
+          f"({decode} steps, {1e3 * (t2 - t1) / max(decode, 1):.1f} ms each), "
+          f"{prompts * output_len / (t2 - t0):.1f} tok/s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="64,256,512")
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args()
+    loaded = load()
+    products(loaded.core(max_num_seqs=64), [int(r) for r in args.rows.split(",")])
+    for seed in range(args.runs):
+        run(loaded, seed, 64, 103, 128)
+
+
+if __name__ == "__main__":
+    main()
