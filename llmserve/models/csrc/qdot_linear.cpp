@@ -60,8 +60,8 @@ inline int32_t hsum(__m256i v) {
 // M rows of x quantised per 32: x ~ xd * q, q = round(x / xd) in -127..127, xd = absmax / 127.
 // Fine: also the rounding's residual, x ~ xd * (q + r / 128) with r in -64..64 (15-bit
 // activations in two bytes, each a maddubs operand). Per group [M, G]: the unit u of the
-// products (xd, or xd / 128 when fine), the exact sum xs, and e = xs - u * sum(X) for
-// X = q (or 128 q + r), what rounding took from the sum (see Q4::kCenter).
+// products (xd, or xd / 128 when fine), the exact sum xs, and c = 7.5 e for e = xs - u * sum(X),
+// X = q (or 128 q + r), what rounding took from the sum: the 4-bit codes' centring term (Q4).
 //
 // Outlier channels (``chans``, the same for every row, chosen per layer by
 // llmserve/models/outliers.py): x's values there are kept aside in fp32 (xo [M, ko]) and
@@ -71,10 +71,10 @@ inline int32_t hsum(__m256i v) {
 struct Acts {
   int64_t K, G, ko;
   std::vector<int8_t> q, r;  // [M, K]; r only when fine
-  std::vector<float> u, s, e, xo;
+  std::vector<float> u, s, c, xo;
 
   Acts(const float* x, int64_t M, int64_t K_, bool fine, const int64_t* chans = nullptr, int64_t ko_ = 0)
-      : K(K_), G(K_ / kGroup), ko(ko_), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), e(M * G),
+      : K(K_), G(K_ / kGroup), ko(ko_), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), c(M * G),
         xo(M * ko_) {
     std::vector<float> held;  // x less its outlier channels
     if (ko > 0) {
@@ -103,24 +103,24 @@ struct Acts {
       s[i] = hsum(sum);
       // (127 / amax overflows for denormal groups: those count as zero)
       const __m256 inv = _mm256_set1_ps(amax >= 1e-30f ? 127.f / amax : 0.f);
-      __m256i c[4], f[4];
+      __m256i qi[4], f[4];
       for (int j = 0; j < 4; ++j) {
         const __m256 t = _mm256_mul_ps(v[j], inv), rt = _mm256_round_ps(t, kNearest);
-        c[j] = _mm256_cvtps_epi32(rt);
+        qi[j] = _mm256_cvtps_epi32(rt);
         if (fine) {
           const __m256 residual = _mm256_mul_ps(_mm256_sub_ps(t, rt), _mm256_set1_ps(128.f));  // in -64..64
           f[j] = _mm256_cvtps_epi32(_mm256_round_ps(residual, kNearest));
         }
       }
-      int64_t total = hsum(_mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3])));
-      store(c, q.data() + i * kGroup);
+      int64_t total = hsum(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+      store(qi, q.data() + i * kGroup);
       u[i] = amax / 127.f;
       if (fine) {
         total = 128 * total + hsum(_mm256_add_epi32(_mm256_add_epi32(f[0], f[1]), _mm256_add_epi32(f[2], f[3])));
         store(f, r.data() + i * kGroup);
         u[i] /= 128.f;
       }
-      e[i] = s[i] - u[i] * static_cast<float>(total);
+      c[i] = llmserve::qdot::kQ4Center * (s[i] - u[i] * static_cast<float>(total));
     }
     });
   }
@@ -219,8 +219,8 @@ template <class Codes, class S, int R, bool Fine>
 void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
                int64_t N, int64_t n0, const c10::Half* wo) {
   const int64_t K = a.K, G = a.G;
-  __m256 acc[R], off[R];
-  for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const int8_t *x[R], *xr[R];
     for (int r = 0; r < R; ++r) {
@@ -230,21 +230,35 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
     __m256i p[R];
     Codes::template dot<R, Fine>(codes + g * Codes::kGroupBytes, x, xr, p);
     const __m256 s = load8(scale + g * kTile), o = load8(offset + g * kTile);
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // qdot_rows.h's epilogue
       const int64_t i = (m0 + r) * G + g;
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(s, _mm256_broadcast_ss(&a.u[i])), acc[r]);
-      off[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), off[r]);
-      if constexpr (Codes::kCenter != 0.f)
-        off[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(Codes::kCenter * a.e[i]), off[r]);
+      const __m256 pu = _mm256_cvtepi32_ps(p[r]), u = _mm256_broadcast_ss(&a.u[i]);
+      const __m256 t = Codes::kCenter != 0.f ? _mm256_fmadd_ps(pu, u, _mm256_broadcast_ss(&a.c[i])) : _mm256_mul_ps(pu, u);
+      acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), _mm256_fmadd_ps(s, t, acc[r]));
     }
   }
-  for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_vnni.cpp)
-    const __m256 w = load8(wo + ((n0 / kTile) * a.ko + j) * kTile);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&a.xo[(m0 + r) * a.ko + j]), w, acc[r]);
+  if (a.ko > 0) {  // the outlier channels, alternately into two sums (as qdot_vnni.cpp)
+    const c10::Half* w = wo + (n0 / kTile) * a.ko * kTile;
+    const float* xo = a.xo.data() + m0 * a.ko;
+    __m256 odd[R];
+    for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 1 < a.ko; j += 2) {
+      const __m256 w0 = load8(w + j * kTile), w1 = load8(w + (j + 1) * kTile);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
+        odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j + 1), w1, odd[r]);
+      }
+    }
+    if (j < a.ko) {
+      const __m256 w0 = load8(w + j * kTile);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], odd[r]);
   }
   for (int r = 0; r < R; ++r) {
     float* yr = y + (m0 + r) * N + n0;
-    const __m256 v = _mm256_add_ps(acc[r], off[r]);
+    const __m256 v = acc[r];
     if (n0 + kTile <= N) {
       _mm256_storeu_ps(yr, v);
     } else {
@@ -276,7 +290,7 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
       for (size_t i = 0; i < from->size(); ++i) (*to)[i] = static_cast<uint8_t>((*from)[i]) ^ 0x80;
     }
     const llmserve::qdot::Operands o{M, K, G, N, a.q.data(), a.r.data(), qu.data(), ru.data(), a.u.data(),
-                                     a.s.data(), a.e.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp,
+                                     a.s.data(), a.c.data(), cp, sp, op, std::is_same_v<S, at::Half>, Fine, four, yp,
                                      a.xo.data(), reinterpret_cast<const uint16_t*>(wo), ko};
     at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) { llmserve::qdot::vnni_tiles(o, t0, t1); });
     return y;

@@ -10,13 +10,19 @@ constexpr int64_t kTile = 8;  // outputs per tile: one float vector
 constexpr int64_t kQ4GroupBytes = kTile * kGroup / 2, kQ8GroupBytes = kTile * kGroup;
 constexpr float kQ4Center = 7.5f;  // 4-bit codes j count as j - 7.5 (see Q4 in qdot_linear.cpp)
 
-// One product y [M, N] = x [M, K] W^T: x as quantised (per group [M, G]: u, s, e), the
+// One product y [M, N] = x [M, K] W^T: x as quantised (per group [M, G]: u, s, c), the
 // weights as qlayout packs them, scale / offset float16 (half) or float32.
+//
+// Both kernels take each group's integer sums p into one float sum a row and 8 outputs, in
+// this order (the same bits):  acc = fma(o, xs, fma(s, t, acc)),  t = p * u + c (4-bit codes)
+// or p * u (8-bit); then the outlier channels' products, even ones into acc and odd ones into
+// a second sum, added last. One sum and two chains, not three: the sums of 4 rows (AVX2) fit
+// the registers, and the chains' latency does not bound the outlier channels' loop.
 struct Operands {
   int64_t M, K, G, N;
   const int8_t *q, *r;  // [M, K]; r only when fine
   const uint8_t *qu, *ru;  // 8-bit codes: q + 128 and r + 128, vpdpbusd's unsigned side
-  const float *u, *s, *e;
+  const float *u, *s, *c;
   const uint8_t* codes;
   const void *scale, *offset;
   bool half, fine, four_bit;

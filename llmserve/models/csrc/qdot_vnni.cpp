@@ -117,10 +117,9 @@ inline void dot(const uint8_t* w, const void* const (&x_)[R], const void* const 
 template <bool Four, class S, int R, bool Fine>
 void tile_rows(const Operands& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, int64_t n0) {
   constexpr int64_t kBytes = Four ? kQ4GroupBytes : kQ8GroupBytes;
-  constexpr float kCenter = Four ? kQ4Center : 0.f;
   const int64_t K = a.K, G = a.G;
-  __m256 acc[R], off[R];
-  for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const void *x[R], *xr[R];
     for (int r = 0; r < R; ++r) {
@@ -131,22 +130,37 @@ void tile_rows(const Operands& a, int64_t m0, const uint8_t* codes, const S* sca
     __m256i p[R], pr[R];
     dot<Four, R, Fine>(codes + g * kBytes, x, xr, p, pr);
     const __m256 s = load8(scale + g * kTile), o = load8(offset + g * kTile);
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // qdot_rows.h's epilogue
       const int64_t i = (m0 + r) * G + g;
       // |p| <= 32 * 128 * 127: 128 p fits int32 (Fine: the two bytes are q * 128 + r)
-      const __m256i t = Fine ? _mm256_add_epi32(_mm256_slli_epi32(p[r], 7), pr[r]) : p[r];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(s, _mm256_broadcast_ss(a.u + i)), acc[r]);
-      off[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(a.s + i), off[r]);
-      if constexpr (kCenter != 0.f) off[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(kCenter * a.e[i]), off[r]);
+      const __m256i pi = Fine ? _mm256_add_epi32(_mm256_slli_epi32(p[r], 7), pr[r]) : p[r];
+      const __m256 pu = _mm256_cvtepi32_ps(pi), u = _mm256_broadcast_ss(a.u + i);
+      const __m256 t = Four ? _mm256_fmadd_ps(pu, u, _mm256_broadcast_ss(a.c + i)) : _mm256_mul_ps(pu, u);
+      acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(a.s + i), _mm256_fmadd_ps(s, t, acc[r]));
     }
   }
-  for (int64_t j = 0; j < a.ko; ++j) {  // the outlier channels, in order (as qdot_linear.cpp)
-    const __m256 w = load8(a.wo + ((n0 / kTile) * a.ko + j) * kTile);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a.xo + (m0 + r) * a.ko + j), w, acc[r]);
+  if (a.ko > 0) {  // the outlier channels (as qdot_linear.cpp)
+    const uint16_t* w = a.wo + (n0 / kTile) * a.ko * kTile;
+    const float* xo = a.xo + m0 * a.ko;
+    __m256 odd[R];
+    for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 1 < a.ko; j += 2) {
+      const __m256 w0 = load8(w + j * kTile), w1 = load8(w + (j + 1) * kTile);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
+        odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j + 1), w1, odd[r]);
+      }
+    }
+    if (j < a.ko) {
+      const __m256 w0 = load8(w + j * kTile);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], odd[r]);
   }
   for (int r = 0; r < R; ++r) {
     float* yr = a.y + (m0 + r) * a.N + n0;
-    const __m256 v = _mm256_add_ps(acc[r], off[r]);
+    const __m256 v = acc[r];
     if (n0 + kTile <= a.N) {
       _mm256_storeu_ps(yr, v);
     } else {
@@ -205,13 +219,12 @@ inline void dot2(const uint8_t* w0, const uint8_t* w1, const void* const (&x_)[R
 template <bool Four, class S, int R>
 void pair_rows(const Operands& a, int64_t m0, int64_t t) {
   constexpr int64_t kBytes = Four ? kQ4GroupBytes : kQ8GroupBytes;
-  constexpr float kCenter = Four ? kQ4Center : 0.f;
   const int64_t K = a.K, G = a.G;
   const uint8_t *c0 = a.codes + t * G * kBytes, *c1 = c0 + G * kBytes;
   const S *s0 = static_cast<const S*>(a.scale) + t * G * kTile, *s1 = s0 + G * kTile;
   const S *o0 = static_cast<const S*>(a.offset) + t * G * kTile, *o1 = o0 + G * kTile;
-  __m512 acc[R], off[R];
-  for (int r = 0; r < R; ++r) acc[r] = off[r] = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const void* x[R];
     for (int r = 0; r < R; ++r) {
@@ -221,18 +234,33 @@ void pair_rows(const Operands& a, int64_t m0, int64_t t) {
     __m512i p[R];
     dot2<Four, R>(c0 + g * kBytes, c1 + g * kBytes, x, p);
     const __m512 s = load16(s0 + g * kTile, s1 + g * kTile), o = load16(o0 + g * kTile, o1 + g * kTile);
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // qdot_rows.h's epilogue
       const int64_t i = (m0 + r) * G + g;
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(s, _mm512_set1_ps(a.u[i])), acc[r]);
-      off[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(a.s[i]), off[r]);
-      if constexpr (kCenter != 0.f) off[r] = _mm512_fmadd_ps(s, _mm512_set1_ps(kCenter * a.e[i]), off[r]);
+      const __m512 pu = _mm512_cvtepi32_ps(p[r]), u = _mm512_set1_ps(a.u[i]);
+      const __m512 t = Four ? _mm512_fmadd_ps(pu, u, _mm512_set1_ps(a.c[i])) : _mm512_mul_ps(pu, u);
+      acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(a.s[i]), _mm512_fmadd_ps(s, t, acc[r]));
     }
   }
-  for (int64_t j = 0; j < a.ko; ++j) {
-    const __m512 w = load16(a.wo + (t * a.ko + j) * kTile, a.wo + ((t + 1) * a.ko + j) * kTile);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.xo[(m0 + r) * a.ko + j]), w, acc[r]);
+  if (a.ko > 0) {
+    const float* xo = a.xo + m0 * a.ko;
+    __m512 odd[R];
+    for (int r = 0; r < R; ++r) odd[r] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 1 < a.ko; j += 2) {
+      const __m512 w0 = load16(a.wo + (t * a.ko + j) * kTile, a.wo + ((t + 1) * a.ko + j) * kTile);
+      const __m512 w1 = load16(a.wo + (t * a.ko + j + 1) * kTile, a.wo + ((t + 1) * a.ko + j + 1) * kTile);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xo[r * a.ko + j]), w0, acc[r]);
+        odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(xo[r * a.ko + j + 1]), w1, odd[r]);
+      }
+    }
+    if (j < a.ko) {
+      const __m512 w0 = load16(a.wo + (t * a.ko + j) * kTile, a.wo + ((t + 1) * a.ko + j) * kTile);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xo[r * a.ko + j]), w0, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], odd[r]);
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.y + (m0 + r) * a.N + t * kTile, _mm512_add_ps(acc[r], off[r]));
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.y + (m0 + r) * a.N + t * kTile, acc[r]);
 }
 
 template <bool Four, class S, int R>
