@@ -10,7 +10,6 @@ products see no padding; only attention is grouped (``llmserve.models.attention`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from llmserve.models.attention import AttentionMetadata, paged_attention
 from llmserve.models.config import ModelConfig
@@ -145,7 +144,7 @@ class LlamaForCausalLM:
             if layer.qkv_bias is not None:
                 qkv.add_(layer.qkv_bias)
             if layer.q_norm is not None:
-                self._qk_norm_(qkv, layer)
+                ops.qk_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, self.num_kv_heads, eps)
             q = ops.rope_and_cache_(qkv, positions, layer.rope, kc, vc, meta.slot_mapping,
                                     self.num_heads, self.num_kv_heads)
             a = layer.o(paged_attention(q, kc, vc, meta, self.scale, layer.window, c.attn_softcap))
@@ -163,13 +162,6 @@ class LlamaForCausalLM:
         act = self.config.hidden_act
         return self.ops.silu_mul(gu) if act == "silu" else \
             self.ops.gelu_mul(gu, "tanh" if act == "gelu_tanh" else "none")
-
-    def _qk_norm_(self, qkv: torch.Tensor, layer: _Layer) -> None:
-        """RMSNorm over each head of q and of k, in place in ``qkv``."""
-        t, d, eps = qkv.shape[0], self.head_dim, self.eps
-        q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
-        q.copy_(F.rms_norm(q.reshape(t, self.num_heads, d), (d,), layer.q_norm, eps).view(t, -1))
-        k.copy_(F.rms_norm(k.reshape(t, self.num_kv_heads, d), (d,), layer.k_norm, eps).view(t, -1))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The model's small steps (RMSNorm with the residual add, RoPE with the KV write, SwiGLU's
-gate, greedy sampling's argmax), in two interchangeable forms.
+"""The model's small steps (RMSNorm with the residual add, per-head q / k RMSNorm, RoPE with
+the KV write, SwiGLU's and GeGLU's gates, greedy sampling's argmax), in two interchangeable forms.
 
 :class:`TorchOps` composes torch ops and is the reference. :class:`FusedOps` runs each
 step as one C++ call (``csrc/fused_ops.cpp``): in a decode step these steps see a row or
@@ -34,6 +34,14 @@ class TorchOps:
         g, u = gu.chunk(2, dim=-1)
         return F.gelu(g, approximate=approximate) * u
 
+    def qk_norm_(self, qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, heads: int, kv_heads: int,
+                 eps: float) -> None:
+        """RMSNorm over each q head and each k head of ``qkv`` [T, (H + 2 KVH) D], in place."""
+        t, d = qkv.shape[0], qw.shape[0]
+        q, k = qkv[:, :heads * d], qkv[:, heads * d:(heads + kv_heads) * d]
+        q.copy_(F.rms_norm(q.reshape(t, heads, d), (d,), qw, eps).view(t, -1))
+        k.copy_(F.rms_norm(k.reshape(t, kv_heads, d), (d,), kw, eps).view(t, -1))
+
     def rope_and_cache_(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                         k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                         heads: int, kv_heads: int) -> torch.Tensor:
@@ -65,6 +73,12 @@ class FusedOps(TorchOps):
 
     def silu_mul(self, gu):
         return self.k.silu_mul(gu)
+
+    def gelu_mul(self, gu, approximate="tanh"):
+        return self.k.gelu_tanh_mul(gu) if approximate == "tanh" else super().gelu_mul(gu, approximate)
+
+    def qk_norm_(self, qkv, qw, kw, heads, kv_heads, eps):
+        self.k.qk_norm_(qkv, qw, kw, heads, kv_heads, eps)
 
     def argmax(self, logits):
         return self.k.argmax_rows(logits.float().contiguous())

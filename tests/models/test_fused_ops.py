@@ -39,6 +39,32 @@ def test_silu_mul(fused, rows, inter):
     torch.testing.assert_close(fused.silu_mul(gu), REF.silu_mul(gu), rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows,inter", [(1, 2048), (9, 2048), (3, 20)])
+def test_gelu_tanh_mul(fused, rows, inter):
+    g = torch.Generator().manual_seed(rows + inter)
+    gu = torch.randn(rows, 2 * inter, generator=g) * 4
+    gu[0, :5] = torch.tensor([-200.0, 200.0, 0.0, -12.0, 1e-4])  # tanh's ends and its middle
+    exact = REF.gelu_mul(gu.double(), "tanh")
+    got = fused.gelu_mul(gu, "tanh")
+    # against float64: torch's fp32 form loses digits in 1 + tanh where the gate is negative
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got, REF.gelu_mul(gu, "tanh"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.gelu_mul(gu, "none"), REF.gelu_mul(gu, "none"))  # erf's form: torch's
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,tokens", [(9, 3, 64, 1), (4, 1, 256, 5), (2, 2, 16, 20)])
+def test_qk_norm_in_place(fused, heads, kv_heads, dim, tokens):
+    g = torch.Generator().manual_seed(heads * dim + tokens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g) * 3
+    qw, kw = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+    a, b = qkv.clone(), qkv.clone()
+    fused.qk_norm_(a, qw, kw, heads, kv_heads, 1e-6)
+    REF.qk_norm_(b, qw, kw, heads, kv_heads, 1e-6)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    v = (heads + kv_heads) * dim
+    assert torch.equal(a[:, v:], qkv[:, v:]) and not torch.equal(a[:, :v], qkv[:, :v])  # v untouched, q / k normed
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,dim,tokens", [(9, 3, 64, 1), (9, 3, 64, 37), (4, 2, 16, 5), (3, 1, 12, 3)])
 def test_rope_and_the_kv_write(fused, heads, kv_heads, dim, tokens, cache_dtype):

@@ -17,6 +17,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor gu);
+torch::Tensor gelu_tanh_mul(torch::Tensor gu);
+void qk_norm_(torch::Tensor qkv, torch::Tensor qw, torch::Tensor kw, int64_t H, int64_t KVH, double eps);
 torch::Tensor argmax_rows(torch::Tensor x);
 void rope_and_cache_(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH);
@@ -49,6 +51,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, "x += r in place, then RMSNorm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [gate | up] rows");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate) * up of [gate | up] rows, GELU's tanh form");
+  m.def("qk_norm_", &qk_norm_, "RMSNorm over each q and k head of qkv, in place");
   m.def("argmax_rows", &argmax_rows, "index of each row's first maximum");
   m.def("rope_and_cache_", &rope_and_cache_, "RoPE on the q and k heads of qkv in place, k and v to the KV pool");
   m.def("lora_sgmv_", &lora_sgmv_, "y += each segment's rows times its slot's LoRA factors, in place (AVX2)");

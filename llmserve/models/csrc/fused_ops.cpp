@@ -103,6 +103,58 @@ at::Tensor silu_mul(at::Tensor gu) {
   return y;
 }
 
+// gu [M, 2I] (gate | up) -> gelu(gate) * up [M, I], GELU's tanh form (Gemma's GeGLU):
+// 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3), taken as g / (1 + e^-2z), the same
+// value without 1 + tanh's cancellation where g < 0 (there torch's form loses digits).
+at::Tensor gelu_tanh_mul(at::Tensor gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
+              "gu must be contiguous float32 [M, 2I]");
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  auto y = at::empty({M, I}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  at::parallel_for(0, M, kRowsPerTask / 4, [&](int64_t m0, int64_t m1) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (int64_t m = m0; m < m1; ++m) {
+      const float *g = gp + m * 2 * I, *u = g + I;
+      float* out = yp + m * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        const __m256 z = _mm256_mul_ps(_mm256_set1_ps(kBeta), _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(kKappa), x3)));
+        const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+      }
+      for (; i < I; ++i) {
+        const float x = g[i];
+        out[i] = x / (1.f + std::exp(-2.f * kBeta * (x + kKappa * x * x * x))) * u[i];
+      }
+    }
+  });
+  return y;
+}
+
+// qkv [T, (H + 2 KVH) D]: RMSNorm over each q head (weights qw [D]) and each k head (kw [D]),
+// in place (Qwen3's and Gemma 3's q / k norms); v is left as it is.
+void qk_norm_(at::Tensor qkv, at::Tensor qw, at::Tensor kw, int64_t H, int64_t KVH, double eps) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32");
+  const int64_t D = qw.numel(), T = qkv.size(0), width = qkv.size(1);
+  TORCH_CHECK(qw.dim() == 1 && kw.dim() == 1 && kw.numel() == D && qw.scalar_type() == at::kFloat &&
+                  kw.scalar_type() == at::kFloat && qw.is_contiguous() && kw.is_contiguous() &&
+                  width == (H + 2 * KVH) * D, "qw, kw must be contiguous float32 [D] and qkv [T, (H + 2 KVH) D]");
+  float* base = qkv.data_ptr<float>();
+  const float *qp = qw.data_ptr<float>(), *kp = kw.data_ptr<float>();
+  at::parallel_for(0, T, kRowsPerTask, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H + KVH; ++h) {
+        float* x = base + t * width + h * D;
+        rms_row(x, h < H ? qp : kp, x, D, static_cast<float>(eps));  // (reads x before it writes it)
+      }
+  });
+}
+
 // n float32 values to IEEE half, round to nearest even (F16C where n allows).
 static void to_half(const float* x, at::Half* out, int64_t n) {
   int64_t i = 0;
