@@ -77,8 +77,11 @@ at::Tensor add_rms_norm_(at::Tensor x, at::Tensor r, at::Tensor w, double eps) {
   return y;
 }
 
-// gu [M, 2I] (gate | up) -> silu(gate) * up [M, I].
-at::Tensor silu_mul(at::Tensor gu) {
+namespace {
+
+// gu [M, 2I] (gate | up) -> act(gate) * up [M, I]: act8 on 8 lanes, act1 on the tail.
+template <class Act8, class Act1>
+at::Tensor gate_mul(const at::Tensor& gu, Act8 act8, Act1 act1) {
   TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
               "gu must be contiguous float32 [M, 2I]");
   const int64_t M = gu.size(0), I = gu.size(1) / 2;
@@ -86,54 +89,40 @@ at::Tensor silu_mul(at::Tensor gu) {
   const float* gp = gu.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, M, kRowsPerTask / 4, [&](int64_t m0, int64_t m1) {
-    const __m256 one = _mm256_set1_ps(1.f);
     for (int64_t m = m0; m < m1; ++m) {
       const float *g = gp + m * 2 * I, *u = g + I;
       float* out = yp + m * I;
       int64_t i = 0;
-      for (; i + 8 <= I; i += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-      }
-      for (; i < I; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      for (; i + 8 <= I; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(act8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+      for (; i < I; ++i) out[i] = act1(g[i]) * u[i];
     }
   });
   return y;
 }
 
-// gu [M, 2I] (gate | up) -> gelu(gate) * up [M, I], GELU's tanh form (Gemma's GeGLU):
-// 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3), taken as g / (1 + e^-2z), the same
-// value without 1 + tanh's cancellation where g < 0 (there torch's form loses digits).
+}  // namespace
+
+// SwiGLU's gate: silu(g) = g / (1 + e^-g).
+at::Tensor silu_mul(at::Tensor gu) {
+  return gate_mul(
+      gu,
+      [](__m256 g) { return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), g)))); },
+      [](float g) { return g / (1.f + std::exp(-g)); });
+}
+
+// GeGLU's gate (Gemma), GELU's tanh form: 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3),
+// taken as g / (1 + e^-2z), the same value without 1 + tanh's cancellation where g < 0 (there
+// torch's form loses digits).
 at::Tensor gelu_tanh_mul(at::Tensor gu) {
-  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() && gu.size(1) % 2 == 0,
-              "gu must be contiguous float32 [M, 2I]");
-  const int64_t M = gu.size(0), I = gu.size(1) / 2;
-  auto y = at::empty({M, I}, gu.options());
-  const float* gp = gu.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
-  at::parallel_for(0, M, kRowsPerTask / 4, [&](int64_t m0, int64_t m1) {
-    const __m256 one = _mm256_set1_ps(1.f);
-    for (int64_t m = m0; m < m1; ++m) {
-      const float *g = gp + m * 2 * I, *u = g + I;
-      float* out = yp + m * I;
-      int64_t i = 0;
-      for (; i + 8 <= I; i += 8) {
-        const __m256 x = _mm256_loadu_ps(g + i);
-        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        const __m256 z = _mm256_mul_ps(_mm256_set1_ps(kBeta), _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(kKappa), x3)));
-        const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-      }
-      for (; i < I; ++i) {
-        const float x = g[i];
-        out[i] = x / (1.f + std::exp(-2.f * kBeta * (x + kKappa * x * x * x))) * u[i];
-      }
-    }
-  });
-  return y;
+  constexpr float kTwoBeta = 2 * 0.7978845608028654f, kKappa = 0.044715f;
+  return gate_mul(
+      gu,
+      [](__m256 g) {
+        const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+        const __m256 z2 = _mm256_mul_ps(_mm256_set1_ps(-kTwoBeta), _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(kKappa), g3)));
+        return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(z2)));
+      },
+      [](float g) { return g / (1.f + std::exp(-kTwoBeta * (g + kKappa * g * g * g))); });
 }
 
 // qkv [T, (H + 2 KVH) D]: RMSNorm over each q head (weights qw [D]) and each k head (kw [D]),
