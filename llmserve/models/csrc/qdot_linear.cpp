@@ -6,8 +6,8 @@
 // keeping its exact fp32 group sums xs, so that
 //   sum_k W[n, k] x[k] = sum_g scale * xd * sum_k(code * q) + offset * xs.
 // The inner sums are integer: _mm256_maddubs_epi16 multiplies unsigned by signed bytes and
-// adds neighbours into int16, _mm256_madd_epi16 widens to int32; one float multiply-add per
-// group, row and 8 outputs remains. Fine: the rounding's residual takes a second byte,
+// adds neighbours into int16, _mm256_madd_epi16 widens to int32; a float epilogue per group,
+// row and 8 outputs remains (qdot_rows.h). Fine: the rounding's residual takes a second byte,
 // x ~ xd * (q + r / 128), and a second maddubs, so the activations carry 15 bits, for twice
 // the arithmetic. One byte loses greedy agreement with fp32 on SmolLM2's outlier channels
 // unless those are set aside (Acts below): the Python layer's default since issue 28.
@@ -237,25 +237,9 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
       acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), _mm256_fmadd_ps(s, t, acc[r]));
     }
   }
-  if (a.ko > 0) {  // the outlier channels, alternately into two sums (as qdot_vnni.cpp)
-    const c10::Half* w = wo + (n0 / kTile) * a.ko * kTile;
-    const float* xo = a.xo.data() + m0 * a.ko;
-    __m256 odd[R];
-    for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 1 < a.ko; j += 2) {
-      const __m256 w0 = load8(w + j * kTile), w1 = load8(w + (j + 1) * kTile);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
-        odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j + 1), w1, odd[r]);
-      }
-    }
-    if (j < a.ko) {
-      const __m256 w0 = load8(w + j * kTile);
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], odd[r]);
-  }
+  if (a.ko > 0)  // the outlier channels (qdot_rows.h)
+    llmserve::qdot::add_outliers<R>(acc, a.xo.data() + m0 * a.ko, a.ko,
+                                    reinterpret_cast<const uint16_t*>(wo) + (n0 / kTile) * a.ko * kTile);
   for (int r = 0; r < R; ++r) {
     float* yr = y + (m0 + r) * N + n0;
     const __m256 v = acc[r];

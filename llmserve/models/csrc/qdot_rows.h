@@ -1,6 +1,9 @@
 // What the int8 products' two instruction sets share (qdot_linear.cpp: AVX2; qdot_vnni.cpp:
-// AVX-512 VNNI, several rows per weight read): the layout's constants and one call's operands.
+// AVX-512 VNNI, several rows per weight read): the layout's constants, one call's operands and
+// the outlier channels' loop of a 256-bit tile.
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace llmserve::qdot {
@@ -34,6 +37,35 @@ struct Operands {
   const uint16_t* wo;
   int64_t ko;
 };
+
+namespace {  // internal linkage: each kernel file builds its own copy, for AVX2 (before any target pragma)
+
+// The outlier channels' products for R rows of one tile (8 outputs), in the order both kernels
+// keep: channel j's float16 weights w [ko][8] times row r's value xo[r * ko + j], even channels
+// into acc and odd ones into a second sum, added last.
+template <int R>
+inline void add_outliers(__m256 (&acc)[R], const float* xo, int64_t ko, const uint16_t* w) {
+  const auto weights = [w](int64_t j) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * kTile)));
+  };
+  __m256 odd[R];
+  for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 1 < ko; j += 2) {
+    const __m256 w0 = weights(j), w1 = weights(j + 1);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * ko + j), w0, acc[r]);
+      odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * ko + j + 1), w1, odd[r]);
+    }
+  }
+  if (j < ko) {
+    const __m256 w0 = weights(j);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * ko + j), w0, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], odd[r]);
+}
+
+}  // namespace
 
 // Whether this CPU has AVX-512 VNNI (with VL and BW): vnni_tiles may run.
 bool vnni_supported();

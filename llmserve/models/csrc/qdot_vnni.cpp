@@ -139,25 +139,8 @@ void tile_rows(const Operands& a, int64_t m0, const uint8_t* codes, const S* sca
       acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(a.s + i), _mm256_fmadd_ps(s, t, acc[r]));
     }
   }
-  if (a.ko > 0) {  // the outlier channels (as qdot_linear.cpp)
-    const uint16_t* w = a.wo + (n0 / kTile) * a.ko * kTile;
-    const float* xo = a.xo + m0 * a.ko;
-    __m256 odd[R];
-    for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 1 < a.ko; j += 2) {
-      const __m256 w0 = load8(w + j * kTile), w1 = load8(w + (j + 1) * kTile);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
-        odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j + 1), w1, odd[r]);
-      }
-    }
-    if (j < a.ko) {
-      const __m256 w0 = load8(w + j * kTile);
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(xo + r * a.ko + j), w0, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], odd[r]);
-  }
+  if (a.ko > 0)  // the outlier channels (qdot_rows.h)
+    add_outliers<R>(acc, a.xo + m0 * a.ko, a.ko, a.wo + (n0 / kTile) * a.ko * kTile);
   for (int r = 0; r < R; ++r) {
     float* yr = a.y + (m0 + r) * a.N + n0;
     const __m256 v = acc[r];
