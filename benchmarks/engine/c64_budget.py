@@ -18,7 +18,7 @@ import statistics
 import time
 
 import torch
-from common import load
+from common import load, prefill_all
 
 from llmserve.engine.sampling_params import SamplingParams
 
@@ -47,12 +47,8 @@ def run(loaded, seed: int, prompts: int, prompt_len: int, output_len: int) -> No
     sp = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     for i in range(prompts):
         core.add_request(f"r{i}", [rng.randrange(100, 40000) for _ in range(prompt_len)], sp)
-    sch = core.scheduler
     t0 = time.perf_counter()
-    steps = 0
-    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
-        core.step()
-        steps += 1
+    steps = prefill_all(core)
     t1 = time.perf_counter()
     decode = 0
     while core.has_unfinished():

@@ -95,6 +95,15 @@ def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
 
 
+def prefill_all(core: EngineCore) -> int:
+    """Step ``core`` until every request's prompt is computed; the steps taken."""
+    sch, steps = core.scheduler, 0
+    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
+        core.step()
+        steps += 1
+    return steps
+
+
 def run_one(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams,
             **kw: Any) -> RequestOutput:
     """Add one request to an idle engine and step it to completion; the final output."""

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from common import load, loadavg, machine, md_table, write_results
+from common import load, loadavg, machine, md_table, prefill_all, write_results
 from offline_throughput import prompts_for  # common puts benchmarks/ on the path
 
 from llmserve.engine.sampling_params import SamplingParams
@@ -55,9 +55,7 @@ def measure(loaded, dtype: str, batch: int, steps: int, kv: str = "auto") -> dic
     sp = SamplingParams(max_tokens=128 + steps + 8, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
         core.add_request(f"r{i}", p, sp)
-    sch = core.scheduler
-    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
-        core.step()
+    prefill_all(core)
     for _ in range(2):
         core.step()
     acc = dict.fromkeys(("forward", "head", "linear", "sample"), 0.0)

@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 
-from common import load
+from common import load, prefill_all
 
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.models.ops import TorchOps
@@ -34,9 +34,7 @@ def main() -> None:
     sp = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     for i in range(args.batch):
         core.add_request(f"r{i}", [rng.randrange(100, 40000) for _ in range(103)], sp)
-    sch = core.scheduler
-    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
-        core.step()
+    prefill_all(core)
     times: dict[str, list[float]] = {"fused": [], "torch": []}
     for block in range(18):
         form = "torch" if block % 2 else "fused"

@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-from common import load
+from common import load, prefill_all
 from offline_throughput import prompts_for  # common puts benchmarks/ on the path
 
 from llmserve.engine.sampling_params import SamplingParams
@@ -42,9 +42,7 @@ def measure(loaded, batch: int, steps: int, blocks: int, on) -> tuple[float, flo
     sp = SamplingParams(max_tokens=128 + 2 * steps * blocks + 32, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
         core.add_request(f"r{i}", p, sp)
-    sch = core.scheduler
-    while sch.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sch.running):
-        core.step()
+    prefill_all(core)
     times: dict[bool, list[float]] = {True: [], False: []}
     for b in range(2 * blocks):
         with_competitor = (b % 4) in (0, 3)
