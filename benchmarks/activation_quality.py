@@ -11,7 +11,8 @@ fp16 KV pool for int8 weights; each configuration rounds the activations of the 
 kinds into one byte per value (per 32 values, llama.cpp's Q8 rounding) and the others into
 two. "fp32 activations" is the exact path (fp32 GEMM on the weights the codes hold). A kind
 marked ``+`` (``head+``) recomputes its top outputs in fp32 after the one-byte product
-(``RESCORED_KINDS``, as the engine does); unmarked, it does not.
+(``RESCORED_KINDS``, as the engine does), on seven bits where ``SEVEN_BIT_KINDS`` says; unmarked,
+it does not.
 
 Writes benchmarks/results/activation_quality.{md,json}; ``--configs default`` only the
 rescored rows and the shipped default, into activation_quality-default.{md,json}.
@@ -46,7 +47,7 @@ def configure(model, one_byte: tuple[str, ...] | None, calibration: list[int] | 
     outputs recomputed; ``split``: outlier channels set aside on ``calibration``, the
     engine's default); None: fp32 GEMM on every row."""
     from llmserve.models import outliers
-    from llmserve.models.quant import RESCORED_KINDS
+    from llmserve.models.quant import RESCORED_KINDS, SEVEN_BIT_KINDS
 
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
@@ -54,6 +55,7 @@ def configure(model, one_byte: tuple[str, ...] | None, calibration: list[int] | 
             rescored = one_byte is not None and f"{kind}+" in one_byte
             layer.FINE = one_byte is None or (kind not in one_byte and not rescored)
             layer.RESCORE = RESCORED_KINDS[kind] if rescored else 0
+            layer.ACT_BITS = 7 if rescored and kind in SEVEN_BIT_KINDS and layer.packed.bits == 8 else 8
             layer.outliers = None
     if one_byte is not None and "split" in one_byte:
         outliers.split(model, calibration, {k: n for k, n in outliers.CHANNELS.items() if k in one_byte})
@@ -105,7 +107,8 @@ def main() -> None:
     lines = [f"`python benchmarks/activation_quality.py --tokens {args.tokens} --configs {args.configs}`: SmolLM2-135M-Instruct Q4_1, "
              f"{len(ref_top)} tokens of Python's idlelib/{TEXT.name} (held out), 512-token windows, the int8 "
              f"kernel on every row, fp16 KV. fp32 reference: perplexity {ref_ppl:.4f}. Bar: top-1 >= 98 %, "
-             "perplexity <= +0.5 %.", "",
+             "perplexity <= +0.5 %. `head+`: one byte on seven bits (`SEVEN_BIT_KINDS`), each row's 8 largest "
+             "logits recomputed in fp32.", "",
              "| activations | one byte on | two bytes on | top-1 = fp32 | perplexity | vs fp32 | bar |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

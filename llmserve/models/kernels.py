@@ -41,7 +41,7 @@ CSRC = Path(__file__).parent / "csrc"
 # bindings.cpp declares every kernel and holds the Python module
 SOURCES = ("bindings.cpp", "qdot_linear.cpp", "qdot_vnni.cpp", "unpack.cpp", "paged_attention.cpp", "fused_ops.cpp",
            "lora_sgmv.cpp")
-HEADERS = ("simd.h", "qdot_rows.h")
+HEADERS = ("simd.h", "qdot_rows.h", "qdot_acts.h")
 
 
 def sources() -> tuple[Path, ...]:

@@ -130,6 +130,9 @@ class WeightOnlyInt8Linear:
     # products alike, and the recomputing would only add its ~0.3 ms (SmolLM2's head).
     RESCORE = 0
     RESCORE_MIN_ROWS = 6
+    # The one-byte activations' bits on 8-bit codes: 8, or 7 (SEVEN_BIT_KINDS), where the AVX2
+    # dot needs no sign fix-ups (csrc/qdot_linear.cpp); two-byte products ignore it.
+    ACT_BITS = 8
 
     def __init__(self, packed: PackedWeights, dense: torch.Tensor | None = None,
                  unpacked: "Unpacked | None" = None) -> None:
@@ -196,7 +199,8 @@ class WeightOnlyInt8Linear:
             rescore = self.RESCORE > 0 and not self.FINE and x2.shape[0] >= self.RESCORE_MIN_ROWS
             fine = self.FINE or (self.RESCORE > 0 and not rescore)  # (a rescored layer's few rows: two bytes)
             split = self.outliers if not fine and self.outliers is not None else (None, None)
-            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine, *split)
+            bits = {"bits": self.ACT_BITS} if p.bits == 8 and not fine else {}
+            y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine, *split, **bits)
             if rescore:
                 y = self._rescored(x2, y)
         return y.reshape(*shape[:-1], self.out_features)
@@ -236,18 +240,25 @@ ONE_BYTE_KINDS = frozenset({"o", "down", "head"})
 # bytes: 99.88 %), and beside o and down 98.56 %, +0.19 % perplexity (activation_quality.md).
 # The head's product, one thread, 8 / 16 / 24 rows: 2.9 / 5.6 / 8.5 ms against two bytes' 4.6 / 9.8 / 15.0.
 RESCORED_KINDS = {"head": 8}
+# The one-byte kinds whose 8-bit codes take seven-bit activations: the rescored head, with the
+# engine's default rounding elsewhere, top-1 98.41 % and perplexity +0.26 % on SmolLM2 against
+# eight bits' 98.41 % and +0.13 % (six bits: +1.04 %, failing; benchmarks/head_activation_bits.py),
+# for a product ~20 % cheaper on AVX2.
+SEVEN_BIT_KINDS = frozenset({"head"})
 
 
 def round_activations(model, one_byte: frozenset[str] = ONE_BYTE_KINDS,
-                      rescored: dict[str, int] = RESCORED_KINDS) -> None:
+                      rescored: dict[str, int] = RESCORED_KINDS, seven_bit: frozenset[str] = SEVEN_BIT_KINDS) -> None:
     """One-byte activations on the int8 layers of the ``one_byte`` kinds (their top outputs
-    recomputed where ``rescored`` says), two on the rest, no channel set aside; then
-    ``outliers.split`` takes the kinds of ``outliers.CHANNELS`` to one byte as well."""
+    recomputed where ``rescored`` says; seven bits on the 8-bit codes of the ``seven_bit``
+    kinds), two on the rest, no channel set aside; then ``outliers.split`` takes the kinds of
+    ``outliers.CHANNELS`` to one byte as well."""
     for kind, layers in model.linears_by_kind().items():
         for layer in layers:
             if isinstance(layer, WeightOnlyInt8Linear):
                 layer.FINE = kind not in one_byte
                 layer.RESCORE = rescored.get(kind, 0) if kind in one_byte else 0
+                layer.ACT_BITS = 7 if kind in one_byte and kind in seven_bit and layer.packed.bits == 8 else 8
                 layer.outliers = None
 
 

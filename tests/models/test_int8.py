@@ -52,8 +52,10 @@ def q8_0_like(n: int, k: int, seed: int = 0) -> torch.Tensor:
 def kernel_reference(layer: WeightOnlyInt8Linear, x: torch.Tensor) -> torch.Tensor:
     """The product the kernel defines: the weights' centred codes part x dequantised
     activations, plus their offsets x the activations' exact group sums (4-bit codes j
-    are centred as j - 7.5, the offset moving by 7.5 steps; 8-bit ones are centred)."""
-    xq, xres, xd, xs = kernels.load().quantize_activations(x, layer.FINE)
+    are centred as j - 7.5, the offset moving by 7.5 steps; 8-bit ones are centred; one-byte
+    activations on 8-bit codes at ``ACT_BITS``)."""
+    bits = layer.ACT_BITS if layer.packed.bits == 8 and not layer.FINE else 8
+    xq, xres, xd, xs = kernels.load().quantize_activations(x, layer.FINE, bits)
     rows, k = x.shape
     xr = ((xq.float() + xres.float() / 128).reshape(rows, -1, GROUP) * xd[..., None]).reshape(rows, k)
     n, p = layer.out_features, layer.packed
@@ -87,6 +89,14 @@ def test_activations_are_quantised_per_32_with_exact_sums():
     assert torch.equal(q2, q) and torch.equal(xd2, xd) and r2.abs().max() <= 64
     err = (x.reshape(5, -1, GROUP) - (q2.float() + r2.float() / 128).reshape(5, -1, GROUP) * xd[..., None]).abs()
     assert bool((err <= xd[..., None] / 256 * 1.01 + 1e-6).all())
+    # seven bits: |q| <= 63 on steps of absmax / 63, both ends reached
+    q7, r7, xd7, xs7 = kernels.load().quantize_activations(x, False, 7)
+    torch.testing.assert_close(xd7, g.abs().amax(2) / 63)
+    assert torch.equal(xs7, xs) and q7.abs().max() == 63 and bool((r7 == 0).all())
+    err7 = (g - q7.float().reshape(5, -1, GROUP) * xd7[..., None]).abs()
+    assert bool((err7 <= xd7[..., None] / 2 * 1.01 + 1e-6).all())
+    with pytest.raises(RuntimeError, match="bits"):
+        kernels.load().quantize_activations(x, True, 7)  # two bytes have no seven-bit form
 
 
 @needs_kernel
@@ -98,8 +108,8 @@ def test_the_kernel_equals_its_float_definition(source, n, k):
     w = {"q4_1": q4_1_like, "q8_0": q8_0_like, "random": lambda n, k: torch.randn(n, k)}[source](n, k)
     layer = WeightOnlyInt8Linear.from_float(w)
     assert layer.packed.bits == (4 if source == "q4_1" else 8)
-    for fine in (True, False):
-        layer.FINE = fine
+    for fine, bits in ((True, 8), (False, 8), (False, 7)):  # (7: 8-bit codes only; 4-bit ones ignore it)
+        layer.FINE, layer.ACT_BITS = fine, bits
         for rows in range(1, 17):
             torch.manual_seed(rows)
             x = torch.randn(rows, k) * 3
@@ -114,7 +124,8 @@ def test_the_kernel_equals_its_float_definition(source, n, k):
 @needs_kernel
 def test_extreme_codes_and_activations_do_not_saturate():
     """The int16 sums inside the kernel at their bounds: 4-bit codes 15 (and 0) times +-127
-    over a whole group; 8-bit codes -128 times -127 (maddubs' largest pair, 32512)."""
+    over a whole group; 8-bit codes -128 times -127 (maddubs' largest pair, 32512); at seven
+    bits the codes shifted to 0..255 times +-63 (2 * 255 * 63 = 32130)."""
     k = 256
     x = torch.full((3, k), 2.0)
     x[1] = -2.0
@@ -127,8 +138,8 @@ def test_extreme_codes_and_activations_do_not_saturate():
     for w, bits in ((q4, 4), (q8, 8)):
         layer = WeightOnlyInt8Linear.from_float(w)
         assert layer.packed.bits == bits
-        for fine in (True, False):
-            layer.FINE = fine
+        for fine, act_bits in ((True, 8), (False, 8), (False, 7)):
+            layer.FINE, layer.ACT_BITS = fine, act_bits
             torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-3)
             torch.testing.assert_close(layer(x), F.linear(x, w), rtol=1e-4, atol=1e-2)
 
@@ -257,7 +268,7 @@ def test_rows_are_those_of_the_dequantized_weights(n, k, make):
 
 def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():
     from llmserve.models.llama import LINEAR_KINDS
-    from llmserve.models.quant import ONE_BYTE_KINDS, RESCORED_KINDS, round_activations
+    from llmserve.models.quant import ONE_BYTE_KINDS, RESCORED_KINDS, SEVEN_BIT_KINDS, round_activations
     from tests.engine.conftest import make_tiny
 
     t = make_tiny(seed=1, tie=True)
@@ -273,6 +284,9 @@ def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():
     assert set(kinds) == set(LINEAR_KINDS)
     assert all(layer.FINE == (kind not in ONE_BYTE_KINDS) for kind, ls in kinds.items() for layer in ls)
     assert all(layer.RESCORE == RESCORED_KINDS.get(kind, 0) for kind, ls in kinds.items() for layer in ls)
+    assert all(layer.ACT_BITS == (7 if kind in SEVEN_BIT_KINDS and layer.packed.bits == 8 else 8)
+               for kind, ls in kinds.items() for layer in ls)
+    assert model.lm_head.ACT_BITS == 7 or model.lm_head.packed.bits == 4
 
 
 def test_without_the_kernel_the_layer_is_the_fp32_product(monkeypatch):

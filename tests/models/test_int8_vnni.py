@@ -3,7 +3,7 @@ the weights, for the verification steps of speculative decoding (issue 37). Its 
 sums are exact and its float steps those of the AVX2 path, so both must give the same
 bits, for every row count (passes of 8 and their remainders; from 9 rows two tiles a pass
 in 512-bit vectors, a lone tile left at a thread's end or a partial last one), both code
-widths, one- and two-byte activations, float16 and float32 scales and a partial last tile."""
+widths, one- and two-byte activations (one byte at 8 and 7 bits), float16 and float32 scales and a partial last tile."""
 
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ def test_the_vnni_path_gives_the_avx2_paths_bits(vnni, make, n, k):
         layer = WeightOnlyInt8Linear.from_float(w)
         if not half:
             layer.packed.scale, layer.packed.offset = layer.packed.scale.float(), layer.packed.offset.float()
-        for fine in (True, False):
-            layer.FINE = fine
+        for fine, bits in ((True, 8), (False, 8), (False, 7)):  # (seven bits: on 8-bit codes)
+            layer.FINE, layer.ACT_BITS = fine, bits
             for rows in (1, 2, 3, 5, 7, 8, 9, 16, 19, 64):
                 vnni.int8_vnni(False)
                 avx2 = layer(x[:rows])
                 assert vnni.int8_vnni(True)
                 got = layer(x[:rows])
-                assert torch.equal(got, avx2), (half, fine, rows)
+                assert torch.equal(got, avx2), (half, fine, bits, rows)
             torch.testing.assert_close(got.double(), kernel_reference(layer, x), rtol=1e-4,
                                        atol=1e-4 * got.abs().max().item())
 

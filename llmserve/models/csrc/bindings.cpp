@@ -6,8 +6,8 @@
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor nibbles, torch::Tensor scale, torch::Tensor offset, int64_t N,
                         bool fine, std::optional<torch::Tensor> chans, std::optional<torch::Tensor> wo);
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
-                        bool fine, std::optional<torch::Tensor> chans, std::optional<torch::Tensor> wo);
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine);
+                        bool fine, std::optional<torch::Tensor> chans, std::optional<torch::Tensor> wo, int64_t bits);
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool fine, int64_t bits);
 bool int8_vnni(bool enable);
 bool int8_vnni_active();
 torch::Tensor unpack_weights(torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
@@ -40,10 +40,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &q4_linear, "4-bit weight codes x activations quantised per 32, integer dot products (AVX2)",
         py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("N"), py::arg("fine"),
         py::arg("chans") = py::none(), py::arg("wo") = py::none());
+  // bits: one-byte activations rounded to 8 or 7 bits (7: the sign fix-ups of the AVX2 dot go)
   m.def("q8_linear", &q8_linear, "8-bit weight codes x activations quantised per 32, integer dot products (AVX2)",
         py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("N"), py::arg("fine"),
-        py::arg("chans") = py::none(), py::arg("wo") = py::none());
-  m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them");
+        py::arg("chans") = py::none(), py::arg("wo") = py::none(), py::arg("bits") = 8);
+  m.def("quantize_activations", &quantize_activations, "the activations as q4_linear / q8_linear quantise them",
+        py::arg("x"), py::arg("fine"), py::arg("bits") = 8);
   m.def("int8_vnni", &int8_vnni, "use the AVX-512 VNNI path of q4_linear / q8_linear where the CPU has it");
   m.def("int8_vnni_active", &int8_vnni_active, "whether q4_linear / q8_linear take the AVX-512 VNNI path now");
   m.def("unpack_weights", &unpack_weights, "the fp32 weights packed codes hold, into a reused buffer (AVX2)");

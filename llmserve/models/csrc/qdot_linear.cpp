@@ -10,7 +10,11 @@
 // row and 8 outputs remains (qdot_rows.h). Fine: the rounding's residual takes a second byte,
 // x ~ xd * (q + r / 128), and a second maddubs, so the activations carry 15 bits, for twice
 // the arithmetic. One byte loses greedy agreement with fp32 on SmolLM2's outlier channels
-// unless those are set aside (Acts below): the Python layer's default since issue 28.
+// unless those are set aside (Acts, qdot_acts.h): the Python layer's default since issue 28.
+// Seven bits (|q| <= 63; the rescored 8-bit head, quant.py): the codes then go in unsigned as
+// w + 128 against q signed, and no int16 pair can saturate (2 * 255 * 63 < 2^15), so the dot
+// drops the sign fix-ups of 8-bit codes against 8-bit activations: 3 operations per 32
+// multiply-adds, not 4; 128 * sum(q) comes off the integer sum, exactly.
 //
 // The layout (llmserve/models/qlayout.py) serves both costs of a decode step: bytes (4-bit
 // codes for 16-level sources such as GGUF Q4_1, 8-bit for Q8_0; float16 scales where exact)
@@ -29,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "qdot_acts.h"
 #include "qdot_rows.h"
 #include "simd.h"
 
@@ -40,99 +45,8 @@ constexpr int64_t kRowsPerPass = 4;
 // AVX-512 VNNI where the CPU has it (qdot_vnni.cpp: same bits, several rows per weight read)
 bool use_vnni = llmserve::qdot::vnni_supported();
 
-using llmserve::hsum;
 using llmserve::load8;
 
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-inline int32_t hsum(__m256i v) {
-  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
-  return _mm_cvtsi128_si32(x);
-}
-
-// M rows of x quantised per 32: x ~ xd * q, q = round(x / xd) in -127..127, xd = absmax / 127.
-// Fine: also the rounding's residual, x ~ xd * (q + r / 128) with r in -64..64 (15-bit
-// activations in two bytes, each a maddubs operand). Per group [M, G]: the unit u of the
-// products (xd, or xd / 128 when fine), the exact sum xs, and c = 7.5 e for e = xs - u * sum(X),
-// X = q (or 128 q + r), what rounding took from the sum: the 4-bit codes' centring term (Q4).
-//
-// Outlier channels (``chans``, the same for every row, chosen per layer by
-// llmserve/models/outliers.py): x's values there are kept aside in fp32 (xo [M, ko]) and
-// count as 0 in their groups, so that a few large channels do not coarsen the rounding of
-// the rest; the kernels add their products, on their weights in float16 (half the bytes a
-// one-row step streams for them), after the groups' sums.
-struct Acts {
-  int64_t K, G, ko;
-  std::vector<int8_t> q, r;  // [M, K]; r only when fine
-  std::vector<float> u, s, c, xo;
-
-  Acts(const float* x, int64_t M, int64_t K_, bool fine, const int64_t* chans = nullptr, int64_t ko_ = 0)
-      : K(K_), G(K_ / kGroup), ko(ko_), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), c(M * G),
-        xo(M * ko_) {
-    std::vector<float> held;  // x less its outlier channels
-    if (ko > 0) {
-      held.assign(x, x + M * K);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < ko; ++j) {
-          xo[m * ko + j] = held[m * K + chans[j]];
-          held[m * K + chans[j]] = 0.f;
-        }
-      x = held.data();
-    }
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    // Groups are independent: a prefill chunk's hundreds of rows are split over the threads
-    // rather than quantised on one while the others wait; a few rows stay on one.
-    at::parallel_for(0, M * G, 512, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* xg = x + i * kGroup;
-      __m256 v[4], mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-      for (int j = 0; j < 4; ++j) {
-        v[j] = _mm256_loadu_ps(xg + 8 * j);
-        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
-        sum = _mm256_add_ps(sum, v[j]);
-      }
-      const float amax = hmax(mx);
-      s[i] = hsum(sum);
-      // (127 / amax overflows for denormal groups: those count as zero)
-      const __m256 inv = _mm256_set1_ps(amax >= 1e-30f ? 127.f / amax : 0.f);
-      __m256i qi[4], f[4];
-      for (int j = 0; j < 4; ++j) {
-        const __m256 t = _mm256_mul_ps(v[j], inv), rt = _mm256_round_ps(t, kNearest);
-        qi[j] = _mm256_cvtps_epi32(rt);
-        if (fine) {
-          const __m256 residual = _mm256_mul_ps(_mm256_sub_ps(t, rt), _mm256_set1_ps(128.f));  // in -64..64
-          f[j] = _mm256_cvtps_epi32(_mm256_round_ps(residual, kNearest));
-        }
-      }
-      int64_t total = hsum(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
-      store(qi, q.data() + i * kGroup);
-      u[i] = amax / 127.f;
-      if (fine) {
-        total = 128 * total + hsum(_mm256_add_epi32(_mm256_add_epi32(f[0], f[1]), _mm256_add_epi32(f[2], f[3])));
-        store(f, r.data() + i * kGroup);
-        u[i] /= 128.f;
-      }
-      c[i] = llmserve::qdot::kQ4Center * (s[i] - u[i] * static_cast<float>(total));
-    }
-    });
-  }
-
-  // 32 int32 codes (in -127..127) as bytes, in order
-  static void store(const __m256i (&c)[4], int8_t* out) {
-    // the packs work within 128-bit lanes: 4-int blocks come out as 0 2 4 6 1 3 5 7
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
-  }
-};
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }
@@ -148,7 +62,7 @@ struct Q4 {
   // the group's mean weight (one-byte activations: perplexity +1.6 % on SmolLM2, against
   // +0.06 % with the int8 form's centred codes). So the codes are centred, j - 7.5, with
   // the offset moved to offset + 7.5 * scale against the exact xs; in sums over j the
-  // difference is one term (u: the unit of X, see Acts):
+  // difference is one term (u: the unit of X, see Acts in qdot_acts.h):
   //   scale * u * sum((j - 7.5) * X) + (offset + 7.5 * scale) * xs
   //     = scale * u * sum(j * X) + offset * xs + 7.5 * scale * e.
   static constexpr float kCenter = llmserve::qdot::kQ4Center;
@@ -214,6 +128,32 @@ struct Q8 {
   }
 };
 
+// 8-bit codes against seven-bit activations: maddubs takes the codes as w + 128 (unsigned,
+// flipping the sign bit), q as they are; a lane reaches 2 * 255 * 63 = 32130. The sum is then
+// p + 128 * sum(q), which tile_rows takes off (kShifted).
+struct Q8Seven {
+  static constexpr int64_t kGroupBytes = llmserve::qdot::kQ8GroupBytes;
+  static constexpr float kCenter = 0.f;
+  static constexpr bool kShifted = true;
+  template <int R, bool Fine>
+  static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&)[R],
+                         __m256i (&p)[R]) {
+    static_assert(!Fine, "seven-bit activations are one byte");
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i v = _mm256_xor_si256(load32(w + 32 * s), flip);
+      for (int r = 0; r < R; ++r)
+        p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(v, bcast4(x[r] + 4 * s)), ones));
+    }
+  }
+};
+
+template <class Codes, class = void>
+struct shifted : std::false_type {};
+template <class Codes>
+struct shifted<Codes, std::void_t<decltype(Codes::kShifted)>> : std::true_type {};
+
 // One tile (8 outputs from n0) for R rows from m0: codes [G][kGroupBytes]; scale and offset [G][8].
 template <class Codes, class S, int R, bool Fine>
 void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
@@ -232,6 +172,7 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
     const __m256 s = load8(scale + g * kTile), o = load8(offset + g * kTile);
     for (int r = 0; r < R; ++r) {  // qdot_rows.h's epilogue
       const int64_t i = (m0 + r) * G + g;
+      if constexpr (shifted<Codes>::value) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(128 * a.n[i]));
       const __m256 pu = _mm256_cvtepi32_ps(p[r]), u = _mm256_broadcast_ss(&a.u[i]);
       const __m256 t = Codes::kCenter != 0.f ? _mm256_fmadd_ps(pu, u, _mm256_broadcast_ss(&a.c[i])) : _mm256_mul_ps(pu, u);
       acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), _mm256_fmadd_ps(s, t, acc[r]));
@@ -259,7 +200,8 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
   const at::Tensor x = x_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
   const int64_t ko = chans.defined() ? chans.numel() : 0;
-  const Acts a(x.data_ptr<float>(), M, K, Fine, ko ? chans.data_ptr<int64_t>() : nullptr, ko);
+  const Acts a(x.data_ptr<float>(), M, K, Fine, ko ? chans.data_ptr<int64_t>() : nullptr, ko,
+               shifted<Codes>::value ? 7 : 8);
   const c10::Half* wo = ko ? wo_.data_ptr<at::Half>() : nullptr;
   auto y = at::empty({M, N}, x.options());
   const uint8_t* cp = codes.data_ptr<uint8_t>();
@@ -327,11 +269,17 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
                 "wo must be contiguous float16 [ceil(N / 8), len(chans), 8]");
     wo = *wo_;
   }
-  if (half)
-    return fine ? run<Codes, at::Half, true>(x, codes, scale, offset, N, chans, wo)
-                : run<Codes, at::Half, false>(x, codes, scale, offset, N, chans, wo);
-  return fine ? run<Codes, float, true>(x, codes, scale, offset, N, chans, wo)
-              : run<Codes, float, false>(x, codes, scale, offset, N, chans, wo);
+  if constexpr (shifted<Codes>::value) {  // (seven bits: one byte only)
+    TORCH_CHECK(!fine, "seven-bit activations are one byte: fine must be false");
+    return half ? run<Codes, at::Half, false>(x, codes, scale, offset, N, chans, wo)
+                : run<Codes, float, false>(x, codes, scale, offset, N, chans, wo);
+  } else {
+    if (half)
+      return fine ? run<Codes, at::Half, true>(x, codes, scale, offset, N, chans, wo)
+                  : run<Codes, at::Half, false>(x, codes, scale, offset, N, chans, wo);
+    return fine ? run<Codes, float, true>(x, codes, scale, offset, N, chans, wo)
+                : run<Codes, float, false>(x, codes, scale, offset, N, chans, wo);
+  }
 }
 
 }  // namespace
@@ -346,10 +294,13 @@ at::Tensor q4_linear(at::Tensor x, at::Tensor nibbles, at::Tensor scale, at::Ten
   return dispatch<Q4>(x, nibbles, scale, offset, N, fine, chans, wo);
 }
 
-// x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); the rest as above.
+// x [M, K] float32; codes: qlayout's 8-bit codes (int8, ceil(N / 8) * K * 8 bytes); bits: the
+// one-byte activations' bits, 8 or 7 (not fine); the rest as above.
 at::Tensor q8_linear(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor offset, int64_t N,
-                        bool fine, std::optional<at::Tensor> chans, std::optional<at::Tensor> wo) {
+                        bool fine, std::optional<at::Tensor> chans, std::optional<at::Tensor> wo, int64_t bits) {
   TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
+  TORCH_CHECK(bits == 8 || bits == 7, "bits must be 8 or 7");
+  if (bits == 7) return dispatch<Q8Seven>(x, codes.view(at::kByte), scale, offset, N, fine, chans, wo);
   return dispatch<Q8>(x, codes.view(at::kByte), scale, offset, N, fine, chans, wo);
 }
 
@@ -363,13 +314,15 @@ bool int8_vnni(bool enable) {
 bool int8_vnni_active() { return use_vnni; }
 
 // The activations as the kernels see them (for tests): q [M, K] int8, r [M, K] int8 (zeros
-// unless fine), xd = absmax / 127 and the exact sums xs [M, K / 32]: x ~ xd * (q + r / 128).
-std::vector<at::Tensor> quantize_activations(at::Tensor x, bool fine) {
+// unless fine), xd = absmax / 127 (63 at seven bits) and the exact sums xs [M, K / 32]:
+// x ~ xd * (q + r / 128).
+std::vector<at::Tensor> quantize_activations(at::Tensor x, bool fine, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
               "x must be float32 [M, K] with K a multiple of 32");
+  TORCH_CHECK(bits == 8 || (bits == 7 && !fine), "bits must be 8, or 7 when not fine");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup;
-  const Acts a(x.data_ptr<float>(), M, K, fine);
+  const Acts a(x.data_ptr<float>(), M, K, fine, nullptr, 0, static_cast<int>(bits));
   auto q = at::empty({M, K}, x.options().dtype(at::kChar));
   auto r = at::zeros({M, K}, x.options().dtype(at::kChar));
   auto d = at::empty({M, G}, x.options()), s = at::empty({M, G}, x.options());
