@@ -112,6 +112,7 @@ struct Q8 {
     for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
     if constexpr (Fine)
       for (int r = 0; r < R; ++r) b[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1  // (as Q4's: unrolled, the sums become trees whose partial results spill)
     for (int s = 0; s < 8; ++s) {
       const __m256i v = load32(w + 32 * s), u = _mm256_sign_epi8(v, v);
       for (int r = 0; r < R; ++r) {
@@ -141,6 +142,7 @@ struct Q8Seven {
     static_assert(!Fine, "seven-bit activations are one byte");
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
     for (int s = 0; s < 8; ++s) {
       const __m256i v = _mm256_xor_si256(load32(w + 32 * s), flip);
       for (int r = 0; r < R; ++r)
