@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmserve.bench import datasets
-from llmserve.bench.tokenizer import WordCountTokenizer, exact_text, load_tokenizer
+from llmserve.bench.tokenizer import HFTokenizer, WordCountTokenizer, exact_text, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +121,35 @@ def test_without_a_tokenizer_counts_are_labelled_approximate():
     assert "approximate" in tok.description
     reqs = datasets.random_dataset(tok, 3, 12, 4, seed=0)
     assert all(r.prompt_len == len(r.prompt.split()) == 12 for r in reqs)
+
+
+def test_a_gguf_tokenizer_is_read_from_the_model_stores_copy(tmp_path, monkeypatch):
+    """``--tokenizer FILE.gguf``: the first load writes the store's copy (the engine's), later
+    ones read it instead of converting the file's metadata again; the ids are the file's."""
+    from transformers import AutoTokenizer
+
+    from llmserve.models.model_source import cache_dir
+    from tests.helpers import make_tiny_gguf, make_tiny_llama
+
+    gguf = make_tiny_gguf(make_tiny_llama(tmp_path), tmp_path / "tiny.gguf", "Q8_0")
+    store = tmp_path / "store"
+    monkeypatch.setenv("LLMSERVE_MODEL_STORE", str(store))
+    text = "The quick brown fox jumps over 13 lazy dogs."
+    from_file = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=gguf.name, local_files_only=True)
+    first = load_tokenizer(gguf)
+    assert (cache_dir(gguf, store) / "tokenizer.json").is_file()
+    real = AutoTokenizer.from_pretrained
+
+    def no_conversion(*a, **k):
+        raise AssertionError("converted the GGUF again")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", no_conversion)
+    again = load_tokenizer(gguf)
+    want = from_file.encode(text, add_special_tokens=False)
+    assert first.encode(text) == again.encode(text) == want and again.words() == first.words()
+    assert HFTokenizer(from_file, "the file's").words() == first.words()  # the same datasets as before
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", real)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the store's folder would be")
+    monkeypatch.setenv("LLMSERVE_MODEL_STORE", str(blocked))
+    assert load_tokenizer(gguf).encode(text) == want  # no store: the file's metadata
