@@ -135,7 +135,11 @@ def test_extreme_codes_and_activations_do_not_saturate():
     q8 = torch.full((16, k), -1.0)
     q8[:, 0] = 1.0 - 2.0 / 255  # min-max grid: codes -128 (most), -127 and 127: off the 16 levels
     q8[:, 1] = -1.0 + 2.0 / 255
-    for w, bits in ((q4, 4), (q8, 8)):
+    # the shifted codes' end: code 127 (255 shifted) on both of a pair, times q = 63 (seven bits)
+    q8hi = torch.full((16, k), 1.0)
+    q8hi[:, ::GROUP] = -1.0
+    q8hi[:, 1::GROUP] = -1.0 + 2.0 / 255  # (off the 16 levels: 8-bit codes)
+    for w, bits in ((q4, 4), (q8, 8), (q8hi, 8)):
         layer = WeightOnlyInt8Linear.from_float(w)
         assert layer.packed.bits == bits
         for fine, act_bits in ((True, 8), (False, 8), (False, 7)):

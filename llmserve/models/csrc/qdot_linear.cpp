@@ -66,6 +66,7 @@ struct Q4 {
   //   scale * u * sum((j - 7.5) * X) + (offset + 7.5 * scale) * xs
   //     = scale * u * sum(j * X) + offset * xs + 7.5 * scale * e.
   static constexpr float kCenter = llmserve::qdot::kQ4Center;
+  static constexpr bool kShifted = false;  // whether the dot took the codes as w + 128 (Q8Seven)
   template <int R, bool Fine>
   static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
                          __m256i (&p)[R]) {
@@ -102,6 +103,7 @@ struct Q4 {
 struct Q8 {
   static constexpr int64_t kGroupBytes = llmserve::qdot::kQ8GroupBytes;
   static constexpr float kCenter = 0.f;  // codes -128..127 are centred already
+  static constexpr bool kShifted = false;
   template <int R, bool Fine>
   static inline void dot(const uint8_t* w, const int8_t* const (&x)[R], const int8_t* const (&xr)[R],
                          __m256i (&p)[R]) {
@@ -151,11 +153,6 @@ struct Q8Seven {
   }
 };
 
-template <class Codes, class = void>
-struct shifted : std::false_type {};
-template <class Codes>
-struct shifted<Codes, std::void_t<decltype(Codes::kShifted)>> : std::true_type {};
-
 // One tile (8 outputs from n0) for R rows from m0: codes [G][kGroupBytes]; scale and offset [G][8].
 template <class Codes, class S, int R, bool Fine>
 void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, const S* offset, float* y,
@@ -174,7 +171,7 @@ void tile_rows(const Acts& a, int64_t m0, const uint8_t* codes, const S* scale, 
     const __m256 s = load8(scale + g * kTile), o = load8(offset + g * kTile);
     for (int r = 0; r < R; ++r) {  // qdot_rows.h's epilogue
       const int64_t i = (m0 + r) * G + g;
-      if constexpr (shifted<Codes>::value) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(128 * a.n[i]));
+      if constexpr (Codes::kShifted) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(128 * a.n[i]));
       const __m256 pu = _mm256_cvtepi32_ps(p[r]), u = _mm256_broadcast_ss(&a.u[i]);
       const __m256 t = Codes::kCenter != 0.f ? _mm256_fmadd_ps(pu, u, _mm256_broadcast_ss(&a.c[i])) : _mm256_mul_ps(pu, u);
       acc[r] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(&a.s[i]), _mm256_fmadd_ps(s, t, acc[r]));
@@ -203,7 +200,7 @@ at::Tensor run(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& 
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, tiles = (N + kTile - 1) / kTile;
   const int64_t ko = chans.defined() ? chans.numel() : 0;
   const Acts a(x.data_ptr<float>(), M, K, Fine, ko ? chans.data_ptr<int64_t>() : nullptr, ko,
-               shifted<Codes>::value ? 7 : 8);
+               Codes::kShifted ? 7 : 8);
   const c10::Half* wo = ko ? wo_.data_ptr<at::Half>() : nullptr;
   auto y = at::empty({M, N}, x.options());
   const uint8_t* cp = codes.data_ptr<uint8_t>();
@@ -271,7 +268,7 @@ at::Tensor dispatch(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor
                 "wo must be contiguous float16 [ceil(N / 8), len(chans), 8]");
     wo = *wo_;
   }
-  if constexpr (shifted<Codes>::value) {  // (seven bits: one byte only)
+  if constexpr (Codes::kShifted) {  // (seven bits: one byte only)
     TORCH_CHECK(!fine, "seven-bit activations are one byte: fine must be false");
     return half ? run<Codes, at::Half, false>(x, codes, scale, offset, N, chans, wo)
                 : run<Codes, float, false>(x, codes, scale, offset, N, chans, wo);
