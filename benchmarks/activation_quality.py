@@ -61,12 +61,22 @@ def configure(model, one_byte: tuple[str, ...] | None, calibration: list[int] | 
         outliers.split(model, calibration, {k: n for k, n in outliers.CHANNELS.items() if k in one_byte})
 
 
+def held_out(tokens: int):
+    """SmolLM2's config, weights and tokenizer, and the first ``tokens`` + 1 ids of the held-out text."""
+    from llmserve.models.model_source import load_tokenizer, load_weights
+    from llmserve.models.store import default_store_dir, resolve
+
+    store = default_store_dir()
+    source = resolve("SmolLM2-135M-Instruct", store)
+    mc, w = load_weights(source, store)
+    tokenizer = load_tokenizer(source, store)
+    return mc, w, tokenizer, tokenizer.encode(TEXT.read_text())[:tokens + 1]
+
+
 def main() -> None:
     from llmserve.models import outliers
     from llmserve.models.llama import LlamaForCausalLM
-    from llmserve.models.model_source import load_tokenizer, load_weights
     from llmserve.models.perplexity import teacher_forced
-    from llmserve.models.store import default_store_dir, resolve
     from llmserve.models.weights import linear_factory_for
 
     ap = argparse.ArgumentParser()
@@ -75,11 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     name = "activation_quality" + ("-default" if args.configs == "default" else "")
     torch.set_num_threads(2)
-    store = default_store_dir()
-    source = resolve("SmolLM2-135M-Instruct", store)
-    mc, w = load_weights(source, store)
-    tokenizer = load_tokenizer(source, store)
-    ids = tokenizer.encode(TEXT.read_text())[:args.tokens + 1]
+    mc, w, tokenizer, ids = held_out(args.tokens)
     from llmserve.models.outliers import calibration_ids
 
     calibration = calibration_ids(tokenizer)

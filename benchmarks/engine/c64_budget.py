@@ -6,7 +6,10 @@ one run of 64 prompts split into its prefill and decode phases.
 Products: each layer kind of one decoder layer at 64 / 256 / 512 rows, the median of 7
 calls, in multiply-adds per second (the engine's threads). Run: 64 prompts of 103 random
 token ids, 128 tokens out (``ignore_eos``, greedy), all added at once as ``peers/run.py``'s
-c = 64 level sends them; the prefill phase ends when every prompt is computed.
+c = 64 level sends them; the prefill phase ends when every prompt is computed. Each run's
+time is then split by what it ran: attention in decode-only steps and in steps with prefill
+rows, the head (final norm and output product), sampling, and the rest (the layers' products,
+norms, rope; the scheduler and the outputs' text).
 The arithmetic these feed is in ``benchmarks/peers/README.md`` (AVX2 on both sides).
 """
 
@@ -16,11 +19,32 @@ import argparse
 import random
 import statistics
 import time
+from collections import Counter
 
 import torch
 from common import load, prefill_all
 
+import llmserve.models.llama as llama_module
 from llmserve.engine.sampling_params import SamplingParams
+
+ATTENTION = llama_module.paged_attention  # (the forward pass looks it up in its module at each call)
+
+
+def timed(fn, acc: Counter, key):
+    """``fn`` adding its wall time to ``acc[key(args)]`` (``key``: a name, or a function of the args)."""
+    def g(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            acc[key(*args) if callable(key) else key] += time.perf_counter() - t
+    return g
+
+
+def split(acc: Counter, total: float, steps: int) -> str:
+    parts = [(k, acc[k]) for k in ("attention, decode steps", "attention, prefill steps", "head", "sampling")]
+    parts.append(("the rest", total - sum(v for _, v in parts)))
+    return "; ".join(f"{k} {v:.2f} s ({100 * v / total:.0f} %)" for k, v in parts) + f"; {steps} steps"
 
 
 def products(core, rows: list[int]) -> None:
@@ -43,6 +67,12 @@ def products(core, rows: list[int]) -> None:
 
 def run(loaded, seed: int, prompts: int, prompt_len: int, output_len: int) -> None:
     core = loaded.core(max_num_seqs=prompts)
+    acc: Counter = Counter()
+    llama_module.paged_attention = timed(
+        ATTENTION, acc, lambda q, kc, vc, meta, *a, **k: "attention, " + (
+            "decode steps" if all(g.q_len == 1 for g in meta.groups) else "prefill steps"))
+    core.runner.model.compute_logits = timed(core.runner.model.compute_logits, acc, "head")
+    core._sample = timed(core._sample, acc, "sampling")
     rng = random.Random(seed)
     sp = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     for i in range(prompts):
@@ -58,6 +88,8 @@ def run(loaded, seed: int, prompts: int, prompt_len: int, output_len: int) -> No
     print(f"run (seed {seed}): prefill phase {t1 - t0:.2f} s ({steps} steps), decode phase {t2 - t1:.2f} s "
           f"({decode} steps, {1e3 * (t2 - t1) / max(decode, 1):.1f} ms each), "
           f"{prompts * output_len / (t2 - t0):.1f} tok/s", flush=True)
+    print(f"    {split(acc, t2 - t0, steps + decode)}", flush=True)
+    llama_module.paged_attention = ATTENTION
 
 
 def main() -> None:
