@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a c = 64 run's CPU goes through HTTP: each llmserve process's CPU seconds over one
+# Where a c = 64 run's CPU goes through HTTP: each server process's CPU seconds over one
 # `llmserve bench` run (64 prompts of 103 tokens, 128 out), and the client's own.
 #
 #   bash benchmarks/engine/cpu_split.sh engine|serve [GGUF]
@@ -19,22 +19,28 @@ log=$(mktemp)
 "$py" -m llmserve.cli "$mode" --model "$gguf" --port "$port" "${extra[@]}" > "$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 1 300); do curl -sf "127.0.0.1:$port/ready" > /dev/null 2>&1 && break; sleep 1; done
+ready() { curl -sf "127.0.0.1:$port/ready" > /dev/null 2>&1; }
+for _ in $(seq 1 300); do ready || ! kill -0 "$server" 2>/dev/null && break; sleep 1; done
+ready || { echo "the server did not become ready:" >&2; cat "$log" >&2; exit 1; }
 bench() {
   "$py" -m llmserve.bench --base-url "http://127.0.0.1:$port/v1" --endpoint completions --ignore-eos \
     --random-input-len 103 --random-range-ratio 0 --tokenizer "$gguf" --disable-tqdm "$@"
 }
 bench --num-prompts 16 --max-concurrency 16 --random-output-len 32 --seed 5 > /dev/null  # warm-up
-cpu() {  # "pid CPU-seconds command" of every llmserve process
-  for p in $(pgrep -f "llmserve"); do
+tree() {  # the server and every process below it
+  echo "$1"
+  for c in $(pgrep -P "$1"); do tree "$c"; done
+}
+cpu() {  # "pid CPU-seconds command" of each of the server's processes
+  for p in $(tree "$server"); do
     [ -r "/proc/$p/stat" ] && echo "$p $(awk '{print ($14 + $15) / 100}' "/proc/$p/stat") $(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-70)"
   done
 }
 before=$(cpu)
+export -f bench
+export port gguf py
 client=$( { /usr/bin/time -f "client: %U s user, %S s system CPU (its start and tokenizer included), %e s wall" \
-  "$py" -m llmserve.bench --base-url "http://127.0.0.1:$port/v1" --endpoint completions --ignore-eos \
-  --random-input-len 103 --random-range-ratio 0 --tokenizer "$gguf" --disable-tqdm \
-  --num-prompts 64 --max-concurrency 64 --random-output-len 128 --seed 3000 > /dev/null; } 2>&1 )
+  bash -c 'bench --num-prompts 64 --max-concurrency 64 --random-output-len 128 --seed 3000' > /dev/null; } 2>&1 )
 after=$(cpu)
 echo "$client"
 BEFORE="$before" AFTER="$after" "$py" - <<'PY'

@@ -45,7 +45,7 @@ def main() -> None:
                 one = not fine and not lay.FINE  # (the head: rescored, one byte from 6 rows)
                 split = lay.outliers if one and lay.outliers is not None else (None, None)
                 # the head's seven-bit activations where the build has them (before b4c37e3: eight)
-                kw = {"bits": lay.ACT_BITS} if one and p.bits == 8 and "bits" in (fn.__doc__ or "") else {}
+                kw = {"bits": lay.ACT_BITS} if one and p.bits == 8 and "bits:" in (fn.__doc__ or "") else {}
                 fn(xs[lay.in_features], p.codes, p.scale, p.offset, lay.out_features, not one, *split, **kw)
 
         times: dict[str, list[float]] = {"baseline": [], "this": []}

@@ -243,7 +243,7 @@ RESCORED_KINDS = {"head": 8}
 # The one-byte kinds whose 8-bit codes take seven-bit activations: the rescored head, with the
 # engine's default rounding elsewhere, top-1 98.41 % and perplexity +0.26 % on SmolLM2 against
 # eight bits' 98.41 % and +0.13 % (six bits: +1.04 %, failing; benchmarks/head_activation_bits.py),
-# for a product 0.86x the time on AVX2 (SmolLM2's head at 64 rows).
+# for a product 0.87-0.88x the time on AVX2 (SmolLM2's head at 64 rows, linear_kernel_ab.py).
 SEVEN_BIT_KINDS = frozenset({"head"})
 
 
