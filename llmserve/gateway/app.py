@@ -31,6 +31,7 @@ from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.dashboard import dashboard_router
 from llmserve.gateway.errors import GatewayError, error_response, from_exception
 from llmserve.gateway.frontends import gateway_frontends
+from llmserve.gateway.model_cards import ModelCards
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
 from llmserve.gateway.tenants.admin import keys_router
@@ -114,6 +115,7 @@ class GatewayApp(FastAPI):
 
 def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None) -> GatewayApp:
     gw = Gateway(config, telemetry=telemetry)
+    cards = ModelCards()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -156,9 +158,8 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
         check_client(request)
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "llmserve"}
-            for name in gw.models]}
+        await gw.ensure_started()  # (the instances are asked: the upstream client must exist)
+        return {"object": "list", "data": await cards.cards(gw)}
 
     @app.get("/health")
     async def health() -> dict:

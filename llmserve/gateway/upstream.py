@@ -264,9 +264,10 @@ class UpstreamClient:
         closing it closes the connection, which tells the upstream to stop)."""
         return await self._send(b"POST", url, content, headers, timeout, abandon)
 
-    async def get(self, url: str, *, timeout: float | None = None) -> tuple[int, bytes]:
+    async def get(self, url: str, *, timeout: float | None = None,
+                  headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """Status and whole body of a GET."""
-        resp = await self._send(b"GET", url, None, {}, timeout)
+        resp = await self._send(b"GET", url, None, headers or {}, timeout)
         try:
             return resp.status_code, await resp.aread()
         finally:

@@ -56,6 +56,7 @@ class Behaviour:
     load_delay_s: float = 0.0
     adapter_loads: list[dict] = field(default_factory=list)
     report_adapters: set[str] | None = None  # override what /load says is resident
+    models: dict | None = None  # what GET /v1/models answers (None: 404)
     # observations
     requests: int = 0
     running: int = 0
@@ -178,12 +179,18 @@ def make_app(b: Behaviour) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def models(request: Request) -> Response:
+        b.headers.append(dict(request.headers))
+        if b.models is None:
+            return PlainTextResponse("not found", status_code=404)
+        return JSONResponse(b.models)
+
     return Starlette(routes=[
         Route("/v1/chat/completions", generate, methods=["POST"]),
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
         Route("/load", load), Route("/metrics", metrics), Route("/ready", ready),
-        Route("/health", health)])
+        Route("/health", health), Route("/v1/models", models)])
 
 
 class ServerThread:

@@ -128,6 +128,12 @@ def test_openai_client_through_the_gateway(engines, gateway):
     gw = gateway(gateway_config({"v1": [engines["a"].url, engines["b"].url]}))
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    # the model's family and context length, as its engines report them
+    [own] = httpx.get(engines["a"].url + "/v1/models").json()["data"]
+    [card] = gw.client.get("/v1/models").json()["data"]
+    assert own["family"] == "llama" and own["context_length"] > 0
+    assert {k: card[k] for k in ("family", "context_length", "max_model_len")} == {
+        k: own[k] for k in ("family", "context_length", "max_model_len")}
     r = client.completions.create(model="tiny", prompt="hello world", max_tokens=5,
                                   temperature=0)
     assert r.usage.completion_tokens == 5
