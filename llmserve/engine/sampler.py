@@ -96,12 +96,13 @@ class NonFiniteError(ValueError):
     """A row's logits or sampling distribution hold NaN or inf, or no probability mass."""
 
 
-def non_finite_rows(logits: torch.Tensor) -> list[int]:
+def non_finite_rows(logits: torch.Tensor, argmax: torch.Tensor | None = None) -> list[int]:
     """Rows of ``logits`` that cannot be sampled: holding NaN or +inf, or nothing above
     -inf. A row's max (which propagates NaN) is finite exactly when the row is fine, so
     this is one reduction; a -inf alone is a banned token (a grammar mask), not a fault.
+    Given the rows' ``argmax`` (NaN first, as torch's), the max is read there: no pass.
     """
-    top = logits.amax(dim=-1)
+    top = logits.gather(1, argmax.view(-1, 1)).view(-1) if argmax is not None else logits.amax(dim=-1)
     if bool(torch.isfinite(top).all()):
         return []
     return (~torch.isfinite(top)).nonzero().flatten().tolist()
@@ -196,8 +197,9 @@ class Sampler:
         logprobs = torch.log_softmax(logits.float(), dim=-1) if need_lp else None
         raw, logits = logits, constrain(logits, rows)
         if all(r.params.greedy and not r.params.needs_penalties for r in rows):
-            tokens = self.ops.argmax(logits).tolist()
-            errors = {i: "the logits are not finite" for i in non_finite_rows(logits)}
+            best = self.ops.argmax(logits)
+            tokens = best.tolist()
+            errors = {i: "the logits are not finite" for i in non_finite_rows(logits, best)}
         else:
             tokens, errors = self._per_row(logits, rows)
         if logits is not raw:  # a NaN the mask hid still spoils the row (and its logprobs)

@@ -194,16 +194,16 @@ class SpeculativeDecoder:
         fails alone. ``masks[request_id][j]`` is the grammar's mask of that request's row j."""
         masks = masks or {}
         out = StepSamples()
-        bad_rows = non_finite_rows(run.logits)  # one reduction when every row is fine
         for s in plan.scheduled:
             if not s.sample or not s.spec_token_ids:
                 continue
             rid = s.request.request_id
             start, n_rows = run.rows[rid]
+            logits = run.logits[start:start + n_rows]
             try:
-                if bad_rows and any(start <= j < start + n_rows for j in bad_rows):
+                if non_finite_rows(logits):  # (its rows only: most steps verify few requests)
                     raise NonFiniteError("the model's logits are not finite")
-                out.tokens[rid], lps = self._verify_one(s, run.logits[start:start + n_rows], masks.get(rid))
+                out.tokens[rid], lps = self._verify_one(s, logits, masks.get(rid))
             except Exception as e:  # noqa: BLE001 - this request's own fault: the others go on
                 out.failed[rid] = str(e) or type(e).__name__
                 continue

@@ -10,6 +10,7 @@ import torch
 from llmserve.engine.llm import fan_out
 from llmserve.engine.sampler import NonFiniteError, SampleRow, Sampler, non_finite_rows, process
 from llmserve.engine.sampling_params import InvalidParameterError, SamplingParams
+from llmserve.models.ops import TorchOps, layer_ops
 from tests.engine.conftest import run_to_completion
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -170,6 +171,10 @@ def test_non_finite_rows():
     x[1, 2], x[3, 0] = NAN, INF
     assert non_finite_rows(x) == [1, 3]
     assert non_finite_rows(torch.full((2, 6), 3e38)) == []  # the sum overflows, the rows are fine
+    # read at the rows' argmax instead of a pass: the same rows, a row of -inf only too
+    x[2] = -INF
+    for ops in (TorchOps(), layer_ops()):  # torch.argmax and the kernels'
+        assert non_finite_rows(x, ops.argmax(x)) == non_finite_rows(x) == [1, 2, 3]
 
 
 def _seeded_rows(params: dict, n: int) -> list[SampleRow]:

@@ -103,3 +103,28 @@ def test_argmax_takes_the_first_maximum(fused):
     logits[3, 123] = float("nan")
     assert torch.equal(fused.argmax(logits), REF.argmax(logits))
     assert fused.argmax(logits)[1] == 7
+
+
+@pytest.mark.parametrize("V", [1, 7, 63, 64, 65, 95, 96, 97, 131, 49152, 49153])
+def test_argmax_matches_torch_on_ties_infinities_and_nans_anywhere(fused, V):
+    """The vector scan keeps 32 lanes and a scalar tail: ties across lanes, between a lane and
+    the tail, infinities and NaNs in either part must all come out as torch.argmax's."""
+    g = torch.Generator().manual_seed(V)
+    rows = [torch.randn(V, generator=g) for _ in range(4)]
+    for _ in range(40):
+        r = torch.randint(-3, 4, (V,), generator=g).float()  # few values: many ties
+        picks = torch.randint(0, V, (3,), generator=g)
+        kind = int(torch.randint(0, 6, (1,), generator=g))
+        if kind == 1:
+            r[picks] = float("inf")
+        elif kind == 2:
+            r[picks[0]] = float("nan")
+        elif kind == 3:
+            r[:] = float("-inf")
+        elif kind == 4:
+            r[picks[1:]] = float("nan")  # two NaNs: the first wins
+        elif kind == 5:
+            r[-1] = 10.0  # the tail's last holds the maximum
+        rows.append(r)
+    logits = torch.stack(rows)
+    assert torch.equal(fused.argmax(logits), REF.argmax(logits))

@@ -209,8 +209,63 @@ void rope_and_cache_(at::Tensor qkv, at::Tensor positions, at::Tensor cos, at::T
   });
 }
 
-// Greedy sampling: the index of each row's first maximum (torch.argmax's choice), scanned on
-// this thread; torch's reduction wakes its worker threads for a single 49k-float row.
+namespace {
+
+constexpr int64_t kArgmaxRowsPerTask = 8;  // a vocabulary row is ~10 us: 8 of them pay a thread's wake-up
+
+// The index of the first NaN, else of the first maximum: torch.argmax's choice.
+int64_t argmax_scalar(const float* row, int64_t V) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; ++i)
+    if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;
+  return best;
+}
+
+// The same, 32 floats a step: lane l keeps the largest of the indices = l mod 32 and the first
+// index holding it (strictly greater replaces), then the lanes' largest with the smallest
+// index wins. A row with a NaN (seen by an unordered compare) goes to the scalar scan.
+int64_t argmax_row(const float* row, int64_t V) {
+  if (V < 64) return argmax_scalar(row, V);
+  __m256 mx[4], nan = _mm256_setzero_ps();
+  __m256i ix[4], at[4];
+  const __m256i step = _mm256_set1_epi32(32);
+  for (int a = 0; a < 4; ++a) {
+    mx[a] = _mm256_loadu_ps(row + 8 * a);
+    at[a] = ix[a] = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * a));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(mx[a], mx[a], _CMP_UNORD_Q));
+  }
+  int64_t i = 32;
+  for (; i + 32 <= V; i += 32)
+    for (int a = 0; a < 4; ++a) {
+      const __m256 v = _mm256_loadu_ps(row + i + 8 * a);
+      at[a] = _mm256_add_epi32(at[a], step);
+      const __m256 gt = _mm256_cmp_ps(v, mx[a], _CMP_GT_OQ);
+      mx[a] = _mm256_blendv_ps(mx[a], v, gt);
+      ix[a] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ix[a]), _mm256_castsi256_ps(at[a]), gt));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+  if (_mm256_movemask_ps(nan)) return argmax_scalar(row, V);
+  alignas(32) float val[32];
+  alignas(32) int32_t idx[32];
+  for (int a = 0; a < 4; ++a) {
+    _mm256_store_ps(val + 8 * a, mx[a]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(idx + 8 * a), ix[a]);
+  }
+  int64_t best = idx[0];
+  float top = val[0];
+  for (int l = 1; l < 32; ++l)
+    if (val[l] > top || (val[l] == top && idx[l] < best)) top = val[l], best = idx[l];
+  for (; i < V; ++i) {  // the tail, after every vector index: strictly greater, or its first NaN
+    if (std::isnan(row[i])) return i;
+    if (row[i] > top) top = row[i], best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+// Greedy sampling: each row's argmax (torch.argmax's choice), a few rows a thread; torch's
+// reduction wakes its worker threads for a single 49k-float row.
 at::Tensor argmax_rows(at::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, V]");
   const int64_t M = x.size(0), V = x.size(1);
@@ -218,14 +273,8 @@ at::Tensor argmax_rows(at::Tensor x) {
   auto out = at::empty({M}, x.options().dtype(at::kLong));
   const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, M, kRowsPerTask, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* row = xp + m * V;
-      int64_t best = 0;
-      for (int64_t i = 1; i < V; ++i)
-        if (row[i] > row[best] || (std::isnan(row[i]) && !std::isnan(row[best]))) best = i;  // NaN wins, as in torch
-      op[m] = best;
-    }
+  at::parallel_for(0, M, kArgmaxRowsPerTask, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) op[m] = argmax_row(xp + m * V, V);
   });
   return out;
 }
