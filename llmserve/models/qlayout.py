@@ -60,7 +60,12 @@ class PackedWeights:
         return (g * scale[..., None] + offset[..., None]).reshape(n, k).contiguous()
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """``dequantized()[index]`` without the rest: a tied embedding's lookup."""
+        """``dequantized()[index]`` without the rest: a tied embedding's lookup, the rows a
+        rescored head recomputes (the kernel where it loads: one pass, not ~10 torch ops)."""
+        from llmserve.models import kernels
+
+        if (k := kernels.load()) is not None:
+            return k.unpack_rows(self.codes, self.scale, self.offset, self.out_features, index.reshape(-1).long())
         t, j, groups = index // TILE, index % TILE, self.in_features // GROUP
         if self.bits == 8:  # one gather of the rows' own bytes (not their whole tiles): the head's rescoring
             codes = self.codes.view(-1, groups, STEPS, TILE, 4)[t, :, :, j, :]

@@ -264,10 +264,18 @@ def test_a_rescored_one_byte_product_has_its_top_outputs_exact(make):
 
 @pytest.mark.parametrize("n,k,make", [(13, 96, q4_1_like), (40, 64, q8_0_like),
                                       (8, 32, lambda n, k: torch.randn(n, k))])
-def test_rows_are_those_of_the_dequantized_weights(n, k, make):
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_rows_are_those_of_the_dequantized_weights(n, k, make, path, monkeypatch):
+    if path == "kernel":
+        require_kernels()
+    else:
+        monkeypatch.setattr(kernels, "load", lambda: None)
     packed = qlayout.pack(*quantize_groups(make(n, k)))
     index = torch.tensor([0, n - 1, 5, 5, 7 % n])
     assert torch.equal(packed.rows(index), packed.dequantized()[index])
+    if path == "kernel":
+        with pytest.raises(RuntimeError, match="out of range"):
+            packed.rows(torch.tensor([n]))
 
 
 def test_a_tied_int8_head_serves_the_embedding_without_an_fp32_copy():

@@ -12,6 +12,8 @@ bool int8_vnni(bool enable);
 bool int8_vnni_active();
 torch::Tensor unpack_weights(torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
                              torch::Tensor out);
+torch::Tensor unpack_rows(torch::Tensor codes, torch::Tensor scale, torch::Tensor offset, int64_t N,
+                          torch::Tensor index);
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor kv_index, torch::Tensor lens, double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
@@ -49,6 +51,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_vnni", &int8_vnni, "use the AVX-512 VNNI path of q4_linear / q8_linear where the CPU has it");
   m.def("int8_vnni_active", &int8_vnni_active, "whether q4_linear / q8_linear take the AVX-512 VNNI path now");
   m.def("unpack_weights", &unpack_weights, "the fp32 weights packed codes hold, into a reused buffer (AVX2)");
+  m.def("unpack_rows", &unpack_rows, "the fp32 weights of some outputs (rows of W) packed codes hold (AVX2)");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged KV pool (AVX2)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, "x += r in place, then RMSNorm of each row");
