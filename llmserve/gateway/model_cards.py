@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FACT_KEYS = ("max_model_len", "family", "context_length")
+ASKED = 2  # instances asked per model and list: hung ones cost a list at most this many poll timeouts
 
 
 def facts_of(body: bytes, upstream_model: str) -> dict[str, Any] | None:
@@ -63,17 +64,17 @@ class ModelCards:
         kept = self._facts.get(rt.name)
         if kept is not None and now - kept[0] < self.ttl_s:
             return kept[1]
-        for version, pool in rt.pools.items():
-            for inst in (i for i in pool.instances() if i.ready and gw.upstream is not None):
-                auth = rt.upstream_auth[version]
-                try:
-                    status, body = await gw.upstream.get(f"{inst.url}/v1/models", timeout=gw.config.polling.timeout_s,
-                                                         headers={"authorization": auth} if auth else None)
-                except httpx.HTTPError as e:
-                    log.debug("model facts: %s did not answer (%s)", inst.instance_id, e)
-                    continue
-                facts = facts_of(body, rt.upstream_models[version] or rt.name) if status == 200 else None
-                if facts is not None:
-                    self._facts[rt.name] = (now, facts)
-                    return facts
+        ready = [(v, i) for v, pool in rt.pools.items() for i in pool.instances() if i.ready]
+        for version, inst in ready[:ASKED] if gw.upstream is not None else []:
+            auth = rt.upstream_auth[version]
+            try:
+                status, body = await gw.upstream.get(f"{inst.url}/v1/models", timeout=gw.config.polling.timeout_s,
+                                                     headers={"authorization": auth} if auth else None)
+            except httpx.HTTPError as e:
+                log.debug("model facts: %s did not answer (%s)", inst.instance_id, e)
+                continue
+            facts = facts_of(body, rt.upstream_models[version] or rt.name) if status == 200 else None
+            if facts is not None:
+                self._facts[rt.name] = (now, facts)
+                return facts
         return dict.fromkeys(FACT_KEYS)  # (not kept: asked again on the next list)

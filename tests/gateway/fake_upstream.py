@@ -57,6 +57,8 @@ class Behaviour:
     adapter_loads: list[dict] = field(default_factory=list)
     report_adapters: set[str] | None = None  # override what /load says is resident
     models: dict | None = None  # what GET /v1/models answers (None: 404)
+    models_delay_s: float = 0.0
+    models_asked: int = 0
     # observations
     requests: int = 0
     running: int = 0
@@ -181,6 +183,8 @@ def make_app(b: Behaviour) -> Starlette:
 
     async def models(request: Request) -> Response:
         b.headers.append(dict(request.headers))
+        b.models_asked += 1
+        await asyncio.sleep(b.models_delay_s)
         if b.models is None:
             return PlainTextResponse("not found", status_code=404)
         return JSONResponse(b.models)

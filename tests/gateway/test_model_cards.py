@@ -54,3 +54,13 @@ def test_facts_are_null_when_no_instance_can_say():
         # not kept: an instance that answers later is asked on the next list
         s.fakes["a"].models = {"data": [{"id": "chat", "family": "llama", "context_length": 8192}]}
         assert s.client.get("/v1/models").json()["data"][0]["family"] == "llama"
+
+
+def test_hung_instances_cost_a_list_at_most_two_polls():
+    card = {"data": [{"id": "chat", "family": "llama", "context_length": 8192}]}
+    hung = [Behaviour(n, models=card, models_delay_s=3.0) for n in "ab"]
+    with stack({"v1": [*hung, Behaviour("c", models=card)]}) as s:
+        # the pool lists its instances in the order configured: a and b are asked, time out
+        r = s.client.get("/v1/models")
+        assert r.status_code == 200 and r.json()["data"][0]["family"] is None
+        assert [s.fakes[n].models_asked for n in "abc"] == [1, 1, 0]
