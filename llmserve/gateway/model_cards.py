@@ -2,9 +2,9 @@
 of the weights behind it (``max_model_len``, ``family``, ``context_length``) as its instances
 report them on their own ``/v1/models``.
 
-The gateway holds names and URLs only, so each model's facts are asked of one ready instance
-(its versions in config order) and kept ``ttl_s``; an instance that cannot say leaves them
-null rather than failing the list. A llama.cpp instance reports its training context as
+The gateway holds names and URLs only, so each model's facts are asked of a ready instance
+(its versions in config order; the next if one cannot say, ``ASKED`` at most) and kept
+``ttl_s``; when none can say they are null rather than failing the list. A llama.cpp instance reports its training context as
 ``meta.n_ctx_train``: that is its ``context_length``.
 """
 

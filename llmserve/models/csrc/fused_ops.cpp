@@ -227,21 +227,21 @@ int64_t argmax_scalar(const float* row, int64_t V) {
 int64_t argmax_row(const float* row, int64_t V) {
   if (V < 64) return argmax_scalar(row, V);
   __m256 mx[4], nan = _mm256_setzero_ps();
-  __m256i ix[4], at[4];
+  __m256i ix[4], pos[4];
   const __m256i step = _mm256_set1_epi32(32);
   for (int a = 0; a < 4; ++a) {
     mx[a] = _mm256_loadu_ps(row + 8 * a);
-    at[a] = ix[a] = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * a));
+    pos[a] = ix[a] = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * a));
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(mx[a], mx[a], _CMP_UNORD_Q));
   }
   int64_t i = 32;
   for (; i + 32 <= V; i += 32)
     for (int a = 0; a < 4; ++a) {
       const __m256 v = _mm256_loadu_ps(row + i + 8 * a);
-      at[a] = _mm256_add_epi32(at[a], step);
+      pos[a] = _mm256_add_epi32(pos[a], step);
       const __m256 gt = _mm256_cmp_ps(v, mx[a], _CMP_GT_OQ);
       mx[a] = _mm256_blendv_ps(mx[a], v, gt);
-      ix[a] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ix[a]), _mm256_castsi256_ps(at[a]), gt));
+      ix[a] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ix[a]), _mm256_castsi256_ps(pos[a]), gt));
       nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
   if (_mm256_movemask_ps(nan)) return argmax_scalar(row, V);
