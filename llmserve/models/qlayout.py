@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from llmserve.models import kernels
+
 GROUP = 32  # weights per affine map: GGUF's Q8_0 / Q4_1 block size
 TILE = 8  # outputs per tile: one AVX2 float vector
 STEPS = GROUP // 4  # 4 codes per output and step
@@ -62,8 +64,6 @@ class PackedWeights:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """``dequantized()[index]`` without the rest: a tied embedding's lookup, the rows a
         rescored head recomputes (the kernel where it loads: one pass, not ~10 torch ops)."""
-        from llmserve.models import kernels
-
         if (k := kernels.load()) is not None:
             return k.unpack_rows(self.codes, self.scale, self.offset, self.out_features, index.reshape(-1).long())
         t, j, groups = index // TILE, index % TILE, self.in_features // GROUP

@@ -59,6 +59,7 @@ class Behaviour:
     models: dict | None = None  # what GET /v1/models answers (None: 404)
     models_delay_s: float = 0.0
     models_asked: int = 0
+    models_headers: list[dict] = field(default_factory=list)  # of the /v1/models requests
     # observations
     requests: int = 0
     running: int = 0
@@ -182,7 +183,7 @@ def make_app(b: Behaviour) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def models(request: Request) -> Response:
-        b.headers.append(dict(request.headers))
+        b.models_headers.append(dict(request.headers))
         b.models_asked += 1
         await asyncio.sleep(b.models_delay_s)
         if b.models is None:

@@ -39,7 +39,7 @@ def test_the_gateway_lists_what_its_instances_report():
         assert entry["id"] == "chat" and entry["object"] == "model" and entry["parent"] is None
         assert {k: entry[k] for k in FACT_KEYS} == {"max_model_len": 4096, "family": "gemma3",
                                                    "context_length": 32768}
-        asked = [h for h in s.fakes["b"].headers if "authorization" in h]
+        asked = [h for h in s.fakes["b"].models_headers if "authorization" in h]
         assert asked and asked[-1]["authorization"] == "Bearer key-of-v2-upstream"
         s.fakes["b"].models = {"data": [{**card, "family": "changed"}]}
         assert s.client.get("/v1/models").json()["data"][0]["family"] == "gemma3"  # kept a while
