@@ -4,7 +4,10 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "qdot_rows.h"
@@ -29,6 +32,25 @@ inline int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(x);
 }
 
+// A vector whose elements start uninitialised: every byte of q and r is written once by the
+// quantisation, so zeroing them first is a pass over [M, K] for nothing (on the calling thread,
+// while the others wait).
+template <class T>
+struct Uninit : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = Uninit<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
 // M rows of x quantised per 32: x ~ xd * q, q = round(x / xd) in -127..127, xd = absmax / 127.
 // Fine: also the rounding's residual, x ~ xd * (q + r / 128) with r in -64..64 (15-bit
 // activations in two bytes, each a maddubs operand). Per group [M, G]: the unit u of the
@@ -43,7 +65,7 @@ inline int32_t hsum(__m256i v) {
 // Seven bits (not fine): q in -63..63, xd = absmax / 63, and each group's sum of q kept (n).
 struct Acts {
   int64_t K, G, ko;
-  std::vector<int8_t> q, r;  // [M, K]; r only when fine
+  std::vector<int8_t, Uninit<int8_t>> q, r;  // [M, K]; r only when fine
   std::vector<float> u, s, c, xo;
   std::vector<int32_t> n;  // [M, G] sums of q, seven bits only
 
@@ -52,23 +74,32 @@ struct Acts {
       : K(K_), G(K_ / kGroup), ko(ko_), q(M * K_), r(fine ? M * K_ : 0), u(M * G), s(M * G), c(M * G),
         xo(M * ko_), n(bits == 7 ? M * G : 0) {
     const float top = bits == 7 ? 63.f : 127.f;
-    std::vector<float> held;  // x less its outlier channels
-    if (ko > 0) {
-      held.assign(x, x + M * K);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < ko; ++j) {
-          xo[m * ko + j] = held[m * K + chans[j]];
-          held[m * K + chans[j]] = 0.f;
-        }
-      x = held.data();
-    }
+    // The outlier channels by group: group g's are chans[by[from[g]]] .. chans[by[from[g + 1] - 1]]
+    // (ko is a few dozen); each group holding any is copied less them as it is quantised, not
+    // the whole of x first.
+    std::vector<int64_t> from(G + 1, 0), by(ko);
+    for (int64_t j = 0; j < ko; ++j) ++from[chans[j] / kGroup + 1];
+    for (int64_t g = 0; g < G; ++g) from[g + 1] += from[g];
+    std::vector<int64_t> fill(from.begin(), from.end() - 1);
+    for (int64_t j = 0; j < ko; ++j) by[fill[chans[j] / kGroup]++] = j;
     const __m256 sign = _mm256_set1_ps(-0.f);
     constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     // Groups are independent: a prefill chunk's hundreds of rows are split over the threads
     // rather than quantised on one while the others wait; a few rows stay on one.
     at::parallel_for(0, M * G, 512, [&](int64_t i0, int64_t i1) {
+    alignas(32) float held[kGroup];  // a group less its outlier channels
     for (int64_t i = i0; i < i1; ++i) {
       const float* xg = x + i * kGroup;
+      const int64_t g = i % G, m = i / G;
+      if (from[g] < from[g + 1]) {
+        std::copy(xg, xg + kGroup, held);
+        for (int64_t e = from[g]; e < from[g + 1]; ++e) {
+          const int64_t j = by[e];
+          xo[m * ko + j] = held[chans[j] % kGroup];
+          held[chans[j] % kGroup] = 0.f;
+        }
+        xg = held;
+      }
       __m256 v[4], mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
       for (int j = 0; j < 4; ++j) {
         v[j] = _mm256_loadu_ps(xg + 8 * j);
