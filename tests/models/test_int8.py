@@ -201,6 +201,8 @@ def test_dispatch_kernel_on_every_row_or_up_to_small_m_then_fp32_source_weights(
     x = torch.randn(rows, 96)
     got = layer(x.reshape(1, rows, 96))  # leading dimensions are kept
     assert got.shape == (1, rows, 72)
+    assert torch.equal(layer(x), got[0])  # the flat [rows, features] call: the same values
+    assert torch.equal(layer(x.half()), layer(x.half().float()))  # other dtypes go in as float32
     if layer._product is not None and (rows <= layer.SMALL_M or not exact):
         torch.testing.assert_close(got[0].double(), kernel_reference(layer, x), rtol=1e-4, atol=1e-4)
         exact = F.linear(x, w)  # activation rounding only
