@@ -189,7 +189,7 @@ class WeightOnlyInt8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # (a step makes ~120 of these calls on [rows, features] float32: no reshape, no copy
-        # and positional arguments there, ~8 us a call less than the general form)
+        # and positional arguments there, ~5 us a call less than the general form)
         flat = x.dim() == 2
         x2 = x if flat else x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
@@ -204,7 +204,7 @@ class WeightOnlyInt8Linear:
             rescore = self.RESCORE > 0 and not self.FINE and rows >= self.RESCORE_MIN_ROWS
             fine = self.FINE or (self.RESCORE > 0 and not rescore)  # (a rescored layer's few rows: two bytes)
             chans, wo = self.outliers if not fine and self.outliers is not None else (None, None)
-            if p.codes.dtype == torch.uint8:  # 4-bit codes
+            if p.bits == 4:
                 y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine, chans, wo)
             else:  # 8-bit: the one-byte activations' bits too
                 y = self._product(x2, p.codes, p.scale, p.offset, self.out_features, fine, chans, wo,
