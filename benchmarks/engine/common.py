@@ -104,6 +104,21 @@ def prefill_all(core: EngineCore) -> int:
     return steps
 
 
+def steady_core(loaded: Loaded, batch: int, steps: int, warm: int = 2, **options: Any) -> EngineCore:
+    """An engine core (int8 unless ``options`` say) with ``batch`` 128-token prompts computed
+    and ``warm`` decode steps taken: ready for ``steps`` steady decode steps."""
+    from offline_throughput import prompts_for  # (benchmarks/ is on the path, above)
+
+    core = loaded.core(**{"dtype": "int8", **options, "max_num_seqs": max(batch, 1)})
+    sp = SamplingParams(max_tokens=128 + warm + steps + 8, temperature=0, ignore_eos=True)
+    for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
+        core.add_request(f"r{i}", p, sp)
+    prefill_all(core)
+    for _ in range(warm):
+        core.step()
+    return core
+
+
 def run_one(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams,
             **kw: Any) -> RequestOutput:
     """Add one request to an idle engine and step it to completion; the final output."""

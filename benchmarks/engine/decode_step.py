@@ -16,10 +16,7 @@ import argparse
 import sys
 import time
 
-from common import load, loadavg, machine, md_table, prefill_all, write_results
-from offline_throughput import prompts_for  # common puts benchmarks/ on the path
-
-from llmserve.engine.sampling_params import SamplingParams
+from common import load, loadavg, machine, md_table, steady_core, write_results
 
 
 def timed(obj, name: str, acc: dict[str, float], key: str) -> None:
@@ -51,13 +48,7 @@ class TimedLinear:
 
 
 def measure(loaded, dtype: str, batch: int, steps: int, kv: str = "auto") -> dict[str, float]:
-    core = loaded.core(dtype=dtype, max_num_seqs=max(batch, 1), kv_cache_dtype=kv)
-    sp = SamplingParams(max_tokens=128 + steps + 8, temperature=0, ignore_eos=True)
-    for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
-        core.add_request(f"r{i}", p, sp)
-    prefill_all(core)
-    for _ in range(2):
-        core.step()
+    core = steady_core(loaded, batch, steps, dtype=dtype, kv_cache_dtype=kv)
     acc = dict.fromkeys(("forward", "head", "linear", "sample"), 0.0)
     model = core.runner.model
     timed(model, "forward", acc, "forward")

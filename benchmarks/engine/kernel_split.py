@@ -16,11 +16,9 @@ import argparse
 import time
 from collections import Counter
 
-from common import load, prefill_all
-from offline_throughput import prompts_for  # common puts benchmarks/ on the path
+from common import load, steady_core
 
 import llmserve.models.kernels as kernels_module
-from llmserve.engine.sampling_params import SamplingParams
 
 
 WHERE = ["step"]  # the timed part of the step a kernel call happens in
@@ -56,13 +54,7 @@ class TimedKernels:
 
 
 def measure(loaded, batch: int, steps: int) -> tuple[float, Counter]:
-    core = loaded.core(dtype="int8", max_num_seqs=batch, speculative_config=None)
-    sp = SamplingParams(max_tokens=128 + steps + 8, temperature=0, ignore_eos=True)
-    for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
-        core.add_request(f"r{i}", p, sp)
-    prefill_all(core)
-    for _ in range(3):
-        core.step()
+    core = steady_core(loaded, batch, steps, warm=3, speculative_config=None)
     acc: Counter = Counter()
     k = TimedKernels(kernels_module.load(), acc)
     model = core.runner.model

@@ -20,12 +20,10 @@ import statistics
 import time
 
 from attention_kernel import load_so
-from common import load, prefill_all
+from common import load, steady_core
 from interference import compete
-from offline_throughput import prompts_for  # common puts benchmarks/ on the path
 
 import llmserve.models.kernels as kernels_module
-from llmserve.engine.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -51,12 +49,7 @@ def main() -> None:
         cores = {}
         for name, module in builds.items():
             kernels_module.load = lambda *a, _m=module, **kw: _m  # the core binds the kernels it sees
-            core = loaded.core(dtype="int8", max_num_seqs=batch, speculative_config=None)
-            sp = SamplingParams(max_tokens=128 + args.rounds * args.steps + 8, temperature=0, ignore_eos=True)
-            for i, p in enumerate(prompts_for(loaded.tokenizer, batch, 128, 0)):
-                core.add_request(f"r{i}", p, sp)
-            prefill_all(core)
-            cores[name] = core
+            cores[name] = steady_core(loaded, batch, args.rounds * args.steps, speculative_config=None)
         times: dict[str, list[float]] = {name: [] for name in builds}
         for r in range(args.rounds):
             for name in ("base", "this") if r % 4 in (0, 3) else ("this", "base"):
