@@ -4,8 +4,8 @@ report them on their own ``/v1/models``.
 
 The gateway holds names and URLs only, so each model's facts are asked of a ready instance
 (its versions in config order; the next if one cannot say, ``ASKED`` at most) and kept
-``ttl_s``; when none can say they are null rather than failing the list. A llama.cpp instance reports its training context as
-``meta.n_ctx_train``: that is its ``context_length``.
+``ttl_s``; when none can say they are null rather than failing the list. A llama.cpp instance
+reports its training context as ``meta.n_ctx_train``: that is its ``context_length``.
 """
 
 from __future__ import annotations

@@ -88,9 +88,9 @@ struct Acts {
     // rather than quantised on one while the others wait; a few rows stay on one.
     at::parallel_for(0, M * G, 512, [&](int64_t i0, int64_t i1) {
     alignas(32) float held[kGroup];  // a group less its outlier channels
-    for (int64_t i = i0; i < i1; ++i) {
+    // (row m and group g of i, kept in step rather than divided out for every group)
+    for (int64_t i = i0, m = i0 / G, g = i0 % G; i < i1; ++i, g = g + 1 < G ? g + 1 : (++m, 0)) {
       const float* xg = x + i * kGroup;
-      const int64_t g = i % G, m = i / G;
       if (from[g] < from[g + 1]) {
         std::copy(xg, xg + kGroup, held);
         for (int64_t e = from[g]; e < from[g + 1]; ++e) {
