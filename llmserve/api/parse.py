@@ -143,8 +143,9 @@ def from_validation_error(e: ValidationError) -> APIError:
 
 
 def _is_type_tag(s: str) -> bool:
-    return s in ("str", "int", "float", "bool", "TextPart", "RefusalPart") or \
-        s.startswith(("list[", "dict[", "constrained-", "literal[", "function-", "type=")) or s.endswith("Part")
+    # (a model class's name, CamelCase, where the API's own fields are snake_case)
+    return s in ("str", "int", "float", "bool") or (s.isidentifier() and s[0].isupper() and "_" not in s) or \
+        s.startswith(("list[", "dict[", "constrained-", "literal[", "function-", "type="))
 
 
 def _path(loc: list) -> str:

@@ -209,6 +209,8 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="after")
     def _tool_fields(self) -> "ChatMessage":
+        if self.content is None and self.role != "assistant":  # (an assistant's may be null: it called tools)
+            raise FieldError("content", f"a {self.role} message needs content")
         if self.tool_calls is not None and self.role != "assistant":
             raise FieldError("tool_calls", "only assistant messages carry tool_calls")
         if (self.tool_call_id is not None) != (self.role == "tool"):

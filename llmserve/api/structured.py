@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 
 class Limits:
@@ -142,7 +142,15 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+def _choice_kind(v: Any) -> Any:
+    """A string or a value of another type named plainly, not as the union's members."""
+    if (isinstance(v, str) and v not in ("none", "auto", "required")) or not isinstance(v, (str, dict)):
+        raise ValueError(f"got {v!r}; tool_choice is 'none', 'auto', 'required' or "
+                         '{"type": "function", "function": {"name": ...}}')
+    return v
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice, BeforeValidator(_choice_kind)]
 
 
 class ToolCallFunction(_Strict):

@@ -78,6 +78,24 @@ def refuse_unsupported(source: Path) -> None:
         return
 
 
+def check_model(source: Path) -> None:
+    """Raise ``ModelLoadError`` (``UnsupportedFamily`` among them) for what would stop an
+    engine starting from ``source``, reading headers and configs only, not the weights:
+    ``llmserve pull`` of a local path answers before anything serves it."""
+    from llmserve.models.hf_loader import read_hf_config
+
+    source = Path(source)
+    loader = find_loader(source)
+    try:
+        if isinstance(loader, GGUFLoader):
+            loader.read_config(source)
+        else:
+            read_hf_config(source)
+            Tokenizer.from_folder(source)
+    except OSError as e:
+        raise ModelLoadError(f"{source}: cannot read ({e})") from e
+
+
 def load_weights(source: Path, store_dir: Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Load ``source`` (a ``.gguf`` file or a HF folder) as config + fp32 HF-named tensors.
 

@@ -113,11 +113,11 @@ def _spec_or_raise(name: str) -> ModelSpec:
 
 
 def _check_local(path: Path) -> Path:
-    """A local file or folder needs no fetching: check it is a model of a supported family."""
-    from llmserve.models.model_source import find_loader, refuse_unsupported
+    """A local file or folder needs no fetching: check it is a model the engine can start
+    from (a supported family, a readable config, a tokenizer), as the engine would find it."""
+    from llmserve.models.model_source import check_model
 
-    find_loader(path)
-    refuse_unsupported(path)
+    check_model(path)
     return path.resolve()
 
 

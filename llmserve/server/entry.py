@@ -85,9 +85,22 @@ def run_command(fn, args: argparse.Namespace) -> int:
         from llmserve.models.loader import ModelLoadError
 
         if isinstance(e, (ModelLoadError, ValueError, FileNotFoundError)):
-            print(f"llmserve: error: {e}", file=sys.stderr)
+            print(f"llmserve: error: {_one_line(e)}", file=sys.stderr)
             return 2
         raise
+
+
+def _one_line(e: Exception) -> str:
+    """A config's refusal named by its flag (``--chat-template: ...``), not pydantic's text."""
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    from llmserve.engine.config import EngineConfig
+    from llmserve.flags import flag_error
+    from llmserve.server.config import ServerConfig
+
+    return flag_error(e, EngineConfig, ServerConfig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,6 +78,8 @@ class ChoiceWriter:
             message["content"] = content if content.strip() or not calls else None
             if calls:
                 message["tool_calls"] = calls
+        if self.reasoning is not None and not message["content"]:
+            message["content"] = None  # reasoning only (cut short, or no answer): null, as vLLM's
         return {"index": self.index, "message": message, "logprobs": lp,
                 "finish_reason": self._finish_reason(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason,
                 **ids}

@@ -145,8 +145,8 @@ class ToolCallParser:
             assert isinstance(name, str)
         except (ValueError, KeyError, TypeError, AssertionError):
             self.calls.pop()
-            if complete and not self.calls:
-                self._text(f"{OPEN}{self._block}{CLOSE}", events)
+            if not self.calls:  # no call after all: the text as written (cut short: no close)
+                self._text(f"{OPEN}{self._block}{CLOSE if complete else ''}", events)
             return
         call.name = name
         call.arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)

@@ -50,3 +50,18 @@ def test_pull_takes_a_local_model_and_refuses_an_unsupported_one(tmp_path):
     r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(folder)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "model family 'falcon' is not supported" in r.stderr
+
+
+def test_pull_refuses_a_local_path_the_engine_could_not_start_from(tmp_path):
+    """What ``engine --model`` would refuse, ``pull`` refuses too, in one line: a file that is
+    not a GGUF, a folder without its tokenizer."""
+    folder = make_tiny_llama(tmp_path)
+    (folder / "tokenizer.json").unlink()
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("garbage\n")
+    for path, says in ((bad, "not a GGUF file"), (folder, "no tokenizer.json")):
+        r = subprocess.run([sys.executable, "-m", "llmserve.cli", "pull", str(path)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and r.stdout == "", (path, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], r.stderr

@@ -167,6 +167,8 @@ CASES += [
     _messages("audio part", [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]),
     _messages("unknown role", [{"role": "wizard", "content": "hi"}]),
     _messages("no role", [{"content": "hi"}]),
+    _messages("user content null", [{"role": "user", "content": None}]),
+    _messages("user without content", [{"role": "user"}]),
     _messages("role int", [{"role": 1, "content": "hi"}]),
     _messages("content int", [{"role": "user", "content": 5}]),
     _messages("content dict", [{"role": "user", "content": {"a": 1}}]),

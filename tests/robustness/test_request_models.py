@@ -90,3 +90,26 @@ def test_the_api_doc_lists_every_field():
     fields |= {f"messages[].{n}" for n in ChatMessage.model_fields if n not in ("role", "content")}
     missing = sorted((fields | set(UNSUPPORTED) | set(NO_OP)) - named)
     assert not missing, f"not in docs/openai-api.md: {missing}"
+
+
+def test_refusals_name_the_field_the_client_wrote_not_the_models_classes():
+    """A bad ``tool_choice`` names ``tool_choice`` (and what it may be), a member's field its
+    path without the union's class names; a user turn with no content is refused as OpenAI does."""
+    tools = [{"type": "function", "function": {"name": "f"}}]
+
+    def refusal(**fields) -> APIError:
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, **fields}
+        e = _outcome(json.dumps(body).encode(), ChatCompletionRequest)
+        assert isinstance(e, APIError), fields
+        return e
+
+    for choice in ("bogus", 5, ["auto"]):
+        e = refusal(tool_choice=choice)
+        assert e.param == "tool_choice" and "'required'" in e.message, (choice, e.param, e.message)
+    assert refusal(tool_choice={"type": "function"}).param == "tool_choice.function"
+    for message in ({"role": "user", "content": None}, {"role": "system"}):
+        assert refusal(messages=[message]).param == "messages[0].content"
+    ok = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c"}], "tools": tools, "tool_choice": "auto"}
+    assert isinstance(_outcome(json.dumps(ok).encode(), ChatCompletionRequest), ChatCompletionRequest)

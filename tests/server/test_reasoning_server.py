@@ -4,11 +4,14 @@ and ``chat_template_kwargs`` reach the template."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 
 from tests.helpers import make_tiny_llama
+from llmserve.server.reasoning_parser import END
 from tests.server.harness import start_engine
 
 ANSWER = "<think>a colour</think>Blue"
@@ -36,6 +39,26 @@ def test_reasoning_content_whole_and_streamed(server):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "a colour"
     assert "".join(d.content or "" for d in deltas) == "Blue"
+
+
+def test_reasoning_cut_short_is_the_same_whole_and_streamed_and_has_no_content(server):
+    """Cut by max_tokens inside the reasoning (here mid-way through ``</think>``): what was
+    held back as a possible tag is reasoning both ways, and the answer is null, not ""."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Colour?"}], "temperature": 0,
+            "guided_choice": [ANSWER]}
+    for n in range(1, 40):  # the first max_tokens that ends inside "</think>"
+        msg = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": n},
+                         timeout=60).json()["choices"][0]["message"]
+        if (msg["reasoning_content"] or "").startswith("a colour<"):
+            break
+    else:
+        pytest.fail("no max_tokens ends inside the closing tag")
+    assert msg["content"] is None and END.startswith(msg["reasoning_content"].removeprefix("a colour"))
+    lines = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": n, "stream": True},
+                       timeout=60).text.splitlines()
+    deltas = [json.loads(ln[6:])["choices"][0]["delta"] for ln in lines if ln.startswith("data: {")]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == ""
 
 
 def test_chat_template_kwargs_reach_the_template(server):

@@ -105,6 +105,9 @@ def test_a_chat_template_path_that_does_not_exist_stops_the_start(tmp_path):
     p = subprocess.run([sys.executable, "-m", "llmserve.cli", "engine", "--model", str(tmp_path / "none.gguf"),
                         "--chat-template", missing], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no such chat template file" in p.stderr
+    # one line, named by its flag, not pydantic's several
+    assert p.stderr.strip().splitlines() == [f"llmserve: error: --chat-template: {missing!r}: no such chat template "
+                                             "file (a template given inline has Jinja in it)"]
 
 
 def test_a_special_token_opener_reaches_the_parser_through_a_live_engine(tmp_path):

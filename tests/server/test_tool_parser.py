@@ -74,3 +74,13 @@ def test_parallel_off_keeps_the_first_call_only_and_a_cut_call_keeps_what_it_got
 def test_a_block_that_is_not_a_call_is_content():
     p, _ = _parse_in_chunks("<tool_call>not json</tool_call>", 2)
     assert p.tool_calls() == [] and p.content == "<tool_call>not json</tool_call>"
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_an_opening_tag_never_closed_and_no_call_is_content_whole(seed):
+    """A ``<tool_call>`` that no call follows (the tag written as text, or a call cut before its
+    name) leaves the text as written, as a block that is not a call does: nothing dropped."""
+    for text in ("I think <tool_call> is a tag", '<tool_call>\n{"na'):
+        p, events = _parse_in_chunks(text, seed)
+        assert p.tool_calls() == [] and p.content == text
+        assert "".join(e.text for e in events if isinstance(e, Content)) == text
