@@ -78,7 +78,10 @@ class _TimeBudget:
     costs: StepCosts
     left: float
     # Realtime prompts up to this long are not split: that only adds steps to their own TTFT.
-    long_prompt: int
+    # With no request decoding or waiting none is: nobody waits on the step, and a long
+    # prompt cut to fit the budget ran 2-7x slower alone (each chunk reads its whole context
+    # again, memory-bound where a long chunk is compute-bound).
+    long_prompt: int | float
 
 
 class Scheduler:
@@ -170,7 +173,9 @@ class Scheduler:
             decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
             # Where decodes alone fill the budget, prompts still get half of it: the wait is long anyway.
             left = max(budget_s - costs.step(0, decodes), (budget_s - costs.base_s) / 2)
-            self._time = _TimeBudget(costs, left, 4 * costs.tokens_within(budget_s - costs.base_s, 0))
+            waits = decodes or self.waiting
+            long_prompt = 4 * costs.tokens_within(budget_s - costs.base_s, 0) if waits else math.inf
+            self._time = _TimeBudget(costs, left, long_prompt)
         try:
             return self._schedule()
         finally:

@@ -73,8 +73,24 @@ def test_without_costs_or_with_the_knob_off_token_budgets_rule():
 
 def test_a_chunk_never_falls_below_the_minimum():
     s = make(num_blocks=1024, block_size=16, max_model_len=4096, step_time_budget_s=0.001, min_chunk_tokens=16)
-    s.add_request(req("a", 200, t=0))
+    s.add_request(req("a", 200, priority=BATCH, t=0))
     assert s.schedule(COSTS).scheduled[0].num_tokens == 16
+
+
+def test_a_long_realtime_prompt_is_split_to_the_budget_only_while_streams_decode():
+    """Once admitted and alone, a long prompt takes the token budget's chunks (nobody waits on
+    its steps; cut to the time budget, an 8k-token prompt ran 7x slower); an arrival gets its
+    prompt in beside the next chunk, and while it decodes, chunks fit the time budget again."""
+    s = make(num_blocks=1024, block_size=16, max_model_len=4096, max_num_batched_tokens=512, step_budget_tokens=48)
+    s.add_request(req("long", 3000, max_tokens=1, t=0))
+    sizes = [step(s)[0].scheduled[0].num_tokens for _ in range(3)]
+    assert sizes[0] <= 48 and sizes[1:] == [512, 512]  # (waiting, it was cut like any)
+    s.add_request(req("chat", 4, max_tokens=50, t=1, first=9000))
+    for decoding in (False, True):
+        out, secs = step(s)
+        got = {x.request.request_id: x.num_tokens for x in out.scheduled}
+        assert got["chat"] == (1 if decoding else 4) and got["long"] < 48
+        assert secs <= s.time_budget(COSTS) + (1e-9 if decoding else COSTS.prefill(4, 0))  # (a short prompt: whole)
 
 
 def test_the_cost_model_learns_each_part_from_its_own_steps():
