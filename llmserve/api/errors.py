@@ -42,6 +42,8 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, type_: str | None = None, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        if code is None and status == 400 and param is not None:
+            code = "invalid_value"  # a field's value refused (docs/openai-api.md): whichever check found it
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or error_type(status)
         self.headers = headers or {}

@@ -87,14 +87,14 @@ class Frontends:
         self.extra_body_bytes = extra_body_bytes or max_body_bytes  # an uploaded file may be larger
 
     def handles(self, path: str) -> bool:
-        return path == "/v1/messages" or path == "/v1/responses" or path.startswith("/v1/responses/") or \
+        return path.startswith(("/v1/messages", "/v1/responses")) or \
             any(path == p or path.startswith(p + "/") for p in self.extra)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.handles(scope["path"]):
             return await self.app(scope, receive, send)
         scope = with_api_key(scope)
-        anthropic = scope["path"] == "/v1/messages"
+        anthropic = scope["path"].startswith("/v1/messages")
         try:
             response = await self._route(scope, receive)
         except APIError as e:
@@ -117,6 +117,10 @@ class Frontends:
         if path == "/v1/messages":
             _only(method, "POST", path)
             return await self._messages(scope, receive)
+        if path.startswith("/v1/messages"):  # (count_tokens, batches: Anthropic's, not served)
+            raise APIError(404, f"{path} is not supported", code="not_found")
+        if path != "/v1/responses" and not path.startswith("/v1/responses/"):
+            raise APIError(404, f"{path} is not supported", code="not_found")
         if path == "/v1/responses":
             _only(method, "POST", path)
             return await self._create_response(scope, receive)

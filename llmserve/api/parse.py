@@ -108,13 +108,16 @@ def parse_model(raw: bytes, model: type[M]) -> M:
 
 
 def validate(body: Any, model: type[M]) -> M:
+    """``body`` as ``model``: a null field is one not given (OpenAI's nullable fields, as vLLM
+    reads them), and types are strict: "5" is no integer and true no token id."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    body = {k: v for k, v in body.items() if v is not None}
     for key, why in UNSUPPORTED.items():
-        if body.get(key) is not None and key not in model.model_fields:
+        if key in body and key not in model.model_fields:
             raise APIError(400, f"{why} by llmserve ({key!r})", param=key, code="unsupported_parameter")
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, strict=True)
     except ValidationError as e:
         raise from_validation_error(e) from None
 
@@ -125,8 +128,9 @@ def from_validation_error(e: ValidationError) -> APIError:
         # Union members add their type names to the path (str, list[...]): drop them.
         return [x for x in err.get("loc", ()) if x != "body" and (isinstance(x, int) or not _is_type_tag(str(x)))]
 
-    # Of a union's alternatives, the one that got furthest says what is wrong.
-    err = max(e.errors(include_url=False), key=lambda er: len(clean(er)))
+    # Of a union's alternatives, the one that got furthest says what is wrong, and of those,
+    # a broken bound (17 stop strings, a token id of -1) before another member's type
+    err = max(e.errors(include_url=False), key=lambda er: (len(clean(er)), not er["type"].endswith("_type")))
     loc = clean(err)
     param = _path(loc) or None
     cause = (err.get("ctx") or {}).get("error")

@@ -233,11 +233,15 @@ class EventStream:
         return out
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-        for e in self.start():
-            yield e
         finish: list[str | None] = [None]
         usage_: list[Any] = [None]
+        started = False
         async for chunk in chunks:
+            if not started:  # (the first chunk names the model that answers: the head says it too)
+                self.env.model = chunk.get("model") or self.env.model
+                started = True
+                for e in self.start():
+                    yield e
             if "error" in chunk:
                 for e in self._close_text() + self._close_calls():
                     yield e
@@ -248,6 +252,9 @@ class EventStream:
                 yield self.event("response.failed", response=failed)
                 return
             for e in self.chunk(chunk, finish, usage_):
+                yield e
+        if not started:
+            for e in self.start():
                 yield e
         for e in self._close_text() + self._close_calls():
             yield e

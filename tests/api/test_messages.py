@@ -142,6 +142,14 @@ def test_malformed_bytes_and_the_sdk_error(host, client):
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
 
 
+def test_an_anthropic_path_not_served_is_an_anthropic_404(host, client):
+    r = httpx.post(host[0] + "/v1/messages/count_tokens", json={"model": "tiny", "messages": []},
+                   headers={"x-api-key": host[1]}, timeout=30)
+    assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "x"}])
+
+
 def test_x_api_key_is_the_gateway_key(gateway):
     bad = anthropic.Anthropic(base_url=gateway.url, api_key="not-a-key", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):

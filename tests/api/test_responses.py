@@ -170,3 +170,16 @@ def test_bad_bytes_and_methods(host):
                  httpx.post(url + "/x/y", headers=_auth(host))):
         assert 400 <= resp.status_code < 500, resp.text
         assert resp.json()["error"]["message"]
+
+
+def test_a_stream_without_model_names_the_answering_model_from_its_first_event(host):
+    body = {"input": "hi", "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", host[0] + "/v1/responses", json=body, headers=_auth(host), timeout=60) as r:
+        if r.status_code == 400:  # the gateway routes by model name: it asks for one
+            r.read()
+            assert r.json()["error"]["code"] == "missing_model"
+            return
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    models = [e["response"]["model"] for e in events if "response" in e]
+    assert events[0]["type"] == "response.created" and len(models) >= 3
+    assert models[0] and set(models) == {models[0]}

@@ -113,3 +113,37 @@ def test_refusals_name_the_field_the_client_wrote_not_the_models_classes():
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "content": "1", "tool_call_id": "c"}], "tools": tools, "tool_choice": "auto"}
     assert isinstance(_outcome(json.dumps(ok).encode(), ChatCompletionRequest), ChatCompletionRequest)
+
+
+def test_null_is_a_field_not_given_and_types_are_strict():
+    """OpenAI's nullable fields sent as null read as absent (as vLLM reads them), the fields
+    refused by name included; a number in a string, or a boolean where an integer goes, is
+    refused rather than coerced ("5" -> 5, true -> token id 1)."""
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    nulls = {"n": None, "logprobs": None, "frequency_penalty": None, "presence_penalty": None, "stop": None,
+             "seed": None, "functions": None, "function_call": None, "audio": None, "prediction": None}
+    got = _outcome(json.dumps({**chat, **nulls}).encode(), ChatCompletionRequest)
+    assert got == _outcome(json.dumps(chat).encode(), ChatCompletionRequest)
+    comp = {"prompt": "x"}
+    got = _outcome(json.dumps({**comp, "echo": None, "suffix": None, "logprobs": None}).encode(), CompletionRequest)
+    assert got == _outcome(json.dumps(comp).encode(), CompletionRequest)
+    for model, body, param in ((CompletionRequest, {**comp, "max_tokens": "5"}, "max_tokens"),
+                               (CompletionRequest, {"prompt": [True]}, "prompt"),
+                               (CompletionRequest, {**comp, "logprobs": True}, "logprobs"),
+                               (ChatCompletionRequest, {**chat, "temperature": "0.5"}, "temperature"),
+                               (ChatCompletionRequest, {**chat, "n": 2.0}, "n")):
+        e = _outcome(json.dumps(body).encode(), model)
+        assert isinstance(e, APIError) and e.param is not None and e.param.startswith(param), (body, e)
+    # ... and "suffix" with a value is still refused by name
+    e = _outcome(json.dumps({**comp, "suffix": "y"}).encode(), CompletionRequest)
+    assert isinstance(e, APIError) and e.code == "unsupported_parameter"
+
+
+def test_a_unions_refusal_names_the_broken_bound_not_another_members_type():
+    comp = {"prompt": "x"}
+    for body, param, says in (({**comp, "stop": [f"s{i}" for i in range(17)]}, "stop", "at most 16"),
+                              ({"prompt": [-1]}, "prompt[0]", "greater than or equal to 0"),
+                              ({"prompt": []}, "prompt", "at least 1")):
+        e = _outcome(json.dumps(body).encode(), CompletionRequest)
+        assert isinstance(e, APIError) and e.param == param and says in e.message, (body, e.param, e.message)
+        assert e.code == "invalid_value"
