@@ -284,7 +284,7 @@ class Scheduler:
         if cap:
             n = min(n, cap)
         tb = self._time
-        if tb is not None and (req.is_batch_class or remaining > tb.long_prompt):
+        if tb is not None and (req.is_batch_class or req.num_tokens > tb.long_prompt):  # (a long one's tail too)
             fits = tb.costs.tokens_within(tb.left, start)
             n = min(n, max(self.config.min_chunk_tokens, fits))
         return n

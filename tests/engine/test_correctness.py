@@ -81,3 +81,23 @@ def test_shared_prefixes_preemption_and_chunking_together(tiny, prefix_caching):
         assert eng.kv.prefix_hits > 0
     else:
         assert eng.kv.prefix_hits == 0
+
+
+def test_short_chunks_deep_in_a_prompt_are_grouped_and_still_exact(tiny, reference, monkeypatch):
+    """A prompt chunk of up to ROW_ATTENTION_MAX tokens attends row by row while its context is
+    short, grouped past ROW_CHUNK_CONTEXT (lowered here to 32): both ways, HF's tokens."""
+    import llmserve.engine.runner as runner
+
+    monkeypatch.setattr(runner, "ROW_CHUNK_CONTEXT", 32)
+    kinds: list[tuple[int, int]] = []  # (query length of a group, longest context)
+    real = runner.build_group
+    monkeypatch.setattr(runner, "build_group", lambda start, q_len, ctx, *a: (
+        kinds.append((q_len, max(ctx))), real(start, q_len, ctx, *a))[1])
+    prompts, ref = reference
+    eng = tiny.engine(block_size=8, max_num_batched_tokens=12, num_kv_blocks=512)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    done = run_to_completion(eng)
+    assert [done[str(i)] for i in range(len(prompts))] == ref
+    assert any(q > 1 and c > 32 and q <= 12 for q, c in kinds)  # a short chunk, grouped
+    assert any(q == 1 and c <= 32 for q, c in kinds)

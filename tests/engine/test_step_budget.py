@@ -85,12 +85,15 @@ def test_a_long_realtime_prompt_is_split_to_the_budget_only_while_streams_decode
     s.add_request(req("long", 3000, max_tokens=1, t=0))
     sizes = [step(s)[0].scheduled[0].num_tokens for _ in range(3)]
     assert sizes[0] <= 48 and sizes[1:] == [512, 512]  # (waiting, it was cut like any)
-    s.add_request(req("chat", 4, max_tokens=50, t=1, first=9000))
+    s.add_request(req("chat", 4, max_tokens=1000, t=1, first=9000))
     for decoding in (False, True):
         out, secs = step(s)
         got = {x.request.request_id: x.num_tokens for x in out.scheduled}
         assert got["chat"] == (1 if decoding else 4) and got["long"] < 48
         assert secs <= s.time_budget(COSTS) + (1e-9 if decoding else COSTS.prefill(4, 0))  # (a short prompt: whole)
+    while "long" in s.requests:  # to its last chunk: a long prompt's tail is no short prompt
+        out, secs = step(s)
+        assert secs <= s.time_budget(COSTS) + 1e-9 and "chat" in s.requests
 
 
 def test_the_cost_model_learns_each_part_from_its_own_steps():
