@@ -11,7 +11,18 @@ from llmserve.engine.engine import EngineCore
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import SamplingParams, child_seed
 
-Prompt = str | list[int]
+# vLLM's forms too: {"prompt": text} (TextPrompt) and {"prompt_token_ids": ids} (TokensPrompt)
+Prompt = str | list[int] | dict[str, Any]
+
+
+def _prompt(p: Prompt) -> str | list[int]:
+    if isinstance(p, dict):
+        if set(p) == {"prompt"}:
+            return p["prompt"]
+        if set(p) == {"prompt_token_ids"}:
+            return list(p["prompt_token_ids"])
+        raise ValueError(f"a prompt dict has 'prompt' or 'prompt_token_ids' alone; got {sorted(p)}")
+    return p
 
 
 def _source(config: EngineConfig):
@@ -70,9 +81,9 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | str | None = 0, use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        prompts = [_prompt(p) for p in prompts]  # type: ignore[union-attr]
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)

@@ -1,0 +1,32 @@
+"""``LLM.generate`` takes the prompt forms vLLM's does: text, token ids, and the dicts
+``{"prompt": text}`` / ``{"prompt_token_ids": ids}``, one or a list."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.engine.llm import LLM
+from llmserve.engine.sampling_params import SamplingParams
+from tests.helpers import make_tiny_llama
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return LLM(str(make_tiny_llama(tmp_path_factory.mktemp("m"))), dtype="fp32", num_kv_blocks=64, max_num_seqs=4)
+
+
+def test_every_prompt_form_gives_the_same_tokens(llm):
+    text = "hello there"
+    ids = llm.get_tokenizer().encode(text)
+    want = llm.generate(text, GREEDY)[0].outputs[0].token_ids
+    assert llm.generate(ids, GREEDY)[0].outputs[0].token_ids == want
+    assert llm.generate({"prompt": text}, GREEDY)[0].outputs[0].token_ids == want
+    both = llm.generate([{"prompt_token_ids": ids}, {"prompt": text}], GREEDY)
+    assert [o.outputs[0].token_ids for o in both] == [want, want]
+
+
+def test_a_prompt_dict_with_other_keys_is_refused(llm):
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate({"prompt": "hi", "multi_modal_data": {}}, GREEDY)
