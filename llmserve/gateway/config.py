@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -333,6 +333,11 @@ class GatewayConfig(GatewaySettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
+        priced = any(m.price_per_1k_prompt_tokens or m.price_per_1k_completion_tokens for m in self.models)
+        for k in self.auth.keys:  # (an amount budget no request is charged against would never bind)
+            if k.limits and k.limits.budget and k.limits.budget.amount is not None and not priced:
+                raise ValueError(f"auth.keys[{k.name}].limits.budget: an amount budget needs a model's "
+                                 "price_per_1k_prompt_tokens or price_per_1k_completion_tokens")
         return self
 
     def model(self, name: str) -> ServedModelConfig | None:
@@ -340,8 +345,21 @@ class GatewayConfig(GatewaySettings):
 
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:
-        with open(path, encoding="utf-8") as f:
+        return cls.model_validate(yaml_mapping(path))
+
+
+def yaml_mapping(path: str | Path, empty_ok: bool = False) -> dict[str, Any]:
+    """A config file's top-level mapping; a YAML syntax error is a ValueError in one line."""
+    with open(path, encoding="utf-8") as f:
+        try:
             data = yaml.safe_load(f)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        return cls.model_validate(data)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"{path}: not valid YAML: {what}{where}") from None
+    if data is None and empty_ok:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data

@@ -29,3 +29,21 @@ def sse_error_event(message: str, code: str = "upstream_error", status: int = 50
     APIError; no ``[DONE]`` follows, so no client mistakes it for a complete answer.
     """
     return b"data: " + json.dumps(error_body(message, error_type(status), None, code)).encode() + b"\n\n"
+
+
+def json_object(body: bytes) -> bool:
+    """Whether an upstream's body is a JSON object (what every OpenAI answer is)."""
+    try:
+        return isinstance(json.loads(body), dict)
+    except ValueError:
+        return False
+
+
+def upstream_error_body(body: bytes, status: int, instance_id: str) -> bytes:
+    """An upstream's error answer in OpenAI's shape: as it is if it has one, else what it
+    said (a plain-text or HTML 5xx) inside one."""
+    if json_object(body):
+        return body
+    text = body[:300].decode("utf-8", "replace")
+    return json.dumps(error_body(f"upstream {instance_id} answered {status}: {text}", error_type(status),
+                                 None, "upstream_error")).encode()

@@ -372,8 +372,8 @@ class Pool:
     def _broken(self, views: Sequence[InstanceView]) -> bool:
         if not views or any(v.routable for v in views):
             return False
-        if self.can_grow and not any(v.accepting for v in views):
-            return False
+        if self.can_grow and not any(v.accepting and v.ready for v in views):
+            return False  # gone or dead (not ready): its owner replaces it, so wait for that one
         # Fail fast only where every instance has been ready once: one still starting may come.
         return all(v.has_been_ready or not v.accepting for v in views)
 

@@ -36,14 +36,14 @@ from fastapi.responses import Response
 from llmserve.gateway.adapter_attempt import adapter_gone, adapter_ready
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.balancer import RouteRequest
-from llmserve.gateway.errors import GatewayError, sse_error_event
+from llmserve.gateway.errors import GatewayError, json_object, sse_error_event, upstream_error_body
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord, prompt_chars
 from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
 from llmserve.gateway.request import disconnected, parse_request, prompt_text, read_body, usage_tokens
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
-from llmserve.gateway.upstream import Abandoned, UpstreamResponse
+from llmserve.gateway.upstream import Abandoned, UpstreamResponse, unreachable
 from llmserve.gateway.version_router import VERSION_HEADER, RouteReason, UnknownVersion
 
 if TYPE_CHECKING:
@@ -224,6 +224,11 @@ class Proxy:
                 raise
             finally:
                 resp.close()  # before the answer is whole, this closes the connection: the engine stops
+            if resp.status_code == 200 and not json_object(body):  # (a foreign server's HTML, a cut body)
+                plan.pool.release(lease, Outcome.FAILURE)
+                plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} answered 200 with no JSON "
+                                              f"object: {body[:120]!r}", code="upstream_broken")
+                continue
             plan.pool.release(lease, Outcome.SUCCESS)
             if resp.status_code == 200 and (ctx.counts_tokens or ctx.tab is not None):
                 ctx.prompt_tokens, ctx.output_tokens = usage_tokens(body)
@@ -262,6 +267,8 @@ class Proxy:
                                               plan.headers, abandon=plan.gone)
             except httpx.HTTPError as e:
                 plan.pool.release(lease, Outcome.FAILURE)
+                if unreachable(e):  # not ready until its /ready says so (the monitor's next poll
+                    plan.pool.set_ready(inst, False)  # would find it so, later): retries wait elsewhere
                 plan.last = GatewayError(502, f"upstream {inst.instance_id} failed: "
                                               f"{type(e).__name__}: {e}", code="upstream_unreachable")
                 plan.tried.append(inst.instance_id)
@@ -379,7 +386,8 @@ class Proxy:
             await resp.aclose()
         own_fault = resp.status_code == 500 and b'"request_failed"' in body[:4096]
         pool.release(lease, Outcome.NEUTRAL if own_fault else Outcome.FAILURE)
-        headers = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
+        headers = {h: v for h in _RETURN_HEADERS if (v := resp.headers.get(h))} | {"content-type": "application/json"}
+        body = upstream_error_body(body, resp.status_code, lease.instance.instance_id)  # (a JSON object either way)
         return Response(body, resp.status_code, headers=headers), own_fault
 
     def _headers(self, resp: UpstreamResponse, ctx: RequestRecord) -> dict[str, str]:

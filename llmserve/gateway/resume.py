@@ -35,6 +35,7 @@ from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
 from llmserve.gateway.tenants.tab import first_events
+from llmserve.gateway.upstream import unreachable
 
 if TYPE_CHECKING:
     from llmserve.gateway.config import AdapterConfig
@@ -303,6 +304,8 @@ async def _resume(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curr
             resp = await proxy.upstream.post(f"{inst.url}{plan.path}", content, plan.headers)
         except httpx.HTTPError as e:
             plan.pool.release(lease, Outcome.FAILURE)
+            if unreachable(e):  # (as a first attempt's: the next resume waits for another)
+                plan.pool.set_ready(inst, False)
             last = f"instance {inst.instance_id} failed: {type(e).__name__}: {e}"
             continue
         current.resp, current.lease = resp, lease  # from here the client's leaving frees this one

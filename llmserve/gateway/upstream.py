@@ -39,6 +39,12 @@ _HIGH_WATER = 256 * 1024  # unread body bytes before the socket stops being read
 _MAX_HEAD = 64 * 1024  # status line and headers together
 
 
+def unreachable(e: BaseException) -> bool:
+    """Whether a send that failed says nothing listens there now: refused, or the connection
+    dropped before any answer (a killed instance's kept-alive connection)."""
+    return isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError))
+
+
 class Abandoned(Exception):
     """The caller gave up on the response (its own client left); not an upstream fault."""
 

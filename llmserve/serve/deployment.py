@@ -41,9 +41,25 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_engine_args(args: list[str]) -> list[str]:
+    """``args`` if ``llmserve engine`` takes them and serve does not set them itself: a typo
+    found at load, not as an instance that exits at every start."""
+    import argparse
+
+    from llmserve.engine.argv import add_engine_args
+    from llmserve.server.entry import add_server_args
+
     for a in args:
         if a.split("=")[0] in RESERVED_ENGINE_FLAGS:
-            raise ValueError(f"engine_args: set {a} through serve's own settings, not engine_args")
+            raise ValueError(f"set {a} through serve's own settings, not engine_args")
+    parser = argparse.ArgumentParser(prog="llmserve engine", add_help=False, exit_on_error=False)
+    add_engine_args(parser)
+    add_server_args(parser)
+    try:
+        _, unknown = parser.parse_known_args(args)
+    except argparse.ArgumentError as e:
+        raise ValueError(str(e)) from None
+    if unknown:
+        raise ValueError(f"llmserve engine does not take {' '.join(unknown)}")
     return args
 
 
@@ -107,6 +123,9 @@ class ModelDeployment(_Strict):
     # The model's own keys over the file's top-level pool: ServeConfig merges them
     # before this is validated, so a misspelt key fails here, at models[i].pool.
     pool: PoolSettings = PoolSettings()
+    # What a key's money budget is charged for this model (the gateway's fields of the name)
+    price_per_1k_prompt_tokens: float = Field(0.0, ge=0.0)
+    price_per_1k_completion_tokens: float = Field(0.0, ge=0.0)
 
     @model_validator(mode="after")
     def _names(self) -> ModelDeployment:

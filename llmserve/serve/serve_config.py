@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
@@ -31,11 +30,12 @@ from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.flags import Flag
 from llmserve.state.lease import LeaseConfig
-from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings
+from llmserve.gateway.config import AuthConfig, GatewayConfig, GatewaySettings, PoolSettings, yaml_mapping
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # Single-model keys that ``models:`` replaces (a version says its own).
-SINGLE_MODEL_KEYS = ("model", "served_model_name", "version")
+SINGLE_MODEL_KEYS = ("model", "served_model_name", "version", "price_per_1k_prompt_tokens",
+                     "price_per_1k_completion_tokens")
 
 # Defaults for instances on one CPU machine; anything in the file or flags wins.
 # Cold start of the default model on CPU is seconds, so look ahead 30 s, not minutes.
@@ -96,7 +96,11 @@ class ServeConfig(_Strict):
                                 "instances running, as they come and go)")
     cold_start_delay_s: float = Field(
         0.0, ge=0.0, description="testing: each instance waits this long before loading (a slow cold start)")
-    admin_key: str | None = Field(None, description="admin API and dashboard key (default: random, printed)")
+    # What a key's money budget is charged (docs/keys.md; with models, each model's own)
+    price_per_1k_prompt_tokens: Annotated[float, Flag(skip=True)] = Field(0.0, ge=0.0)
+    price_per_1k_completion_tokens: Annotated[float, Flag(skip=True)] = Field(0.0, ge=0.0)
+    admin_key: str | None = Field(None, min_length=16,
+                                  description="admin API and dashboard key (default: random, printed)")
     # The key instances require (the gateway and the controller's probes send it).
     # None: a random one per pool with the ray provider, none for local subprocesses.
     # Not a flag: argv is visible to every local user.
@@ -122,7 +126,7 @@ class ServeConfig(_Strict):
             d = {**d, "autoscale": deep_merge(SERVE_AUTOSCALE_DEFAULTS, d.get("autoscale", {}))}
         if isinstance(d, dict) and isinstance(d.get("models"), list):
             d = {**d, "models": _models_over_pool(d["models"], d.get("pool"))}
-        return d
+        return _admin_key_once(d)
 
     @field_validator("engine_args")
     @classmethod
@@ -190,13 +194,14 @@ class ServeConfig(_Strict):
 
         pools = self.pools()
         if self.models is None:
-            models = [{"name": self.served_name, "versions": [version(pools[0])], **_fields(self.pool)}]
+            models = [{"name": self.served_name, "versions": [version(pools[0])], **_fields(self.pool),
+                       **_prices(self)}]
         else:
             models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name] +
                        [{"name": v.name, "weight": m.weight(v), "pool": v.pool, "adapter": v.adapter}
                         for v in m.versions if v.adapter is not None],
                        "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
-                       **_fields(m.pool)} for m in self.models]
+                       **_fields(m.pool), **_prices(m)} for m in self.models]
         return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 
     def threads(self, pool: PoolDeployment | None = None) -> int:
@@ -231,13 +236,40 @@ class ServeConfig(_Strict):
             args += ["--model-store", self.model_store]
         if pool.cold_start_delay_s:
             args += ["--startup-delay", str(pool.cold_start_delay_s)]
+        if "--priority-range" not in pool.engine_args:
+            args += self._priority_range()
         # The key in the environment, not argv (which any local user can read in ps);
         # set even when empty, so a key in serve's own environment is not inherited.
         return InstanceSpec(instance_id, tuple(args + list(pool.engine_args)), env=env)
 
+    def _priority_range(self) -> list[str]:
+        """The instances' --priority-range: what the gateway's keys may send on (an integer
+        priority a key is granted must not be refused by the instance), over 0 1."""
+        auth = self.gateway.auth
+        ranges = [p.priority_range for p in (*auth.keys, auth.open_privileges) if p.priority_range is not None]
+        if not ranges:
+            return []
+        return ["--priority-range", str(min(0, *(lo for lo, _ in ranges))), str(max(1, *(hi for _, hi in ranges)))]
+
     @classmethod
     def load(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> ServeConfig:
         return cls.model_validate(serve_file(path, overrides))
+
+
+def _prices(c: ServeConfig | ModelDeployment) -> dict[str, float]:
+    return {"price_per_1k_prompt_tokens": c.price_per_1k_prompt_tokens,
+            "price_per_1k_completion_tokens": c.price_per_1k_completion_tokens}
+
+
+def _admin_key_once(d: Any) -> Any:
+    """gateway.auth.admin_key, where a gateway file has it, is serve's admin_key (one key)."""
+    auth = (d.get("gateway") or {}).get("auth") if isinstance(d, dict) and isinstance(d.get("gateway"), dict) else None
+    if not isinstance(auth, dict) or auth.get("admin_key") is None:
+        return d
+    if d.get("admin_key") not in (None, auth["admin_key"]):
+        raise ValueError("admin_key and gateway.auth.admin_key differ: give one")
+    gateway = {**d["gateway"], "auth": {k: v for k, v in auth.items() if k != "admin_key"}}
+    return {**d, "admin_key": auth["admin_key"], "gateway": gateway}
 
 
 def serve_file(path: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -245,8 +277,5 @@ def serve_file(path: str | Path | None, overrides: dict[str, Any] | None = None)
     what a child ``llmserve serve`` is given to read the same configuration."""
     data: dict[str, Any] = {}
     if path is not None:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
+        data = yaml_mapping(path, empty_ok=True)
     return deep_merge(data, overrides or {})

@@ -34,7 +34,7 @@ def test_an_adapter_version_is_a_version_of_the_gateway_but_not_a_pool():
 
 
 @pytest.mark.parametrize("extra,key", [
-    ({"model": "/models/b"}, "model"), ({"engine_args": ["--x"]}, "engine_args"),
+    ({"model": "/models/b"}, "model"), ({"engine_args": ["--max-num-seqs", "4"]}, "engine_args"),
     ({"autoscale": {"bounds": {"max_instances": 2}}}, "autoscale"), ({"command": "x {port}"}, "command"),
 ])
 def test_an_adapter_version_has_no_engine_of_its_own(extra, key):

@@ -118,3 +118,65 @@ def test_flags_override_the_file_and_leave_the_rest(tmp_path):
     assert cfg.engine_args == ["--max-num-seqs", "8"] and cfg.provider.kind == "ray" and cfg.port == 9000
     with pytest.raises(SystemExit):
         p.parse_args(["--log-level", "loud"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--max-num-seqz", "4"], "llmserve engine does not take --max-num-seqz 4"),
+    (["--max-num-seqs", "four"], "invalid int value: 'four'"),
+    (["--port", "9"], "set --port through serve's own settings"),
+])
+def test_engine_args_the_engine_would_refuse_fail_at_load(tmp_path, args, says):
+    """Not as an instance that exits at every start while serve restarts it."""
+    with pytest.raises(ValidationError, match=says):
+        load(tmp_path, {"engine_args": args})
+    with pytest.raises(ValidationError, match=says):
+        load(tmp_path, {"models": [{"name": "chat", "versions": [{"name": "v1", "model": "/m/a",
+                                                                   "engine_args": args}]}]})
+    assert load(tmp_path, {"engine_args": ["--max-num-seqs", "4", "--no-enable-prefix-caching"]}).engine_args
+
+
+def test_the_gateway_sections_admin_key_is_serves_admin_key(tmp_path):
+    key = "admin-key-0123456789abcdef"
+    cfg = load(tmp_path, {"gateway": {"auth": {"admin_key": key}}})
+    assert cfg.admin_key == key and cfg.gateway_config(cfg.admin_key).auth.admin_key.get_secret_value() == key
+    with pytest.raises(ValidationError, match="differ"):
+        load(tmp_path, {"admin_key": "another-key-0123456789", "gateway": {"auth": {"admin_key": key}}})
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_yaml_syntax_error_is_one_line(tmp_path, command):
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("port: 18201\nmodel: [unclosed\n")
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli", command, "--config", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"llmserve: error: {path}: not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, column 1"]
+
+
+def test_instances_accept_every_integer_priority_a_key_is_granted(tmp_path):
+    """A key's priority_range reaches the instances' --priority-range (else each of its
+    requests is refused there); a range set in engine_args is left as given."""
+    keys = [{"key": "ops-key-aaaa-99999", "name": "ops", "priority_range": [-10, 5]},
+            {"key": "bulk-key-aaaa-9999", "name": "bulk", "priority_range": [1, 20]}]
+    cfg = load(tmp_path, {"gateway": {"auth": {"keys": keys}}})
+    args = list(cfg.instance_spec("v1-1").engine_args)
+    assert args[args.index("--priority-range") + 1:][:2] == ["-10", "20"]
+    assert "--priority-range" not in load(tmp_path, {}).instance_spec("v1-1").engine_args
+    cfg = load(tmp_path, {"gateway": {"auth": {"keys": keys}}, "engine_args": ["--priority-range", "-3", "30"]})
+    assert list(cfg.instance_spec("v1-1").engine_args).count("--priority-range") == 1
+
+
+def test_prices_reach_the_gateway_and_an_unpriced_money_budget_is_refused(tmp_path):
+    keys = [{"key": "money-key-aaaa-1", "name": "money", "limits": {"budget": {"amount": 0.01, "period": "day"}}}]
+    with pytest.raises(ValidationError, match="an amount budget needs a model's price_per_1k"):
+        load(tmp_path, {"gateway": {"auth": {"keys": keys}}})
+    cfg = load(tmp_path, {"gateway": {"auth": {"keys": keys}}, "price_per_1k_prompt_tokens": 0.1,
+                          "price_per_1k_completion_tokens": 0.3})
+    m = cfg.gateway_config("x" * 16).models[0]
+    assert (m.price_per_1k_prompt_tokens, m.price_per_1k_completion_tokens) == (0.1, 0.3)
+    cfg = load(tmp_path, {"gateway": {"auth": {"keys": keys}}, "models": [
+        {"name": "chat", "price_per_1k_completion_tokens": 2.0, "versions": [{"name": "v1", "model": "/m/a"}]}]})
+    assert cfg.gateway_config("x" * 16).models[0].price_per_1k_completion_tokens == 2.0

@@ -37,6 +37,7 @@ class Behaviour:
     error_rate: float = 0.0
     error_status: int = 500
     error_code: str | None = None  # e.g. request_failed: the engine failed that request alone
+    raw_answer: tuple[int, str, str] | None = None  # (status, content type, body): what a foreign server may say
     break_after_tokens: int | None = None
     # the engine-dead error event written in the same buffer as this many tokens' last one
     dead_after_tokens: int | None = None
@@ -97,6 +98,9 @@ def make_app(b: Behaviour) -> Starlette:
             return JSONResponse({"error": {"message": f"model {body.get('model')!r} not found",
                                            "type": "not_found_error", "param": "model",
                                            "code": "model_not_found"}}, status_code=404)
+        if b.raw_answer is not None:
+            status, kind, text = b.raw_answer
+            return Response(text, status_code=status, media_type=kind)
         if b.error_rate and b.rng.random() < b.error_rate:
             return JSONResponse({"error": {"message": f"injected fault on {b.instance_id}",
                                            "type": "server_error", "param": None,

@@ -82,6 +82,36 @@ def test_instance_killed_mid_load_requests_retry_and_succeed():
         assert all(instance_of(r) != a_id for r in results)
 
 
+def test_a_refused_connection_marks_the_instance_not_ready_before_the_monitor_polls():
+    """The request that finds an instance dead takes it out of rotation at once (the monitor,
+    polling once a minute here, would have been the one to): the next requests do not try it."""
+    a, b = Behaviour("a", tokens=3), Behaviour("b", tokens=3)
+    with stack({"v1": [a, b]}, breaker={"failure_threshold": 100},
+               polling={"load_interval_s": 60.0, "ready_interval_s": 60.0}) as s:
+        pool = s.gateway.pool("chat", "v1")
+        a_id = pool.instances()[0].instance_id
+        s.upstreams["a"].stop(force=True)  # connection refused from now on
+        results = [s.chat(f"after{i}") for i in range(8)]
+        assert all(r.status_code == 200 and instance_of(r) != a_id for r in results), [r.text for r in results]
+        assert not pool.get(a_id).ready and a.requests == 0
+
+
+def test_an_upstream_answer_that_is_not_openai_json_reaches_the_client_as_openai_json():
+    """A plain-text 500 is passed on in OpenAI's error shape, what it said kept; a 200 whose body
+    is no JSON object (HTML, a cut body) is an upstream failure: retried, then a 502."""
+    cases = [((500, "text/plain", "Internal Server Error"), 500, "Internal Server Error"),
+             ((200, "text/html", "<html>oops</html>"), 502, "no JSON object"),
+             ((200, "application/json", '{"id": "x", "choices": ['), 502, "no JSON object")]
+    for raw, status, says in cases:
+        bad = Behaviour("bad", raw_answer=raw)
+        with stack({"v1": [bad]}, breaker={"failure_threshold": 100}) as s:
+            for stream in (False, True):
+                r = s.chat("hi", stream=stream)
+                assert r.status_code == status, (raw, stream, r.text)
+                err = r.json()["error"]
+                assert says in err["message"] and err["type"].endswith("_error") and err["code"], (raw, err)
+
+
 def test_stream_broken_mid_way_ends_with_an_error_event_not_silence():
     # Not resumed (resuming is in test_app_resume.py): a resume would succeed on "a" itself.
     with stack({"v1": [Behaviour("a", tokens=6, break_after_tokens=2)]}, retry={"max_resumes": 0}) as s:

@@ -165,6 +165,26 @@ async def test_a_pool_that_can_grow_queues_while_its_only_instance_drains():
     assert (await asyncio.wait_for(waiting, 1)).instance is inst and not p.cold()
 
 
+async def test_a_pool_that_can_grow_queues_while_its_only_instance_is_dead_but_fails_fast_when_fixed():
+    """An instance gone unready (killed: its replacement is on the way) leaves an elastic
+    pool waiting for the replacement; a fixed pool has none coming and fails fast."""
+    for can_grow in (True, False):
+        p = _pool()
+        p.can_grow = can_grow
+        dead = p.add_instance("http://127.0.0.1:9003", "dead", ready=True)
+        p.set_ready(dead, False)
+        if not can_grow:
+            with pytest.raises(NoHealthyInstance):
+                await p.acquire(REQ, PriorityClass.REALTIME)
+            continue
+        waiting = asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME, exclude=["dead"]))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        new = p.add_instance("http://127.0.0.1:9013", "new")
+        p.set_ready(new, True)
+        assert (await asyncio.wait_for(waiting, 1)).instance is new
+
+
 async def test_a_fixed_pool_with_only_draining_instances_fails_fast():
     p = _pool()
     p.add_instance("http://127.0.0.1:9004", "old", ready=True)
