@@ -40,9 +40,9 @@ _MAX_HEAD = 64 * 1024  # status line and headers together
 
 
 def unreachable(e: BaseException) -> bool:
-    """Whether a send that failed says nothing listens there now: refused, or the connection
-    dropped before any answer (a killed instance's kept-alive connection)."""
-    return isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError))
+    """Whether a send that failed says nothing listens there now (a refused connection; not a
+    connection that broke, which a live instance's closing it idle can do too)."""
+    return isinstance(e, httpx.ConnectError)
 
 
 class Abandoned(Exception):
