@@ -40,9 +40,10 @@ _MAX_HEAD = 64 * 1024  # status line and headers together
 
 
 def unreachable(e: BaseException) -> bool:
-    """Whether a send that failed says nothing listens there now (a refused connection; not a
-    connection that broke, which a live instance's closing it idle can do too)."""
-    return isinstance(e, httpx.ConnectError)
+    """Whether a send that failed says nothing listens there now: refused, or the connection
+    dropped before any answer (a killed instance's kept-alive one). A live instance that
+    closed an idle connection just then is marked so too, until its next /ready poll."""
+    return isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError))
 
 
 class Abandoned(Exception):
