@@ -94,6 +94,12 @@ class CircuitBreaker:
             self._open(now)
         return self._state
 
+    def reopens_in(self, now: float) -> float:
+        """Seconds until an open breaker lets a probe through (0 when not open)."""
+        if self.state(now) is not BreakerState.OPEN:
+            return 0.0
+        return self._opened_at + self._cooloff - now
+
     def _probe_free(self, now: float) -> bool:
         return (self._probe_started is None
                 or now - self._probe_started >= self.config.probe_timeout_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -57,7 +58,12 @@ class NoHealthyInstance(Exception):
     Requests fail fast instead of waiting for a deadline: capacity that is broken
     is not coming back soon. An empty pool, or one whose instances have never been
     ready yet (starting, scaling from zero), makes requests wait instead.
+    ``retry_after_s``: when the first breaker lets a probe through (else a health check's time).
     """
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Outcome(enum.Enum):
@@ -300,7 +306,7 @@ class Pool:
         now = self._clock()
         views = self.views(now)
         if self._broken(views):
-            raise NoHealthyInstance(self._broken_message())
+            raise self._broken_error(now)
         waiter = _Waiter(asyncio.get_running_loop().create_future(), request, frozenset(exclude))
         result = self.admission.offer(waiter, priority, now)
         if isinstance(result, Rejected):
@@ -356,7 +362,7 @@ class Pool:
         if self._dispatcher.run(now, views) is Stop.BROKEN:
             for e in self.admission.expire(float("inf")):
                 if not e.entry.item.future.done():
-                    e.entry.item.future.set_exception(NoHealthyInstance(self._broken_message()))
+                    e.entry.item.future.set_exception(self._broken_error(now))
         self._expire(now)
 
     def _commit(self, entry: Ticket[_Waiter], view: InstanceView, now: float) -> None:
@@ -377,9 +383,10 @@ class Pool:
         # Fail fast only where every instance has been ready once: one still starting may come.
         return all(v.has_been_ready or not v.accepting for v in views)
 
-    def _broken_message(self) -> str:
-        return (f"no healthy instance in pool {self.name}: every instance is failing, "
-                "not ready or draining")
+    def _broken_error(self, now: float) -> NoHealthyInstance:
+        waits = [w for i in self._instances.values() if (w := i.breaker.reopens_in(now)) > 0]
+        return NoHealthyInstance(f"no healthy instance in pool {self.name}: every instance is failing, "
+                                 "not ready or draining", math.ceil(min(waits, default=5.0)))
 
     def _expire(self, now: float) -> None:
         expired = self.admission.expire(now)

@@ -339,14 +339,14 @@ class Proxy:
             waiting = plan.pool.enqueue(plan.route, ctx.parsed.priority_class, exclude=plan.tried)
             lease = waiting.result() if waiting.done else await self._wait_unless_gone(plan, waiting)
         except QueueFull as e:
-            raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s",
-                               code="queue_full",
+            raise GatewayError(429, f"{e}; retry after {e.rejected.retry_after_s} s", code="queue_full",
                                headers={"retry-after": str(e.rejected.retry_after_s)}) from None
         except QueueTimeout as e:
             ctx.waited(e.waited_s, cold=False)
-            raise GatewayError(503, str(e), code="queue_timeout") from None
+            raise GatewayError(503, str(e), code="queue_timeout", headers={"retry-after": "1"}) from None
         except NoHealthyInstance as e:
-            raise GatewayError(503, str(e), code="no_healthy_instance") from None
+            raise GatewayError(503, str(e), code="no_healthy_instance",
+                               headers={"retry-after": str(e.retry_after_s)}) from None
         ctx.waited(lease.queued_s, cold)
         return lease
 

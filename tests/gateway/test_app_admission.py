@@ -58,6 +58,7 @@ async def test_caps_answer_429_and_deadlines_503():
             assert timed_out.status_code == 503
             err = timed_out.json()["error"]
             assert err["code"] == "queue_timeout" and "deadline" in err["message"]
+            assert int(timed_out.headers["retry-after"]) >= 1
             assert (await hold).status_code == 200
         metrics = s.client.get("/metrics").text
         assert 'kind="queue_full"' in metrics and 'kind="queue_timeout"' in metrics

@@ -1,6 +1,7 @@
 """The pool's request path and run-time interface, without HTTP."""
 
 import asyncio
+import math
 
 import pytest
 
@@ -100,9 +101,11 @@ async def test_failed_instances_make_requests_fail_fast():
     p.release(lease, Outcome.FAILURE)  # threshold 1: the breaker opens
     with pytest.raises(NoHealthyInstance):
         await asyncio.wait_for(waiting, 1)
-    with pytest.raises(NoHealthyInstance):
+    with pytest.raises(NoHealthyInstance) as e:
         await p.acquire(REQ, PriorityClass.BATCH)
     assert inst.inflight == 0
+    # the client is told when the breaker lets a probe through (its cool-off), not left to guess
+    assert math.ceil(inst.breaker.config.cooloff_s) - 5 <= e.value.retry_after_s <= math.ceil(inst.breaker.config.cooloff_s)
 
 
 async def test_an_empty_pool_waits_for_instances_to_be_added():
@@ -189,8 +192,9 @@ async def test_a_fixed_pool_with_only_draining_instances_fails_fast():
     p = _pool()
     p.add_instance("http://127.0.0.1:9004", "old", ready=True)
     p.set_draining("old")
-    with pytest.raises(NoHealthyInstance):
+    with pytest.raises(NoHealthyInstance) as e:
         await p.acquire(REQ, PriorityClass.REALTIME)
+    assert e.value.retry_after_s >= 1  # no breaker open: a health check's time
 
 
 async def test_capacity_shortfall_is_cold_or_a_queue_behind_healthy_instances_only():

@@ -77,7 +77,7 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Denied:
     limit: Limit
-    retry_after_s: int
+    retry_after_s: int | None  # None: waiting never helps (the ask exceeds the whole limit)
     message: str
 
     @property
@@ -195,7 +195,7 @@ def verdict(name: str, asks: list[Ask], reply: Reply, now: float) -> Denied | No
     unit = ask.limit.value
     window_s = ask.width_s * BUCKETS
     if ask.cost > ask.cap:
-        return Denied(ask.limit, math.ceil(window_s), f"the request needs {ask.cost} {unit}, more than key "
+        return Denied(ask.limit, None, f"the request needs {ask.cost} {unit}, more than key "
                                                       f"{name!r} may use per {window_s:g} s ({ask.cap})")
     return Denied(ask.limit, retry_after(ask, reply.buckets, used, now),
                   f"key {name!r} reached its limit of {ask.cap} {unit} per {window_s:g} s "

@@ -109,8 +109,9 @@ class Tenants:
             denied, store = await self.reserve(key, asks)
         if denied is not None:
             self.counted(key, denied.limit.value)
+            wait = denied.retry_after_s
             raise APIError(429, denied.message, type_=denied.type, code=denied.code,
-                           headers={"retry-after": str(denied.retry_after_s)})
+                           headers={} if wait is None else {"retry-after": str(wait)})
         self.counted(key, "admitted")
         return Tab(self, key, model, limits, prices, store, asks, prompt, completion, stream, whole)
 

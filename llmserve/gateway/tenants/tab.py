@@ -88,8 +88,9 @@ class Tab:
         if denied is not None:
             self.next_at = _NEVER
             self.tenants.counted(self.name, denied.limit.value)
-            message = (f"{denied.message}; the stream was stopped after {self.completion} tokens "
-                       f"(the budget starts again in {denied.retry_after_s} s)")
+            message = f"{denied.message}; the stream was stopped after {self.completion} tokens"
+            if denied.retry_after_s is not None:
+                message += f" (the budget starts again in {denied.retry_after_s} s)"
             return (b"data: " + json.dumps(error_body(message, denied.type, None, denied.code)).encode()
                     + b"\n\ndata: [DONE]\n\n")
         self.completion += more

@@ -117,7 +117,8 @@ def test_a_request_larger_than_the_whole_window_says_so():
     limits = KeyLimits(tokens=50, window_s=10.0)
     asks = admission_asks("k", limits, FREE, 40, 40, 1_000_000.0, "r", 60)
     d = verdict("k", asks, Reply(0, (0,)), 1_000_000.0)
-    assert "more than key 'k' may use" in d.message and d.retry_after_s == 10
+    # waiting never helps, so no Retry-After (a client would retry for ever)
+    assert "more than key 'k' may use" in d.message and d.retry_after_s is None
 
 
 def test_the_local_share_splits_caps_and_what_is_left_of_a_budget():
