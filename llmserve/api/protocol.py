@@ -199,7 +199,7 @@ def _check_part_types(parts: Any) -> Any:
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[TextPart | RefusalPart], Field(max_length=Limits.CONTENT_PARTS)] | None = None
+    content: str | Annotated[list[TextPart | RefusalPart], Field(min_length=1, max_length=Limits.CONTENT_PARTS)] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
     refusal: str | None = None  # an assistant turn as OpenAI returns it
     tool_calls: ToolCalls | None = None  # an assistant turn that called tools

@@ -107,8 +107,8 @@ def test_refusals_name_the_field_the_client_wrote_not_the_models_classes():
         e = refusal(tool_choice=choice)
         assert e.param == "tool_choice" and "'required'" in e.message, (choice, e.param, e.message)
     assert refusal(tool_choice={"type": "function"}).param == "tool_choice.function"
-    for message in ({"role": "user", "content": None}, {"role": "system"}):
-        assert refusal(messages=[message]).param == "messages[0].content"
+    for message in ({"role": "user", "content": None}, {"role": "system"}, {"role": "user", "content": []}):
+        assert refusal(messages=[message]).param == "messages[0].content", message
     ok = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "content": "1", "tool_call_id": "c"}], "tools": tools, "tool_choice": "auto"}
