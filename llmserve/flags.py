@@ -155,8 +155,9 @@ def config_from(model: type[BaseModel], args: argparse.Namespace, **overrides: A
 def flag_error(e: ValidationError, *models: type[BaseModel]) -> str:
     """``e`` in one line, each bad value named by its flag (``--num-prompts: ...``):
     pydantic's own text is several lines per error and names the field."""
-    flags = {f: flag_name(f, _flag_of(info)) for m in models for f, info in m.model_fields.items()
-             if _is_flag(info)}
+    # (only the flags' own models: a config file's key ``port`` is no ``--port``)
+    flags = {f: flag_name(f, _flag_of(info)) for m in models if m.__name__ == e.title
+             for f, info in m.model_fields.items() if _is_flag(info)}
     out = []
     for err in e.errors(include_url=False):
         loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")

@@ -7,7 +7,7 @@ import argparse
 from typing import Annotated
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmserve.cli import build_parser, engine_config_from
 from llmserve.engine.config import EngineConfig
@@ -126,3 +126,15 @@ def test_a_validation_error_is_one_line_naming_each_flag():
         config_from(_Run, p.parse_args(["--count", "0"]), name="m", rates="x")
     why = flag_error(e.value, _Run)
     assert why == "--rates: Input should be a valid tuple, got 'x'; --count: Input should be greater than or equal to 1, got 0"
+
+
+def test_another_models_refusal_names_its_keys_not_these_flags():
+    """A config file's key that shares a flag's name (``port``) is named as the file has it."""
+
+    class _File(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: str
+
+    with pytest.raises(ValidationError) as e:
+        _File(name="x", count=0)
+    assert flag_error(e.value, _Run) == "count: Extra inputs are not permitted, got 0"
