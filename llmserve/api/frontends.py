@@ -162,7 +162,7 @@ class Frontends:
         inner = await call(self.chat, scope, "/v1/chat/completions", responses.chat_body(req, history, new),
                            outer_receive=receive)
         if inner.status != 200:
-            return JSONResponse(await inner.json(), status_code=inner.status)
+            return JSONResponse(await inner.json(), status_code=inner.status, headers=_relayed(inner.headers))
         env = responses.Envelope(req, None)
 
         async def keep(obj: dict[str, Any]) -> None:
@@ -193,7 +193,8 @@ class Frontends:
         req = parse_model(await read_body(receive, self.max_body_bytes), MessagesRequest)
         inner = await call(self.chat, scope, "/v1/chat/completions", messages.chat_body(req), outer_receive=receive)
         if inner.status != 200:
-            return JSONResponse(messages.from_openai_error(inner.status, await inner.json()), status_code=inner.status)
+            return JSONResponse(messages.from_openai_error(inner.status, await inner.json()), status_code=inner.status,
+                                headers=_relayed(inner.headers))
         if not req.stream:
             return JSONResponse(messages.from_chat(req, await inner.json()))
 
@@ -205,6 +206,12 @@ class Frontends:
                 await inner.close()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def _relayed(headers: dict[str, str]) -> dict[str, str]:
+    """The inner error's headers a client acts on: Retry-After (a 429's or 503's backoff)
+    and rate-limit state; the body's framing is the new response's own."""
+    return {k: v for k, v in headers.items() if k == "retry-after" or k.startswith(("x-ratelimit-", "ratelimit-"))}
 
 
 def _only(method: str, allowed: str, path: str) -> None:
