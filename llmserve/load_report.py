@@ -59,6 +59,8 @@ class LoadReport(BaseModel):
     # loaded in memory but in no slot (docs/lora.md)
     lora_adapters: list[str] = Field(default_factory=list)
     lora_adapters_loaded: list[str] = Field(default_factory=list)
+    # every adapter the instance serves by name, evicted ones too (it reads those again itself)
+    lora_adapters_registered: list[str] = Field(default_factory=list)
 
     @field_validator("state", mode="before")
     @classmethod

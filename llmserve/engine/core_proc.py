@@ -286,8 +286,11 @@ class EngineCoreProc:
                 req.grammar = compiled.result()
             self.core.enqueue(req, text)
         except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
-            self.tx.send(pack(["error", req.request_id, "value" if isinstance(e, ValueError) else "other",
-                               str(e)]))
+            from llmserve.engine.lora.ops import error_kind
+
+            self.tx.send(pack(["error", req.request_id, error_kind(e), str(e)]))
+            if error_kind(e) == "unavailable":  # the adapter was unregistered: /v1/models says so
+                self.tx.send(pack(["lora", -1, None, "", lora_state(self.core.lora)]))
 
     def _send(self, outputs: list, force: bool) -> None:
         now = time.monotonic()

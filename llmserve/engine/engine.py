@@ -304,4 +304,5 @@ class EngineCore:
         return {**load_snapshot(self.scheduler, self.kv, self.config.max_num_seqs, self.stats),
                 "threads": self._threads_wanted or torch.get_num_threads(),
                 "lora_adapters": lora["resident"],
-                "lora_adapters_loaded": [n for n in lora["loaded"] if n not in lora["resident"]]}
+                "lora_adapters_loaded": [n for n in lora["loaded"] if n not in lora["resident"]],
+                "lora_adapters_registered": sorted(lora["adapters"])}

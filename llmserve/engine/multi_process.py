@@ -213,12 +213,14 @@ class MultiProcessEngine(RequestStreams):
                 kind = msg[0]
                 if kind == "out":
                     self._deliver(msg[1], msg[2], msg[3])
-                elif kind == "error":
-                    _, rid, what, text = msg
-                    self._put(rid, ValueError(text) if what == "value" else RuntimeError(text))
+                elif kind == "error":  # a request refused at enqueue, as raised there
+                    from llmserve.engine.lora.ops import error_of
+
+                    self._put(msg[1], error_of(msg[2], msg[3]))
                 elif kind == "lora":  # ["lora", token, error kind or None, message, state]
                     from llmserve.engine.lora.ops import error_of
 
+                    self.lora = msg[4]  # (token -1: no call; an adapter the engine dropped itself)
                     fut = self._lora_calls.get(msg[1])
                     if fut is not None and not fut.done():
                         fut.set_result(msg[4]) if msg[2] is None else fut.set_exception(error_of(msg[2], msg[3]))

@@ -121,7 +121,9 @@ def adapters_of(inst: Instance) -> tuple[frozenset[str], frozenset[str]]:
 
 async def ensure_adapter(client: _Poster, inst: Instance, adapter: AdapterConfig, headers: dict[str, str]) -> None:
     """Load ``adapter`` on ``inst`` unless it is there; raises :class:`AdapterLoadFailed`."""
-    there = any(adapter.name in names for names in reported(inst.report))
+    # (registered but evicted: the instance reads it again itself, path or no path here)
+    there = any(adapter.name in names for names in reported(inst.report)) or (
+        inst.report is not None and adapter.name in inst.report.lora_adapters_registered)
 
     async def load() -> None:
         await _load(client, inst, adapter, headers)

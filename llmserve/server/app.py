@@ -158,7 +158,8 @@ class Instance:
             generation_tokens_per_s=snap.get("generation_tokens_per_s", 0.0),
             max_num_seqs=snap.get("max_num_seqs", 0), prefix_cache_hit_rate=(h / q) if q else 0.0,
             timestamp=time.time(), step_costs=snap.get("step_costs"), threads=snap.get("threads"),
-            lora_adapters=snap.get("lora_adapters", []), lora_adapters_loaded=snap.get("lora_adapters_loaded", [])
+            lora_adapters=snap.get("lora_adapters", []), lora_adapters_loaded=snap.get("lora_adapters_loaded", []),
+            lora_adapters_registered=snap.get("lora_adapters_registered", [])
         ).model_dump()
 
 

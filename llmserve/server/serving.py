@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmserve.api.errors import APIError
 from llmserve.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from llmserve.api.stream_format import sse
-from llmserve.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from llmserve.engine.client import EngineClient, EngineDeadError
 from llmserve.engine.request import ContextLengthError
 from llmserve.engine.llm import fan_out
 from llmserve.engine.outputs import RequestOutput
@@ -34,6 +34,7 @@ from llmserve.server.formats import output_formats
 from llmserve.server.lora_api import adapter_named
 from llmserve.server.constraints import prompt_phase, structured_outputs
 from llmserve.server.disconnect import until_disconnect
+from llmserve.server.engine_errors import engine_error
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
@@ -195,7 +196,7 @@ class OpenAIServing:
             raise APIError(400, str(e)) from None
         except EngineDeadError as e:
             self._abort(jobs)
-            raise _engine_error(e) from None
+            raise engine_error(e) from None
         return jobs
 
     def _abort(self, jobs: list[_Job]) -> None:
@@ -277,8 +278,8 @@ class OpenAIServing:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await until_disconnect(raw, self._collect(jobs, tracker))
-        except (RequestFailedError, EngineDeadError) as e:
-            raise _engine_error(e) from None
+        except Exception as e:  # noqa: BLE001 - whatever ended it, the client gets OpenAI's error JSON
+            raise engine_error(e) from None
         finally:
             self._abort(jobs)
             tracker.done()
@@ -329,7 +330,7 @@ class OpenAIServing:
             while (got := await buf.get()) is not None:
                 idx, item = got
                 if isinstance(item, Exception):
-                    yield sse(_engine_error(item).body())
+                    yield sse(engine_error(item).body())
                     continue
                 tracker.first_token()
                 if self.config.fault_chunk_latency_ms:
@@ -380,13 +381,3 @@ class _Tracker:
         if self.open:
             self.open = False
             self.s.in_flight -= 1
-
-
-def _engine_error(e: Exception) -> APIError:
-    """What the client is told when the engine ends its request with an error."""
-    if isinstance(e, EngineDeadError):
-        return APIError(503, f"the engine failed: {e}; retry on another instance", "service_unavailable",
-                        code="engine_dead", headers={"Retry-After": "1"})
-    if isinstance(e, RequestFailedError):
-        return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
-    return APIError(500, str(e) or type(e).__name__, "server_error")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmserve.engine.kv_cache import KVCacheManager
-from llmserve.engine.lora.manager import LoraManager, UnknownAdapter
+from llmserve.engine.lora.manager import AdapterUnavailable, LoraManager, UnknownAdapter
 from llmserve.engine.lora.residency import assign_slots
 from llmserve.engine.request import Request, RequestStatus
 from llmserve.engine.sampling_params import SamplingParams
@@ -86,6 +86,35 @@ def test_manager_levels_and_unload_while_running(adapters):
     assert m.resident() == ["a1"] and "a0" not in m.paths()
     with pytest.raises(UnknownAdapter):
         m.remove("a0")
+
+
+def test_an_evicted_adapter_read_again_from_changed_or_missing_files(adapters, tmp_path):
+    """Other weights under the same path get a new id (the prefix cache keys KV by it, so the old
+    weights' KV is never reused); a file gone unregisters the name, and only that request fails."""
+    import shutil
+
+    config, root = adapters
+    m = LoraManager(config, LoraSlots(config, 1, 8), 8, max_cpu_loras=1)
+    shutil.copytree(root / "a1", tmp_path / "x")
+    first = m.add(m.read("x", str(tmp_path / "x")))
+    m.add(m.read("a0", str(root / "a0")))  # x is evicted from memory
+    assert m.loaded() == ["a0"]
+    assert m.acquire("r0", "x") == first  # the same files: the same id, its cached KV still good
+    m.release("r0")
+    m.add(m.read("a2", str(root / "a2")))
+    assert "x" not in m.loaded()
+    shutil.rmtree(tmp_path / "x")
+    shutil.copytree(root / "a2", tmp_path / "x")
+    second = m.acquire("r1", "x")
+    assert second != first and "x" in m.loaded()
+    m.release("r1")
+    m.add(m.read("a1", str(root / "a1")))
+    shutil.rmtree(tmp_path / "x")
+    with pytest.raises(AdapterUnavailable, match="could not be read again"):
+        m.acquire("r2", "x")
+    assert "x" not in m.paths()
+    with pytest.raises(UnknownAdapter):
+        m.acquire("r3", "x")
 
 
 def test_rank_over_the_maximum_is_refused(adapters):

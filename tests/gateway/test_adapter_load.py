@@ -79,3 +79,20 @@ async def test_an_instance_that_denied_an_adapter_lacks_it_until_a_newer_report(
     assert calls == [1]
     r.gone("x", now=6.0)
     assert "x" in (r.view(rep, asked_at=7.0, now=7.0)[0] | r.view(rep, asked_at=7.0, now=7.0)[1])
+
+
+async def test_an_adapter_the_instance_registered_needs_no_path_when_evicted():
+    """A ``--lora-modules`` adapter out of the instance's memory is still served by name (the
+    instance reads it again): a path-less adapter version must not fail as 'not resident'."""
+    from types import SimpleNamespace
+
+    from llmserve.gateway.adapter_load import AdapterLoadFailed, ensure_adapter
+    from llmserve.gateway.config import AdapterConfig
+
+    adapter = AdapterConfig(name="sql")
+    inst = SimpleNamespace(instance_id="i1", url="http://127.0.0.1:1", residency=Residency(), report_asked_at=0.0,
+                           report=load_report(lora_adapters_registered=["sql"]))
+    await ensure_adapter(None, inst, adapter, {})  # no load: nothing posted (the client is None)
+    inst.report = load_report()
+    with pytest.raises(AdapterLoadFailed, match="no path to load it from"):
+        await ensure_adapter(None, inst, adapter, {})

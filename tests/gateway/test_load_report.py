@@ -13,7 +13,7 @@ DOC_EXAMPLE = {
     "generation_tokens_per_s": 600.0, "max_num_seqs": 64, "prefix_cache_hit_rate": 0.3,
     "timestamp": 1700000000.5,
     "step_costs": {"base_s": 0.008, "prefill_token_s": 0.0011, "decode_seq_s": 0.003}, "threads": 2,
-    "lora_adapters": ["sql"], "lora_adapters_loaded": ["chat"],
+    "lora_adapters": ["sql"], "lora_adapters_loaded": ["chat"], "lora_adapters_registered": ["chat", "sql", "web"],
 }
 
 

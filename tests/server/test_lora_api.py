@@ -144,3 +144,34 @@ def test_streams_on_other_adapters_unaffected_by_loads_and_unloads(served):
             assert r.status_code == 200
         got = [s.result() for s in streams]
     assert got == [want["a"], want[None], want["a"], want[None]]
+
+
+def test_an_adapter_whose_file_went_away_fails_its_request_alone(tmp_path):
+    """Evicted from memory, then its folder removed: the request on it gets a 503 JSON
+    (adapter_unavailable, the instance's file, not the client's fault) and the name is
+    unregistered; the connection, the instance and base-model requests are untouched."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    folder = make_tiny_llama(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    for name, seed in (("x", 1), ("y", 2)):
+        make_adapter(hf, tmp_path / name, 4, ["q_proj"], seed=seed)
+    ep = start_engine(folder, tmp_path, "--enable-lora", "--max-loras", "1", "--max-cpu-loras", "1", "--admin-key", KEY)
+    try:
+        assert _load(ep.url, "x", tmp_path / "x").status_code == 200
+        assert _load(ep.url, "y", tmp_path / "y").status_code == 200
+        _tokens(ep.url, "y")  # y takes the one slot; x is out of memory
+        assert "x" not in httpx.get(ep.url + "/load").json()["lora_adapters_loaded"]
+        assert "x" in httpx.get(ep.url + "/load").json()["lora_adapters_registered"]
+        shutil.rmtree(tmp_path / "x")
+        r = httpx.post(ep.url + "/v1/completions", json={"model": "x", "prompt": PROMPT, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "adapter_unavailable" and "could not be read again" in r.text
+        base = next(k for k, m in _models(ep.url).items() if m["parent"] is None)
+        assert _tokens(ep.url, base) and _tokens(ep.url, "y")
+        r = httpx.post(ep.url + "/v1/completions", json={"model": "x", "prompt": PROMPT, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 404 and "x" not in _models(ep.url)
+    finally:
+        ep.stop()

@@ -12,8 +12,10 @@ running ones. Everything here runs on the engine's thread, except :meth:`read`.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmserve.engine.lora.residency import assign_slots
 from llmserve.models.config import ModelConfig
@@ -27,10 +29,25 @@ class _Known:
     name: str
     path: str
     lora_id: int
+    files: tuple  # the files' (name, size, mtime) when read: a change means other weights
 
 
 class UnknownAdapter(ValueError):
     """A request or an unload names no registered adapter."""
+
+
+class AdapterUnavailable(LoraError):
+    """An evicted adapter's file could not be read again: the name is unregistered (a
+    request for it fails alone; a later load, from a path that works, brings it back)."""
+
+
+def _files(path: str) -> tuple:
+    p = Path(path).expanduser()
+    try:
+        found = sorted(p.iterdir()) if p.is_dir() else [p]
+        return tuple((f.name, (st := os.stat(f)).st_size, st.st_mtime_ns) for f in found if f.is_file())
+    except OSError:
+        return ()
 
 
 class LoraManager:
@@ -57,7 +74,7 @@ class LoraManager:
         if adapter.name in self._known:
             raise LoraError(f"the LoRA adapter {adapter.name!r} is already loaded")
         lora_id, self._next_id = self._next_id, self._next_id + 1
-        self._known[adapter.name] = _Known(adapter.name, adapter.path, lora_id)
+        self._known[adapter.name] = _Known(adapter.name, adapter.path, lora_id, _files(adapter.path))
         self._names[lora_id] = adapter.name
         self._loaded[lora_id] = adapter
         self._trim()
@@ -80,11 +97,25 @@ class LoraManager:
         if known is None:
             raise UnknownAdapter(f"the LoRA adapter {name!r} is not loaded")
         if known.lora_id not in self._loaded:
-            self._loaded[known.lora_id] = self.read(name, known.path)
+            self._reread(known)
         self._loaded.move_to_end(known.lora_id)
         self._users[known.lora_id] = self._users.get(known.lora_id, 0) + 1
         self._of_request[request_id] = known.lora_id
         return known.lora_id
+
+    def _reread(self, known: _Known) -> None:
+        try:
+            adapter = self.read(known.name, known.path)
+        except (LoraError, OSError) as e:
+            self.remove(known.name)
+            raise AdapterUnavailable(f"the LoRA adapter {known.name!r} could not be read again from "
+                                     f"{known.path} ({e}); it is unloaded") from None
+        files = _files(known.path)
+        if files != known.files:  # other weights under the same path: their KV must not meet the old
+            self._names.pop(known.lora_id, None)
+            known.lora_id, known.files, self._next_id = self._next_id, files, self._next_id + 1
+            self._names[known.lora_id] = known.name
+        self._loaded[known.lora_id] = adapter
 
     def release(self, request_id: str) -> None:
         lora_id = self._of_request.pop(request_id, None)

@@ -65,13 +65,19 @@ def lora_state(manager: LoraManager | None) -> dict[str, Any]:
 
 
 def error_kind(e: Exception) -> str:
-    """How a load / unload failure crosses the process boundary (``error_of`` undoes it)."""
-    from llmserve.engine.lora.manager import UnknownAdapter
+    """How a refusal crosses the process boundary (``error_of`` undoes it): an adapter load's
+    or unload's, or a request's at enqueue."""
+    from llmserve.engine.lora.manager import AdapterUnavailable, UnknownAdapter
 
-    return "unknown" if isinstance(e, UnknownAdapter) else "lora" if isinstance(e, ValueError) else "other"
+    for kind, cls in (("unknown", UnknownAdapter), ("unavailable", AdapterUnavailable), ("lora", LoraError),
+                      ("value", ValueError)):
+        if isinstance(e, cls):
+            return kind
+    return "other"
 
 
 def error_of(kind: str, message: str) -> Exception:
-    from llmserve.engine.lora.manager import UnknownAdapter
+    from llmserve.engine.lora.manager import AdapterUnavailable, UnknownAdapter
 
-    return {"unknown": UnknownAdapter, "lora": LoraError}.get(kind, RuntimeError)(message)
+    return {"unknown": UnknownAdapter, "unavailable": AdapterUnavailable, "lora": LoraError,
+            "value": ValueError}.get(kind, RuntimeError)(message)
