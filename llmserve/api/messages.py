@@ -87,12 +87,11 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     return body
 
 
-def split_stop(text: str, finish: str | None, stops: list[str] | None) -> tuple[str, str | None, str | None]:
-    """(text without the matched stop sequence, stop_reason, stop_sequence)."""
-    if finish == "stop":
-        for s in sorted(stops or [], key=len, reverse=True):
-            if text.endswith(s):
-                return text[:-len(s)], "stop_sequence", s
+def split_stop(text: str, finish: str | None, stop_reason: Any) -> tuple[str, str | None, str | None]:
+    """(text without the matched stop sequence, stop_reason, stop_sequence): the match is the
+    engine's (chat's ``stop_reason``), not guessed from the text, which may end with several."""
+    if finish == "stop" and isinstance(stop_reason, str) and stop_reason and text.endswith(stop_reason):
+        return text[:-len(stop_reason)], "stop_sequence", stop_reason
     return text, _STOP.get(finish or "stop", "end_turn"), None
 
 
@@ -107,14 +106,15 @@ def _input(arguments: str) -> dict[str, Any]:
 def usage(u: dict[str, Any] | None) -> dict[str, Any]:
     u = u or {}
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-    return {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0),
+    # Anthropic's input_tokens are the uncached ones: the prompt is input + cache_read + cache_creation
+    return {"input_tokens": u.get("prompt_tokens", 0) - cached, "output_tokens": u.get("completion_tokens", 0),
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
 def from_chat(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
     choice = (body.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
-    text, reason, seq = split_stop(msg.get("content") or "", choice.get("finish_reason"), req.stop_sequences)
+    text, reason, seq = split_stop(msg.get("content") or "", choice.get("finish_reason"), choice.get("stop_reason"))
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     content += [{"type": "tool_use", "id": c.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
                  "name": c["function"]["name"], "input": _input(c["function"].get("arguments", ""))}
@@ -128,16 +128,17 @@ def _event(kind: str, **data: Any) -> bytes:
 
 
 async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Chat chunks in, Anthropic's message stream out."""
+    """Chat chunks in, Anthropic's message stream out: one content block open at a time
+    (each is stopped before the next starts, as Anthropic streams them)."""
     hold = max((len(s) for s in req.stop_sequences or []), default=0)
     start = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": req.model,
              "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(None)}
     yield _event("message_start", message=start)
     index = -1
-    text_open = False
+    text_open = tool_open = False
     pending = ""  # text not yet sent: it may be the start of a stop sequence
     calls: dict[int, int] = {}  # tool call index -> block index
-    finish, last_usage = None, None
+    finish, stop_reason, last_usage = None, None, None
     async for chunk in chunks:
         if "error" in chunk:
             err = chunk["error"] or {}
@@ -148,7 +149,9 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 if not text_open:
-                    index, text_open = index + 1, True
+                    if tool_open:
+                        yield _event("content_block_stop", index=index)
+                    index, text_open, tool_open = index + 1, True, False
                     yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
                 pending += delta["content"]
                 if len(pending) > hold:
@@ -158,31 +161,34 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                 fn = tc.get("function") or {}
                 if tc.get("index", 0) not in calls:
                     if text_open:
-                        for e in _flush_text(index, pending, None, req.stop_sequences):
+                        for e in _flush_text(index, pending):
                             yield e
                         text_open, pending = False, ""
-                    index += 1
+                    elif tool_open:
+                        yield _event("content_block_stop", index=index)
+                    index, tool_open = index + 1, True
                     calls[tc.get("index", 0)] = index
                     yield _event("content_block_start", index=index, content_block={
                         "type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
                         "name": fn.get("name", ""), "input": {}})
-                if fn.get("arguments"):
+                if fn.get("arguments"):  # (chat streams one call after another: this is the open block)
                     yield _event("content_block_delta", index=calls[tc.get("index", 0)],
                                  delta={"type": "input_json_delta", "partial_json": fn["arguments"]})
-            finish = choice.get("finish_reason") or finish
-    _, reason, seq = split_stop(pending, finish, req.stop_sequences)
+            if choice.get("finish_reason"):
+                finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
+    text, reason, seq = split_stop(pending, finish, stop_reason)
     if text_open:
-        for e in _flush_text(index, pending, finish, req.stop_sequences):
+        for e in _flush_text(index, text):
             yield e
-    for block in calls.values():
-        yield _event("content_block_stop", index=block)
+    elif tool_open:
+        yield _event("content_block_stop", index=index)
     u = usage(last_usage)
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
-                 usage={"output_tokens": u["output_tokens"], "input_tokens": u["input_tokens"]})
+                 usage={k: u[k] for k in ("output_tokens", "input_tokens", "cache_read_input_tokens",
+                                          "cache_creation_input_tokens")})
     yield _event("message_stop")
 
 
-def _flush_text(index: int, pending: str, finish: str | None, stops: list[str] | None) -> list[bytes]:
-    text, _, _ = split_stop(pending, finish, stops)
+def _flush_text(index: int, text: str) -> list[bytes]:
     out = [_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text})] if text else []
     return out + [_event("content_block_stop", index=index)]

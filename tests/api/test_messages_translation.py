@@ -1,0 +1,120 @@
+"""/v1/messages' translation of chat answers, fed the chat shapes the instance sends:
+the stop sequence is the engine's match, usage splits cached input out, and streamed
+content blocks never overlap (each stops before the next starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anthropic
+import httpx
+import pytest
+
+from llmserve.api import messages
+from llmserve.api.messages_protocol import MessagesRequest
+
+
+def _req(**kw) -> MessagesRequest:
+    return MessagesRequest.model_validate({"model": "m", "max_tokens": 40,
+                                           "messages": [{"role": "user", "content": "count"}], **kw})
+
+
+def _events(req: MessagesRequest, chunks: list[dict]) -> list[dict]:
+    async def run():
+        async def gen():
+            for c in chunks:
+                yield c
+        return [e async for e in messages.stream_events(req, gen())]
+    raw = asyncio.run(run())
+    return [json.loads(e.decode().split("data: ", 1)[1]) for e in raw]
+
+
+def _chunk(delta: dict, finish: str | None = None, stop_reason=None) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": stop_reason}]}
+
+
+def test_the_stop_sequence_is_the_one_the_engine_matched_not_the_longest_suffix():
+    # "4\n5" is also a suffix, but the engine (as vLLM: the first listed that is found) says "5"
+    req = _req(stop_sequences=["5", "4\n5"])
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "1\n2\n3\n4\n5"},
+                         "finish_reason": "stop", "stop_reason": "5"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 9, "total_tokens": 18}}
+    m = messages.from_chat(req, body)
+    assert (m["content"][0]["text"], m["stop_reason"], m["stop_sequence"]) == ("1\n2\n3\n4\n", "stop_sequence", "5")
+    events = _events(_req(stop_sequences=["5", "4\n5"], stream=True),
+                     [_chunk({"role": "assistant", "content": "1\n2\n3"}), _chunk({"content": "\n4\n5"}, "stop", "5")])
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    end = next(e for e in events if e["type"] == "message_delta")
+    assert (text, end["delta"]) == ("1\n2\n3\n4\n", {"stop_reason": "stop_sequence", "stop_sequence": "5"})
+
+
+def test_an_eos_after_text_ending_like_a_stop_sequence_is_end_turn():
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "a 5"},
+                         "finish_reason": "stop", "stop_reason": None}]}
+    m = messages.from_chat(_req(stop_sequences=["5"]), body)
+    assert (m["content"][0]["text"], m["stop_reason"], m["stop_sequence"]) == ("a 5", "end_turn", None)
+
+
+def test_usage_input_tokens_exclude_the_cached_ones():
+    u = messages.usage({"prompt_tokens": 180, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 176}})
+    assert (u["input_tokens"], u["cache_read_input_tokens"], u["output_tokens"]) == (4, 176, 3)
+
+
+def _call(i: int, *, first: bool, args: str) -> dict:
+    tc: dict = {"index": i, "function": {"arguments": args}}
+    if first:
+        tc.update(id=f"call_{i}", type="function", function={"name": "f", "arguments": args})
+    return _chunk({"tool_calls": [tc]})
+
+
+def _assert_blocks_in_order(events: list[dict]) -> None:
+    """Anthropic's stream: block i starts after block i-1 stopped, deltas only to the open block."""
+    open_, last = None, -1
+    for e in events:
+        if e["type"] == "content_block_start":
+            assert open_ is None and e["index"] == last + 1, events
+            open_ = last = e["index"]
+        elif e["type"] == "content_block_delta":
+            assert e["index"] == open_, events
+        elif e["type"] == "content_block_stop":
+            assert e["index"] == open_, events
+            open_ = None
+    assert open_ is None
+
+
+def test_streamed_blocks_stop_before_the_next_starts():
+    chunks = [_chunk({"role": "assistant", "content": "let me see"}),
+              _call(0, first=True, args=""), _call(0, first=False, args='{"a": 1}'),
+              _call(1, first=True, args=""), _call(1, first=False, args='{"a": 2}'),
+              _chunk({}, "tool_calls")]
+    events = _events(_req(stream=True), chunks)
+    _assert_blocks_in_order(events)
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == ["text", "tool_use", "tool_use"]
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+# ---- live, on an instance and through the gateway ------------------------------------------
+
+@pytest.fixture()
+def client(host):
+    return anthropic.Anthropic(base_url=host[0], api_key=host[1], max_retries=0, timeout=60)
+
+
+def test_cached_prompt_tokens_are_cache_reads_not_input(client, host):
+    system = "You answer in one short sentence about the weather and nothing else. " * 6
+    kw = dict(model="tiny", max_tokens=2, system=system, extra_body={"temperature": 0},
+              messages=[{"role": "user", "content": "hello"}])
+    client.messages.create(**kw)  # fills the prefix cache
+    m = client.messages.create(**kw)
+    chat = httpx.post(host[0] + "/v1/chat/completions", timeout=60, headers={"authorization": f"Bearer {host[1]}"},
+                      json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "system", "content": system},
+                                                                          {"role": "user", "content": "hello"}]})
+    prompt = chat.json()["usage"]["prompt_tokens"]
+    assert m.usage.cache_read_input_tokens > 0
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == prompt
+    with client.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert final.usage.cache_read_input_tokens > 0
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt
