@@ -83,7 +83,7 @@ class GatewayApp(FastAPI):
             if root and path.startswith(root):  # mounted: Starlette keeps the full path
                 path = path[len(root):]
             cfg = self.gateway.config
-            limit = cfg.batches.max_file_bytes if path == "/v1/files" else cfg.limits.max_body_bytes
+            limit = cfg.batches.upload_body_bytes if path == "/v1/files" else cfg.limits.max_body_bytes
             response = body_limit_response(scope, limit)
             if response is None and self.frontends.handles(path):  # responses, messages, files, batches
                 await self.frontends({**scope, "path": path}, receive, send)

@@ -47,4 +47,4 @@ def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[
         responses = SQLiteResponseStore(state.path("responses.db"))
     return Frontends(app, responses, authorize,
                      config.limits.max_body_bytes, extra={"/v1/files": routes.files, "/v1/batches": routes.batches},
-                     extra_body_bytes=config.batches.max_file_bytes)
+                     extra_body_bytes=config.batches.upload_body_bytes)

@@ -57,6 +57,9 @@ class BatchShareConfig(BaseModel):
         return self
 
 
+UPLOAD_ENVELOPE_BYTES = 64 << 10
+
+
 class BatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_file_bytes: int = Field(64 << 20, ge=1024)  # an uploaded file (OpenAI allows 200 MB)
@@ -72,3 +75,10 @@ class BatchConfig(BaseModel):
     max_concurrency: int = Field(64, ge=1)  # for a batch that would miss its window (batches/pace.py)
     retry_interval_s: float = Field(1.0, gt=0.0)  # after a 429 / 503: the pool is full, try again
     poll_interval_s: float = Field(0.5, gt=0.0)  # how often the runner looks for new work
+
+    @property
+    def upload_body_bytes(self) -> int:
+        """A ``POST /v1/files`` body's cap: the file's limit plus the multipart envelope
+        (boundaries, part headers, filename, purpose), which is not the file; the route holds
+        the file itself to ``max_file_bytes``."""
+        return self.max_file_bytes + UPLOAD_ENVELOPE_BYTES

@@ -2,7 +2,8 @@
 
 Pure: bytes in, ``Line`` values out. A line that is not JSON, lacks ``custom_id``,
 repeats one, names another endpoint or asks to stream is kept with its error and
-written to the error file; the others run.
+written to the error file; the others run. A file with no line to run fails as
+OpenAI fails a file that does not validate (``file_errors``).
 """
 
 from __future__ import annotations
@@ -61,3 +62,19 @@ def parse_lines(content: bytes, endpoint: str) -> list[Line]:
         if cid is not None:
             seen.add(cid)
     return out
+
+
+ERRORS_SHOWN = 100  # errors.data lists this many lines; the error file has every one
+
+
+def file_errors(lines: list[Line]) -> dict[str, Any] | None:
+    """OpenAI's ``errors`` for a batch whose input file has no line to run (the batch is then
+    ``failed``: nothing to send); None when one line at least can run."""
+    if any(ln.error is None for ln in lines):
+        return None
+    data = [{"code": ln.error["code"], "message": ln.error["message"], "param": None, "line": ln.index + 1}
+            for ln in lines[:ERRORS_SHOWN] if ln.error is not None]
+    if len(lines) > ERRORS_SHOWN:  # said, not dropped silently
+        data.append({"code": "too_many_errors", "message": f"{len(lines) - ERRORS_SHOWN} more lines failed too: "
+                     "the batch's error file has every line", "param": None, "line": None})
+    return {"object": "list", "data": data}

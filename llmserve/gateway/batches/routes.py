@@ -24,7 +24,7 @@ from llmserve.api.frontends import header
 from llmserve.api.limits import bearer_token
 from llmserve.api.parse import parse_model
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.lines import ENDPOINTS, parse_lines
+from llmserve.gateway.batches.lines import ENDPOINTS, file_errors, parse_lines
 from llmserve.gateway.batches.runner import BatchRunner
 from llmserve.gateway.batches.store import BatchStore
 
@@ -45,13 +45,30 @@ def owner(scope: Scope) -> str:
 
 
 def _query(scope: Scope, *allowed: str) -> dict[str, str]:
-    """The query's parameters; one not in ``allowed`` (order, a files list's limit) is a 400 naming it."""
+    """The query's parameters; one not in ``allowed`` is a 400 naming it, never dropped."""
     q = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1"),
                                        keep_blank_values=True).items()}
     for k in sorted(q):
         if k not in allowed:
             raise APIError(400, f"query parameter {k!r} is not supported on {scope['path']}", param=k)
     return q
+
+
+def _limit(q: dict[str, str], default: int, most: int) -> int:
+    try:
+        limit = int(q.get("limit", str(default)))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= most:
+        raise APIError(400, f"limit must be an integer from 1 to {most}", param="limit")
+    return limit
+
+
+def _page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """OpenAI's list shape from ``limit + 1`` rows (the one more says there are more)."""
+    page = data[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(data) > limit}
 
 
 def _not_found(what: str, oid: str) -> APIError:
@@ -74,8 +91,7 @@ class BatchRoutes:
         if not parts:
             _method(scope, "GET", "POST")
             if scope["method"] == "GET":
-                data = await asyncio.to_thread(self.store.list_files, who, _query(scope, "purpose").get("purpose"))
-                return JSONResponse({"object": "list", "data": data, "has_more": False})
+                return JSONResponse(await self._list_files(scope, who))
             return JSONResponse(await self._upload(scope, body, who))
         fid = parts[0]
         if len(parts) == 2 and parts[1] == "content":
@@ -95,6 +111,18 @@ class BatchRoutes:
         if obj is None:
             raise _not_found("file", fid)
         return JSONResponse(obj)
+
+    async def _list_files(self, scope: Scope, who: str) -> dict[str, Any]:
+        """OpenAI's files list: ``limit`` 1 to 10,000 (default 10,000), ``order`` by created_at
+        (default desc), ``after`` a file id to page on from, ``purpose``."""
+        q = _query(scope, "purpose", "limit", "order", "after")
+        limit, order = _limit(q, 10_000, 10_000), q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise APIError(400, f"order must be 'asc' or 'desc', got {order!r}", param="order")
+        data = await asyncio.to_thread(self.store.list_files, who, q.get("purpose"), limit + 1, order, q.get("after"))
+        if data is None:  # a cursor that names nothing would silently restart the listing
+            raise APIError(400, f"after {q['after']!r} names no file of yours", param="after")
+        return _page(data, limit)
 
     async def _upload(self, scope: Scope, body: bytes, who: str) -> dict[str, Any]:
         if not (header(scope, b"content-type") or "").startswith("multipart/form-data"):
@@ -161,31 +189,30 @@ class BatchRoutes:
 
     async def _list(self, scope: Scope, who: str) -> dict[str, Any]:
         q = _query(scope, "limit", "after")
-        try:
-            limit = int(q.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 100:
-            raise APIError(400, "limit must be an integer from 1 to 100", param="limit")
-        data = await asyncio.to_thread(self.store.list_batches, who, limit + 1, q.get("after"))
-        return {"object": "list", "data": data[:limit], "first_id": data[0]["id"] if data else None,
-                "last_id": data[:limit][-1]["id"] if data else None, "has_more": len(data) > limit}
+        limit = _limit(q, 20, 100)
+        return _page(await asyncio.to_thread(self.store.list_batches, who, limit + 1, q.get("after")), limit)
 
     async def _create(self, body: bytes, who: str) -> dict[str, Any]:
         req = parse_model(body, CreateBatch)
+        described = await asyncio.to_thread(self.store.get_file, req.input_file_id, who)
         content = await asyncio.to_thread(self.store.file_content, req.input_file_id, who)
-        if content is None:
+        if described is None or content is None:
             raise APIError(400, f"input_file_id {req.input_file_id!r} names no file of yours",
                            param="input_file_id", code="not_found")
+        if described["purpose"] != "batch":  # e.g. a batch's output file: OpenAI takes only purpose batch
+            raise APIError(400, f"input_file_id {req.input_file_id!r} has purpose {described['purpose']!r}; "
+                           "a batch's input file must have purpose 'batch'", param="input_file_id")
         assert req.endpoint in ENDPOINTS
         lines = parse_lines(content, req.endpoint)
+        errors = file_errors(lines)  # no line to run: failed at once, as OpenAI fails a file that does not validate
         now = int(time.time())
-        obj = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": req.endpoint, "errors": None,
+        obj = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": req.endpoint, "errors": errors,
                "input_file_id": req.input_file_id, "completion_window": req.completion_window,
-               "status": "in_progress", "output_file_id": None, "error_file_id": None, "created_at": now,
-               "in_progress_at": now, "expires_at": now + WINDOW_S[req.completion_window], "finalizing_at": None,
-               "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
-               "cancelled_at": None, "metadata": req.metadata or {}}
+               "status": "in_progress" if errors is None else "failed", "output_file_id": None,
+               "error_file_id": None, "created_at": now, "in_progress_at": now if errors is None else None,
+               "expires_at": now + WINDOW_S[req.completion_window], "finalizing_at": None,
+               "completed_at": None, "failed_at": None if errors is None else now, "expired_at": None,
+               "cancelling_at": None, "cancelled_at": None, "metadata": req.metadata or {}}
         created = await asyncio.to_thread(self.store.create_batch, who, obj, lines)
         self.runner.wake.set()
         return created

@@ -17,8 +17,9 @@ never for the backlog itself.
 
 One runner owns a state folder at a time (an exclusive lock file): two gateways
 pointed at one folder do not both run its lines. A batch ends when no line is
-pending or in flight: ``completed``, ``cancelled`` after a cancel, ``expired``
-past its window.
+pending or in flight: ``completed``; or at once after a cancel (``cancelled``) or past
+its window (``expired``), its lines in flight abandoned and, with those not run,
+failed in the error file (``store.finalize``).
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ class BatchRunner:
             mine = {idx for (b, idx) in self.in_flight if b == bid}
             expired = time.time() > batch["expires_at"]
             if batch["status"] == "cancelling" or expired:
-                if not mine:
+                # its lines in flight are abandoned now (their queue slots and seats freed), not
+                # waited out: a line retried or queued could hold the batch open for its whole deadline
+                for idx in mine:
+                    self.in_flight[(bid, idx)].cancel()
+                if not mine:  # once they are gone (each task's done callback wakes the runner)
                     await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
                     self._seen.pop(bid, None)
                     self._models.pop(bid, None)
@@ -161,7 +166,14 @@ class BatchRunner:
             for idx, cid, body in todo[:max(free, 0)]:
                 if isinstance(body, dict) and isinstance(body.get("model"), str):
                     self._models.setdefault(bid, body["model"])
-                self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
+                task = self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
+                # a callback, not the coroutine's finally: a task cancelled before it ran never runs that
+                task.add_done_callback(lambda t, key=(bid, idx): self._done(key, t))
+
+    def _done(self, key: tuple[str, int], task: asyncio.Task) -> None:
+        if self.in_flight.get(key) is task:
+            del self.in_flight[key]
+        self.wake.set()
 
     async def _line(self, bid: str, batch: dict[str, Any], idx: int, cid: str, body: dict[str, Any]) -> None:
         endpoint, owner = batch["endpoint"], batch["owner"]
@@ -172,8 +184,8 @@ class BatchRunner:
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
                 batch = await asyncio.to_thread(self.store.get_batch, bid)
-                if batch is None or batch["status"] != "in_progress":
-                    return  # cancelled meanwhile: the line stays unfinished
+                if batch is None or batch["status"] != "in_progress" or time.time() > batch["expires_at"]:
+                    return  # cancelled or expired meanwhile: finalize fails the line
             result = line_result(bid, idx, cid, status=status, body=reply)
             await asyncio.to_thread(self.store.finish_line, bid, idx, status == 200, result)
         except asyncio.CancelledError:
@@ -182,13 +194,13 @@ class BatchRunner:
             log.exception("batch %s line %d failed", bid, idx)
             err = {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
             await asyncio.to_thread(self.store.finish_line, bid, idx, False, line_result(bid, idx, cid, error=err))
-        finally:
-            self.in_flight.pop((bid, idx), None)
-            self.wake.set()
 
     async def _send(self, endpoint: str, body: dict[str, Any], owner: str) -> tuple[int, Any]:
         assert self.app is not None, "the runner starts with the gateway app"
         scope = {"type": "http", "http_version": "1.1", "scheme": "http", "root_path": "", "client": None,
                  "server": None, "headers": [(b"accept", b"application/json")]}
         resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY, OWNER_KEY: owner})
-        return resp.status, await resp.json()
+        try:
+            return resp.status, await resp.json()
+        finally:  # a line cancelled while its body is read: the inner request is abandoned too
+            await resp.close()

@@ -34,6 +34,10 @@ CREATE TABLE IF NOT EXISTS lines (batch_id TEXT NOT NULL, idx INTEGER NOT NULL, 
 CREATE INDEX IF NOT EXISTS lines_pending ON lines (batch_id, state);
 """
 ACTIVE = ("in_progress", "cancelling")
+UNRUN = {  # the error a line not run gets when its batch ends so (OpenAI's codes)
+    "expired": {"code": "batch_expired", "message": "the batch's completion window ended first"},
+    "cancelled": {"code": "batch_cancelled", "message": "the batch was cancelled first"},
+}
 
 
 def _now() -> int:
@@ -84,11 +88,22 @@ class BatchStore:
             row = self._db.execute("SELECT content FROM files WHERE id = ? AND owner = ?", (fid, owner)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def list_files(self, owner: str, purpose: str | None) -> list[dict[str, Any]]:
+    def list_files(self, owner: str, purpose: str | None, limit: int, order: str = "desc",
+                   after: str | None = None) -> list[dict[str, Any]] | None:
+        """Up to ``limit`` of the owner's files by (created_at, id), ``order`` asc or desc, those
+        past the file ``after`` only; None when ``after`` names no file of the owner's."""
+        assert order in ("asc", "desc")
+        cmp = ">" if order == "asc" else "<"
         with self._lock:
-            rows = self._db.execute("SELECT id, purpose, filename, bytes, created_at FROM files WHERE owner = ? "
-                                    "AND (? IS NULL OR purpose = ?) ORDER BY created_at DESC, id",
-                                    (owner, purpose, purpose)).fetchall()
+            start = (None, None) if after is None else self._db.execute(
+                "SELECT created_at, id FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+            if start is None:
+                return None
+            rows = self._db.execute(
+                "SELECT id, purpose, filename, bytes, created_at FROM files WHERE owner = ? AND (? IS NULL OR "
+                f"purpose = ?) AND (? IS NULL OR created_at {cmp} ? OR (created_at = ? AND id {cmp} ?)) "
+                f"ORDER BY created_at {order}, id {order} LIMIT ?",
+                (owner, purpose, purpose, start[0], start[0], start[0], start[1], limit)).fetchall()
         return [file_object(r) for r in rows]
 
     def delete_file(self, fid: str, owner: str) -> bool:
@@ -97,7 +112,8 @@ class BatchStore:
 
     # ---- batches ----------------------------------------------------------------------------
     def create_batch(self, owner: str, obj: dict[str, Any], lines: list[Line]) -> dict[str, Any]:
-        """The batch and its lines in one transaction: accepted whole or not at all."""
+        """The batch and its lines in one transaction: accepted whole or not at all; a batch
+        created ``failed`` gets its error file in it too."""
         with self._tx() as db:
             db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
                        (obj["id"], owner, obj["status"], obj["created_at"], json.dumps(obj)))
@@ -107,6 +123,8 @@ class BatchStore:
                  None if ln.error is None else json.dumps(line_result(obj["id"], ln.index, ln.custom_id,
                                                                       error=ln.error)))
                 for ln in lines])
+            if obj["status"] == "failed":  # no line to run (lines.file_errors): its error file now
+                self._set(db, obj["id"], "failed", **self._files(db, obj["id"], owner))
         return self.get_batch(obj["id"]) or obj
 
     def _counts(self, db: Any, bid: str) -> dict[str, int]:
@@ -167,24 +185,28 @@ class BatchStore:
 
     def finalize(self, bid: str, status: str) -> None:
         """End a batch: ``completed``, ``cancelled`` or ``expired`` (its pending lines then fail
-        with ``batch_expired``); the output and error files are written in the same transaction."""
+        with ``batch_cancelled`` / ``batch_expired``, so a result written after this, by a line
+        abandoned mid-write, finds none pending); the output and error files are written in the
+        same transaction."""
         with self._tx() as db:
             owner = db.execute("SELECT owner FROM batches WHERE id = ?", (bid,)).fetchone()[0]
-            if status == "expired":
+            if status in UNRUN:
                 for idx, cid in db.execute("SELECT idx, custom_id FROM lines WHERE batch_id = ? AND "
                                            "state = 'pending'", (bid,)).fetchall():
-                    err = {"code": "batch_expired", "message": "the batch's completion window ended first"}
                     db.execute("UPDATE lines SET state = 'failed', result = ? WHERE batch_id = ? AND idx = ?",
-                               (json.dumps(line_result(bid, idx, cid, error=err)), bid, idx))
-            files: dict[str, str | None] = {}
-            for state, key, purpose in (("done", "output_file_id", "batch_output"),
-                                        ("failed", "error_file_id", "batch_output")):
-                results = [r for (r,) in db.execute("SELECT result FROM lines WHERE batch_id = ? AND state = ? "
-                                                    "ORDER BY idx", (bid, state))]
-                files[key] = self._insert_file(db, owner, purpose, f"{bid}_{key[:-8]}.jsonl",
-                                               "".join(r + "\n" for r in results).encode())["id"] if results else None
+                               (json.dumps(line_result(bid, idx, cid, error=UNRUN[status])), bid, idx))
             stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
-            self._set(db, bid, status, finalizing_at=_now(), **{stamp: _now()}, **files)
+            self._set(db, bid, status, finalizing_at=_now(), **{stamp: _now()}, **self._files(db, bid, owner))
+
+    def _files(self, db: Any, bid: str, owner: str) -> dict[str, str | None]:
+        """The output file (lines answered 200) and the error file (the rest), in input order."""
+        files: dict[str, str | None] = {}
+        for state, key in (("done", "output_file_id"), ("failed", "error_file_id")):
+            results = [r for (r,) in db.execute("SELECT result FROM lines WHERE batch_id = ? AND state = ? "
+                                                "ORDER BY idx", (bid, state))]
+            files[key] = self._insert_file(db, owner, "batch_output", f"{bid}_{key[:-8]}.jsonl",
+                                           "".join(r + "\n" for r in results).encode())["id"] if results else None
+        return files
 
 
 def line_result(bid: str, idx: int, custom_id: str | None, *, status: int | None = None, body: Any = None,

@@ -24,3 +24,16 @@ def test_each_bad_line_has_its_code_and_the_good_ones_keep_their_bodies():
     assert [ln.index for ln in lines] == list(range(11))  # blank lines are not lines
     assert lines[0].body == {"messages": []} and lines[-1].custom_id == "g"
     assert lines[1].error["message"].startswith("line 2:")
+
+
+def test_a_file_with_no_line_to_run_has_openai_errors_and_one_good_line_has_none():
+    from llmserve.gateway.batches.lines import ERRORS_SHOWN, file_errors
+
+    bad = parse_lines(b"\n".join([b"not json", _l("a", method="GET")]), EP)
+    assert file_errors(bad) == {"object": "list", "data": [
+        {"code": "invalid_json", "message": bad[0].error["message"], "param": None, "line": 1},
+        {"code": "invalid_method", "message": bad[1].error["message"], "param": None, "line": 2}]}
+    assert file_errors(parse_lines(b"\n".join([b"not json", _l("a")]), EP)) is None
+    many = file_errors(parse_lines(b"\n".join([b"x"] * (ERRORS_SHOWN + 5)), EP))
+    assert len(many["data"]) == ERRORS_SHOWN + 1  # the rest are said to be in the error file
+    assert many["data"][-1]["code"] == "too_many_errors" and "5 more" in many["data"][-1]["message"]

@@ -58,3 +58,29 @@ def test_expiry_fails_what_is_pending_and_cancel_only_moves_a_running_batch(tmp_
     assert s.cancel("batch_2", "other") is None
     assert s.cancel("batch_2", "me")["status"] == "cancelling"
     assert [b["id"] for b in s.active()] == ["batch_2"]
+
+
+def test_a_cancelled_batch_fails_what_was_not_run_and_a_late_result_is_not_recorded(tmp_path):
+    s = BatchStore(tmp_path / "b.db")
+    s.create_batch("me", _batch(), _lines(3))
+    s.finish_line("batch_1", 0, True, line_result("batch_1", 0, "c0", status=200, body={}))
+    s.cancel("batch_1", "me")
+    s.finalize("batch_1", "cancelled")
+    # a line abandoned while its result was being written: the files are already built
+    assert not s.finish_line("batch_1", 1, True, line_result("batch_1", 1, "c1", status=200, body={}))
+    b = s.get_batch("batch_1")
+    assert b["status"] == "cancelled" and b["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    err = [json.loads(x) for x in s.file_content(b["error_file_id"], "me").decode().splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in err] == [("c1", "batch_cancelled"), ("c2", "batch_cancelled")]
+
+
+def test_files_list_in_either_order_from_a_cursor(tmp_path):
+    s = BatchStore(tmp_path / "b.db")
+    ids = [s.add_file("me", "batch", f"f{i}", b"{}\n")["id"] for i in range(4)]
+    s.add_file("other", "batch", "x", b"{}\n")
+    asc = [f["id"] for f in s.list_files("me", None, 10, "asc")]
+    assert sorted(asc) == sorted(ids) and [f["id"] for f in s.list_files("me", None, 10, "desc")] == asc[::-1]
+    assert [f["id"] for f in s.list_files("me", None, 2, "asc", asc[0])] == asc[1:3]
+    assert [f["id"] for f in s.list_files("me", None, 10, "desc", asc[2])] == asc[1::-1]
+    assert s.list_files("me", "batch_output", 10) == []
+    assert s.list_files("other", None, 10, "asc", asc[0]) is None  # another key's file is no cursor
