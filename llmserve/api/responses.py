@@ -147,6 +147,8 @@ def from_chat(env: Envelope, body: dict[str, Any]) -> dict[str, Any]:
     if msg.get("content"):
         output.append(message_item(msg["content"]))
     output += [call_item(c) for c in msg.get("tool_calls") or []]
+    if output and choice.get("finish_reason") == "length":
+        output[-1]["status"] = "incomplete"  # the item max_output_tokens cut
     env.model = body.get("model") or env.model
     return env.build("completed", output, usage(body.get("usage")), choice.get("finish_reason"))
 
@@ -161,6 +163,7 @@ class EventStream:
         self.response: dict[str, Any] | None = None
         self._text: dict[str, Any] | None = None  # the message item being written
         self._calls: dict[int, dict[str, Any]] = {}  # tool call index -> its item
+        self._open_call: dict[str, Any] | None = None  # the function_call item being written
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
@@ -171,28 +174,31 @@ class EventStream:
         head = self.env.build("in_progress", [])
         return [self.event("response.created", response=head), self.event("response.in_progress", response=head)]
 
-    def _close_text(self) -> list[bytes]:
+    def _close_text(self, status: str = "completed") -> list[bytes]:
         item, self._text = self._text, None
         if item is None:
             return []
         idx, part = self.output.index(item), item["content"][0]
-        item["status"] = "completed"
+        item["status"] = status
         return [self.event("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
                            text=part["text"], logprobs=[]),
                 self.event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
                            part=part),
                 self.event("response.output_item.done", output_index=idx, item=item)]
 
-    def _close_calls(self) -> list[bytes]:
-        out = []
-        for item in self._calls.values():
-            idx = self.output.index(item)
-            item["status"] = "completed"
-            out += [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
-                               name=item["name"], arguments=item["arguments"]),
-                    self.event("response.output_item.done", output_index=idx, item=item)]
-        self._calls = {}
-        return out
+    def _close_call(self, status: str = "completed") -> list[bytes]:
+        item, self._open_call = self._open_call, None
+        if item is None:
+            return []
+        idx = self.output.index(item)
+        item["status"] = status
+        return [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                           name=item["name"], arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=idx, item=item)]
+
+    def _close(self, status: str = "completed") -> list[bytes]:
+        """Close the open item (at most one is: each is done before the next is added, as OpenAI streams)."""
+        return self._close_text(status) + self._close_call(status)
 
     def chunk(self, chunk: dict[str, Any], finish: list[str | None], usage_: list[Any]) -> list[bytes]:
         out: list[bytes] = []
@@ -203,6 +209,7 @@ class EventStream:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 if self._text is None:
+                    out += self._close_call()
                     self._text = message_item("", "in_progress")
                     self.output.append(self._text)
                     idx = len(self.output) - 1
@@ -218,9 +225,9 @@ class EventStream:
                 item = self._calls.get(tc.get("index", 0))
                 fn = tc.get("function") or {}
                 if item is None:
-                    out += self._close_text()
+                    out += self._close()
                     item = call_item({"id": tc.get("id"), "function": {"name": fn.get("name", "")}}, "in_progress")
-                    self._calls[tc.get("index", 0)] = item
+                    self._calls[tc.get("index", 0)] = self._open_call = item
                     self.output.append(item)
                     out.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
                                           item=dict(item)))
@@ -243,7 +250,7 @@ class EventStream:
                 for e in self.start():
                     yield e
             if "error" in chunk:
-                for e in self._close_text() + self._close_calls():
+                for e in self._close("incomplete"):
                     yield e
                 err = chunk["error"] or {}
                 self.response = None
@@ -256,7 +263,7 @@ class EventStream:
         if not started:
             for e in self.start():
                 yield e
-        for e in self._close_text() + self._close_calls():
+        for e in self._close("incomplete" if finish[0] == "length" else "completed"):  # the cut item
             yield e
         self.response = self.env.build("completed", self.output, usage(usage_[0]), finish[0])
 

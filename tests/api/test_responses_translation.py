@@ -1,0 +1,94 @@
+"""/v1/responses' translation of chat answers, fed the chat shapes the instance sends:
+output items are streamed one after another (each done before the next is added), and
+the item max_output_tokens cut is ``incomplete``, not ``completed``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+
+from llmserve.api import responses
+from llmserve.api.responses_protocol import ResponsesRequest
+
+
+def _env(**kw) -> responses.Envelope:
+    return responses.Envelope(ResponsesRequest.model_validate({"model": "m", "input": "hi", **kw}), None)
+
+
+def _chunk(delta: dict, finish: str | None = None) -> dict:
+    return {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _call(i: int, args: str, first: bool = False) -> dict:
+    tc: dict = {"index": i, "function": {"arguments": args}}
+    if first:
+        tc.update(id=f"call_{i}", type="function", function={"name": "f", "arguments": args})
+    return _chunk({"tool_calls": [tc]})
+
+
+def _run(chunks: list[dict], **kw) -> tuple[list[dict], dict]:
+    stream = responses.EventStream(_env(stream=True, **kw))
+
+    async def run():
+        async def gen():
+            for c in chunks:
+                yield c
+        return [e async for e in stream.run(gen())]
+    raw = asyncio.run(run()) + [stream.final_event()]
+    return [json.loads(e.decode().split("data: ", 1)[1]) for e in raw], stream.response
+
+
+def _assert_items_in_order(events: list[dict]) -> None:
+    open_, last = None, -1
+    for e in events:
+        idx = e.get("output_index")
+        if e["type"] == "response.output_item.added":
+            assert open_ is None and idx == last + 1, [x["type"] for x in events]
+            open_ = last = idx
+        elif e["type"] == "response.output_item.done":
+            assert idx == open_
+            open_ = None
+        elif idx is not None:
+            assert idx == open_, e
+    assert open_ is None
+
+
+def test_streamed_items_are_done_before_the_next_is_added():
+    chunks = [_chunk({"role": "assistant", "content": "let me see"}), _call(0, "", first=True), _call(0, '{"a": 1}'),
+              _call(1, "", first=True), _call(1, '{"a": 2}'), _chunk({}, "tool_calls")]
+    events, resp = _run(chunks, tools=[{"type": "function", "name": "f"}])
+    _assert_items_in_order(events)
+    assert [(o["type"], o["status"]) for o in resp["output"]] == \
+        [("message", "completed"), ("function_call", "completed"), ("function_call", "completed")]
+    assert [o.get("arguments") for o in resp["output"][1:]] == ['{"a": 1}', '{"a": 2}']
+
+
+def test_the_item_cut_by_max_output_tokens_is_incomplete():
+    events, resp = _run([_chunk({"role": "assistant", "content": "one two"}), _chunk({"content": " three"}, "length")])
+    assert resp["status"] == "incomplete" and events[-1]["type"] == "response.incomplete"
+    assert resp["output"][0]["status"] == "incomplete"
+    assert next(e for e in events if e["type"] == "response.output_item.done")["item"]["status"] == "incomplete"
+    events, resp = _run([_chunk({"role": "assistant", "content": "hm"}), _call(0, "", first=True),
+                         _call(0, '{"a": '), _chunk({}, "length")], tools=[{"type": "function", "name": "f"}])
+    assert [o["status"] for o in resp["output"]] == ["completed", "incomplete"]
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three"},
+                         "finish_reason": "length"}]}
+    whole = responses.from_chat(_env(), body)
+    assert whole["status"] == "incomplete" and whole["output"][0]["status"] == "incomplete"
+
+
+@pytest.fixture()
+def client(host):
+    return openai.OpenAI(base_url=host[0] + "/v1", api_key=host[1], max_retries=0, timeout=60)
+
+
+def test_live_max_output_tokens_cut_is_incomplete_whole_and_streamed(client):
+    kw = dict(model="tiny", input="tell me a long story", max_output_tokens=3, temperature=0)
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[-1].status == "incomplete"
+    events = list(client.responses.create(**kw, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[-1].status == "incomplete"
