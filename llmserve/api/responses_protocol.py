@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmserve.api.errors import FieldError
+from llmserve.api.errors import APIError, FieldError
 from llmserve.api.protocol import Limits, Name
 from llmserve.api.structured import FunctionName, Schema, check_json_schema
 
@@ -28,6 +28,8 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "max_tool_calls": "max_tool_calls is not supported",
     "stream_options": "stream_options is not supported on /v1/responses",
 }
+# Their OpenAI defaults, which SDKs and agents send as they are: they ask for nothing, so they are taken.
+NO_OP_DEFAULTS: dict[str, Any] = {"background": False, "include": [], "top_logprobs": 0}
 BUILTIN_TOOLS = ("web_search", "web_search_preview", "file_search", "computer_use_preview", "code_interpreter",
                  "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom")
 
@@ -173,8 +175,15 @@ class ResponsesRequest(_Strict):
     def _refuse(cls, v: Any) -> Any:
         if isinstance(v, dict):
             for key, why in UNSUPPORTED_FIELDS.items():
-                if v.get(key) not in (None, False, []):
-                    raise FieldError(key, why)
+                val = v.get(key)
+                if val is None:
+                    continue
+                default = NO_OP_DEFAULTS.get(key, None)
+                if type(val) is type(default) and val == default:  # (type: 0 is not false, nor false 0)
+                    v = {k: x for k, x in v.items() if k != key}
+                    continue
+                # (APIError, not FieldError: pydantic passes it through, and its code is the one the docs name)
+                raise APIError(400, f"{why} ({key!r})", param=key, code="unsupported_parameter")
             for i, tool in enumerate(v.get("tools") or []):
                 kind = tool.get("type") if isinstance(tool, dict) else None
                 if isinstance(kind, str) and kind != "function":

@@ -92,3 +92,19 @@ def test_live_max_output_tokens_cut_is_incomplete_whole_and_streamed(client):
     assert r.output[-1].status == "incomplete"
     events = list(client.responses.create(**kw, stream=True))
     assert events[-1].type == "response.incomplete" and events[-1].response.output[-1].status == "incomplete"
+
+
+@pytest.mark.parametrize("field,value", [("background", False), ("include", []), ("top_logprobs", 0)])
+def test_openai_defaults_of_unimplemented_fields_are_taken(client, field, value):
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2, extra_body={field: value})
+    assert r.status in ("completed", "incomplete")
+
+
+@pytest.mark.parametrize("field,value", [("background", True), ("include", ["message.output_text.logprobs"]),
+                                         ("top_logprobs", 2), ("top_logprobs", False), ("stream_options", False),
+                                         ("reasoning", {"effort": "low"})])
+def test_other_values_of_unimplemented_fields_are_unsupported_parameter(client, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny", input="hi", max_output_tokens=2, extra_body={field: value})
+    err = e.value.body
+    assert (e.value.status_code, err["code"], err["param"]) == (400, "unsupported_parameter", field), err
