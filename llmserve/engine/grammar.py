@@ -78,6 +78,10 @@ class GrammarError(InvalidParameterError):
     """A schema, regex or grammar that does not compile: the caller's 400."""
 
 
+class UnsupportedSchema(ValueError):
+    """A JSON schema keyword the grammar would not enforce (engine/schema_support.py)."""
+
+
 class GrammarBackend:
     """Compiles structured-output constraints for one tokenizer; thread-safe.
 
@@ -109,8 +113,12 @@ class GrammarBackend:
                 return self._cache[key]
         try:
             compiled = self._compile(*key, spec)
+        except UnsupportedSchema as e:
+            raise GrammarError(f"structured_outputs.{key[0]}", f"is not supported: {e}") from None
         except (RuntimeError, ValueError, TypeError) as e:
             raise GrammarError(f"structured_outputs.{key[0]}", f"does not compile: {_reason(e)}") from None
+        if not self._starts(compiled):  # (``root ::= root``, a regex with an empty class)
+            raise GrammarError(f"structured_outputs.{key[0]}", "allows no output at all: no token can begin it")
         with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > self.CACHE:
@@ -131,6 +139,12 @@ class GrammarBackend:
             return c.compile_grammar(text)
         return c.compile_structural_tag(json.dumps(_fix_tag(self._xgr, json.loads(text))))
 
+    def _starts(self, compiled: Any) -> bool:
+        """Whether some token (a stop token included) may begin the output: one mask, once per compile."""
+        mask = self.allocate(1)
+        self.matcher(compiled).fill_next_token_bitmask(mask, 0)
+        return bool(mask.any())
+
     def matcher(self, compiled: Any) -> Matcher:
         return self._xgr.GrammarMatcher(compiled)
 
@@ -150,7 +164,16 @@ _JSON_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
 
 def schema_ebnf(xgr: Any, schema: str, strict: bool = True) -> str:
     """A JSON schema as xgrammar EBNF: one line, ``", "`` and ``": "`` separators (no runs
-    of whitespace for a small model to loop in), no properties beyond the schema's."""
+    of whitespace for a small model to loop in), no properties beyond the schema's.
+    ``ValueError`` for a keyword the grammar would not enforce (engine/schema_support.py)."""
+    from llmserve.engine.schema_support import unsupported
+
+    try:
+        why = unsupported(json.loads(schema))
+    except json.JSONDecodeError:
+        why = None  # (xgrammar's own refusal names the syntax error)
+    if why is not None:
+        raise UnsupportedSchema(why)
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
     return ebnf.replace(_LOOSE_CHAR, _JSON_CHAR).replace(_PLAIN_CHAR, _JSON_CHAR)
 

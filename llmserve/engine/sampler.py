@@ -96,6 +96,11 @@ class NonFiniteError(ValueError):
     """A row's logits or sampling distribution hold NaN or inf, or no probability mass."""
 
 
+# A row whose grammar allows no token at all (the output so far cannot be continued):
+# the request's own constraint, its 400 (server/engine_errors.py reads this text).
+DEAD_END = "the output constraint allows no token here (it cannot be continued)"
+
+
 def non_finite_rows(logits: torch.Tensor, argmax: torch.Tensor | None = None) -> list[int]:
     """Rows of ``logits`` that cannot be sampled: holding NaN or +inf, or nothing above
     -inf. A row's max (which propagates NaN) is finite exactly when the row is fine, so
@@ -203,7 +208,11 @@ class Sampler:
         else:
             tokens, errors = self._per_row(logits, rows)
         if logits is not raw:  # a NaN the mask hid still spoils the row (and its logprobs)
-            errors |= {i: "the model's logits are not finite" for i in non_finite_rows(raw) if i not in errors}
+            broken = set(non_finite_rows(raw))
+            for i in [i for i in errors if i not in broken and rows[i].allowed is not None]:
+                if not bool(torch.isfinite(logits[i]).any()):
+                    errors[i] = DEAD_END
+            errors |= {i: "the model's logits are not finite" for i in broken if i not in errors}
         out: list[SampledToken] = []
         for i, (tok, row) in enumerate(zip(tokens, rows)):
             if i in errors:

@@ -23,7 +23,7 @@ from llmserve.engine.kv_cache import KVGeometry
 from llmserve.engine.outputs import TokenLogprob
 from llmserve.engine.proposer import NgramProposer, Proposer
 from llmserve.engine.request import Request
-from llmserve.engine.sampler import (NonFiniteError, RowFn, Sampler, StepSamples, constrain, draw, non_finite_rows,
+from llmserve.engine.sampler import (DEAD_END, NonFiniteError, RowFn, Sampler, StepSamples, constrain, draw, non_finite_rows,
                                      process)
 from llmserve.engine.spec_policy import RATE_BUCKETS, Acceptance, draft_lengths
 from llmserve.engine.step_cost import StepCosts
@@ -225,7 +225,7 @@ class SpeculativeDecoder:
             logits = constrain(logits, rows)
         if fast:
             if logits is not raw_logits and non_finite_rows(logits):
-                raise NonFiniteError("the constrained logits are not finite (the grammar allowed no token)")
+                raise NonFiniteError(DEAD_END)
             p_rows = list(logits)  # argmax of the (constrained) logits: no per-row copy needed
         else:
             p_rows = [process(logits[j], rows[j]) for j in range(len(logits))]

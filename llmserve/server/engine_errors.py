@@ -5,6 +5,7 @@ from __future__ import annotations
 from llmserve.api.errors import APIError
 from llmserve.engine.client import EngineDeadError, RequestFailedError
 from llmserve.engine.lora.manager import AdapterUnavailable, UnknownAdapter
+from llmserve.engine.sampler import DEAD_END
 
 
 def engine_error(e: Exception) -> APIError:
@@ -16,6 +17,10 @@ def engine_error(e: Exception) -> APIError:
     if isinstance(e, EngineDeadError):
         return APIError(503, f"the engine failed: {e}; retry on another instance", "service_unavailable",
                         code="engine_dead", headers={"Retry-After": "1"})
+    if isinstance(e, RequestFailedError) and DEAD_END in str(e):  # its own schema / regex / grammar
+        made = len(e.output.outputs[0].token_ids) if e.output.outputs else 0
+        return APIError(400, f"{DEAD_END}: the constraint reaches a dead end after {made} generated tokens",
+                        code="invalid_grammar")
     if isinstance(e, RequestFailedError):
         return APIError(500, f"the request failed: {e}", "server_error", code="request_failed")
     if isinstance(e, UnknownAdapter):  # unloaded between the check and the engine

@@ -339,3 +339,33 @@ def test_a_draft_that_ends_the_match_leaves_no_empty_mask_behind_it(tiny, tok):
     mask = guided.backend.allocate(1 + len(drafts))
     GuidedDecoding._fill_one(m, drafts, mask)
     assert all(bool(row.any()) for row in mask), "a row whose mask allows no token"
+
+
+@pytest.mark.parametrize("spec", [dict(grammar="root ::= root"), dict(regex=r"[^\s\S]x")])
+def test_a_constraint_no_output_can_begin_is_refused_at_compile(tiny, tok, spec):
+    with pytest.raises(GrammarError, match="allows no output at all"):
+        _engine(tiny, tok).inputs.process("r", "hi", SamplingParams(structured_outputs=_so(**spec)))
+
+
+@pytest.mark.parametrize("schema", [{"type": "number", "multipleOf": 0.5}, {"not": {"type": "string"}},
+                                    {"type": "object", "properties": {}, "required": ["x"]}])
+def test_a_schema_the_grammar_would_not_enforce_is_refused(tiny, tok, schema):
+    with pytest.raises(GrammarError, match="is not supported") as e:
+        _engine(tiny, tok).inputs.process("r", "hi", SamplingParams(structured_outputs=_so(json=schema)))
+    assert e.value.param == "structured_outputs.json"
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_a_constraint_that_reaches_a_dead_end_fails_its_request_alone(tiny, tok, spec):
+    """``ab`` then an empty class: after two characters no token may follow. That request
+    ends with the dead end named (the API's 400 invalid_grammar), the others as alone."""
+    from llmserve.engine.sampler import DEAD_END
+
+    opts = {} if spec is None else {"speculative_config": {"method": spec, "num_speculative_tokens": 3}}
+    baseline = _run(_engine(tiny, tok, **opts), GUIDED + [PLAIN])
+    eng = _engine(tiny, tok, **opts)
+    dead = ("bad", "Hello there", SamplingParams(max_tokens=20, temperature=0,
+                                                 structured_outputs=_so(regex=r"ab[^\s\S]")))
+    done = _run(eng, GUIDED + [PLAIN, dead])
+    assert DEAD_END in done["bad"].error and done["bad"].text == "ab"
+    _assert_alone(eng, done, baseline)
