@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llmserve.api.errors import FieldError
+from llmserve.api.errors import APIError, FieldError
 from llmserve.api.structured import (Choices, Grammar, Regex, ResponseFormat, StructuredOutputs, ToolCalls,
                                      ToolChoice, Tools, check_json_schema)
 
@@ -58,7 +58,20 @@ UNSUPPORTED: dict[str, str] = {
     "prompt_logprobs": "prompt_logprobs is not supported",
     "guided_decoding_backend": "choosing the guided decoding backend is not supported (xgrammar is used)",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
+    # vLLM's sampling extensions not implemented
+    "min_tokens": "min_tokens is not supported",
+    "echo": "echo is not supported on chat completions (it is on completions)",
+    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported (a prompt over the context is a 400)",
+    "use_beam_search": "beam search is not supported",
+    "bad_words": "bad_words is not supported (logit_bias bans tokens)",
+    "allowed_token_ids": "allowed_token_ids is not supported (logit_bias or a grammar limits tokens)",
+    "length_penalty": "length_penalty is not supported (it applies to beam search only)",
 }
+
+
+def unsupported(key: str, param: str | None = None) -> APIError:
+    """The refusal of a field named in ``UNSUPPORTED`` (raised from a validator: pydantic passes it on)."""
+    return APIError(400, f"{UNSUPPORTED[key]} by llmserve ({key!r})", param=param or key, code="unsupported_parameter")
 # Chat template variables the request sets itself: chat_template_kwargs may not.
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
 
@@ -79,6 +92,15 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; only its default (usage comes once, at the end)
+
+    @model_validator(mode="after")
+    def _continuous(self) -> "StreamOptions":
+        if self.continuous_usage_stats:
+            raise APIError(400, "stream_options.continuous_usage_stats is not supported by llmserve (usage comes in "
+                           "the last chunk)", param="stream_options.continuous_usage_stats",
+                           code="unsupported_parameter")
+        return self
 
 
 class _SamplingFields(_Strict):
@@ -106,6 +128,7 @@ class _SamplingFields(_Strict):
     # Far from 0 and inf in fp32: logits are divided or multiplied by it.
     repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] | None = None
     ignore_eos: bool = False
+    use_beam_search: bool = False  # vLLM's; only false, its default (UNSUPPORTED names it)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=Limits.STOP_TOKEN_IDS)] | None = None
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | \
         Annotated[str, Field(max_length=Limits.PRIORITY_CHARS)] | None = None
@@ -138,6 +161,8 @@ class _SamplingFields(_Strict):
 
     @model_validator(mode="after")
     def _fields_together(self) -> "_SamplingFields":
+        if self.use_beam_search:
+            raise unsupported("use_beam_search")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed when stream is true")
         if self.best_of is not None:

@@ -1,0 +1,42 @@
+"""vLLM's request fields llmserve does not implement are refused by name, as
+docs/openai-api.md promises (400 unsupported_parameter naming the field), not as
+unknown fields; their defaults that ask for nothing (use_beam_search false,
+continuous_usage_stats false) are taken."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.api.errors import APIError
+from llmserve.api.parse import validate
+from llmserve.api.protocol import ChatCompletionRequest, CompletionRequest
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMPLETION = {"prompt": "hi", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"min_tokens": 2}, "min_tokens"),
+    ({"echo": True}, "echo"),
+    ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"allowed_token_ids": [1]}, "allowed_token_ids"),
+    ({"length_penalty": 1.0}, "length_penalty"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
+])
+def test_unimplemented_vllm_fields_are_unsupported_parameter(fields, param):
+    with pytest.raises(APIError) as e:
+        validate({**CHAT, **fields}, ChatCompletionRequest)
+    assert (e.value.status, e.value.code, e.value.param) == (400, "unsupported_parameter", param)
+    if param != "echo":  # (completions implement echo)
+        with pytest.raises(APIError) as e:
+            validate({**COMPLETION, **fields}, CompletionRequest)
+        assert (e.value.status, e.value.code, e.value.param) == (400, "unsupported_parameter", param)
+
+
+def test_their_defaults_are_taken():
+    r = validate({**CHAT, "use_beam_search": False, "stream": True,
+                  "stream_options": {"include_usage": True, "continuous_usage_stats": False}}, ChatCompletionRequest)
+    assert r.stream_options.include_usage and not r.use_beam_search
+    assert validate({**COMPLETION, "echo": True, "use_beam_search": False}, CompletionRequest).echo
