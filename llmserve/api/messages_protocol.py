@@ -135,6 +135,29 @@ def _refuse(v: Any) -> Any:
     return v
 
 
+def _check_blocks(messages: list[Message]) -> None:
+    """Refuse what Anthropic refuses rather than drop it: a call in a user turn, a result in an
+    assistant turn or answering no earlier call, a user turn with no content."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        if isinstance(m.content, str):
+            continue
+        if not m.content and m.role == "user":
+            raise FieldError(f"messages[{i}].content", "a user message must have non-empty content")
+        for j, b in enumerate(m.content):
+            where = f"messages[{i}].content[{j}]"
+            if isinstance(b, ToolUseBlock):
+                if m.role != "assistant":
+                    raise FieldError(where, "tool_use blocks are only allowed in assistant messages")
+                calls.add(b.id)
+            elif isinstance(b, ToolResultBlock):
+                if m.role != "user":
+                    raise FieldError(where, "tool_result blocks are only allowed in user messages")
+                if b.tool_use_id not in calls:
+                    raise FieldError(f"{where}.tool_use_id", f"tool_result block's tool_use_id {b.tool_use_id!r} "
+                                     "answers no tool_use block of an earlier assistant message")
+
+
 class MessagesRequest(_Strict):
     model: Name
     max_tokens: Annotated[int, Field(ge=1, le=Limits.MAX_TOKENS)]
@@ -164,10 +187,14 @@ class MessagesRequest(_Strict):
                 raise FieldError("tool_choice.name", "tool_choice of type 'tool' needs name")
             if c.name not in [t.name for t in self.tools or []]:
                 raise FieldError("tool_choice.name", f"tool_choice names {c.name!r}, which is not in tools")
-        if c is not None and c.type in ("any", "tool") and not self.tools:
+        if c is not None and not self.tools:
             raise FieldError("tool_choice", "tool_choice requires tools")
+        if self.output_config and self.output_config.format and self.tools and (c is None or c.type != "none"):
+            raise FieldError("output_config.format", "output_config.format cannot be combined with tools unless "
+                             "tool_choice is {\"type\": \"none\"} (one constraint on the output at a time)")
         if self.messages[0].role != "user":
             raise FieldError("messages", "the first message must use the user role")
+        _check_blocks(self.messages)
         return self
 
     def system_text(self) -> str | None:

@@ -118,3 +118,39 @@ def test_cached_prompt_tokens_are_cache_reads_not_input(client, host):
         final = s.get_final_message()
     assert final.usage.cache_read_input_tokens > 0
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt
+
+
+_TOOL = {"name": "f", "input_schema": {"type": "object"}}
+_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+_RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+_ASK = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"messages": [{"role": "user", "content": [_USE]}]}, "tool_use"),
+    ({"messages": [{"role": "user", "content": [_RESULT]}]}, "tool_use_id"),
+    ({"messages": [_ASK, {"role": "assistant", "content": [{"type": "tool_use", **{**_USE, "id": "toolu_2"}}]},
+                   {"role": "user", "content": [_RESULT]}]}, "tool_use_id"),
+    ({"messages": [_ASK, {"role": "assistant", "content": [_USE, _RESULT]}]}, "tool_result"),
+    ({"messages": [{"role": "user", "content": []}]}, "non-empty"),
+    ({"messages": [_ASK], "tool_choice": {"type": "auto"}}, "tool_choice"),
+    ({"messages": [_ASK], "tools": [_TOOL],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config.format"),
+])
+def test_what_anthropic_refuses_is_an_anthropic_400(host, fields, says):
+    r = httpx.post(host[0] + "/v1/messages", json={"model": "tiny", "max_tokens": 2, **fields},
+                   headers={"x-api-key": host[1]}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert says in err["error"]["message"] and "response_format" not in err["error"]["message"], err
+
+
+def test_a_result_answering_an_earlier_call_and_a_format_with_tool_choice_none_are_taken(client):
+    m = client.messages.create(model="tiny", max_tokens=2, tools=[_TOOL], messages=[
+        _ASK, {"role": "assistant", "content": [_USE]}, {"role": "user", "content": [_RESULT]}])
+    assert m.type == "message"
+    m = client.messages.create(model="tiny", max_tokens=2, tools=[_TOOL], tool_choice={"type": "none"},
+                               messages=[_ASK], output_config={"format": {"type": "json_schema",
+                                                                         "schema": {"type": "object"}}})
+    assert m.type == "message"
