@@ -12,6 +12,7 @@ needs them, not the runtime, so the recorder knows nothing of the gateway above 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -205,9 +206,13 @@ class RequestRecord:
 
 
 def prompt_chars(body: dict) -> int:
-    """Characters of prompt text in a request, for arrival-size signals."""
+    """Characters of prompt text in a request, for arrival-size signals and a key's token
+    estimate: the tools' definitions count (the template writes them into the prompt), and
+    a token id as the characters a token has (CHARS_PER_TOKEN), not one."""
+    from llmserve.autoscale.collector import CHARS_PER_TOKEN
+
     if isinstance(body.get("messages"), list):
-        total = 0
+        total = len(json.dumps(body["tools"])) if isinstance(body.get("tools"), list) else 0
         for m in body["messages"]:
             c = m.get("content") if isinstance(m, dict) else None
             if isinstance(c, str):
@@ -219,5 +224,6 @@ def prompt_chars(body: dict) -> int:
     if isinstance(p, str):
         return len(p)
     if isinstance(p, list):
-        return sum(len(x) if isinstance(x, str | list) else 1 for x in p)
+        per_id = round(CHARS_PER_TOKEN)
+        return sum(len(x) if isinstance(x, str) else len(x) * per_id if isinstance(x, list) else per_id for x in p)
     return 0

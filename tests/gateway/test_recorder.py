@@ -87,8 +87,11 @@ def test_a_warm_wait_is_no_cold_start_and_no_observers_means_no_token_count():
 
 def test_prompt_chars_counts_text_of_chats_and_prompts():
     assert prompt_chars({"messages": [{"content": "ab"}, {"content": [{"text": "cde"}]}]}) == 5
-    assert prompt_chars({"prompt": ["ab", [1, 2, 3], 7]}) == 2 + 3 + 1
+    # a token id is a token's characters (4), not one: a key's estimate would be 4x low
+    assert prompt_chars({"prompt": ["ab", [1, 2, 3], 7]}) == 2 + 3 * 4 + 4
     assert prompt_chars({}) == 0
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 300}}]
+    assert prompt_chars({"messages": [{"content": "ab"}], "tools": tools}) > 300  # the template writes them in
 
 
 def test_the_canary_evidence_gets_every_failed_attempt_and_the_answer():

@@ -60,7 +60,8 @@ class Ask:
     ttl_s: int = 0  # how long the store keeps the counter (0: for ever); HOLD: the hold's lease
     member: str = ""  # HOLD: the request's id
     width_s: float = 0.0  # WINDOW of a rate: the bucket's length
-    resets_at: float | None = None  # budgets: when the period ends
+    resets_at: float | None = None  # budgets: when the period ends (None: a total, never)
+    money: bool = False  # budgets: counted in millionths of the currency, not tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +122,13 @@ def estimate(limits: KeyLimits, prompt_chars: int, body: dict) -> tuple[int, int
     """(prompt, completion) tokens reserved at admission, before the usage is known.
 
     Prompts are estimated high (3 characters a token, plus a message template's worth)
-    so that settling mostly gives back; completions at their max_tokens, per choice."""
+    so that settling mostly gives back; completions at their max_tokens, per choice of
+    every prompt (a completions list of prompts answers each)."""
     prompt = prompt_chars // 3 + 8
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
-    choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))
+    p = body.get("prompt")
+    prompts = len(p) if isinstance(p, list) and p and not isinstance(p[0], int) else 1
+    choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1)) * prompts
     completion = (int(asked) if isinstance(asked, int) and asked > 0 else limits.default_max_tokens) * choices
     return prompt, completion
 
@@ -161,7 +165,7 @@ def token_asks(name: str, limits: KeyLimits, prices: Prices, prompt: int, comple
         ttl = 0 if end is None else math.ceil(end - now) + 86400
         asks.append(Ask(Limit.BUDGET, counter_key(name, Limit.BUDGET), Kind.WINDOW,
                         budget_cost(limits, prices, prompt, completion), budget_cap(limits), idx, idx, ttl,
-                        resets_at=end))
+                        resets_at=end, money=limits.budget.tokens is None))
     return asks
 
 
@@ -189,9 +193,7 @@ def verdict(name: str, asks: list[Ask], reply: Reply, now: float) -> Denied | No
         return Denied(ask.limit, 1, f"key {name!r} has {used} requests in flight, its limit of "
                                     f"{ask.cap} concurrent requests")
     if ask.limit is Limit.BUDGET:
-        wait = 86400 if ask.resets_at is None else max(1, math.ceil(ask.resets_at - now))
-        return Denied(ask.limit, wait, f"key {name!r} has used its budget for this period "
-                                       f"({used} of {ask.cap} spent, this request needs {ask.cost} more)")
+        return _budget_denied(name, ask, used, now)
     unit = ask.limit.value
     window_s = ask.width_s * BUCKETS
     if ask.cost > ask.cap:
@@ -200,6 +202,19 @@ def verdict(name: str, asks: list[Ask], reply: Reply, now: float) -> Denied | No
     return Denied(ask.limit, retry_after(ask, reply.buckets, used, now),
                   f"key {name!r} reached its limit of {ask.cap} {unit} per {window_s:g} s "
                   f"({used} used, this request needs {ask.cost})")
+
+
+def _budget_denied(name: str, ask: Ask, used: int, now: float) -> Denied:
+    def said(v: int) -> str:  # (money in the prices' currency, not the counter's millionths)
+        return f"{v / MICRO:.6g}" if ask.money else f"{v} tokens"
+
+    if ask.cost > ask.cap:  # no period's start lets it through
+        return Denied(ask.limit, None, f"the request needs {said(ask.cost)}, more than key {name!r}'s whole "
+                                       f"budget ({said(ask.cap)}); ask for fewer tokens (max_tokens)")
+    wait = None if ask.resets_at is None else max(1, math.ceil(ask.resets_at - now))
+    period = "its budget" if wait is None else "its budget for this period"
+    return Denied(ask.limit, wait, f"key {name!r} has too little left of {period}: {said(used)} of "
+                                   f"{said(ask.cap)} spent, this request needs {said(ask.cost)}")
 
 
 def retry_after(ask: Ask, buckets: tuple[tuple[int, int], ...], used: int, now: float) -> int:

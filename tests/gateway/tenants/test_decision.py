@@ -86,6 +86,9 @@ def test_estimates_reserve_max_tokens_per_choice_and_a_high_prompt():
     assert estimate(limits, 300, {"max_tokens": 7}) == (108, 7)
     assert estimate(limits, 0, {"max_completion_tokens": 5, "n": 3}) == (8, 15)
     assert estimate(limits, 0, {}) == (8, 100)
+    # a completions list of prompts answers each: 8 prompts x 2 choices x 60 (ids: one prompt)
+    assert estimate(limits, 0, {"prompt": list("abcdefgh"), "max_tokens": 60, "n": 2}) == (8, 960)
+    assert estimate(limits, 0, {"prompt": [5, 6, 7], "max_tokens": 60}) == (8, 60)
 
 
 def test_spend_is_priced_per_thousand_in_millionths():
@@ -111,6 +114,22 @@ def test_verdicts_use_openais_error_types_and_name_the_key_not_its_secret():
     assert kinds[Limit.CONCURRENT] == ("requests", "rate_limit_exceeded")
     assert kinds[Limit.BUDGET] == ("insufficient_quota", "insufficient_quota")
     assert verdict("team-a", asks, Reply(-1, (0, 0, 0, 0)), now) is None
+
+
+def test_budget_refusals_say_amounts_as_configured_and_when_waiting_helps():
+    """Money in the prices' currency (not the counter's millionths); a request over the whole
+    budget, or a total budget spent, gets no Retry-After: no period's start would let it in."""
+    now = 1_000_000.0
+    money = KeyLimits(budget=Budget(amount=0.5, period=Period.TOTAL))
+    big = admission_asks("k", money, Prices(prompt=1.0, completion=1.0), 10, 1000, now, "r", 60)
+    d = verdict("k", big, Reply(0, (0,)), now)
+    assert d.retry_after_s is None and "whole budget (0.5)" in d.message and "1.01" in d.message
+    small = admission_asks("k", money, Prices(prompt=1.0, completion=1.0), 10, 10, now, "r", 60)
+    d = verdict("k", small, Reply(0, (small[0].cap,)), now)
+    assert d.retry_after_s is None and "0.5 of 0.5 spent" in d.message
+    daily = KeyLimits(budget=Budget(tokens=100, period=Period.DAY))
+    d = verdict("k", admission_asks("k", daily, FREE, 10, 10, now, "r", 60), Reply(0, (95,)), now)
+    assert d.retry_after_s == 86400 - now % 86400 and "95 tokens of 100 tokens spent" in d.message
 
 
 def test_a_request_larger_than_the_whole_window_says_so():
