@@ -22,6 +22,11 @@ _given: deque[int] = deque(maxlen=1_024)
 _pick = random.SystemRandom()  # a test's random.seed must not make processes pick alike
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
 def _ephemeral_low() -> int:
     try:
         return int(_RANGE.read_text().split()[0])

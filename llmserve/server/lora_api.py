@@ -10,7 +10,10 @@
   running on it finish with it.
 
 With ``--admin-key`` set, the two POSTs need it (``x-admin-key`` or ``Authorization: Bearer``;
-the API key, when there is one, still goes in ``Authorization``). ``llmserve:lora_resident``
+the API key, when there is one, still goes in ``Authorization``). With neither key, only an
+instance on a loopback address loads and unloads (403 elsewhere: anyone who reaches it could
+make it read files of this machine; vLLM gates the same routes behind an environment
+switch). ``llmserve:lora_resident``
 says per adapter whether it is resident (1) or only registered (0), the routing signal; vLLM's
 ``vllm:lora_requests_info`` counts requests in flight instead.
 """
@@ -27,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmserve.api.errors import APIError
 from llmserve.api.limits import bearer_token, find_key
 from llmserve.api.parse import parse_model
+from llmserve.ports import is_loopback
 
 
 class LoadLoraAdapterRequest(BaseModel):
@@ -79,6 +83,9 @@ def add_lora_routes(app: FastAPI, inst: Any) -> None:
             if find_key(given, [key.get_secret_value().encode()]) is None:
                 raise APIError(401, "a valid admin key is required to load or unload adapters",
                                code="invalid_admin_key")
+        elif not cfg.api_keys and not is_loopback(cfg.host):  # (files on this machine, read for anyone)
+            raise APIError(403, "loading or unloading adapters on an address other than loopback needs a key: "
+                                "start the instance with --admin-key (or --api-key)", code="admin_key_required")
         if inst.engine is None:
             raise APIError(503, f"the instance is not running an engine ({inst.state.value})", "service_unavailable")
         return inst.engine

@@ -175,3 +175,18 @@ def test_an_adapter_whose_file_went_away_fails_its_request_alone(tmp_path):
         assert r.status_code == 404 and "x" not in _models(ep.url)
     finally:
         ep.stop()
+
+
+def test_an_instance_open_to_the_network_loads_adapters_only_with_a_key(tmp_path):
+    """No --admin-key and no --api-key on a non-loopback address: load and unload are 403
+    (a client could make the instance read any file path); serving is unchanged."""
+    folder = make_tiny_llama(tmp_path)
+    ep = start_engine(folder, tmp_path, "--enable-lora", "--host", "0.0.0.0")
+    try:
+        r = _load(ep.url, "x", tmp_path, key=None)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_key_required", r.text
+        r = httpx.post(ep.url + "/v1/unload_lora_adapter", json={"lora_name": "x"}, timeout=30)
+        assert r.status_code == 403
+        assert httpx.post(ep.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+    finally:
+        ep.stop()

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.autoscale.providers.base import InstanceHandle, InstanceSpec, RunState, RunStatus
 from llmserve.autoscale.providers.process import engine_command, foreign_command, spawn, tail, terminate
+from llmserve.ports import is_loopback
 from llmserve.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,6 @@ ACTOR_PREFIX = "llmserve-"
 
 def actor_name(instance_id: str) -> str:
     return f"{ACTOR_PREFIX}{instance_id}"
-
-
-def is_loopback(host: str) -> bool:
-    return host.startswith("127.") or host in ("localhost", "::1")
 
 
 def engine_host(bind_host: str | None, address: str | None) -> str | None:
