@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
 from llmserve.gateway.canary import CanaryAnalysis, CanaryConfig, CanaryState
 
@@ -142,26 +144,55 @@ def _settings(spec: str | None) -> CanaryConfig:
     if not spec:
         return CanaryConfig()
     path = Path(spec)
-    data = yaml.safe_load(path.read_text() if path.is_file() else spec) or {}
-    if isinstance(data, dict) and "models" in data:  # a gateway or serve file: its first canary
-        canaries = [m["canary"] for m in data["models"] if isinstance(m, dict) and m.get("canary")]
+    inline = not path.is_file()
+    if inline and not any(c in spec for c in "{}:\n") and (path.suffix in (".yaml", ".yml", ".json") or "/" in spec):
+        # A path that is not there would otherwise be read as inline YAML: a bare string.
+        raise ValueError(f"--canary-settings: no such file {spec}")
+    try:
+        data = yaml.safe_load(spec if inline else path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"--canary-settings: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--canary-settings: expected a mapping of canary fields or a file, got {spec!r}")
+    if "models" in data:  # a gateway or serve file: its first canary
+        canaries = [m["canary"] for m in data["models"] or [] if isinstance(m, dict) and m.get("canary")]
         if not canaries:
-            raise SystemExit(f"{spec}: no model has a canary")
+            raise ValueError(f"--canary-settings: {spec}: no model has a canary")
         data = {k: v for k, v in canaries[0].items() if k in CanaryConfig.model_fields}
-    return CanaryConfig.model_validate(data)
+    try:
+        return CanaryConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ValueError(f"--canary-settings: {where}: {err['msg']}") from None
 
 
-def _floats(spec: str) -> list[float]:
-    return [float(x) for x in spec.split(",") if x.strip()]
+def _floats(flag: str, spec: str) -> list[float]:
+    try:
+        return [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated numbers, got {spec!r}") from None
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.canary_rollouts < 1:  # the shares divide by it
+        raise ValueError(f"--canary-rollouts must be >= 1, got {args.canary_rollouts}")
+    if not (args.canary_rps > 0 and math.isfinite(args.canary_rps)):
+        raise ValueError(f"--canary-rps must be a positive number, got {args.canary_rps:g}")
+    if not 0 <= args.canary_stable_error_rate <= 1:
+        raise ValueError(f"--canary-stable-error-rate must be in [0, 1], got {args.canary_stable_error_rate:g}")
+    if not (args.canary_max_s > 0 and math.isfinite(args.canary_max_s)):
+        raise ValueError(f"--canary-max-s must be a positive number of seconds, got {args.canary_max_s:g}")
 
 
 def run_canary_power(args: argparse.Namespace) -> int:
+    _check(args)
     config = _settings(args.canary_settings)
     base = Traffic(rps=args.canary_rps, stable_error_rate=args.canary_stable_error_rate,
                    canary_error_rate=args.canary_stable_error_rate, max_s=args.canary_max_s)
     rows = [power(config, traffic, args.canary_rollouts, args.seed, name)
-            for name, traffic in scenarios(base, _floats(args.canary_worse_by),
-                                           _floats(args.canary_slower_by)).items()]
+            for name, traffic in scenarios(base, _floats("--canary-worse-by", args.canary_worse_by),
+                                           _floats("--canary-slower-by", args.canary_slower_by)).items()]
     print(markdown(config, base, rows))
     if args.out:
         out = Path(args.out)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,14 @@ from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
 from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.canary_power import add_canary_power_args, run_canary_power
+from llmserve.sim.cli_checks import check_simulate_args, lengths, static_instances
 from llmserve.sim.compare import initial_instances, size_static_for_peak
 from llmserve.sim.jobs import RunProgress, run_jobs
 from llmserve.sim.plots import write_plots
 from llmserve.sim.profile import BUILTIN_PROFILES, DEFAULT_PROFILE, load_profile, save_profile
 from llmserve.sim.report import markdown_table, print_comparison, write_summaries
 from llmserve.sim.simulator import SimConfig
-from llmserve.sim.traces import TRACE_NAMES, LengthDist, build_trace
+from llmserve.sim.traces import TRACE_NAMES, build_trace
 
 
 EXAMPLES = """\
@@ -75,7 +75,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-len", default=None, metavar="MEDIAN[:SIGMA]",
                    help="log-normal prompt tokens (default 300:0.8)")
     g.add_argument("--output-len", default=None, metavar="MEDIAN[:SIGMA]",
-                   help="log-normal output tokens (default 200:0.8)")
+                   help="log-normal output tokens (default 400:0.8)")
     g.add_argument("--batch-fraction", type=float, default=0.0, help="share of requests in the batch class")
     g.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                    help="play the trace F times faster (times / F, rates x F, lengths kept), e.g. to replay "
@@ -123,6 +123,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                    help="replay the trace through a live `llmserve serve` and through the simulator; "
                    "print live vs sim (TTFT, e2e, instance-seconds, peak, scale-ups); --out writes "
                    "fidelity.json, table.md, requests.csv, trace.csv, profile.json, serve.log (and calibration.csv)")
+    g.add_argument("--fidelity-long", action="store_true",
+                   help="fidelity: run a live replay longer than an hour (refused otherwise)")
     g.add_argument("--serve-config", default=None, metavar="YAML",
                    help="fidelity: the YAML `llmserve serve --config` takes (default: serve's defaults)")
     g.add_argument("--model", default=None, help="fidelity: the model to serve (overrides the serve config's)")
@@ -152,13 +154,6 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--write-profile", default=None, metavar="JSON")
 
 
-def _lengths(spec: str | None, default: LengthDist) -> LengthDist:
-    if not spec:
-        return default
-    median, _, sigma = spec.partition(":")
-    return replace(default, median=float(median), sigma=float(sigma) if sigma else default.sigma)
-
-
 def trace_from_args(args: argparse.Namespace):
     return _trace_from_args(args).compressed(args.time_scale)
 
@@ -168,26 +163,41 @@ def _trace_from_args(args: argparse.Namespace):
 
     if args.trace.endswith(".csv"):
         return build_trace(args.trace)
-    kw: dict = {"prompt": _lengths(args.prompt_len, default_prompt_lengths()),
-                "output": _lengths(args.output_len, default_output_lengths()),
+    check_simulate_args(args)  # before anything is built: also for --fidelity and --deployment
+    kw: dict = {"prompt": lengths("--prompt-len", args.prompt_len, default_prompt_lengths()),
+                "output": lengths("--output-len", args.output_len, default_output_lengths()),
                 "batch_fraction": args.batch_fraction}
+    # `is None`, not truthiness: a given 0 is refused above, never taken for the default.
     if args.trace == "diurnal":
         kw["ratio"] = args.peak_to_trough
-        if args.peak_rps:
+        if args.peak_rps is not None:
             kw["peak_rps"] = args.peak_rps
-        if args.hours:
+        if args.hours is not None:
             kw["duration_s"] = args.hours * 3600.0
     elif args.trace in ("bursty", "flash"):
-        if args.base_rps:
+        if args.base_rps is not None:
             kw["base_rps"] = args.base_rps
-        if args.hours:
+        if args.hours is not None:
             kw["duration_s"] = args.hours * 3600.0
     elif args.trace == "ramp":
-        if args.base_rps:
+        if args.base_rps is not None:
             kw["low_rps"] = args.base_rps
-        if args.high_rps:
+        if args.high_rps is not None:
             kw["high_rps"] = args.high_rps
     return build_trace(args.trace, seed=args.seed, **kw)
+
+
+FIDELITY_MAX_S = 3600.0  # longer live replays need --fidelity-long
+
+
+def fidelity_trace(args: argparse.Namespace):
+    """The trace a fidelity check replays live: one longer than an hour only when asked
+    for (the default diurnal day would otherwise run a day-long live check unannounced)."""
+    trace = trace_from_args(args)
+    if trace.duration_s > FIDELITY_MAX_S and not getattr(args, "fidelity_long", False):
+        raise ValueError(f"--fidelity would replay {trace.name} live for {trace.duration_s / 3600:.1f} h: "
+                         "shorten it (--time-scale F, --hours, a CSV) or pass --fidelity-long to run it anyway")
+    return trace
 
 
 def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleConfig:
@@ -199,7 +209,7 @@ def autoscale_from_args(args: argparse.Namespace, profile, trace) -> AutoscaleCo
     tick_s = AutoscaleConfig.model_validate(d).tick_s
     mean_p = float(np.mean(trace.prompt_tokens)) if len(trace) else 300.0
     mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 200.0
-    prior = args.capacity_prior or profile.saturation_tokens_per_s(mean_p, mean_o)
+    prior = args.capacity_prior if args.capacity_prior is not None else profile.saturation_tokens_per_s(mean_p, mean_o)
     # KPA's target is 70 % of the seats the instances report, live and here alike.
     return AutoscaleConfig.model_validate(deep_merge(d, {"predictive": {
         "capacity_tokens_per_s": prior, "lead_time_s": profile.cold_start_s + tick_s + 5.0}}))
@@ -244,7 +254,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.fidelity:
         from llmserve.fidelity.fidelity_check import run_fidelity
 
-        return run_fidelity(args, trace_from_args(args))
+        return run_fidelity(args, fidelity_trace(args))
     if args.deployment:
         return run_deployment(args)
     if args.canary_power:
@@ -260,6 +270,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 2
     profile = profile_from_args(args)
     trace = trace_from_args(args)
+    too_long = int(np.sum(trace.prompt_tokens + trace.output_tokens > profile.kv_capacity_tokens))
+    if too_long == len(trace) and too_long:
+        raise ValueError(f"every request of the trace is longer than {profile.name}'s KV capacity "
+                         f"({profile.kv_capacity_tokens} tokens): an instance would refuse them all")
     autoscale = autoscale_from_args(args, profile, trace)
     sim = sim_from_args(args)
     console.print(f"trace {trace.name}: {len(trace)} requests over {trace.duration_s / 3600:.1f} h, "
@@ -268,12 +282,22 @@ def run_simulate(args: argparse.Namespace) -> int:
         console.print("the picker's compiled score is not built (no compiler at install): "
                       "its Python path decides the same, more slowly")
 
+    if too_long:
+        console.print(f"{too_long} requests are longer than the KV capacity ({profile.kv_capacity_tokens} "
+                      "tokens): refused at once, as the engine answers them 400, and counted as rejected")
     log = console.print
-    if args.static_instances == "auto":
-        static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log, jobs=args.jobs)
-    else:
-        static_n = int(args.static_instances)
-    start = args.initial_instances or initial_instances(trace, static_n, autoscale.bounds.min_instances)
+    static_n = static_instances(args.static_instances)
+    if static_n is None and ("static" in policies or args.initial_instances is None):
+        try:
+            static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log, jobs=args.jobs)
+        except ValueError as e:
+            if "static" in policies:
+                raise
+            raise ValueError(f"--initial-instances defaults to what the peak-sized static pool needs at t=0, "
+                             f"and sizing that pool failed: {e} or --initial-instances N") from None
+    start = (args.initial_instances if args.initial_instances is not None
+             else initial_instances(trace, static_n, autoscale.bounds.min_instances))
+    static_n = static_n or 1  # not asked for and not sized: no run uses it
     live = [p for p in policies if p != "oracle"]
     with RunProgress(trace.duration_s, console, enabled=not args.no_progress) as bars:
         results = run_jobs(trace, profile, autoscale, sim, live, static_n, start, args.jobs, bars, log=log)
@@ -288,7 +312,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         meta = {"argv": sys.argv[1:],
                 "trace": trace.name, "requests": len(trace), "profile": profile.name,
-                "cold_start_s": profile.cold_start_s, "static_instances": static_n,
+                "cold_start_s": profile.cold_start_s,
+                "static_instances": static_n if "static" in policies else None,
                 "initial_instances": start, "slo": {"ttft_s": autoscale.slo.ttft_s, "e2e_s": autoscale.slo.e2e_s},
                 "capacity": autoscale.capacity.model_dump(), "reclaim_rate_per_h": sim.reclaim_rate_per_h,
                 "reclaim_notice_s": sim.reclaim_notice_s}

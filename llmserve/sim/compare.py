@@ -60,6 +60,11 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
     mean_o = float(np.mean(trace.output_tokens)) if len(trace) else 1.0
     per_instance = profile.saturation_tokens_per_s(mean_p, mean_o)
     r = len(peak) / max(peak.duration_s, 1e-9) * (mean_p + mean_o) / per_instance
+    too_long = int(np.sum(peak.prompt_tokens + peak.output_tokens > profile.kv_capacity_tokens))
+    if len(peak) and too_long / len(peak) > 1 - target:  # refused at any size: no pool would pass
+        raise ValueError(f"{too_long} of {len(peak)} peak-hour requests exceed the instance's KV capacity "
+                         f"({profile.kv_capacity_tokens} tokens) and are refused, so no static pool meets "
+                         f"{target:.0%} of them within the TTFT SLO: give --static-instances N")
     tried: dict[int, float] = {}
     base = sim or SimConfig()
     width = max(1, jobs)  # sizes tried a round
@@ -80,7 +85,8 @@ def size_static_for_peak(trace: Trace, profile: InstanceProfile, autoscale: Auto
     run([hi, lo] if width > 1 else [hi])
     while not ok(hi):
         if hi >= max_instances:
-            raise RuntimeError(f"no static pool up to {max_instances} instances meets the SLO at the peak")
+            raise ValueError(f"no static pool up to {max_instances} instances meets the TTFT SLO at the peak "
+                             "(the trace's peak is beyond what the profile can serve): give --static-instances N")
         lo, hi = hi, min(max_instances, 2 * hi)
     if ok(lo):
         hi = lo

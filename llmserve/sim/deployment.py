@@ -31,9 +31,18 @@ from llmserve.sim.traces import Trace
 _ADMIN_PLACEHOLDER = "simulated-admin-key-0000"
 
 
+def model_config(gateway, model: str):
+    """``model``'s gateway config; a name the file does not serve is one line naming those it does."""
+    found = next((m for m in gateway.models if m.name == model), None)
+    if found is None:
+        raise ValueError(f"--deployment-model {model!r}: the file serves no such model; it serves "
+                         f"{', '.join(repr(m.name) for m in gateway.models)}")
+    return found
+
+
 def starting_weights(serve: ServeConfig, model: str) -> dict[str, float]:
     """The version weights the gateway starts ``model`` with."""
-    m = next(m for m in serve.gateway_config(_ADMIN_PLACEHOLDER).models if m.name == model)
+    m = model_config(serve.gateway_config(_ADMIN_PLACEHOLDER), model)
     c = m.canary
     if c is None or not c.auto_start:
         return m.base_weights
@@ -69,7 +78,7 @@ def replay_deployment(serve: ServeConfig, trace: Trace, profile: InstanceProfile
     pools = serve.pools()
     model = model or pools[0].model
     gateway = serve.gateway_config(_ADMIN_PLACEHOLDER)
-    cfg = next(m for m in gateway.models if m.name == model)
+    cfg = model_config(gateway, model)
     ctrl = serve.controller_config()
     mine = [p for p in pools if p.model == model]
     for p in mine:

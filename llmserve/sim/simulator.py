@@ -169,6 +169,7 @@ class Simulator:
         # Read per request: plain numbers (a pydantic field costs ~10x a plain attribute to read).
         self._trace_chars, self._chars_per_token = c.prompt_chars_per_token, c.chars_per_token
         self._overhead_s = profile.request_overhead_s
+        self._kv_cap = profile.kv_capacity_tokens
 
     # ---- event plumbing -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
@@ -303,6 +304,11 @@ class Simulator:
         chars = self._prompt[rid] * self._trace_chars
         batch = self._priority[rid] != 0
         self.collector.record_arrival(now, estimate_prompt_tokens(chars, self._chars_per_token), batch)
+        if self._prompt[rid] + self._output[rid] > self._kv_cap:
+            # Never admissible (it would block its instance's queue forever): the live engine's
+            # context is capped at its KV capacity and it refuses such a request at once (400).
+            self._finish(rid, REJECTED, now)
+            return
         if not self.gateway.offer(rid, _BATCH if batch else _REALTIME, now, self.adapter_of[rid]):
             self._finish(rid, REJECTED, now)
             return

@@ -117,6 +117,12 @@ def from_rate_curve(name: str, rate_t: np.ndarray, rate_rps: np.ndarray, duratio
                     rng: np.random.Generator, prompt: LengthDist, output: LengthDist,
                     batch_fraction: float = 0.0) -> Trace:
     """Poisson arrivals under a piecewise-constant rate (``rate_rps[k]`` from ``rate_t[k]``)."""
+    if not (duration_s > 0 and math.isfinite(duration_s)):
+        raise ValueError(f"{name}: the trace's duration must be positive, got {duration_s:g} s")
+    if not np.all(np.isfinite(rate_rps)) or np.any(np.asarray(rate_rps) < 0):
+        raise ValueError(f"{name}: arrival rates must be finite and >= 0")
+    if not 0 <= batch_fraction <= 1:
+        raise ValueError(f"{name}: batch fraction must be in [0, 1], got {batch_fraction:g}")
     edges = np.append(rate_t, duration_s)
     widths = np.diff(edges)
     counts = rng.poisson(np.maximum(rate_rps, 0.0) * widths)
@@ -130,7 +136,7 @@ def from_rate_curve(name: str, rate_t: np.ndarray, rate_rps: np.ndarray, duratio
 
 def _noise(rng: np.random.Generator, n: int, step_s: float, sigma: float, corr_s: float) -> np.ndarray:
     """Mean-one log-normal multipliers following an AR(1) process in log space."""
-    if sigma <= 0:
+    if sigma <= 0 or n == 0:
         return np.ones(n)
     rho = math.exp(-step_s / corr_s)
     eps = rng.standard_normal(n)
@@ -147,8 +153,8 @@ def diurnal(peak_rps: float = 2.0, ratio: float = 10.0, duration_s: float = 8640
             prompt: LengthDist | None = None, output: LengthDist | None = None,
             batch_fraction: float = 0.0) -> Trace:
     """A day: trough at ``peak_hour - 12``, peak ``ratio`` times the trough at ``peak_hour``."""
-    if peak_rps <= 0 or ratio < 1:
-        raise ValueError("diurnal: peak_rps must be positive and ratio >= 1")
+    if not (peak_rps > 0 and ratio >= 1 and duration_s > 0):
+        raise ValueError("diurnal: peak_rps and duration must be positive and ratio >= 1")
     rng = np.random.default_rng(seed)
     t = np.arange(0.0, duration_s, step_s)
     trough = peak_rps / ratio
@@ -227,7 +233,12 @@ def from_csv(path: str | Path, rate_step_s: float = 60.0) -> Trace:
             try:
                 pri = parse_priority(row.get("priority") or None)
                 cls = REALTIME if pri is None else int(PriorityClass.of(pri))  # the class, as 0 / 1
-                rows.append((float(row["timestamp"]), int(row["prompt_tokens"]), int(row["output_tokens"]), cls))
+                ts, p, o = float(row["timestamp"]), int(row["prompt_tokens"]), int(row["output_tokens"])
+                if not math.isfinite(ts):
+                    raise ValueError(f"timestamp must be a finite number of seconds, got {row['timestamp']}")
+                if p < 0 or o < 0:  # 0 is read as 1 (the least a request has); a negative is a broken row
+                    raise ValueError(f"token counts must be >= 0, got prompt_tokens {p}, output_tokens {o}")
+                rows.append((ts, p, o, cls))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{line}: {e}") from None
     if not rows:
