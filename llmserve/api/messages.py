@@ -61,6 +61,10 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
         if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
             msgs.append({"role": "user", "content": text})
     body: dict[str, Any] = {"model": req.model, "messages": msgs, "max_tokens": req.max_tokens, "stream": req.stream}
+    last = msgs[-1]
+    if last["role"] == "assistant" and last["content"] and "tool_calls" not in last:
+        # Anthropic's prefill: the answer continues the final assistant text, in the same turn
+        body.update(continue_final_message=True, add_generation_prompt=False)
     for key in ("temperature", "top_p", "top_k"):
         if getattr(req, key) is not None:
             body[key] = getattr(req, key)

@@ -73,7 +73,8 @@ def unsupported(key: str, param: str | None = None) -> APIError:
     """The refusal of a field named in ``UNSUPPORTED`` (raised from a validator: pydantic passes it on)."""
     return APIError(400, f"{UNSUPPORTED[key]} by llmserve ({key!r})", param=param or key, code="unsupported_parameter")
 # Chat template variables the request sets itself: chat_template_kwargs may not.
-TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                "bos_token", "eos_token"})
 
 
 def _check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
@@ -267,6 +268,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=Limits.LOGPROBS)] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the prompt ends inside the final message, which the model continues (a prefill)
+    continue_final_message: bool = False
     modalities: list[Literal["text"]] | None = None
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
@@ -277,6 +280,9 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _template_kwargs(self) -> "ChatCompletionRequest":
         _check_template_kwargs(self.chat_template_kwargs)
+        if self.continue_final_message and self.add_generation_prompt:  # (vLLM refuses both too)
+            raise FieldError("continue_final_message", "continue_final_message needs add_generation_prompt false "
+                             "(the final message is continued, not followed by a new turn)")
         return self
 
     @model_validator(mode="after")

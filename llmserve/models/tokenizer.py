@@ -25,6 +25,7 @@ from llmserve.models.loader import ModelLoadError
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "ChatTemplateError"]
 
 # Private-use characters that bracket a control token written by a user, not by the template.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
 _OPEN, _CLOSE = "\U000f0000", "\U000f0001"  # the ones transformers uses
 
 
@@ -179,11 +180,33 @@ class Tokenizer:
     # -- chat -----------------------------------------------------------------------
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                            **variables: Any) -> str:
-        """Render a conversation to prompt text with the model's own template (sandboxed)."""
+                            continue_final_message: bool = False, **variables: Any) -> str:
+        """Render a conversation to prompt text with the model's own template (sandboxed).
+
+        ``continue_final_message``: the text ends right after the last message's content, so
+        the model continues it (a prefill) instead of a closed turn; transformers' cut."""
         variables.setdefault("bos_token", self.bos_token or "")
         variables.setdefault("eos_token", self.eos_token or "")
-        return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
+        if not continue_final_message:
+            return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
+        # transformers' way: tag the end of the final text, render, cut at the tag (its space
+        # kept by the template: the text's own trailing spacing is too; trimmed: trim it)
+        msgs = [dict(m) for m in messages]
+        content = msgs[-1].get("content") if msgs else None
+        if isinstance(content, str):
+            msgs[-1]["content"] = content + _CONTINUE_TAG
+        elif isinstance(content, (list, tuple)) and any(isinstance(p, dict) and "text" in p for p in content):
+            parts = [dict(p) for p in content]
+            last = max(i for i, p in enumerate(parts) if "text" in p)
+            parts[last]["text"] += _CONTINUE_TAG
+            msgs[-1]["content"] = parts
+        else:
+            raise ChatTemplateError("continue_final_message: the final message has no text to continue")
+        text = self._template().render(msgs, add_generation_prompt=add_generation_prompt, **variables)
+        if _CONTINUE_TAG.strip() not in text:
+            raise ChatTemplateError("continue_final_message: the chat template drops the final message's text")
+        at = text.rindex(_CONTINUE_TAG.strip())
+        return text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
 
     def set_chat_template(self, source: str) -> None:
         """Use ``source`` instead of the model's own template (``--chat-template``)."""
@@ -217,7 +240,7 @@ class Tokenizer:
         return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                    **variables: Any) -> list[int]:
+                    continue_final_message: bool = False, **variables: Any) -> list[int]:
         """Prompt ids for a conversation, safe against control-token injection.
 
         The template writes its own special tokens, so none are added. A control
@@ -227,11 +250,11 @@ class Tokenizer:
         """
         self._template()  # compiles the template and the control-token pattern
         if self._control_re is None:
-            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **variables),
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, continue_final_message, **variables),
                                add_special_tokens=False)
         marked = self._mark(list(messages))
         variables = {k: v if k in ("bos_token", "eos_token") else self._mark(v) for k, v in variables.items()}
-        text = self.apply_chat_template(marked, add_generation_prompt, **variables)
+        text = self.apply_chat_template(marked, add_generation_prompt, continue_final_message, **variables)
         if _OPEN not in text and _CLOSE not in text:
             return self.encode(text, add_special_tokens=False)
         if self._literal is None:

@@ -10,7 +10,9 @@ from llmserve.server.tool_calls import render_messages
 
 
 def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> list[int]:
+                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
+                continue_final_message: bool = False) -> list[int]:
+    kwargs = {**kwargs, "continue_final_message": continue_final_message} if continue_final_message else kwargs
     try:
         if tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
             extra = {"tools": tools} if tools else {}
