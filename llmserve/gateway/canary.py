@@ -90,14 +90,16 @@ class CanaryState(enum.Enum):
     ROLLED_BACK = "rolled_back"  # canary gets nothing
 
 
-# The allowed transitions, in one place. start() may restart from any settled state.
+# The allowed transitions, in one place. start() may retry a rolled-back canary; a promoted
+# one is the stable from then on (as in Flagger and Argo Rollouts): promoted is final, and a
+# new rollout needs a new canary version.
 TRANSITIONS: dict[CanaryState, frozenset[CanaryState]] = {
     CanaryState.IDLE: frozenset({CanaryState.PROGRESSING}),
     CanaryState.PROGRESSING: frozenset({CanaryState.PAUSED, CanaryState.PROMOTED,
                                         CanaryState.ROLLED_BACK}),
     CanaryState.PAUSED: frozenset({CanaryState.PROGRESSING, CanaryState.PROMOTED,
                                    CanaryState.ROLLED_BACK}),
-    CanaryState.PROMOTED: frozenset({CanaryState.PROGRESSING}),
+    CanaryState.PROMOTED: frozenset(),
     CanaryState.ROLLED_BACK: frozenset({CanaryState.PROGRESSING}),
 }
 
@@ -272,6 +274,9 @@ class CanaryAnalysis:
     def start(self, now: float, reason: str = "rollout started") -> CanaryDecision:
         if self.state in (CanaryState.PROGRESSING, CanaryState.PAUSED):
             raise InvalidTransition(f"a rollout is already {self.state.value}")
+        if self.state is CanaryState.PROMOTED:  # restarting would send traffic back to the retired stable
+            raise InvalidTransition(f"{self.canary!r} was promoted and is the stable now: a new rollout needs a "
+                                    f"new canary version (the model's canary: version and stable)")
         self._move(CanaryState.PROGRESSING)
         self.weight = self.config.start_weight
         self.failed_checks = 0

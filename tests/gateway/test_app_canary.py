@@ -79,6 +79,18 @@ def test_manual_pause_promote_rollback_through_admin():
         assert reasons[0] == "ship it"
 
 
+def test_start_after_a_promote_is_409_and_traffic_stays_on_the_promoted():
+    manual = {**CANARY, "auto_start": False, "interval_s": 60}
+    with stack({"v1": [Behaviour("stable")], "canary": [Behaviour("c")]},
+               weights={"v1": 1, "canary": 0}, model={"canary": manual}) as s:
+        assert s.admin("POST", "/models/chat/canary/start").status_code == 200
+        assert s.admin("POST", "/models/chat/canary/promote").json()["weight"] == 1.0
+        r = s.admin("POST", "/models/chat/canary/start")
+        assert r.status_code == 409 and "new canary" in r.json()["error"]["message"]
+        models = s.admin("GET", "/models").json()["models"]
+        assert {v["name"]: v["weight"] for v in models[0]["versions"]} == {"v1": 0.0, "canary": 1.0}
+
+
 def test_an_elastic_canary_pool_with_no_ready_instance_is_not_judged():
     """A bad canary whose pool is cold (its controller could start one) is not
     rolled back for that: the interval is a skip, and its outcomes are set aside."""

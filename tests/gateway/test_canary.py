@@ -163,14 +163,23 @@ def test_pause_freezes_and_resume_waits_a_full_interval():
 
 def test_manual_promote_and_rollback_and_restart():
     a = _started()
-    d = a.promote(5.0, reason="looks fine to me")
-    assert (d.action, d.weight, a.state) == (Action.PROMOTE, 1.0, CanaryState.PROMOTED)
-    assert a.events()[-1]["reason"] == "looks fine to me"
-    a.start(10.0)
-    assert (a.state, a.weight, a.failed_checks) == (CanaryState.PROGRESSING, 0.05, 0)
     a.pause(11.0)
     d = a.rollback(12.0)
     assert (d.weight, a.state) == (0.0, CanaryState.ROLLED_BACK)
+    a.start(13.0)  # a rolled-back canary may be tried again
+    assert (a.state, a.weight, a.failed_checks) == (CanaryState.PROGRESSING, 0.05, 0)
+    d = a.promote(15.0, reason="looks fine to me")
+    assert (d.action, d.weight, a.state) == (Action.PROMOTE, 1.0, CanaryState.PROMOTED)
+    assert a.events()[-1]["reason"] == "looks fine to me"
+
+
+def test_a_promoted_canary_is_the_stable_and_is_not_restarted():
+    # Restarting used to set the weight back to start_weight: 95% of traffic to the retired stable.
+    a = _started()
+    a.promote(5.0)
+    with pytest.raises(InvalidTransition, match="promoted and is the stable now: a new rollout needs a new canary"):
+        a.start(10.0)
+    assert (a.state, a.weight) == (CanaryState.PROMOTED, 1.0)
 
 
 def test_invalid_transitions_raise():

@@ -84,19 +84,20 @@ def test_replicas_share_one_rollout_driven_from_either(upstreams, redis_server, 
         _wait(lambda: seen_by_b() == 20, 10, "A's outcomes in B's evidence")
         assert a.admin("POST", "/models/tiny/canary/pause", json={"reason": "on A"}).status_code == 200
         assert _canary(b)["state"] == "paused"
-        assert a.admin("POST", "/models/tiny/canary/promote").status_code == 200
-        _wait(lambda: b.admin("GET", "/models").json()["models"][0]["versions"][1]["weight"] == 1.0,
-              10, "B's router to take A's promote")
-        served = Counter(_chat(b, f"user-{i}").headers["x-llmserve-version"] for i in range(30))
-        assert served == {"canary": 30}  # B obeys the promote A was told
-        assert b.admin("POST", "/models/tiny/canary/resume").status_code == 409  # promoted, as A left it
-        assert b.admin("POST", "/models/tiny/canary/start").status_code == 200
         assert b.admin("POST", "/models/tiny/canary/rollback", json={"reason": "on B"}).status_code == 200
         assert _canary(a)["state"] == "rolled_back"
         _wait(lambda: a.admin("GET", "/models").json()["models"][0]["versions"][1]["weight"] == 0.0,
               10, "A's router to take B's rollback")
         served = Counter(_chat(a, f"user-{i}").headers["x-llmserve-version"] for i in range(30))
         assert served == {"v1": 30}
+        assert a.admin("POST", "/models/tiny/canary/start").status_code == 200  # a rolled-back canary, again
+        assert a.admin("POST", "/models/tiny/canary/promote").status_code == 200
+        _wait(lambda: b.admin("GET", "/models").json()["models"][0]["versions"][1]["weight"] == 1.0,
+              10, "B's router to take A's promote")
+        served = Counter(_chat(b, f"user-{i}").headers["x-llmserve-version"] for i in range(30))
+        assert served == {"canary": 30}  # B obeys the promote A was told
+        assert b.admin("POST", "/models/tiny/canary/resume").status_code == 409  # promoted, as A left it
+        assert b.admin("POST", "/models/tiny/canary/start").status_code == 409  # the promoted is the stable
         history = _events(a)
         assert history == _events(b)
 
@@ -113,8 +114,8 @@ def test_replicas_share_one_rollout_driven_from_either(upstreams, redis_server, 
         assert b.admin("DELETE", "/models/tiny/versions/v1/instances/extra").status_code == 200
         _wait(lambda: "extra" not in ids(a), 10, "B's removal on A")
         assert [(e["action"], e["reason"]) for e in history][1:] == [
-            ("pause", "on A"), ("promote", "admin promote"), ("start", "admin start"),
-            ("rollback", "on B")]
+            ("pause", "on A"), ("rollback", "on B"), ("start", "admin start"),
+            ("promote", "admin promote")]
     finally:
         for gw in (a, b):
             gw.stop()

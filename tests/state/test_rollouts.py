@@ -82,18 +82,20 @@ def test_an_action_on_one_replica_is_seen_and_obeyed_on_the_other():
     async def go():
         a, b, ra, rb = await _pair(MemoryStore())
         assert b.canary.events() == a.canary.events() and len(a.canary.events()) == 1
-        await ra.act(a, "promote", "ship it")
+        await ra.act(a, "rollback", "not yet")
         await rb.sync()
-        assert b.canary.state is CanaryState.PROMOTED
-        assert b.router.weights == {"v1": 0.0, "canary": 1.0}  # B routes as A decided
-        assert b.router.route(user="anyone").version == "canary"
+        assert b.canary.state is CanaryState.ROLLED_BACK
+        assert b.router.weights == {"v1": 1.0, "canary": 0.0}  # B routes as A decided
+        assert b.router.route(user="anyone").version == "v1"
         await rb.act(b, "start", "again")
-        await rb.act(b, "rollback", "from B")
+        await rb.act(b, "promote", "from B")
         await ra.refresh(a)
-        assert a.canary.state is CanaryState.ROLLED_BACK and a.router.weights["canary"] == 0.0
-        assert [e["action"] for e in a.canary.events()] == ["start", "promote", "start", "rollback"]
+        assert a.canary.state is CanaryState.PROMOTED and a.router.weights["canary"] == 1.0
+        assert [e["action"] for e in a.canary.events()] == ["start", "rollback", "start", "promote"]
         with pytest.raises(InvalidTransition):
             await ra.act(a, "resume", "not paused")
+        with pytest.raises(InvalidTransition):  # promoted on B: the stable now, on A too
+            await ra.act(a, "start", "once more")
         await ra.stop()
         await rb.stop()
     asyncio.run(go())
