@@ -4,6 +4,7 @@ A pool is named ``model/version`` (``?pool=``); it may be left out when the
 gateway has one controlled pool.
 
 - ``GET  /admin/autoscale/pools``        policy, bounds, counts by state, desired, override
+                                         (``?pool=``: that one; an unknown one is a 404)
 - ``GET  /admin/autoscale/instances``    every instance: state, reason, in pool, load
 - ``GET  /admin/autoscale/events``       transitions and actions (``?since=<seq>&limit=``)
 - ``GET  /admin/autoscale/decisions``    each tick's count and the policy's reason
@@ -14,7 +15,8 @@ gateway has one controlled pool.
 - ``POST /admin/autoscale/instances/{id}/reclaim?notice_s=`` simulate a spot reclaim (providers
                                          that can: local): notice now, killed after ``notice_s``
                                          (0: SIGKILL at once); the controller drains and replaces it
-- ``POST /admin/autoscale/scale``        ``{"instances": n | null, "duration_s"?, "reason"?, "pool"?}``:
+- ``POST /admin/autoscale/scale``        ``{"instances": n | null, "duration_s"?, "reason"?, "pool"?}``
+                                         (or ``?pool=``; both, differing: a 400):
                                          pin the count (null clears); each call is counted in
                                          ``llmserve:autoscale_manual_interventions_total``
 """
@@ -63,8 +65,8 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
         return cs[0]
 
     @r.get("/pools")
-    async def pools() -> dict:
-        return {"pools": [c.describe() for c in controllers]}
+    async def pools(pool: str | None = None) -> dict:
+        return {"pools": [c.describe() for c in chosen(pool)]}
 
     @r.get("/instances")
     async def instances(pool: str | None = None, finished: bool = True) -> dict:
@@ -109,8 +111,12 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
         return {"pool": c.key, "instance_id": instance_id, "reclaim_at": at, "notice_s": notice_s}
 
     @r.post("/scale")
-    async def scale(body: ScaleBody) -> dict:
-        c = one(body.pool)
+    async def scale(body: ScaleBody, pool: str | None = None) -> dict:
+        # The pool as the docs and the 400 below say (?pool=), or in the body; never two different ones.
+        if pool is not None and body.pool is not None and pool != body.pool:
+            raise GatewayError(400, f"two pools named: ?pool={pool!r} and the body's pool {body.pool!r}",
+                               code="pool_conflict")
+        c = one(pool if pool is not None else body.pool)
         try:
             c.set_override(body.instances, body.duration_s, body.reason)
         except ValueError as e:
