@@ -121,7 +121,8 @@ def admin_router(gw: Gateway) -> APIRouter:
         return rt.canary.status()
 
     @r.get("/models/{model}/timeline")
-    async def timeline(model: str, since: float = 0.0, limit: int = Query(3600, ge=1, le=100_000),
+    async def timeline(model: str, since: float = Query(0.0, allow_inf_nan=False),  # NaN: invalid JSON back
+                       limit: int = Query(3600, ge=1, le=100_000),
                        download: bool = False) -> Response:
         runtime(model)
         body = json.dumps(gw.model_timeline(model, since, limit))

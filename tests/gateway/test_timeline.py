@@ -49,3 +49,12 @@ def test_an_admin_canary_action_is_an_intervention_and_since_filters():
         later = s.admin("GET", "/models/chat/timeline", params={"since": time.time()}).json()
         assert later["interventions"] == [] and later["canary"]["events"] == [] and later["since"] > start
         assert s.admin("GET", "/models/nope/timeline").status_code == 404
+
+
+def test_a_since_that_is_not_a_finite_number_is_a_400_not_invalid_json():
+    with stack({"v1": [Behaviour("stable")], "canary": [Behaviour("c")]}, weights={"v1": 1, "canary": 0},
+               model={"canary": {**CANARY, "interval_s": 60}}) as s:
+        for bad in ("nan", "inf", "-inf", "abc"):
+            r = s.admin("GET", "/models/chat/timeline", params={"since": bad})
+            assert r.status_code == 400, (bad, r.status_code, r.text)
+            json.loads(r.text)  # strict JSON: no NaN or Infinity literals
