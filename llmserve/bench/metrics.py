@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from llmserve.bench.records import RequestRecord
-from llmserve.percentiles import percentile
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -131,9 +130,11 @@ class LatencyStats:
         return cls(
             count=len(ms),
             mean_ms=float(np.mean(ms)),
-            median_ms=percentile(ms, 50),
+            # numpy's linear interpolation, as vLLM's calculate_metrics (not the project's nearest
+            # rank, llmserve.percentiles): a bench figure reads the same as vLLM's.
+            median_ms=float(np.median(ms)),
             std_ms=float(np.std(ms)),
-            percentiles_ms={percentile_key(p): percentile(ms, p) for p in percentiles},
+            percentiles_ms={percentile_key(p): float(np.percentile(ms, p)) for p in percentiles},
         )
 
 

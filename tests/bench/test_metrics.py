@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llmserve.bench import metrics
-from llmserve.bench.metrics import SLO, LatencyStats, summarize, summarize_by_priority
+from llmserve.bench.metrics import SLO, LatencyStats, percentile_key, summarize, summarize_by_priority
 from llmserve.bench.records import ErrorKind, OutputCountSource, RequestRecord
 
 
@@ -63,18 +63,29 @@ def test_summary_pools_itls_and_excludes_failures():
     assert s.itl.count == 3
     assert s.itl.mean_ms == pytest.approx((100 + 200 + 10) / 3)
     assert s.tpot.mean_ms == pytest.approx(((0.4 - 0.1) / 2 + (0.31 - 0.3) / 1) / 2 * 1000)
-    assert s.e2el.median_ms == pytest.approx(310.0)  # nearest rank of (310, 400)
+    assert s.e2el.median_ms == pytest.approx(355.0)  # numpy's median of (310, 400), as vLLM
 
 
 def test_percentiles_on_known_data():
     st = LatencyStats.of([x / 10 for x in range(1, 11)], percentiles=(90, 99, 99.9))
     assert st.mean_ms == pytest.approx(550.0)
-    # Nearest rank over 100..1000 ms (llmserve.percentiles): a latency some request had.
-    assert st.median_ms == pytest.approx(500.0)
-    assert st.percentiles_ms["p90"] == pytest.approx(900.0)
-    assert st.percentiles_ms["p99"] == pytest.approx(1000.0)
-    assert st.percentiles_ms["p99.9"] == pytest.approx(1000.0)
+    # numpy's linear interpolation over 100..1000 ms, as vllm bench serve reports them.
+    assert st.median_ms == pytest.approx(550.0)
+    assert st.percentiles_ms["p90"] == pytest.approx(910.0)
+    assert st.percentiles_ms["p99"] == pytest.approx(991.0)
+    assert st.percentiles_ms["p99.9"] == pytest.approx(999.1)
     assert st.std_ms == pytest.approx(float(np.std(np.arange(100, 1001, 100))))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_percentiles_and_median_are_numpys_as_vllms(seed):
+    rng = np.random.default_rng(seed)
+    seconds = rng.lognormal(-2, 1, int(rng.integers(1, 200)))
+    st = LatencyStats.of(seconds, percentiles=(25, 50, 90, 95, 99, 99.9))
+    ms = seconds * 1000.0
+    assert st.median_ms == pytest.approx(float(np.median(ms)), rel=1e-12)
+    for p in (25, 50, 90, 95, 99, 99.9):
+        assert st.percentiles_ms[percentile_key(p)] == pytest.approx(float(np.percentile(ms, p)), rel=1e-12)
 
 
 def test_goodput_counts_requests_meeting_every_slo():
