@@ -6,6 +6,10 @@ its ``bench`` sub-parser and :func:`run_bench` with the parsed namespace;
 
     llmserve bench --base-url http://127.0.0.1:8000/v1 --model M [options]
     llmserve bench compare A.json B.json
+
+Every flag is checked before the server is contacted; then, as ``vllm bench serve``
+does, one untimed test request goes first, and a server that is down or refuses it
+stops the run with one line (exit 2) naming the URL.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import argparse
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,10 @@ from rich.markup import escape
 
 from llmserve.bench import datasets
 from llmserve.bench.arrivals import load_rate_trace, plan_arrivals
-from llmserve.bench.client import EndpointConfig
+from llmserve.bench.client import EndpointConfig, make_http_client, send_request
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from llmserve.bench.metrics import summarize, summarize_by_priority
+from llmserve.bench.records import ErrorKind
 from llmserve.bench.report import BenchResult, load_result, render_compare, render_result, save_result
 from llmserve.bench.runner import run_requests
 from llmserve.bench.server_metrics import default_metrics_url
@@ -53,25 +58,58 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags into a typed configuration (raises ValueError on bad values)."""
     endpoint = given(EndpointConfig, args)
-    if not endpoint.get("model"):
-        endpoint["model"] = first_served_model(EndpointConfig(**{**endpoint, "model": "-"}))  # URL checked first
     results = given(BenchConfig, args)
     if results.get("plot") == "":  # --plot without a file
         save = results.get("save_result")
         results["plot"] = str(Path(save).with_suffix(".png")) if save else "bench.png"
-    return BenchConfig(endpoint=EndpointConfig(**endpoint), dataset=config_from(DatasetConfig, args),
-                       load=config_from(LoadConfig, args), **results)
+    dataset, load = config_from(DatasetConfig, args), config_from(LoadConfig, args)
+    # Every flag is checked before the server is asked anything (a bad --num-prompts is a flag
+    # error, whether the server is up or not); "-" stands for the model until it is asked.
+    cfg = BenchConfig(endpoint=EndpointConfig(**{"model": "-", **endpoint}), dataset=dataset, load=load, **results)
+    if not endpoint.get("model"):
+        return cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(
+            update={"model": first_served_model(cfg.endpoint)})})
+    return cfg
+
+
+def unreachable(url: str, e: BaseException) -> str:
+    """``cannot reach URL: connection refused``: the URL, and the reason without errno noise."""
+    reason = getattr(e, "strerror", None) or str(e.__cause__ or e.__context__ or e) or type(e).__name__
+    return f"cannot reach {url}: {reason.split('] ')[-1].lower()}"
 
 
 def first_served_model(endpoint: EndpointConfig) -> str:
-    url = endpoint.api_root
-    with httpx.Client(trust_env=False, timeout=30) as c:
-        resp = c.get(url + "/models", headers=endpoint.headers)
-        resp.raise_for_status()
+    url = endpoint.api_root + "/models"
+    try:
+        with httpx.Client(trust_env=False, timeout=30) as c:
+            resp = c.get(url, headers=endpoint.headers)
+    except (httpx.TransportError, OSError) as e:
+        raise ValueError(unreachable(url, e)) from None
+    if resp.status_code != 200:
+        raise ValueError(f"GET {url} answered HTTP {resp.status_code}: {resp.text[:200]}; pass --model")
+    try:
         models = resp.json().get("data") or []
+    except (ValueError, AttributeError):
+        raise ValueError(f"GET {url} answered something that is not a model list; pass --model") from None
     if not models:
-        raise ValueError(f"{url}/models lists no model; pass --model")
+        raise ValueError(f"{url} lists no model; pass --model")
     return models[0]["id"]
+
+
+def initial_test(cfg: BenchConfig, plan: "Plan") -> None:
+    """One request before the run, as ``vllm bench serve`` sends: a server that is down or
+    refuses the request stops the run with one line, not a table of failures."""
+    async def one():
+        async with make_http_client(1) as client:
+            return await send_request(client, cfg.endpoint, plan.probe, -1, time.perf_counter())
+
+    rec = asyncio.run(one())
+    if rec.success:
+        return
+    if rec.error_kind is ErrorKind.CONNECTION:
+        why = ConnectionError(rec.error.split(": ", 1)[-1])  # the message, not its class name
+        raise ValueError(f"{unreachable(cfg.endpoint.url, why)} (the initial test request)")
+    raise ValueError(f"the initial test request to {cfg.endpoint.url} failed: {' '.join(rec.error.split())[:300]}")
 
 
 def build_requests(cfg: DatasetConfig, tok: Tokenizer, n: int, seed: int) -> list[datasets.SampleRequest]:
@@ -106,6 +144,7 @@ class Plan:
     requests: list[datasets.SampleRequest]
     offsets: list[float]
     warmups: list[datasets.SampleRequest]
+    probe: datasets.SampleRequest  # the initial test request: from the warm-up seed, untimed
 
 
 def prepare(cfg: BenchConfig) -> Plan:
@@ -117,7 +156,8 @@ def prepare(cfg: BenchConfig) -> Plan:
     # Warm-ups come from another seed, so no measured prompt is in the prefix cache
     # because of them (vLLM's bench warms up with copies of the first prompt).
     warmups = build_requests(cfg.dataset, tok, cfg.load.num_warmups, cfg.load.seed + WARMUP_SEED_OFFSET)
-    return Plan(tok, requests, offsets.tolist(), warmups)
+    probe = (warmups or build_requests(cfg.dataset, tok, 1, cfg.load.seed + WARMUP_SEED_OFFSET))[0]
+    return Plan(tok, requests, offsets.tolist(), warmups, replace(probe, depends_on=None))
 
 
 def execute(cfg: BenchConfig, plan: Plan | None = None) -> BenchResult:
@@ -154,6 +194,7 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         plan = prepare(cfg)
+        initial_test(cfg, plan)
     except (ValueError, OSError, httpx.HTTPError) as e:
         why = flag_error(e, *(m for _, m in FLAG_GROUPS)) if isinstance(e, ValidationError) else str(e)
         console.print(f"[red]llmserve bench: {escape(why)}[/red]", soft_wrap=True)  # one line, however long

@@ -61,7 +61,9 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
     assert r == pytest.approx(vb / va)
 
 
-def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys):
+def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys, monkeypatch):
+    # A server that answers the initial test request and then fails everything: the table shows it.
+    monkeypatch.setattr("llmserve.bench.cli.initial_test", lambda cfg, plan: None)
     out_file = tmp_path / "f.json"
     code = main(["--base-url", fake_server.url("/http500/v1"), "--model", "m", "--num-prompts", "4",
                  "--disable-tqdm", "--random-input-len", "4", "--save-result", str(out_file)])
@@ -69,6 +71,35 @@ def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys):
     assert "http_500" in capsys.readouterr().out
     s = json.loads(out_file.read_text())["summary"]
     assert s["failed"] == 4 and s["failures_by_kind"] == {"http_500": 4} and s["mean_ttft_ms"] is None
+
+
+def test_a_server_failing_the_initial_test_request_stops_the_run_with_one_line(fake_server, tmp_path, capsys):
+    out_file = tmp_path / "f.json"
+    code = main(["--base-url", fake_server.url("/http500/v1"), "--model", "m", "--num-prompts", "4",
+                 "--disable-tqdm", "--random-input-len", "4", "--save-result", str(out_file)])
+    out = capsys.readouterr().out.strip()
+    assert code == 2 and len(out.splitlines()) == 1, out
+    assert "initial test request" in out and "HTTP 500" in out and fake_server.url("/http500/v1") in out
+    assert fake_server.stats.requests == 1 and not out_file.exists()  # not the 4, not a table of failures
+
+
+def test_a_server_that_is_down_is_named_by_its_url(capsys):
+    from llmserve.ports import free_port
+
+    base = f"http://127.0.0.1:{free_port()}/v1"
+    for extra in ([], ["--model", "m"]):  # the model asked of it, or the initial test request
+        assert main(["--base-url", base, "--num-prompts", "2", "--disable-tqdm", *extra]) == 2
+        out = capsys.readouterr().out.strip()
+        assert len(out.splitlines()) == 1 and f"cannot reach {base}/" in out, out
+
+
+def test_flags_are_checked_before_the_server_is_asked_for_its_model(capsys):
+    from llmserve.ports import free_port
+
+    base = f"http://127.0.0.1:{free_port()}/v1"  # nothing there: a flag error must come first
+    assert main(["--base-url", base, "--num-prompts", "-1"]) == 2
+    out = capsys.readouterr().out
+    assert "--num-prompts" in out and "cannot reach" not in out
 
 
 def test_model_defaults_to_the_served_one(fake_server):
@@ -101,7 +132,7 @@ def test_warmups_are_sent_first_and_share_no_prompt_with_the_run(fake_server, tm
     assert main(["--base-url", fake_server.url("/ok/v1"), "--num-prompts", "4", "--num-warmups", "3",
                  "--random-input-len", "6", "--disable-tqdm", "--save-result", str(out)]) == 0
     prompts = [b["prompt"] for b in fake_server.stats.bodies]
-    assert len(prompts) == 7
-    assert not set(prompts[:3]) & set(prompts[3:])
+    assert len(prompts) == 8 and prompts[0] == prompts[1]  # the initial test request: the first warm-up's
+    assert not set(prompts[:4]) & set(prompts[4:])
     data = load_result(out)
     assert data["summary"]["num_requests"] == 4 and data["meta"]["warmups"] == {"sent": 3, "failed": 0}
