@@ -1,8 +1,8 @@
-"""The one percentile of the project: nearest rank, for decisions and reports alike.
+"""The percentile of the project's decisions and reports: nearest rank.
 
 The live system's signals and canary checks, the simulator's summaries, the
-fidelity report, the benchmark client and the benchmark scripts all call
-:func:`percentile`. Nearest rank (Hyndman and Fan's type 1, numpy's
+fidelity report and the benchmark scripts call :func:`percentile` (``llmserve
+bench`` alone interpolates, as ``vllm bench serve`` does, so its figures compare). Nearest rank (Hyndman and Fan's type 1, numpy's
 ``method="inverted_cdf"``), not interpolation: a p99 is a latency some request
 really had, and the simulator reports what the live controller would have seen.
 The epsilon keeps ``q / 100 * n`` from rounding up past an exact rank.

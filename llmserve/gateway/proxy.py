@@ -230,7 +230,7 @@ class Proxy:
                                               f"object: {body[:120]!r}", code="upstream_broken")
                 continue
             plan.pool.release(lease, Outcome.SUCCESS)
-            if resp.status_code == 200 and (ctx.counts_tokens or ctx.tab is not None):
+            if resp.status_code == 200:  # (its usage: the token counters, a key's tab, the observers)
                 ctx.prompt_tokens, ctx.output_tokens = usage_tokens(body)
             ctx.finish(resp.status_code, ok=True)
             return Response(body, resp.status_code, headers=self._headers(resp, ctx))

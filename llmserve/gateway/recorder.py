@@ -136,11 +136,6 @@ class RequestRecord:
         """Of the batch priority class (the observers keep it apart from realtime demand)."""
         return self.parsed.priority_class is PriorityClass.BATCH
 
-    @property
-    def counts_tokens(self) -> bool:
-        """Whether anyone reads ``output_tokens`` (an observer, the canary analysis, a trace, a log)."""
-        return bool(self.sinks.observers) or self.sinks.outcomes is not None or self.sinks.telemetry is not None
-
     def server_timing(self, upstream: str | None) -> str:
         """The ``Server-Timing`` value: the gateway's entries, then the instance's."""
         own = server_timing((("admission", self.queued_s * 1000, None), ("attempts", None, str(self.attempts))))
@@ -159,6 +154,8 @@ class RequestRecord:
         labels = (self.model, self.version, self.parsed.priority_class.name.lower())
         e2e = time.monotonic() - self.t0
         m.child(m.requests, *labels, str(status)).inc()
+        if status < 400:
+            m.count_tokens(self.model, self.version, self.prompt_tokens, self.output_tokens)
         if error_kind is not None or status >= 400:
             m.child(m.errors, *labels, error_kind or f"http_{status}").inc()
         if self.instance is not None:

@@ -98,6 +98,7 @@ class ModelRuntime:
             short = self.pool_of[self.canary.canary].capacity_shortfall()
             self._not_judged = f"not judged: the canary pool {short}" if short else self._not_judged
         d = self.canary.tick(now, self._not_judged)
+        self.sinks.metrics.canary_decided(self.name, self.canary.canary, d.action.value)
         if d.action is not Action.NONE:
             self._not_judged = None
         if d.action not in (Action.NONE, Action.INCONCLUSIVE):
@@ -108,7 +109,8 @@ class ModelRuntime:
 
     def canary_action(self, action: str, reason: str) -> None:
         assert self.canary is not None
-        getattr(self.canary, action)(time.time(), reason)
+        d = getattr(self.canary, action)(time.time(), reason)
+        self.sinks.metrics.canary_decided(self.name, self.canary.canary, d.action.value)
         log.info("canary %s/%s: %s by admin (%s)", self.config.name, self.canary.canary,
                  action, reason)
         self.apply_weights()
@@ -289,7 +291,8 @@ class Gateway:
                     for state_name, names in zip(("resident", "loaded"), adapters_of(inst)):
                         for a in sorted(names):
                             adapter.add_metric([name, version, iid, a, state_name], 1.0)
-        return [depth, oldest, weight, inflight, ready, breaker, adapter, *self.shared.gauges()]
+        return [depth, oldest, weight, inflight, ready, breaker, adapter, *self.shared.gauges(),
+                *self.metrics.canary_gauges(self.models.values())]
 
 
 STOP_STEP_S = 5.0  # a stuck step (a store that hangs, a task that ignores its cancel) must not stop the exit

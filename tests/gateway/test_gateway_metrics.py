@@ -63,3 +63,20 @@ def test_token_counters():
     s = _samples(m.exposition().decode())
     assert s["llmserve:gateway_prompt_tokens_total"] == {(("model", "m"), ("version", "v1")): 30.0}
     assert s["llmserve:gateway_generation_tokens_total"] == {(("model", "m"), ("version", "v1")): 12.0}
+
+
+def test_the_live_gateway_counts_answered_tokens():
+    """Through the app: a whole answer's usage reaches the token counters (the recorder's
+    finish calls them), so ``llmserve bench --server-metrics`` against a gateway reads them."""
+    import httpx
+
+    from .app_harness import stack
+    from .fake_upstream import Behaviour
+
+    with stack({"v1": [Behaviour("a", tokens=3)]}) as s:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            assert httpx.post(s.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        got = _samples(s.client.get("/metrics").text)
+    gen = got["llmserve:gateway_generation_tokens_total"]
+    assert sum(gen.values()) == 6 and sum(got["llmserve:gateway_prompt_tokens_total"].values()) == 2
