@@ -7,7 +7,9 @@ which catches a client that loses or double-counts tokens and a server whose
 usage field disagrees with its own metrics. The deltas are only meaningful when
 nothing else sends traffic to that server during the run.
 
-Counter names are vLLM's, which llmserve's instance server also exports.
+Counter names are vLLM's, which llmserve's instance server also exports; a gateway
+(``llmserve gateway`` / ``serve``) is read by its own counters instead (requests answered
+200, tokens from the answers' usage; a stream's generated count is its data events).
 """
 
 from __future__ import annotations
@@ -35,16 +37,29 @@ def default_metrics_url(api_root: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
 
 
+GATEWAY_COUNTERS: dict[str, str] = {
+    "request_success": "llmserve:gateway_requests",
+    "prompt_tokens": "llmserve:gateway_prompt_tokens",
+    "generation_tokens": "llmserve:gateway_generation_tokens",
+}
+
+
 def read_counters(text: str) -> dict[str, float]:
-    """Each counter summed over its label sets; ``_total`` suffixes accepted, ``_created`` ignored."""
-    out = {key: 0.0 for key in SERVER_COUNTERS}
+    """Each counter summed over its label sets; ``_total`` suffixes accepted, ``_created``
+    ignored; a gateway's counters where there are no vLLM ones."""
+    found = _read(text, SERVER_COUNTERS)
+    return found or _read(text, GATEWAY_COUNTERS)
+
+
+def _read(text: str, counters: dict[str, str]) -> dict[str, float]:
+    out = {key: 0.0 for key in counters}
     seen: set[str] = set()
     names = {}
-    for key, name in SERVER_COUNTERS.items():
+    for key, name in counters.items():
         names[name] = key
         names[name + "_total"] = key
-    for name, _labels, value in parse_prometheus_text(text):
-        if name in names:
+    for name, labels, value in parse_prometheus_text(text):
+        if name in names and labels.get("status", "200") == "200":  # (the gateway's requests: by status)
             out[names[name]] += value
             seen.add(names[name])
     return {k: v for k, v in out.items() if k in seen}

@@ -34,6 +34,7 @@ from llmserve.engine.config import EngineConfig
 from llmserve.engine.core_proc import model_facts
 from llmserve.engine.in_thread import InThreadEngine
 from llmserve.engine.multi_process import MultiProcessEngine
+from llmserve.engine.stats import WARMUP_ID_PREFIX
 from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
 from llmserve.lifecycle import InstanceState
@@ -119,7 +120,7 @@ class Instance:
 
         async def one(i: int) -> None:  # distinct prompts: no prefix-cache hit between them
             async for _ in eng.add_request([1 + (i * 31 + j) % top for j in range(n)], sp,
-                                           request_id=f"warmup-{i}"):
+                                           request_id=f"{WARMUP_ID_PREFIX}{i}"):
                 pass
 
         await asyncio.gather(*(one(i) for i in range(rows)))

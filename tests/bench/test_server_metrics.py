@@ -26,6 +26,14 @@ def test_read_counters_sums_label_sets_and_ignores_the_rest():
     assert read_counters("other 1\n") == {}
 
 
+def test_a_gateways_own_counters_are_read_where_there_are_no_vllm_ones():
+    gateway = ('llmserve:gateway_requests_total{model="m",version="v1",priority="realtime",status="200"} 4\n'
+               'llmserve:gateway_requests_total{model="m",version="v1",priority="realtime",status="429"} 9\n'
+               'llmserve:gateway_prompt_tokens_total{model="m",version="v1"} 40\n'
+               'llmserve:gateway_generation_tokens_total{model="m",version="v1"} 12\n')
+    assert read_counters(gateway) == {"request_success": 4.0, "prompt_tokens": 40.0, "generation_tokens": 12.0}
+
+
 def test_deltas_and_urls():
     assert counter_deltas({"prompt_tokens": 5.0}, {"prompt_tokens": 9.0}) == {"prompt_tokens": 4.0}
     assert counter_deltas(None, {"prompt_tokens": 9.0}) == {}
