@@ -191,6 +191,7 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     import uvicorn
 
     config = GatewayConfig.load(config_path)
+    config = config.model_copy(update={"state": config.state.for_port(port)})
     check_store(config.state.redis_url, config.state.redis_password_file)
     from llmserve.tracing.gateway import GatewayTelemetry
 

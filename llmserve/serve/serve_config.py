@@ -150,6 +150,9 @@ class ServeConfig(_Strict):
             served = [m.name for m in self.models]
             if len(set(served)) != len(served):
                 raise ValueError(f"models: names must be unique, got {served}")
+        if "dir" not in self.gateway.state.model_fields_set:  # (frozen: set once, here)
+            object.__setattr__(self, "gateway", self.gateway.model_copy(
+                update={"state": self.gateway.state.for_port(self.port)}))
         # Merge the versions' autoscale and build the gateway's config once now, so every
         # mistake shows at start.
         self.gateway_config("x" * 16)

@@ -180,3 +180,16 @@ def test_prices_reach_the_gateway_and_an_unpriced_money_budget_is_refused(tmp_pa
     cfg = load(tmp_path, {"gateway": {"auth": {"keys": keys}}, "models": [
         {"name": "chat", "price_per_1k_completion_tokens": 2.0, "versions": [{"name": "v1", "model": "/m/a"}]}]})
     assert cfg.gateway_config("x" * 16).models[0].price_per_1k_completion_tokens == 2.0
+
+
+def test_each_deployment_has_its_own_state_folder_unless_one_is_named(tmp_path):
+    """Two serves (or gateways) on one machine must not share batches, stored responses
+    or instance registries: the default folder is per port; a named one is kept."""
+    from llmserve.gateway.batches.config import DEFAULT_STATE_DIR, StateConfig
+
+    a, b = (ServeConfig.load(None, {"port": p}) for p in (8123, 8124))
+    assert a.gateway.state.dir == DEFAULT_STATE_DIR / "port-8123" != b.gateway.state.dir
+    named = ServeConfig.load(None, {"port": 8123, "gateway": {"state": {"dir": str(tmp_path)}}})
+    assert named.gateway.state.dir == tmp_path
+    assert StateConfig().for_port(8080).dir == DEFAULT_STATE_DIR / "port-8080"
+    assert StateConfig(dir=tmp_path).for_port(8080).dir == tmp_path

@@ -8,12 +8,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+DEFAULT_STATE_DIR = Path("~/.cache/llmserve/state")
+
+
 class StateConfig(BaseModel):
     """Where what must survive a restart lives: batches, their files, stored responses;
     and, with ``redis_url``, what gateway replicas share (llmserve/state)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    dir: Path = Path("~/.cache/llmserve/state")
+    dir: Path = DEFAULT_STATE_DIR  # unset: a folder per gateway port (for_port)
     # Unset: one process, everything in memory (or in ``dir``) as before.
     redis_url: str | None = None
     redis_password_file: Path | None = None  # when the URL carries no password
@@ -29,6 +32,14 @@ class StateConfig(BaseModel):
         if self.pools != "own" and self.redis_url is None:
             raise ValueError(f"state.pools: {self.pools} needs state.redis_url (the replicas' store)")
         return self
+
+    def for_port(self, port: int) -> StateConfig:
+        """This deployment's own folder unless ``dir`` was given: ``DEFAULT_STATE_DIR/port-<port>``.
+        Two gateways on one machine sharing one would share batches (and the lock that lets one
+        of them run them all, with its own models), stored responses and instance registries."""
+        if "dir" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"dir": DEFAULT_STATE_DIR / f"port-{port}"})
 
     def path(self, name: str) -> Path:
         return self.dir.expanduser() / name
