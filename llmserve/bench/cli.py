@@ -99,9 +99,12 @@ def first_served_model(endpoint: EndpointConfig) -> str:
 def initial_test(cfg: BenchConfig, plan: "Plan") -> None:
     """One request before the run, as ``vllm bench serve`` sends: a server that is down or
     refuses the request stops the run with one line, not a table of failures."""
+    probe = plan.probe
+    assert probe is not None  # (prepare sets it; the fidelity check's plans skip this test)
+
     async def one():
         async with make_http_client(1) as client:
-            return await send_request(client, cfg.endpoint, plan.probe, -1, time.perf_counter())
+            return await send_request(client, cfg.endpoint, probe, -1, time.perf_counter())
 
     rec = asyncio.run(one())
     if rec.success:
@@ -144,7 +147,7 @@ class Plan:
     requests: list[datasets.SampleRequest]
     offsets: list[float]
     warmups: list[datasets.SampleRequest]
-    probe: datasets.SampleRequest  # the initial test request: from the warm-up seed, untimed
+    probe: datasets.SampleRequest | None = None  # the initial test request: from the warm-up seed, untimed
 
 
 def prepare(cfg: BenchConfig) -> Plan:
