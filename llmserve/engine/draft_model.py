@@ -63,6 +63,7 @@ class DraftModelProposer:
             sh = self.shadows.get(r.request_id)
             if sh is None:
                 shadow = Request(r.request_id, r.prompt_token_ids, r.sampling_params, r.max_tokens)
+                shadow.rope_offset = self.runner.model.rope.offset_for(len(r.prompt_token_ids))  # (its own rope)
                 sh = self.shadows[r.request_id] = _Shadow(shadow, [])
             target = r.all_token_ids
             keep = min(_common_prefix(sh.computed, target), len(target) - 1)

@@ -167,6 +167,7 @@ class EngineCore:
 
         All or nothing: whatever raises here leaves no trace of the request.
         """
+        req.rope_offset = self.model.rope.offset_for(len(req.prompt_token_ids))
         if req.lora_name is not None:
             from llmserve.engine.lora.ops import need
 

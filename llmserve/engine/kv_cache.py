@@ -142,6 +142,8 @@ class KVCacheManager:
         salt = request.cache_salt.encode("utf-8", "surrogatepass") if request.cache_salt else b""
         # the adapter's load id: one prompt under two adapters (or two loads of one name) never shares KV
         lora = b"\x00lora%d" % request.lora_id if request.lora_id else b""
+        if request.rope_offset:  # (keys rotated with the long factors: no other request's)
+            lora += b"\x00rope%d" % request.rope_offset
         return self._model_key + lora + b"\x00" + salt
 
     @staticmethod

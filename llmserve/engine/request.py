@@ -51,6 +51,7 @@ class Request:
     cache_salt: str | None = None
     lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
     lora_id: int = 0  # that adapter's load, set by the engine at enqueue (0: none); keys its KV
+    rope_offset: int = 0  # added to its positions (models/rope.py offset_for), set at enqueue; keys its KV
     eos_token_ids: frozenset[int] = frozenset()
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

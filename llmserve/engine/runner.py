@@ -82,7 +82,7 @@ class ModelRunner:
                 tokens = req.all_token_ids[c:c + s.num_tokens] + s.spec_token_ids
                 q_len = len(tokens)
                 # plain lists, one tensor each at the end: per-request tensor ops cost more than this
-                positions.extend(range(c, c + q_len))
+                positions.extend(range(c + req.rope_offset, c + q_len + req.rope_offset))
                 row0 = len(ids)
                 ids.extend(tokens)
                 row_slots.extend([slot_of.get(req.lora_id, -1)] * q_len)

@@ -1,5 +1,5 @@
-"""Rotary position embeddings with the model's rope settings (default, linear, llama3, longrope, GGUF freq factors),
-over the whole head or its first ``rotary_dim`` dimensions (partial rotary)."""
+"""Rotary position embeddings with the model's rope settings (default, linear, llama3, longrope,
+yarn, GGUF freq factors), over the whole head or its first ``rotary_dim`` dimensions (partial rotary)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 import torch
+
+from llmserve.models.rope_yarn import attention_factor, yarn_inv_frequencies
 
 
 def inv_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -35,6 +37,8 @@ def inv_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None,
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
         return torch.where(is_mid, mid, scaled)
+    if kind == "yarn":
+        return yarn_inv_frequencies(dim, theta, scaling)
     raise ValueError(f"unsupported rope scaling type {kind!r}")
 
 
@@ -51,18 +55,29 @@ class RotaryEmbedding:
                  scaling: dict[str, Any] | None = None, rotary_dim: int | None = None) -> None:
         dim = rotary_dim or head_dim
         t = torch.arange(max_positions, dtype=torch.int64)
+        self.long_offset, self.original = 0, max_positions
         if scaling and scaling.get("rope_type") == "longrope":
-            # Phi-3: short factors within the trained context, long ones past it (as vLLM does);
-            # both scaled by the attention factor.
+            # Phi-3, as transformers computes a forward pass: short factors while the sequence is
+            # within the trained context, long ones for every position of a pass that reaches past
+            # it. A prompt longer than that context is prefilled in one such pass, so all its
+            # positions read the long factors: rows from ``long_offset`` on (offset_for). A shorter
+            # prompt's rows switch at the boundary as its decode passes do. Both scaled alike.
             orig, mult = int(scaling["original_max_position_embeddings"]), float(scaling["attention_factor"])
             short = _tables(inv_frequencies(dim, theta, scaling), t[:orig], mult)
-            long = _tables(inv_frequencies(dim, theta, scaling, long=True), t[orig:], mult)
-            self.cos, self.sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+            long = _tables(inv_frequencies(dim, theta, scaling, long=True), t, mult)
+            self.cos = torch.cat((short[0], long[0][orig:], long[0]))
+            self.sin = torch.cat((short[1], long[1][orig:], long[1]))
+            self.long_offset, self.original = max_positions, orig
         else:
-            self.cos, self.sin = _tables(inv_frequencies(dim, theta, scaling), t, 1.0)
+            self.cos, self.sin = _tables(inv_frequencies(dim, theta, scaling), t, attention_factor(scaling))
         self.head_dim = head_dim
         self.rotary_dim = dim
         self.half = dim // 2
+
+    def offset_for(self, prompt_len: int) -> int:
+        """Added to a request's positions: the long factors' rows for a prompt past the trained
+        context (0 otherwise, and for every other rope). Its KV is keyed by it (kv_cache)."""
+        return self.long_offset if self.long_offset and prompt_len > self.original else 0
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, rotary_dim] for broadcasting over heads."""

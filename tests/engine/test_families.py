@@ -144,3 +144,31 @@ def test_sliding_layers_free_their_blocks_while_full_layers_keep_theirs(tmp_path
     # 86 tokens fill 22 blocks; one table for all three layers would hold 3 x 22 pages
     assert peak <= 22 + 2 * ((12 + 8) // 4 + 2) < 3 * 22
     assert eng.kv.prefix_hits > 0  # "b" reused what "a" left in the cache
+
+
+def test_phi3_longrope_past_the_trained_context(tmp_path):
+    """LongRoPE as transformers computes it: a prompt past ``original_max_position_embeddings``
+    reads the long factors at every position (the no-cache oracle); a shorter one keeps its
+    short-factor keys and switches at the boundary while decoding (transformers' cached
+    generate). Chunked prefill and a prefix shared between the two regimes: the short
+    prompt's cached blocks must not serve the long one (their keys were rotated otherwise)."""
+    import torch
+
+    hf = make_family("phi3", tmp_path / "phi3", original_max_position_embeddings=24, max_position_embeddings=96)
+    config, weights = HFLoader().load(tmp_path / "phi3")
+    rng = random.Random(3)
+    short = [rng.randrange(VOCAB) for _ in range(20)]  # 20 + 16 crosses 24 while decoding
+    long = short + [rng.randrange(VOCAB) for _ in range(10)]  # 30: past it from the start
+    with torch.no_grad():
+        crossing = hf.generate(torch.tensor([short]), max_new_tokens=N, do_sample=False, min_new_tokens=N)
+    want = {"short": crossing[0, len(short):].tolist(), "long": hf_greedy(hf, long, N)[0]}
+    eng = EngineCore(EngineConfig(block_size=4, max_num_batched_tokens=7, enable_prefix_caching=True,
+                                  dtype="fp32"), config, weights)
+    sp = SamplingParams(max_tokens=N, temperature=0, ignore_eos=True)
+    for rid, prompt in (("short", short), ("long", long)):  # one after the other: the cache is warm
+        eng.add_request(rid, prompt, sp)
+        got = None
+        while eng.has_unfinished():
+            got = next((o for o in eng.step() if o.finished), got)
+        assert got.outputs[0].token_ids == want[rid], rid
+    assert eng.kv.prefix_hits == 0  # (same tokens, other rotation: never shared)
