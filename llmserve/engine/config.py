@@ -96,8 +96,8 @@ class EngineConfig(BaseModel):
     # in decode steps) instead of the kernel on every row with one-byte activations where
     # quality holds (benchmarks/results/activation_quality.md); ~0.5 GB more for SmolLM2.
     exact_activations: bool = Field(
-        False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy-equal to "
-                           "fp32), instead of one-byte activations on the layer kinds where quality holds")
+        False, description="int8 weights: two-byte activations everywhere and fp32 prefill (greedy equal to "
+                           "fp32 on 8 of 8 test chats, benchmarks/int8_quality.py), instead of one-byte activations on the layer kinds where quality holds")
     # Where prefill rows go with int8 weights: fp32 GEMM on each layer's codes unpacked into one
     # reused buffer (the same bits as fp32 copies for a GGUF source), on kept fp32 copies, or
     # our kernel like decode rows. Which of unpack and int8 is faster depends on the CPU's

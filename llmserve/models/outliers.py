@@ -10,7 +10,7 @@ them fails the quality bar (97.1 % teacher-forced top-1 against fp32). With each
 adds the set-aside channels' fp32 values times their weights in float16 (``qdot_linear.cpp``): half the
 integer multiplies of two bytes for ``CHANNELS`` fp32 multiply-adds a row and output.
 
-The channels are a layer's own and the same for every row, so a row's result does not
+The channels are a layer's own and the same for every row, so a row's product does not
 depend on the batch around it. They are those of the largest magnitude over a calibration
 text (Python's own pydoc topics: neither the held-out text that judges quality,
 ``benchmarks/activation_quality.py``, nor anything a client sends), found once when the

@@ -104,8 +104,11 @@ class WeightOnlyInt8Linear:
     and quantises each row of ``x`` per 32 on the fly, into two bytes (``FINE``) or one
     (llama.cpp's rounding; where a layer kind keeps quality, see ``ONE_BYTE_KINDS``), less
     the ``outliers`` channels it takes in fp32 (``outliers.py``). It
-    runs on every row count: each row is rounded and summed alone, so a row's result does
-    not depend on the batch around it, and no fp32 copy of the weights is kept (4 bytes a
+    runs on every row count: each row is rounded and summed alone, so a row's product does
+    not depend on the batch around it (the model's output can: attention over a chunk of
+    another shape differs in the last float bits, and a one-byte rounding can turn that into
+    a level; so greedy tokens are exact across chunking, prefix hits, preemption and resume
+    on the fp32 path only), and no fp32 copy of the weights is kept (4 bytes a
     weight against ~0.6). The price is prefill speed: at 48-512 rows the two-byte product
     ran at 0.4-0.8x torch's fp32 GEMM, the one-byte one at 0.75-1.7x (two runs on the
     loaded 2-core machine, benchmarks/results/int8_kernel-prefill.md). So more than
