@@ -80,8 +80,10 @@ class EngineCore:
         from llmserve.engine.lora.ops import build_lora
 
         self.lora = build_lora(config, model_config, self.model)  # (after the base's own set-up)
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                 model_config.max_position_embeddings)
+        asked, most = config.max_model_len, model_config.max_position_embeddings
+        if asked and asked > most:  # (as vLLM: a length the model was not made for is refused, not cut)
+            raise ValueError(f"max_model_len {asked} is longer than the model's context ({most} tokens)")
+        self.max_model_len = asked or most
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         # a block is a page of group_size layers; a short request takes one per KV group
         layout = self.model.kv_layout
@@ -95,7 +97,12 @@ class EngineCore:
                                  step_tokens=config.max_num_batched_tokens + spec_tokens)
         # a draft model's pool mirrors this one's without freeing: it bounds the length then
         draft = config.speculative_config is not None and config.speculative_config.method == "draft"
-        self.max_model_len = min(self.max_model_len, num_blocks * config.block_size if draft else self.kv.token_capacity)
+        fits = num_blocks * config.block_size if draft else self.kv.token_capacity
+        if asked and asked > fits:
+            raise ValueError(f"max_model_len {asked} does not fit the KV cache, which holds {fits} tokens of a "
+                             "request: give it more memory (--kv-cache-memory, --num-kv-blocks) or a shorter "
+                             "--max-model-len")
+        self.max_model_len = min(self.max_model_len, fits)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
