@@ -29,6 +29,7 @@ from llmserve.autoscale.providers.base import InstanceSpec
 from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.canary import CanaryAnalysis, CanaryConfig
 from llmserve.gateway.canary_evidence import Outcome
+from llmserve.gateway.metrics import GatewayMetrics
 from llmserve.gateway.pool import Outcome as Attempt
 from llmserve.gateway.pool import Pool
 from llmserve.gateway.runtime import ModelRuntime
@@ -114,6 +115,8 @@ class LiveGateway:
         self.pool_of = pools  # every version has a pool of its own here
         self._not_judged: str | None = None
         self.config = type("Named", (), {"name": "m"})()
+        self.name = "m"
+        self.sinks = type("Sinks", (), {"metrics": GatewayMetrics(lambda: [])})()  # (its decisions are counted)
         self.router = VersionRouter(with_weight(BASE, "v2", self.canary.weight), rng=random.Random(SEED))
 
     def apply_weights(self) -> None:
