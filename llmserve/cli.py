@@ -97,7 +97,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
             break
         history.append({"role": "user", "content": line})
         eng = llm.engine
-        eng.add_request(f"turn-{len(history)}", tok.encode_chat(history), sp)
+        try:
+            eng.add_request(f"turn-{len(history)}", tok.encode_chat(history), sp)
+        except ValueError as e:  # (the conversation outgrew the context): this turn only, the session goes on
+            history.pop()
+            print(f"llmserve: {e}; the message was not sent (empty line or Ctrl-D to quit)", file=sys.stderr)
+            continue
         reply = ""
         while eng.has_unfinished():
             for out in eng.step():

@@ -28,3 +28,17 @@ def test_help_lists_every_subcommand():
     out = subprocess.run([sys.executable, "-m", "llmserve.cli", "--help"], capture_output=True, text=True, check=True).stdout
     for name in ("pull", "generate", "chat", "engine", "calibrate", "bench", "simulate", "gateway", "serve"):
         assert name in out
+
+
+def test_chat_goes_on_when_a_turn_outgrows_the_context(tmp_path):
+    """A message the context cannot take is refused alone: the session (and its history)
+    goes on, as a llama.cpp user would expect, instead of ending with the error."""
+    from tests.helpers import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path)
+    turns = "hello\n" + "word " * 200 + "\nthird\n"
+    proc = subprocess.run([sys.executable, "-m", "llmserve.cli", "chat", "--model", str(model), "--max-model-len", "96",
+                           "--max-tokens", "4", "--dtype", "fp32"], input=turns, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "was not sent" in proc.stderr and proc.stdout.count("\n") >= 2  # turns 1 and 3 answered

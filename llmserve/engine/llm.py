@@ -90,12 +90,18 @@ class LLM:
                   else list(sampling_params))
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams or one per prompt")
-        ids = []
-        for prompt, sp in zip(prompts, params):
-            rid = str(next(self._ids))
-            ids.append((rid, sp.n))
-            for i, child in enumerate(fan_out(sp)):
-                self.engine.add_request(f"{rid}#{i}", prompt, child, priority=priority)
+        ids: list[tuple[str, int]] = []
+        try:
+            for prompt, sp in zip(prompts, params):
+                rid = str(next(self._ids))
+                ids.append((rid, sp.n))
+                for i, child in enumerate(fan_out(sp)):
+                    self.engine.add_request(f"{rid}#{i}", prompt, child, priority=priority)
+        except BaseException:  # all or nothing: one bad prompt leaves none of the others running
+            for rid, n in ids:
+                for i in range(n):
+                    self.engine.abort_request(f"{rid}#{i}")
+            raise
         finals: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:

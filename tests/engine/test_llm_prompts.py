@@ -30,3 +30,13 @@ def test_every_prompt_form_gives_the_same_tokens(llm):
 def test_a_prompt_dict_with_other_keys_is_refused(llm):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate({"prompt": "hi", "multi_modal_data": {}}, GREEDY)
+
+
+def test_one_bad_prompt_in_a_list_leaves_none_of_the_others_running(llm):
+    """All or nothing, as vLLM validates before adding: the prompts added before the bad one
+    are aborted, so the next generate runs no orphan beside its own."""
+    too_long = list(range(5)) * 400
+    with pytest.raises(ValueError):
+        llm.generate(["fine", "also fine", {"prompt_token_ids": too_long}], GREEDY)
+    assert not llm.engine.has_unfinished()
+    assert len(llm.generate("fine", GREEDY)) == 1
