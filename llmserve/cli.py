@@ -76,7 +76,11 @@ def _llm_and_params(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     llm, sp = _llm_and_params(args)
     tok = llm.get_tokenizer()
-    ids = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.system and not args.chat:
+        raise ValueError("--system needs --chat (a system message is a chat template's turn)")
+    turns = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+    ids = tok.encode_chat(turns) if args.chat else tok.encode(prompt)
     _stream_print(llm, ids, sp)
     return 0
 
@@ -189,8 +193,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_pull)
 
     s = sub.add_parser("generate", help="run one prompt through the engine, streaming")
-    s.add_argument("prompt")
+    s.add_argument("prompt", help="the prompt; - reads it from stdin")
     s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    s.add_argument("--system", default=None, help="with --chat: a system message first")
     add_engine_args(s)
     _sampling_args(s)
     s.set_defaults(fn=cmd_generate)

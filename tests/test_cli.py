@@ -42,3 +42,17 @@ def test_chat_goes_on_when_a_turn_outgrows_the_context(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "was not sent" in proc.stderr and proc.stdout.count("\n") >= 2  # turns 1 and 3 answered
+
+
+def test_generate_reads_a_dash_prompt_from_stdin(tmp_path):
+    from tests.helpers import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path)
+    base = [sys.executable, "-m", "llmserve.cli", "generate", "--model", str(model), "--max-tokens", "4",
+            "--temperature", "0", "--dtype", "fp32"]
+    piped = subprocess.run(base + ["-"], input="hello there", capture_output=True, text=True, timeout=300)
+    given = subprocess.run(base + ["hello there"], capture_output=True, text=True, timeout=300)
+    assert piped.returncode == given.returncode == 0, piped.stderr[-2000:]
+    assert piped.stdout == given.stdout and piped.stdout.strip()
+    refused = subprocess.run(base + ["hi", "--system", "be brief"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--system needs --chat" in refused.stderr
