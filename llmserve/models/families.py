@@ -16,17 +16,40 @@ class UnsupportedModel(ValueError):
     """A config of a family (or a variant of one) the decoder does not implement."""
 
 
-def _scaling(d: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """HF ``rope_scaling`` (``rope_type`` and its constants), or None for plain RoPE."""
+# What rope.py computes. Not "dynamic" (dynamic NTK): its base follows the sequence's length,
+# so a cached key, or one request of a batch, would be rotated by another base than the next.
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+
+
+def refuse_rope_type(kind: str) -> None:
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModel(f"rope scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+
+
+def _scaling(d: dict[str, Any], params: dict[str, Any] | None = None,
+             longrope: tuple[str, ...] = ("su",)) -> dict[str, Any] | None:
+    """HF ``rope_scaling`` (``rope_type`` and its constants), or None for plain RoPE.
+    ``longrope``: the family's old names of LongRoPE."""
     params = d.get("rope_parameters") if params is None else params
     s = d.get("rope_scaling") or params or None
     if not isinstance(s, dict):
         return None
     s = {k: v for k, v in s.items() if k not in ("rope_theta", "partial_rotary_factor")}
     kind = s.pop("type", None) or s.get("rope_type") or "default"
+    kind = "longrope" if kind in longrope else kind
+    refuse_rope_type(kind)
     if kind == "default":
         return None
-    s["rope_type"] = "longrope" if kind == "su" else kind  # Phi-3's early name
+    s["rope_type"] = kind
+    if kind == "yarn":
+        # transformers' standardize_rope_params: a top-level original length wins over the
+        # scaling's own, the model's length is the fallback; no factor means their ratio
+        if d.get("original_max_position_embeddings") is not None:
+            s["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        length = d.get("max_position_embeddings", 2048)
+        s.setdefault("original_max_position_embeddings", length)
+        if s.get("factor") is None:
+            s["factor"] = length / s["original_max_position_embeddings"]
     if s["rope_type"] == "longrope":
         s.setdefault("original_max_position_embeddings", d.get("original_max_position_embeddings"))
         if s.get("factor") is None:
@@ -108,7 +131,8 @@ def _gemma(d: dict[str, Any], family: str) -> dict[str, Any]:
 
 def _phi3(d: dict[str, Any]) -> dict[str, Any]:
     params = d.get("rope_parameters") or {}
-    return {"family": "phi3", "rope_scaling": _scaling(d),
+    # "yarn" too, as transformers' Phi3Config reads it: early Phi-3 configs' name of LongRoPE
+    return {"family": "phi3", "rope_scaling": _scaling(d, longrope=("su", "yarn")),
             "partial_rotary_factor": float(d.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0),
             **_window_everywhere(d)}
 
@@ -135,7 +159,17 @@ def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
     if model_type not in FAMILIES:
         raise UnsupportedModel(f"model family {model_type!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return FAMILIES[model_type](d)
+    out = FAMILIES[model_type](d)
+    if (s := out.get("rope_scaling")) and s["rope_type"] == "yarn":
+        out["max_position_embeddings"] = yarn_context(s, int(d.get("max_position_embeddings", 2048)))
+    return out
+
+
+def yarn_context(scaling: dict[str, Any], max_positions: int) -> int:
+    """The positions a YaRN model serves: its original context stretched ``factor`` times, as
+    vLLM derives it (Qwen's cards add the scaling to a config that still says the original)."""
+    stretched = int(float(scaling["original_max_position_embeddings"]) * float(scaling["factor"]))
+    return max(max_positions, stretched)
 
 
 _TEXT_PREFIXES = ("language_model.model.", "model.language_model.")

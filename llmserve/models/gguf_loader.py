@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 from llmserve.models.config import ModelConfig
+from llmserve.models.families import UnsupportedModel, refuse_rope_type, yarn_context
 from llmserve.models.gguf_families import PERMUTED_QK, ROPE_TENSORS, SUPPORTED_ARCHITECTURES, arch_fields, layer_names
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
+from llmserve.models.rope_yarn import attention_factor
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,9 @@ def _fields(reader: Any, path: Path) -> dict[str, Any]:
     return out
 
 
-def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
-    """HF ``rope_scaling`` from ``{arch}.rope.scaling.*`` (or the old ``rope.scale_linear``)."""
+def _rope_scaling(meta: dict[str, Any], arch: str, path: Path) -> dict[str, Any] | None:
+    """HF ``rope_scaling`` from ``{arch}.rope.scaling.*`` (or the old ``rope.scale_linear``);
+    a type rope.py does not compute is refused by name."""
     p = f"{arch}.rope."
     kind = meta.get(p + "scaling.type")
     factor = meta.get(p + "scaling.factor")
@@ -98,6 +101,10 @@ def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
         kind, factor = "linear", meta[p + "scale_linear"]
     if kind in (None, "none"):
         return None
+    try:
+        refuse_rope_type(str(kind))
+    except UnsupportedModel as e:
+        raise UnsupportedFamily(f"{path}: {e}") from e
     out: dict[str, Any] = {"rope_type": str(kind)}
     for gguf_key, hf_key in (("scaling.factor", "factor"),
                              ("scaling.original_context_length", "original_max_position_embeddings"),
@@ -108,6 +115,27 @@ def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any] | None:
             out[hf_key] = v
     if factor is not None:
         out["factor"] = float(factor)
+    return _yarn(meta, arch, out, path) if kind == "yarn" else out
+
+
+def _yarn(meta: dict[str, Any], arch: str, out: dict[str, Any], path: Path) -> dict[str, Any]:
+    """YaRN's keys as llama.cpp's converter writes them, in transformers' terms."""
+    p = f"{arch}.rope."
+    length = int(meta.get(f"{arch}.context_length", 2048))
+    out.setdefault("original_max_position_embeddings", length)  # transformers' fallbacks
+    out.setdefault("factor", length / out["original_max_position_embeddings"])
+    ext = meta.get(p + "scaling.yarn_ext_factor")
+    if ext is not None and ext >= 0 and ext != 1:  # llama.cpp: negative is unset, 1 is the paper's ramp
+        raise UnsupportedFamily(f"{path}: yarn_ext_factor {ext} is not supported (only 1, the paper's)")
+    # llama.cpp multiplies its attention factor by attn_factor; yarn_attn_factor is the HF
+    # config's attention_factor; yarn_log_multiplier its mscale_all_dim (mscale 1)
+    multiplier = float(out.pop("attention_factor", 1.0))
+    if (own := meta.get(p + "scaling.yarn_attn_factor")) is not None:
+        out["attention_factor"] = float(own)
+    if log_mul := meta.get(p + "scaling.yarn_log_multiplier"):
+        out.update(mscale=1.0, mscale_all_dim=float(log_mul))
+    if multiplier != 1.0:
+        out["attention_factor"] = attention_factor(out) * multiplier
     return out
 
 
@@ -139,7 +167,9 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
     def read(name: str) -> np.ndarray | None:
         return _dequantize(names[name], path).numpy() if name in names else None
 
+    scaling = _rope_scaling(meta, arch, path)  # outside the try: a refusal keeps its own type
     try:
+        context = int(meta.get(f"{arch}.context_length", 2048))
         base = dict(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -150,8 +180,9 @@ def config_from_reader(reader: Any, path: Path) -> ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_scaling=_rope_scaling(meta, arch),
-            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+            rope_scaling=scaling,
+            max_position_embeddings=yarn_context(scaling, context) if scaling and scaling["rope_type"] == "yarn"
+            else context,
             tie_word_embeddings="output.weight" not in names,
             bos_token_id=int(bos) if bos is not None else None,
             eos_token_id=list(dict.fromkeys(eos)),
