@@ -40,7 +40,7 @@ from llmserve.gateway.errors import GatewayError, json_object, sse_error_event, 
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
 from llmserve.gateway.recorder import RequestRecord, prompt_chars
-from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event
+from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event, renamed, renaming
 from llmserve.gateway.request import disconnected, parse_request, prompt_text, read_body, usage_tokens
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
 from llmserve.gateway.upstream import Abandoned, UpstreamResponse, unreachable
@@ -160,8 +160,8 @@ class Proxy:
         body, priority = ctx.parsed.body, ctx.parsed.priority
         content = ctx.parsed.raw
         rewrite = {}
-        if upstream_model:
-            rewrite["model"] = upstream_model
+        if upstream_model:  # (and the answers' name back: a foreign server's may be a file path)
+            rewrite["model"], ctx.rename = upstream_model, renaming(upstream_model, ctx.model)
         if "priority" in body and body["priority"] != priority:
             rewrite["priority"] = priority
         if rewrite:
@@ -233,7 +233,7 @@ class Proxy:
             if resp.status_code == 200:  # (its usage: the token counters, a key's tab, the observers)
                 ctx.prompt_tokens, ctx.output_tokens = usage_tokens(body)
             ctx.finish(resp.status_code, ok=True)
-            return Response(body, resp.status_code, headers=self._headers(resp, ctx))
+            return Response(renamed(body, ctx.rename), resp.status_code, headers=self._headers(resp, ctx))
 
     async def _try_next(self, plan: _Plan, ctx: RequestRecord
                         ) -> tuple[UpstreamResponse, Lease] | None:

@@ -45,7 +45,7 @@ class RequestRecord:
     retried, resumed, first token, finished) and it feeds the sinks."""
 
     __slots__ = ("attempts", "done", "in_stats", "instance", "model", "output_tokens", "parsed", "prompt_tokens",
-                 "queued_s", "request_id", "resumes", "route", "sinks", "t0", "tab", "trace", "ttft_s", "version")
+                 "queued_s", "rename", "request_id", "resumes", "route", "sinks", "t0", "tab", "trace", "ttft_s", "version")
 
     def __init__(self, sinks: RecordSinks, version: str, parsed: ParsedRequest, t0: float,
                  request_id: str, *, in_stats: bool = True, headers: Any = None) -> None:
@@ -57,6 +57,7 @@ class RequestRecord:
         self.ttft_s: float | None = None
         self.queued_s = 0.0
         self.output_tokens = 0
+        self.rename: tuple[tuple[bytes, bytes], ...] = ()  # the upstream's model name -> the client's (relay.py)
         self.prompt_tokens: int | None = None  # from a whole response's usage
         self.tab: Tab | None = None  # the key's account, settled at the end (gateway/tenants)
         self.done = False

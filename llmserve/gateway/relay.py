@@ -4,6 +4,7 @@ client leaves, and the once-only accounting when a stream ends."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -85,6 +86,21 @@ class RelayResponse(Response):
             error = stream.exception() if stream.done() and not stream.cancelled() else None
         if error is not None:
             raise error
+
+
+def renaming(upstream: str, client: str | None) -> tuple[tuple[bytes, bytes], ...]:
+    """The byte replacements that put the client's model name where the upstream wrote its own,
+    in either JSON spacing (llama.cpp answers with the GGUF path it was started with)."""
+    if not client or client == upstream:
+        return ()
+    old, new = json.dumps(upstream).encode(), json.dumps(client).encode()
+    return tuple((b'"model"' + sep + old, b'"model"' + sep + new) for sep in (b":", b": "))
+
+
+def renamed(data: bytes, pairs: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    for old, new in pairs:
+        data = data.replace(old, new)
+    return data
 
 
 async def one_event(event: bytes) -> AsyncIterator[bytes]:

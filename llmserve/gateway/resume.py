@@ -33,7 +33,7 @@ from llmserve.gateway.adapter_attempt import adapter_ready
 from llmserve.gateway.errors import GatewayError, sse_error_event
 from llmserve.gateway.pool import Lease, Outcome, Pool, Upstream
 from llmserve.gateway.recorder import RequestRecord
-from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end
+from llmserve.gateway.relay import Current, end_stream, first_bytes, is_sse, last_event_end, renamed
 from llmserve.gateway.tenants.tab import first_events
 from llmserve.gateway.upstream import unreachable
 
@@ -242,7 +242,7 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                                 return
                         ctx.output_tokens += datas
                         if out:
-                            yield out
+                            yield renamed(out, ctx.rename)
                     try:
                         buf += await more()
                     except StopAsyncIteration:

@@ -41,11 +41,16 @@ def test_completions_endpoint_and_model_list():
 
 
 def test_upstream_model_rewrites_the_model_field():
-    with stack({"v1": [Behaviour("a")]},
-               version_extra={"v1": {"upstream_model": "smollm2-135m"}}) as s:
-        assert s.chat(temperature=0.5).status_code == 200
-        assert s.fakes["a"].bodies[-1]["model"] == "smollm2-135m"
+    """The request's model becomes the upstream's name and the answers' name the client's
+    again (a llama.cpp instance answers with its GGUF's path: no file path reaches clients)."""
+    path = "/srv/models/x.Q4_1.gguf"
+    with stack({"v1": [Behaviour("a")]}, version_extra={"v1": {"upstream_model": path}}) as s:
+        r = s.chat(temperature=0.5)
+        assert r.status_code == 200 and r.json()["model"] == "chat"
+        assert s.fakes["a"].bodies[-1]["model"] == path
         assert s.fakes["a"].bodies[-1]["temperature"] == 0.5
+        streamed = s.chat(stream=True).text
+        assert '"model": "chat"' in streamed.replace('"model":"', '"model": "') and path not in streamed
 
 
 def _assert_openai_error(r: httpx.Response, status: int, code: str | None = None):
