@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class Supervisor:
     def __init__(self, argv: list[str], n: int, workdir: Path, stop_grace_s: float) -> None:
         self.argv, self.n, self.workdir, self.stop_grace_s = argv, n, workdir, stop_grace_s
         self.procs: list[subprocess.Popen | None] = [None] * n
+        self.also: Callable[[], None] = lambda: None  # each turn of the watch loop (the own Redis kept up)
         self.started_at = [0.0] * n
         self.restarts = [0] * n  # since the replica last ran past EARLY_EXIT_S
         self.ever_up = [False] * n
@@ -73,6 +75,7 @@ class Supervisor:
         retry_at = [0.0] * self.n
         while not self.stopping:
             time.sleep(0.2)
+            self.also()
             now = time.monotonic()
             for i, p in enumerate(self.procs):
                 if self.stopping:
@@ -137,6 +140,17 @@ def run_replicas(cfg: ServeConfig, file: dict[str, Any], extra_argv: list[str]) 
     path = write_private(workdir / "serve.yaml", yaml.safe_dump(deep_merge(file, shared)))
     sup = Supervisor([sys.executable, "-m", "llmserve.cli", "serve", "--config", str(path), *extra_argv],
                      cfg.replicas, workdir, cfg.lifecycle.drain_timeout_s + cfg.lifecycle.stop_grace_s + 10)
+
+    def keep_redis_up() -> None:  # (the replicas' store: without it none could start again)
+        try:
+            if redis is not None and redis.revive():
+                print(f"llmserve serve: the replicas' redis-server had exited; started again on {redis.url}",
+                      file=sys.stderr, flush=True)
+        except StoreError as e:  # (it stays down; the replicas degrade as with any store away)
+            print(f"llmserve serve: the replicas' redis-server could not be started again: {e}",
+                  file=sys.stderr, flush=True)
+
+    sup.also = keep_redis_up
 
     def on_signal(signum, frame) -> None:
         sup.stopping = True

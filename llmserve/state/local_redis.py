@@ -51,12 +51,25 @@ class LocalRedis:
         self.workdir.mkdir(parents=True, exist_ok=True)
         password = secrets.token_hex(24)
         write_private(self.password_file, password + "\n")
-        conf = write_private(self.workdir / "redis.conf", "\n".join([
+        write_private(self.workdir / "redis.conf", "\n".join([
             f"port {self.port}", "bind 127.0.0.1", "protected-mode yes", f"requirepass {password}",
             f'dir "{self.workdir}"', 'save ""', "appendonly no", ""]))
-        log = open(self.workdir / "redis.log", "ab")
-        self.proc = subprocess.Popen([binary, str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # Ctrl-C reaches serve, which stops it last
+        self._binary = binary
+        return self._launch(timeout_s)
+
+    def revive(self, timeout_s: float = 20.0) -> bool:
+        """Start it again if it died (same port and password: the replicas reconnect on their
+        own and publish their state again into the empty store); True when it did."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        self._launch(timeout_s)
+        return True
+
+    def _launch(self, timeout_s: float) -> LocalRedis:
+        with open(self.workdir / "redis.log", "ab") as log:
+            self.proc = subprocess.Popen([self._binary, str(self.workdir / "redis.conf")], stdout=log,
+                                         stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C reaches serve, which stops it last
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

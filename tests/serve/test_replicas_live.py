@@ -59,6 +59,10 @@ def _wait(cond, timeout: float, what: str, proc) -> None:
         time.sleep(0.2)
 
 
+async def _ping(port: str, password: str) -> None:
+    await (await connect(f"redis://:{password}@127.0.0.1:{port}/0")).aclose()
+
+
 def test_serve_replicas_one_port_their_own_redis(tmp_path):
     cfg = standin_config(max_instances=1)
     cfg["replicas"] = 2
@@ -106,6 +110,14 @@ def test_serve_replicas_one_port_their_own_redis(tmp_path):
         streak[0] = 0
         _wait(answering, 60, "both replicas to answer again", s.proc)
         assert [_fresh(s.url) for _ in range(20)] == [200] * 20
+
+        # kill -9 the store: the supervisor starts it again on its port (a replica's start needs it)
+        store = next(pid for pid, cmd in _children(s.proc.pid).items() if "redis-server" in cmd)
+        os.kill(store, signal.SIGKILL)
+        _wait(lambda: any("redis-server" in cmd and pid != store for pid, cmd in _children(s.proc.pid).items()),
+              30, "the redis-server again", s.proc)
+        _wait(lambda: "redis-server had exited; started again" in s.log(), 30, "the supervisor to say so", s.proc)
+        asyncio.run(_ping(port, pw.read_text().strip()))
     finally:
         kids = _children(s.proc.pid)
         code = s.stop(90)
