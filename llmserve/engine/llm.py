@@ -80,7 +80,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, priority: int | str | None = 0, use_tqdm: bool = False) -> list[RequestOutput]:
+                 *, priority: int | str | Sequence[int | str] | None = 0,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """``priority``: one for all, or one per prompt (as vLLM's)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = [_prompt(p) for p in prompts]  # type: ignore[union-attr]
@@ -90,13 +92,16 @@ class LLM:
                   else list(sampling_params))
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams or one per prompt")
+        prios = list(priority) if isinstance(priority, (list, tuple)) else [priority] * len(prompts)
+        if len(prios) != len(prompts):
+            raise ValueError("need one priority or one per prompt")
         ids: list[tuple[str, int]] = []
         try:
-            for prompt, sp in zip(prompts, params):
+            for prompt, sp, prio in zip(prompts, params, prios):
                 rid = str(next(self._ids))
                 ids.append((rid, sp.n))
                 for i, child in enumerate(fan_out(sp)):
-                    self.engine.add_request(f"{rid}#{i}", prompt, child, priority=priority)
+                    self.engine.add_request(f"{rid}#{i}", prompt, child, priority=prio)
         except BaseException:  # all or nothing: one bad prompt leaves none of the others running
             for rid, n in ids:
                 for i in range(n):
@@ -119,10 +124,21 @@ class LLM:
         return [merge_choices([finals[f"{rid}#{i}"] for i in range(n)], rid) for rid, n in ids]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | None = None, **kw: Any) -> list[RequestOutput]:
+             sampling_params: SamplingParams | None = None, *, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
+             **kw: Any) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: the model's template with these options; ``kw`` as ``generate``."""
+        if chat_template is not None:
+            raise ValueError("a chat template per call is not supported: the model's is used "
+                             "(llmserve engine --chat-template overrides it for a server)")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message needs add_generation_prompt=False (as vLLM)")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [tok.encode_chat(c, add_generation_prompt=True) for c in convs]  # type: ignore[arg-type]
+        extra = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
+        prompts = [tok.encode_chat(c, add_generation_prompt, continue_final_message, **extra)
+                   for c in convs]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, **kw)
 
 

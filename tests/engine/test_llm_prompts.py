@@ -40,3 +40,22 @@ def test_one_bad_prompt_in_a_list_leaves_none_of_the_others_running(llm):
         llm.generate(["fine", "also fine", {"prompt_token_ids": too_long}], GREEDY)
     assert not llm.engine.has_unfinished()
     assert len(llm.generate("fine", GREEDY)) == 1
+
+
+def test_chat_takes_vllms_template_options_and_generate_a_priority_per_prompt(llm):
+    tok = llm.get_tokenizer()
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}]
+    out = llm.chat(chat, GREEDY, add_generation_prompt=False, continue_final_message=True)[0]
+    assert out.prompt_token_ids == tok.encode_chat(chat, False, True)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    plain, with_tools = (llm.chat(chat[:1], GREEDY, **kw)[0].prompt_token_ids for kw in ({}, {"tools": tools}))
+    assert with_tools == tok.encode_chat(chat[:1], tools=tools)
+    with pytest.raises(ValueError, match="add_generation_prompt=False"):
+        llm.chat(chat, GREEDY, continue_final_message=True)
+    with pytest.raises(ValueError, match="per call"):
+        llm.chat(chat[:1], GREEDY, chat_template="{{ messages }}")
+    both = llm.generate(["a b", "c d"], GREEDY, priority=[1, 0])
+    assert [o.outputs[0].token_ids for o in both] == [llm.generate(p, GREEDY)[0].outputs[0].token_ids
+                                                      for p in ("a b", "c d")]
+    with pytest.raises(ValueError, match="one priority or one per prompt"):
+        llm.generate(["a", "b"], GREEDY, priority=[0])
