@@ -45,6 +45,22 @@ class Flag:
     show: Callable[[Any], Any] | None = None  # the default as the help writes it, in the flag's syntax
 
 
+_UNITS = {"": 1, "K": 1000, "M": 1000 ** 2, "G": 1000 ** 3, "T": 1000 ** 4,
+          "KI": 1024, "MI": 1024 ** 2, "GI": 1024 ** 3, "TI": 1024 ** 4}
+
+
+def byte_size(text: str) -> int:
+    """``"2G"``, ``"512MiB"``, ``"1.5GB"`` or plain bytes -> bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary)."""
+    s = str(text).strip().upper().removesuffix("B")
+    num = s.rstrip("KMGTI")
+    unit = s[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M, G, T, Ki, Mi, Gi, Ti)") from None
+    return int(value)
+
+
 def _flag_of(info) -> Flag:
     return next((m for m in info.metadata if isinstance(m, Flag)), Flag())
 
@@ -142,7 +158,10 @@ def given(model: type[BaseModel], args: argparse.Namespace, *,
         if spec.scale is not None and value is not None:
             value = value * spec.scale
         if spec.parse is not None and value is not None:
-            value = spec.parse(value)
+            try:
+                value = spec.parse(value)
+            except ValueError as e:  # named by its flag, as a model's refusal is (flag_error)
+                raise ValueError(f"{flag_name(field, spec)}: {e}") from None
         out[field] = value
     return out
 

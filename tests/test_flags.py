@@ -138,3 +138,21 @@ def test_another_models_refusal_names_its_keys_not_these_flags():
     with pytest.raises(ValidationError) as e:
         _File(name="x", count=0)
     assert flag_error(e.value, _Run) == "count: Extra inputs are not permitted, got 0"
+
+
+def test_byte_sizes_as_people_write_them():
+    from llmserve.flags import byte_size
+
+    assert byte_size("1000000") == 1_000_000 and byte_size("2G") == 2 * 10**9 and byte_size("512MiB") == 512 * 2**20
+    assert byte_size("1.5GB") == 1_500_000_000 and byte_size("64k") == 64_000
+    for bad in ("1X", "G", "lots"):
+        with pytest.raises(ValueError, match="is not a size"):
+            byte_size(bad)
+
+
+def test_the_kv_cache_memory_flag_takes_a_size():
+    from llmserve.engine.argv import add_engine_args, engine_config_from
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_config_from(p.parse_args(["--kv-cache-memory", "256M"])).kv_cache_memory_bytes == 256 * 10**6

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from llmserve.engine.kv_budget import default_kv_bytes
-from llmserve.flags import Flag
+from llmserve.flags import Flag, byte_size
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "w8a8")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16")
@@ -88,8 +88,8 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=1, description="context length (default: the model's)")
     block_size: int = Field(16, ge=1, description="tokens per KV block")
     num_kv_blocks: int | None = Field(None, ge=1, description="KV pool size in blocks")
-    kv_cache_memory_bytes: Annotated[int | None, Flag(name="--kv-cache-memory")] = Field(
-        None, gt=0, description="KV pool budget in bytes (used when --num-kv-blocks is not given)")
+    kv_cache_memory_bytes: Annotated[int | None, Flag(name="--kv-cache-memory", type=str, parse=byte_size)] = Field(
+        None, gt=0, description="KV pool budget: bytes, or 512M, 2G, 1.5GiB (used when --num-kv-blocks is not given)")
     instances: int = Field(1, ge=1, description="engines sharing this machine: the default KV pool takes its "
                                                 "share of the free memory, and threads their share of the cores")
     # int8 weights: the issue-7 path (fp32 weights kept for prefill GEMM, two-byte activations
