@@ -6,19 +6,12 @@ import time
 
 from fastapi.testclient import TestClient
 
-from llmserve.serve.serve import build_deployment
-from llmserve.serve.serve_config import ServeConfig
-
-from .fakes import FakeProber, FakeProvider
-from .test_deployment import AUTH, KEY, deployment
+from .fakes import FakeProvider
+from .test_deployment import AUTH, two_pools as two_pools_of
 
 
 def two_pools():
-    cfg = ServeConfig.model_validate(deployment(
-        lifecycle={"probe_interval_s": 0.05, "unready_grace_s": 600.0},
-        gateway={"polling": {"load_interval_s": 0.5, "ready_interval_s": 5.0, "timeout_s": 0.2}}))
-    provider = FakeProvider(initial_state="ready", url_template="http://127.0.0.1:9/{id}")
-    app, _ = build_deployment(cfg, provider, KEY, prober=FakeProber(provider))
+    app, _ = two_pools_of(FakeProvider(initial_state="ready", url_template="http://127.0.0.1:9/{id}"))
     return app
 
 

@@ -109,12 +109,17 @@ def test_capacity_classes_are_per_pool_over_the_top_level():
     assert "models[chat].versions[v2].autoscale" in error_of(data)
 
 
-def test_one_controller_per_pool_sharing_the_provider():
+def two_pools(provider):
+    """The two-pool deployment over ``provider``, probed at once: (app, controllers)."""
     cfg = ServeConfig.model_validate(deployment(
         lifecycle={"probe_interval_s": 0.05, "unready_grace_s": 600.0},
         gateway={"polling": {"load_interval_s": 0.5, "ready_interval_s": 5.0, "timeout_s": 0.2}}))
+    return build_deployment(cfg, provider, KEY, prober=FakeProber(provider))
+
+
+def test_one_controller_per_pool_sharing_the_provider():
     provider = ClosingLast(initial_state="ready", url_template="http://127.0.0.1:9/{id}")
-    app, controllers = build_deployment(cfg, provider, KEY, prober=FakeProber(provider))
+    app, controllers = two_pools(provider)
     assert [c.key for c in controllers] == ["chat/v1", "chat/v2"]
     assert all(c.provider is provider for c in controllers)
     with TestClient(app) as client:
