@@ -73,8 +73,8 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
         body["include_stop_str_in_output"] = True
     if req.metadata and req.metadata.user_id:
         body["user"] = req.metadata.user_id
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
+    if req.stream:  # (the usage from the first chunk on: message_start reports the prompt's tokens)
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     fmt = req.output_config.format if req.output_config else None
     if fmt is not None:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
@@ -135,9 +135,13 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
     """Chat chunks in, Anthropic's message stream out: one content block open at a time
     (each is stopped before the next starts, as Anthropic streams them)."""
     hold = max((len(s) for s in req.stop_sequences or []), default=0)
+    chunks = aiter(chunks)
+    first = await anext(chunks, None)  # message_start waits for it: its usage counts the prompt
     start = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": req.model,
-             "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(None)}
+             "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": usage(first.get("usage") if first else None)}
     yield _event("message_start", message=start)
+    chunks = _after(first, chunks)
     index = -1
     text_open = tool_open = False
     pending = ""  # text not yet sent: it may be the start of a stop sequence
@@ -191,6 +195,13 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                  usage={k: u[k] for k in ("output_tokens", "input_tokens", "cache_read_input_tokens",
                                           "cache_creation_input_tokens")})
     yield _event("message_stop")
+
+
+async def _after(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    if first is not None:
+        yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def _flush_text(index: int, text: str) -> list[bytes]:

@@ -93,15 +93,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's; only its default (usage comes once, at the end)
-
-    @model_validator(mode="after")
-    def _continuous(self) -> "StreamOptions":
-        if self.continuous_usage_stats:
-            raise APIError(400, "stream_options.continuous_usage_stats is not supported by llmserve (usage comes in "
-                           "the last chunk)", param="stream_options.continuous_usage_stats",
-                           code="unsupported_parameter")
-        return self
+    # vLLM's: with include_usage, every chunk carries the usage so far (the prompt's count
+    # from the first one on: what Anthropic's message_start reports)
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Strict):

@@ -275,7 +275,8 @@ class OpenAIServing:
                             prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None,
                             self.formats.call_ids())
         if r.stream:
-            include_usage = bool(r.stream_options and r.stream_options.include_usage)
+            so = r.stream_options
+            include_usage = 2 if so and so.include_usage and so.continuous_usage_stats else int(bool(so and so.include_usage))
             return StreamingResponse(self._sse(jobs, meta, include_usage, tracker), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -318,7 +319,8 @@ class OpenAIServing:
         body["object"] = "chat.completion" if meta.chat else "text_completion"
         return body
 
-    async def _sse(self, jobs: list[_Job], meta: ResponseMeta, include_usage: bool, tracker: "_Tracker"):
+    async def _sse(self, jobs: list[_Job], meta: ResponseMeta, include_usage: int, tracker: "_Tracker"):
+        """``include_usage``: 1 the usage chunk at the end, 2 also the usage so far in every chunk."""
         writers: dict[int, ChoiceWriter] = {}
         streams = []
         for j in jobs:
@@ -328,6 +330,7 @@ class OpenAIServing:
                 streams.append((idx, s))
         buf = StreamBuffer(streams, self.config.stream_buffer_outputs * len(streams), lambda: self._abort(jobs))
         completion_tokens = cached = 0
+        prompt_tokens, made = sum(len(j.prompt_ids) for j in jobs), {}
         try:
             while (got := await buf.get()) is not None:
                 idx, item = got
@@ -342,10 +345,11 @@ class OpenAIServing:
                     completion_tokens += len(item.outputs[0].token_ids)
                     if idx % meta.n == 0:
                         cached += item.num_cached_tokens
+                made[idx] = made.get(idx, 0) + len(item.outputs[0].delta_token_ids)  # (whole fields: at the end only)
+                so_far = usage(prompt_tokens, sum(made.values()), item.num_cached_tokens) if include_usage > 1 else None
                 for choice in writers[idx].chunks(item):
-                    yield sse(meta.envelope([choice]))
+                    yield sse(meta.envelope([choice], usage=so_far) if so_far else meta.envelope([choice]))
             if include_usage:
-                prompt_tokens = sum(len(j.prompt_ids) for j in jobs)
                 yield sse(meta.envelope([], usage=usage(prompt_tokens, completion_tokens, cached)))
             yield "data: [DONE]\n\n"
         except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why

@@ -54,6 +54,8 @@ def test_streamed_text_and_events(client):
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert text == whole == final.content[0].text
     assert final.usage.output_tokens > 0
+    # message_start already counts the prompt (langchain and others read it there)
+    assert events[0].message.usage.input_tokens == final.usage.input_tokens > 0
 
 
 def test_stop_sequences_name_the_one_that_matched(client):

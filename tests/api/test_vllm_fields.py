@@ -23,7 +23,6 @@ COMPLETION = {"prompt": "hi", "max_tokens": 2}
     ({"bad_words": ["x"]}, "bad_words"),
     ({"allowed_token_ids": [1]}, "allowed_token_ids"),
     ({"length_penalty": 1.0}, "length_penalty"),
-    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
 ])
 def test_unimplemented_vllm_fields_are_unsupported_parameter(fields, param):
     with pytest.raises(APIError) as e:

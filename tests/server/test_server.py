@@ -68,6 +68,13 @@ def test_stream_matches_non_stream_and_usage_chunk(client, server):
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == full
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    # vLLM's continuous_usage_stats: the usage so far in every chunk
+    body["stream_options"]["continuous_usage_stats"] = True
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as resp:
+        each = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    made = [c["usage"]["completion_tokens"] for c in each]
+    assert all(c["usage"]["prompt_tokens"] == usage["usage"]["prompt_tokens"] for c in each)
+    assert made == sorted(made) and made[0] >= 1 and made[-1] == 12
 
 
 def test_chat_stream_and_non_stream(client):
