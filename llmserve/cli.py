@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -43,11 +44,21 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from llmserve.models.store import pull
+    from llmserve.models.loader import ModelLoadError
+    from llmserve.models.store import find_spec, pull
 
+    if find_spec(args.name) is None and _looks_like_path(args.name) and not Path(args.name).exists():
+        # a mistyped path is not an unknown model name: the list of names would not help
+        raise ModelLoadError(f"{args.name}: no such file or folder")
     path = pull(args.name, args.model_store, quiet=args.quiet)
     print(path)
     return 0
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name with a folder separator, a leading ``.``/``~``, or a ``.gguf`` suffix (a known
+    name with a slash, ``HuggingFaceTB/SmolLM2-135M-Instruct``, is looked up first)."""
+    return "/" in name or "\\" in name or name.startswith((".", "~")) or name.lower().endswith(".gguf")
 
 
 def _stream_print(llm, prompt_ids: list[int], sp) -> None:
@@ -187,7 +198,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("pull", help="fetch a model into the model store")
-    s.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    s.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                   help="a known model name, or the path of a .gguf file or HF folder, which is only "
+                        "checked (config, tokenizer, file headers against the config's tensors)")
     s.add_argument("--model-store", default=_store_default())
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(fn=cmd_pull)

@@ -106,9 +106,12 @@ def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
         try:
             core = build()
         except Exception as e:  # noqa: BLE001 - the parent reports it on /health
-            log.exception("engine build failed")
-            tx.send(pack(["failed", f"{type(e).__name__}: {e}"]))
-            tx.close()
+            tx.send(pack(["failed", _build_failure(e)]))
+            rx.close(0)
+            # The parent binds once its event loop runs, maybe after this: wait for it (a dead
+            # parent kills this process), as os._exit below would drop the unsent reason.
+            tx.close(linger=30_000)
+            ctx.term()
             return
         code = EngineCoreProc(core, rx, tx).run()
         tx.close()
@@ -120,6 +123,17 @@ def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _build_failure(e: Exception) -> str:
+    """The reason the parent reports in one line. A bad model file (``ModelLoadError``) names
+    the file and the fault itself; anything else is a bug, whose traceback goes to the log."""
+    from llmserve.models.loader import ModelLoadError
+
+    if isinstance(e, ModelLoadError):
+        return str(e)
+    log.exception("engine build failed")
+    return f"{type(e).__name__}: {e}"
 
 
 class _Recorder:

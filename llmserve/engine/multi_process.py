@@ -70,6 +70,7 @@ class MultiProcessEngine(RequestStreams):
     # ---- start ------------------------------------------------------------------------
     async def connect(self) -> "MultiProcessEngine":
         """Wait for the child's ``ready`` (raising its build error), then start reading."""
+        gone = False
         while True:
             if await self._rx.poll(int(WATCH_EVERY_S * 1000)):
                 msg = unpack(await self._rx.recv())
@@ -78,8 +79,10 @@ class MultiProcessEngine(RequestStreams):
                     raise RuntimeError(msg[1])
                 if msg[0] == "ready":
                     break
-            elif self._child_gone():
+            elif gone:
                 raise RuntimeError(f"the engine process exited during start ({self._exit_code})")
+            else:
+                gone = self._child_gone()  # one more poll then: its "failed" may still be in flight
         self.info = info = msg[1]
         self.lora = info["lora"]
         # Grammars compile where they run, in the engine process (a compiled one cannot cross

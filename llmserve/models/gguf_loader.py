@@ -27,7 +27,7 @@ import torch
 from llmserve.models.config import ModelConfig
 from llmserve.models.families import UnsupportedModel, refuse_rope_type, yarn_context
 from llmserve.models.gguf_families import PERMUTED_QK, ROPE_TENSORS, SUPPORTED_ARCHITECTURES, arch_fields, layer_names
-from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_shapes, check_weights
 from llmserve.models.rope_yarn import attention_factor
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,21 @@ def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
+def _decoder_tensors(reader: Any, path: Path) -> list[tuple[Any, str]]:
+    """The file's tensors the decoder reads, with their HF names."""
+    arch = _fields(reader, path)["general.architecture"]
+    out = []
+    for tensor in reader.tensors:
+        if tensor.name in ROPE_TENSORS:
+            continue  # read into the config's rope scaling
+        name = hf_name(tensor.name, arch)
+        if name is None:
+            log.warning("%s: ignoring tensor %s (no counterpart in the decoder)", path, tensor.name)
+            continue
+        out.append((tensor, name))
+    return out
+
+
 class GGUFLoader:
     """``WeightLoader`` for ``.gguf`` files of the supported architectures."""
 
@@ -230,18 +245,21 @@ class GGUFLoader:
         """The config alone, without dequantizing anything."""
         return config_from_reader(_open(path), path)
 
+    def check(self, path: Path) -> ModelConfig:
+        """``load``'s checks on the header: opening maps every tensor (a truncated file fails),
+        then the tensor names and shapes against the config's."""
+        reader = _open(path)
+        config = config_from_reader(reader, path)
+        shapes = {name: tuple(int(d) for d in reversed(t.shape.tolist())) for t, name in _decoder_tensors(reader, path)}
+        check_shapes(config, shapes, path)
+        return config
+
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         reader = _open(path)
         config = config_from_reader(reader, path)
         arch = _fields(reader, path)["general.architecture"]
         weights: dict[str, torch.Tensor] = {}
-        for tensor in reader.tensors:
-            if tensor.name in ROPE_TENSORS:
-                continue  # read into the config's rope scaling
-            name = hf_name(tensor.name, arch)
-            if name is None:
-                log.warning("%s: ignoring tensor %s (no counterpart in the decoder)", path, tensor.name)
-                continue
+        for tensor, name in _decoder_tensors(reader, path):
             w = _dequantize(tensor, path)
             if arch not in PERMUTED_QK:
                 pass

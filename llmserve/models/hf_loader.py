@@ -8,17 +8,18 @@ the GGUF conversion cache fast to reopen.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from llmserve.models.config import ModelConfig
 from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel, text_config_of, text_weight_name
 from llmserve.models.files import read_json
-from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_weights
+from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_shapes, check_weights
 
 INDEX = "model.safetensors.index.json"
 __all__ = ["SUPPORTED_MODEL_TYPES", "HFLoader", "read_hf_config"]
+T = TypeVar("T")
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -82,19 +83,48 @@ def load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return weights
 
 
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from the shards' headers, no weight read. Opening a shard checks
+    its header against the file's size (a truncated or padded file fails), as ``load_file``'s would."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as shard:
+                found = {name: tuple(shard.get_slice(name).get_shape()) for name in shard.keys()}
+        except Exception as e:  # SafetensorError, OSError, or a header that does not parse
+            raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({e})") from e
+        if twice := sorted(set(found) & set(shapes)):
+            raise ModelLoadError(f"{f}: tensor {twice[0]} also appears in another shard")
+        shapes.update(found)
+    return shapes
+
+
+def decoder_tensors(path: Path, config: ModelConfig, tensors: dict[str, T]) -> dict[str, T]:
+    """The checkpoint's tensors (or their shapes) as the decoder reads them: a multimodal
+    checkpoint's text part renamed, a tied head dropped."""
+    if "text_config" in read_json(path / "config.json"):  # a multimodal checkpoint: its decoder
+        tensors = {new: w for name, w in tensors.items() if (new := text_weight_name(name)) is not None}
+    if config.tie_word_embeddings:
+        # One layout for the model code: a tied head is the embedding, never a copy.
+        tensors.pop("lm_head.weight", None)
+    return tensors
+
+
 class HFLoader:
     """``WeightLoader`` for a Hugging Face folder of a supported family."""
 
     def can_load(self, path: Path) -> bool:
         return path.is_dir() and (path / "config.json").is_file()
 
+    def check(self, path: Path) -> ModelConfig:
+        config = read_hf_config(path)
+        check_shapes(config, decoder_tensors(path, config, safetensors_shapes(safetensors_files(path))), path)
+        return config
+
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         config = read_hf_config(path)
-        weights = load_safetensors(safetensors_files(path))
-        if "text_config" in read_json(path / "config.json"):  # a multimodal checkpoint: its decoder
-            weights = {new: w for name, w in weights.items() if (new := text_weight_name(name)) is not None}
-        if config.tie_word_embeddings:
-            # One layout for the model code: a tied head is the embedding, never a copy.
-            weights.pop("lm_head.weight", None)
+        weights = decoder_tensors(path, config, load_safetensors(safetensors_files(path)))
         check_weights(config, weights, path)
         return config, weights

@@ -9,8 +9,9 @@ single naming and layout to read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -22,10 +23,14 @@ class WeightLoader(Protocol):
 
     ``can_load(path)`` must be cheap (look at a suffix or a file's presence);
     ``load(path)`` returns the config and every weight as a CPU tensor, or raises
-    ``ModelLoadError`` with a message naming the file and the problem.
+    ``ModelLoadError`` with a message naming the file and the problem; ``check(path)``
+    raises as ``load`` would for what headers show (a truncated file, a tensor the config
+    needs missing or misshapen) without reading the weights, and returns the config.
     """
 
     def can_load(self, path: Path) -> bool: ...
+
+    def check(self, path: Path) -> ModelConfig: ...
 
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]: ...
 
@@ -38,9 +43,10 @@ class UnsupportedFamily(ModelLoadError):
     """The model is of a family (architecture) the decoder does not implement."""
 
 
-def expected_weight_shapes(config: ModelConfig, weights: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[int, ...]]:
+def expected_weight_shapes(config: ModelConfig, weights: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor the config's decoder needs, by HF name, with its shape. Where ``weights``
-    hold a layer's fused q/k/v or gate/up matrix (Phi-3), that name replaces the parts."""
+    (tensors or shapes by name) hold a layer's fused q/k/v or gate/up matrix (Phi-3), that
+    name replaces the parts."""
     c, weights = config, weights or {}
     q, kv, d, hid = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.head_dim, c.hidden_size
     shapes: dict[str, tuple[int, ...]] = {
@@ -82,12 +88,17 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source:
     here, naming the file and the tensor, instead of deep inside the model.
     Extra tensors (biases, rotary caches) are allowed.
     """
-    expected = expected_weight_shapes(config, weights)
-    missing = [n for n in expected if n not in weights]
+    check_shapes(config, {name: tuple(w.shape) for name, w in weights.items()}, source)
+
+
+def check_shapes(config: ModelConfig, shapes: Mapping[str, tuple[int, ...]], source: Path | str) -> None:
+    """``check_weights`` on shapes alone, as a file's header gives them (``llmserve pull``)."""
+    expected = expected_weight_shapes(config, shapes)
+    missing = [n for n in expected if n not in shapes]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{source}: missing tensors {missing[:5]}{more}")
     for name, shape in expected.items():
-        got = tuple(weights[name].shape)
+        got = tuple(shapes[name])
         if got != shape:
             raise ModelLoadError(f"{source}: tensor {name} has shape {got}, config implies {shape}")

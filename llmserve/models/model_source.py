@@ -19,7 +19,7 @@ import torch
 
 from llmserve.models.config import ModelConfig
 from llmserve.models.files import atomic_target, atomic_write_json
-from llmserve.models.gguf_loader import GGUFLoader
+from llmserve.models.gguf_loader import GGUFLoader, _open
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, WeightLoader
 from llmserve.models.tokenizer import Tokenizer
@@ -80,17 +80,14 @@ def refuse_unsupported(source: Path) -> None:
 
 def check_model(source: Path) -> None:
     """Raise ``ModelLoadError`` (``UnsupportedFamily`` among them) for what would stop an
-    engine starting from ``source``, reading headers and configs only, not the weights:
+    engine starting from ``source``, reading headers and configs only, not the weights
+    (a truncated file, tensors the config needs missing or misshapen, a bad tokenizer):
     ``llmserve pull`` of a local path answers before anything serves it."""
-    from llmserve.models.hf_loader import read_hf_config
-
     source = Path(source)
     loader = find_loader(source)
     try:
-        if isinstance(loader, GGUFLoader):
-            loader.read_config(source)
-        else:
-            read_hf_config(source)
+        loader.check(source)
+        if not isinstance(loader, GGUFLoader):
             Tokenizer.from_folder(source)
     except OSError as e:
         raise ModelLoadError(f"{source}: cannot read ({e})") from e
@@ -150,7 +147,12 @@ def load_tokenizer(source: Path, store_dir: Path | None = None) -> Tokenizer:
             return tok
         except ModelLoadError as e:
             log.warning("rebuilding a broken cached tokenizer in %s: %s", folder, e)
-    tok = Tokenizer.from_gguf(source)
+    try:
+        tok = Tokenizer.from_gguf(source)
+    except ModelLoadError:
+        # transformers' reader fails on a truncated file with a bare reshape error: ours says so
+        _open(source)
+        raise
     if folder is not None:
         try:
             tok.save(folder)
