@@ -238,10 +238,11 @@ class ChatMessage(_Strict):
         return self
 
     def text(self) -> str:
-        """The message's text: content parts joined (refusals are not prompt text)."""
+        """The message's text: text parts joined by newlines, as vLLM joins them (refusals are
+        not prompt text)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
 
     def for_template(self) -> dict[str, Any]:
         """The message as the chat template sees it; developer is the newer name of system."""
