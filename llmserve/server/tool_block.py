@@ -85,11 +85,12 @@ class _BlockParser:
             self.content += text
             events.append(Content(text))
 
-    def _call(self, name: Any, args: Any, events: list[Event]) -> None:
+    def _call(self, name: Any, args: Any, events: list[Event], call_id: str | None = None) -> None:
+        """``call_id``: the id the model wrote (Mistral's ``[CALL_ID]``), else a new one."""
         if not isinstance(name, str):
             return
         arguments = args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
-        call = {"id": self.new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+        call = {"id": call_id or self.new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
         self._calls.append(call)
         if self.parallel or len(self._calls) == 1:
             events += [CallStart(len(self._calls) - 1, call["id"], name), CallArguments(len(self._calls) - 1, arguments)]

@@ -4,8 +4,9 @@ the registry ``--tool-call-parser`` names them from (vLLM's names):
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (Qwen2.5, Qwen3);
 - ``llama3_json``: the output is ``{"name": ..., "parameters": ...}`` (optionally after
   ``<|python_tag|>``), several joined by ``;`` (Llama 3.1+);
-- ``mistral``: ``[TOOL_CALLS]`` then a JSON list of calls, or, from the v11 tokenizers,
-  ``[TOOL_CALLS]name[ARGS]{...}`` per call;
+- ``mistral``: ``[TOOL_CALLS]`` then a JSON list of calls (or one call object), or, from
+  the v11 tokenizers, ``[TOOL_CALLS]name[ARGS]{...}`` per call (v13:
+  ``name[CALL_ID]id[ARGS]{...}``, the model's id kept as the call's);
 - ``phi4_mini_json``: ``functools[{"name": ..., "arguments": ...}, ...]`` (Phi-4-mini);
 - ``pythonic``: ``[get_weather(city="Paris"), get_time()]`` (Llama 3.2 / 4 and Gemma 3
   pythonic templates), in ``tool_formats_py.py``.
@@ -49,29 +50,32 @@ class Llama3JsonParser(_BlockParser):
 class MistralParser(_BlockParser):
     tag = "[TOOL_CALLS]"
     _args = "[ARGS]"
+    _call_id = "[CALL_ID]"
 
     def _read_calls(self, events: list[Event]) -> None:
         while True:
             s = self._buf.lstrip()
             if s.startswith(self.tag):
                 self._buf = s = s[len(self.tag):].lstrip()
-            if s.startswith("["):  # a list of {"name", "arguments"}
+            if s.startswith(("[", "{")):  # a list of {"name", "arguments"}, or one such object
                 v = self._value(" \t\n")
                 if v is ...:
                     return
-                for call in v if isinstance(v, list) else []:
+                for call in v if isinstance(v, list) else [v]:
                     if isinstance(call, dict):
                         self._call(call.get("name"), call.get("arguments"), events)
                 continue
-            i = s.find(self._args)  # v11: name[ARGS]{...}
+            i = s.find(self._args)  # v11: name[ARGS]{...}; v13: name[CALL_ID]id[ARGS]{...}
             if i < 0:
                 return
-            name, self._buf = s[:i].strip(), s[i + len(self._args):]
+            head, self._buf = s[:i], s[i + len(self._args):]
             v = self._value(" \t\n")
             if v is ...:
-                self._buf = f"{name}{self._args}{self._buf}"
+                self._buf = f"{head}{self._args}{self._buf}"
                 return
-            self._call(name, v, events)
+            name, _, call_id = head.partition(self._call_id)
+            # the model's own id: the next turn's tool result refers to it
+            self._call(name.strip(), v, events, call_id.strip() or None)
 
 
 class Phi4MiniJsonParser(_BlockParser):

@@ -54,6 +54,10 @@ GOLDEN = [
     ("mistral", f"[TOOL_CALLS]get_weather[ARGS]{PARIS}[TOOL_CALLS]get_weather[ARGS]{ROME}", "",
      [("get_weather", PARIS), ("get_weather", ROME)]),
     ("mistral", "No tools needed [TOOL", "No tools needed [TOOL", []),  # fails mid-tag: text
+    # v13 tokenizers write the call's id; one call object instead of a list (vLLM reads both)
+    ("mistral", f"[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{PARIS}[TOOL_CALLS]get_weather[CALL_ID]Q1w2E3r4T[ARGS]{ROME}",
+     "", [("get_weather", PARIS), ("get_weather", ROME)]),
+    ("mistral", f'Sure. [TOOL_CALLS] {{"name": "get_weather", "arguments": {PARIS}}}', "Sure. ", [("get_weather", PARIS)]),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Pa', '{"name": "get_weather", "parameters": {"city": "Pa', []),  # cut short
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "argu', '[TOOL_CALLS][{"name": "get_weather", "argu', []),
 ]
@@ -65,6 +69,17 @@ def test_tool_call_golden(name, text, content, calls):
         got_content, got_calls, whole = _run(name, pieces)
         assert (got_content, got_calls) == (content, calls), pieces
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole] == calls
+
+
+def test_a_mistral_call_id_the_model_wrote_is_the_call_s_id():
+    """The next turn's tool result names the call by that id, and the template checks it."""
+    text = f"[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{PARIS}[TOOL_CALLS]get_time[ARGS]{{}}"
+    for pieces in _splits(text):
+        p = tool_call_parser("mistral")
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        assert [(e.id, e.name) for e in events if isinstance(e, CallStart)] == \
+            [("abc123XYZ", "get_weather"), (p.tool_calls()[1]["id"], "get_time")]
+        assert [c["id"] for c in p.tool_calls()][0] == "abc123XYZ" and len(p.tool_calls()[1]["id"]) == 9
 
 
 def test_hermes_call_cut_mid_tag_streams_what_it_read():
