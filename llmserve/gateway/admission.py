@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmserve.gateway.instance import InstanceView
+from llmserve.gateway.instance import NOT_REPORTED, InstanceView
 from llmserve.load_report import LoadReport
 from llmserve.priority import PriorityClass
 
@@ -226,7 +226,8 @@ class ConcurrencyConfig(BaseModel):
 
     Default: its reported ``max_num_seqs`` times ``oversubscription`` (a little
     above 1 keeps the engine's batch full between completions; the engine queues
-    the excess). ``fixed`` overrides; ``default`` applies when neither is known.
+    the excess). ``fixed`` overrides; ``default`` applies to an instance whose reports
+    carry no seats; one not reported yet takes one request until it is.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -241,13 +242,18 @@ class ConcurrencyConfig(BaseModel):
 
 
 def concurrency_target(report: LoadReport | None, config: ConcurrencyConfig) -> int:
-    return seats_target(report.max_num_seqs if report is not None else 0, config)
+    return seats_target(report.max_num_seqs if report is not None else NOT_REPORTED, config)
 
 
 def seats_target(seats: int, config: ConcurrencyConfig) -> int:
-    """The concurrency target of an instance reporting ``seats`` batch seats (0: none known)."""
+    """The concurrency target of an instance reporting ``seats`` batch seats (0: a report that
+    says none, a foreign server's: ``default``). Not reported yet (just added, the first report
+    a poll away): one request, so a new instance does not take a whole queue before it says
+    how many it can hold (it took 6 with 2 seats)."""
     if config.fixed is not None:
         return config.fixed
+    if seats == NOT_REPORTED:
+        return 1
     if seats > 0:
         return max(1, math.ceil(seats * config.oversubscription))
     return config.default

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from llmserve.load_report import LoadReport
 
+NOT_REPORTED = -1  # InstanceView.seats of an instance with no load report yet
+
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, which made
 # building a view (once per load change, for every request) 6x dearer. Nothing writes to one.
@@ -42,7 +44,7 @@ class InstanceView:
     est_waiting: int = field(init=False, repr=False, compare=False)
     est_running: int = field(init=False, repr=False, compare=False)
     est_load: int = field(init=False, repr=False, compare=False)  # running plus waiting, as best known
-    seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (0: no report)
+    seats: int = field(init=False, repr=False, compare=False)  # the reported max_num_seqs (-1: no report yet)
     kv_usage: float | None = field(init=False, repr=False, compare=False)  # the report's (None: no report)
     busy_fraction: float | None = field(init=False, repr=False, compare=False)  # the report's (None: no report)
 
@@ -50,7 +52,7 @@ class InstanceView:
         r = self.report
         if r is None:
             self.routable = self.ready and self.healthy and self.accepting and self.breaker_available
-            self.seats = 0
+            self.seats = NOT_REPORTED
             self.est_waiting = 0
             self.est_running = self.est_load = self.inflight
             self.kv_usage = self.busy_fraction = None

@@ -186,7 +186,10 @@ def test_concurrency_target_sources(make_report):
                               ConcurrencyConfig(oversubscription=1.5)) == 24
     assert concurrency_target(make_report(max_num_seqs=16), ConcurrencyConfig(fixed=4)) == 4
     assert concurrency_target(make_report(max_num_seqs=0), ConcurrencyConfig(default=3)) == 3
-    assert concurrency_target(None, ConcurrencyConfig()) == 8
+    # not reported yet: one request (a new instance must not take a whole queue before it
+    # says its seats: it took 6 where it had 2), unless the pool fixes the target
+    assert concurrency_target(None, ConcurrencyConfig()) == 1
+    assert concurrency_target(None, ConcurrencyConfig(fixed=4)) == 4
 
 
 def test_has_room_corrects_a_stale_report_with_own_inflight(make_report):
@@ -196,9 +199,9 @@ def test_has_room_corrects_a_stale_report_with_own_inflight(make_report):
     assert not has_room(InstanceView("a", report=rep, inflight=8, inflight_at_report=7), cfg)
     # since the report, 3 of ours finished → about 4 on the instance: room
     assert has_room(InstanceView("a", report=rep, inflight=4, inflight_at_report=7), cfg)
-    # no report: our own inflight against the default target
-    assert has_room(InstanceView("b", inflight=7), cfg)
-    assert not has_room(InstanceView("b", inflight=8), cfg)
+    # no report yet: one request at a time until it says its seats
+    assert has_room(InstanceView("b", inflight=0), cfg)
+    assert not has_room(InstanceView("b", inflight=1), cfg)
 
 
 def test_room_limits_by_seats_say_what_has_room_says():

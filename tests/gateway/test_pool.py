@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -240,3 +241,27 @@ async def test_an_instance_back_from_a_drain_while_failing_its_checks_is_waited_
     assert not p._broken(p.views(0.0))
     p.set_ready(inst, True)
     assert inst.has_been_ready and p.views(0.0)[0].routable
+
+
+async def test_a_new_instance_takes_one_request_until_it_reports_its_seats():
+    """Added at /ready, its first load report a poll away: it must not take the whole queue
+    at the default seats (a 2-seat instance took 6 that way while the other one idled)."""
+    from llmserve.gateway.admission import ConcurrencyConfig as Concurrency
+
+    from .conftest import load_report
+
+    p = Pool("m/v1", concurrency=Concurrency(),
+             admission=AdmissionConfig(realtime=ClassLimits(max_queue=10, deadline_s=5.0),
+                                       batch=ClassLimits(max_queue=10, deadline_s=5.0), batch_min_share=0.0))
+    inst = p.add_instance("http://127.0.0.1:9001", ready=True)
+    first = await p.acquire(REQ, PriorityClass.REALTIME)
+    waiting = [asyncio.create_task(p.acquire(REQ, PriorityClass.REALTIME)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert first.instance is inst and inst.inflight == 1 and not any(w.done() for w in waiting)
+    inst.report = load_report(max_num_seqs=2, num_running=1)  # what the monitor's first poll sets
+    inst.inflight_at_report, inst.report_at = 1, time.monotonic()
+    p.pump()
+    await asyncio.sleep(0.01)
+    assert sum(w.done() for w in waiting) == 1 and inst.inflight == 2
+    for w in waiting:
+        w.cancel()

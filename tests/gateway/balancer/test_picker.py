@@ -80,8 +80,8 @@ def test_prefix_affinity_repeats_go_to_the_same_instance_until_it_is_overloaded(
     req = RouteRequest("You are a helpful assistant. Answer briefly: what is 2+2?")
     inflight = {n: 0 for n in "abc"}
 
-    def view():
-        return [make_instance(n, inflight=inflight[n]) for n in "abc"]
+    def view():  # (reported with 8 seats each: room is not what this is about)
+        return [make_instance(n, inflight=inflight[n], report={"num_running": 0}) for n in "abc"]
 
     first = p.pick(req, view()).instance.instance_id
     inflight[first] += 1
