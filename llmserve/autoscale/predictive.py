@@ -62,10 +62,13 @@ def instances_for(load_tokens_per_s: float, capacity_tokens_per_s: float, target
     forecast, which grows like the square root of the load, so big pools run
     hotter than small ones.
     """
-    if load_tokens_per_s <= 0:
-        return 0
     r = load_tokens_per_s / (capacity_tokens_per_s * target_utilisation)
+    if r < IDLE_LOAD:  # (a forecast decaying toward zero never reaches it: the pool could never go to zero)
+        return 0
     return math.ceil(r + margin_z * math.sqrt(r) - 1e-9)
+
+
+IDLE_LOAD = 0.02  # instance units of forecast load treated as none (~6 tok/s of a 300 tok/s instance)
 
 
 class PredictivePolicy:

@@ -149,3 +149,21 @@ def test_predictive_falls_back_when_the_capacity_prior_is_wrong():
     assert any(r.startswith("fallback") for r in reasons)
     assert ready_at(plant, 1800) >= 4
     assert plant.backlog == 0.0
+
+
+def test_predictive_lets_an_idle_pool_go_to_zero_within_a_minute():
+    """After a burst, arrivals stop: the forecast decays toward zero but never reaches it,
+    and any positive forecast asked for one instance, so a min-0 pool held one for ~6.5 min.
+    Load under a fiftieth of an instance counts as none."""
+    policy = PredictivePolicy(PredictiveConfig(capacity_tokens_per_s=300.0), SLOConfig())
+    state = policy.initial_state()
+    for t in range(0, 60):  # a minute at 100 tok/s
+        state = policy.decide(PoolSignals(now=float(t), arrival_tokens_per_s=100.0, ready=1), state).state
+    zero_at = None
+    for t in range(60, 600):
+        d = policy.decide(PoolSignals(now=float(t), arrival_tokens_per_s=0.0, ready=1), state)
+        state = d.state
+        if d.desired == 0:
+            zero_at = t
+            break
+    assert zero_at is not None and zero_at - 60 <= 60, zero_at
