@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from llmserve.api.errors import APIError
 from llmserve.engine.client import EngineDeadError, RequestFailedError
 from llmserve.engine.lora.manager import AdapterUnavailable, UnknownAdapter
 from llmserve.engine.sampler import DEAD_END
+
+log = logging.getLogger(__name__)
 
 
 def engine_error(e: Exception) -> APIError:
@@ -29,4 +33,5 @@ def engine_error(e: Exception) -> APIError:
         return APIError(503, str(e), "service_unavailable", code="adapter_unavailable")
     if isinstance(e, ValueError):
         return APIError(400, str(e))
+    log.error("a request failed: %s: %s", type(e).__name__, e, exc_info=e)  # (a fault of ours: its trace kept)
     return APIError(500, str(e) or type(e).__name__, "server_error")
