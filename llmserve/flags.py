@@ -161,7 +161,8 @@ def given(model: type[BaseModel], args: argparse.Namespace, *,
             try:
                 value = spec.parse(value)
             except ValueError as e:  # named by its flag, as a model's refusal is (flag_error)
-                raise ValueError(f"{flag_name(field, spec)}: {e}") from None
+                flag = flag_name(field, spec)
+                raise ValueError(str(e) if str(e).startswith(flag) else f"{flag}: {e}") from None
         out[field] = value
     return out
 

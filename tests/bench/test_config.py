@@ -112,7 +112,7 @@ def test_the_saved_config_keeps_its_keys_and_leaves_the_key_out():
     (["--metric-percentiles", "50,101"], "--metric-percentiles: Input should be less than or equal to 100"),
     (["--metric-percentiles", "p99"], "--metric-percentiles 'p99': expected comma-separated numbers"),
     (["--base-url", "ftp://h/v1"], "--base-url: base URL must be http(s)://host:port[/path]"),
-    (["--goodput", "ttft:x"], "goodput SLO 'ttft:x'"),
+    (["--goodput", "ttft:x"], "--goodput: goodput SLO 'ttft:x'"),
 ])
 def test_a_bad_value_exits_2_with_one_line_naming_it(argv, why, capsys):
     assert main(["--model", "m", "--disable-tqdm", *argv]) == 2
