@@ -302,8 +302,9 @@ class EngineCoreProc:
         except Exception as e:  # noqa: BLE001 - this request's own input: only its stream ends
             from llmserve.engine.lora.ops import error_kind
 
-            self.tx.send(pack(["error", req.request_id, error_kind(e), str(e)]))
-            if error_kind(e) == "unavailable":  # the adapter was unregistered: /v1/models says so
+            kind = error_kind(e)
+            self.tx.send(pack(["error", req.request_id, kind, str(e)]))
+            if kind == "unavailable":  # the adapter was unregistered: /v1/models says so
                 self.tx.send(pack(["lora", -1, None, "", lora_state(self.core.lora)]))
 
     def _send(self, outputs: list, force: bool) -> None:

@@ -31,18 +31,19 @@ def sse_error_event(message: str, code: str = "upstream_error", status: int = 50
     return b"data: " + json.dumps(error_body(message, error_type(status), None, code)).encode() + b"\n\n"
 
 
-def json_object(body: bytes) -> bool:
-    """Whether an upstream's body is a JSON object (what every OpenAI answer is)."""
+def json_object(body: bytes) -> dict | None:
+    """An upstream's body as the JSON object every OpenAI answer is, or None."""
     try:
-        return isinstance(json.loads(body), dict)
+        obj = json.loads(body)
     except ValueError:
-        return False
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def upstream_error_body(body: bytes, status: int, instance_id: str) -> bytes:
     """An upstream's error answer in OpenAI's shape: as it is if it has one, else what it
     said (a plain-text or HTML 5xx) inside one."""
-    if json_object(body):
+    if json_object(body) is not None:
         return body
     text = body[:300].decode("utf-8", "replace")
     return json.dumps(error_body(f"upstream {instance_id} answered {status}: {text}", error_type(status),

@@ -39,7 +39,7 @@ from llmserve.gateway.balancer import RouteRequest
 from llmserve.gateway.errors import GatewayError, json_object, sse_error_event, upstream_error_body
 from llmserve.gateway.pool import (Lease, NoHealthyInstance, Outcome, Pool, QueueFull,
                                    QueueTimeout, Waiting)
-from llmserve.gateway.recorder import RequestRecord, prompt_chars
+from llmserve.gateway.recorder import RequestRecord
 from llmserve.gateway.relay import RelayResponse, first_bytes, is_sse, one_event, renamed, renaming
 from llmserve.gateway.request import disconnected, parse_request, prompt_text, read_body, usage_tokens
 from llmserve.gateway.resume import ResumeState, is_engine, open_resume, relay
@@ -140,7 +140,7 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         tab = None if client.key is None else await gw.tenants.admit(  # a 429 here, when over a limit
-            client.key, parsed.model, parsed.body, prompt_chars(parsed.body), parsed.stream, self._request_id())
+            client.key, parsed.model, parsed.body, parsed.prompt_chars, parsed.stream, self._request_id())
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                             in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced,
                             headers=request.headers)
@@ -224,14 +224,14 @@ class Proxy:
                 raise
             finally:
                 resp.close()  # before the answer is whole, this closes the connection: the engine stops
-            if resp.status_code == 200 and not json_object(body):  # (a foreign server's HTML, a cut body)
+            answer = json_object(body) if resp.status_code == 200 else None  # (read once: its usage below)
+            if resp.status_code == 200 and answer is None:  # (a foreign server's HTML, a cut body)
                 plan.pool.release(lease, Outcome.FAILURE)
                 plan.last = GatewayError(502, f"upstream {lease.instance.instance_id} answered 200 with no JSON "
                                               f"object: {body[:120]!r}", code="upstream_broken")
                 continue
             plan.pool.release(lease, Outcome.SUCCESS)
-            if resp.status_code == 200:  # (its usage: the token counters, a key's tab, the observers)
-                ctx.prompt_tokens, ctx.output_tokens = usage_tokens(body)
+            ctx.prompt_tokens, ctx.output_tokens = usage_tokens(answer)  # (the token counters, a tab, observers)
             ctx.finish(resp.status_code, ok=True)
             return Response(renamed(body, ctx.rename), resp.status_code, headers=self._headers(resp, ctx))
 

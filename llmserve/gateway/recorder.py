@@ -12,7 +12,6 @@ needs them, not the runtime, so the recorder knows nothing of the gateway above 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -75,9 +74,8 @@ class RequestRecord:
         if self.trace is not None:
             self.trace.routed(self.version, reason, weights or {})
         if self.sinks.observers:
-            chars = prompt_chars(self.parsed.body)
             for o in self.sinks.observers:
-                o.on_arrival(self.model, self.version, self.t0, chars, self.batch)
+                o.on_arrival(self.model, self.version, self.t0, self.parsed.prompt_chars, self.batch)
 
     def waited(self, queued_s: float, cold: bool) -> None:
         """A queue wait for an instance; ``cold``: its pool had no ready instance then."""
@@ -201,27 +199,3 @@ class RequestRecord:
         if tokens is not None and tokens > 1 and self.ttft_s is not None:
             tpot = (e2e - self.ttft_s) / (tokens - 1)
         return Outcome(ttft_s=self.ttft_s, tpot_s=tpot, e2e_s=e2e, output_tokens=tokens)
-
-
-def prompt_chars(body: dict) -> int:
-    """Characters of prompt text in a request, for arrival-size signals and a key's token
-    estimate: the tools' definitions count (the template writes them into the prompt), and
-    a token id as the characters a token has (CHARS_PER_TOKEN), not one."""
-    from llmserve.autoscale.collector import CHARS_PER_TOKEN
-
-    if isinstance(body.get("messages"), list):
-        total = len(json.dumps(body["tools"])) if isinstance(body.get("tools"), list) else 0
-        for m in body["messages"]:
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                total += len(c)
-            elif isinstance(c, list):
-                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
-        return total
-    p = body.get("prompt")
-    if isinstance(p, str):
-        return len(p)
-    if isinstance(p, list):
-        per_id = round(CHARS_PER_TOKEN)
-        return sum(len(x) if isinstance(x, str) else len(x) * per_id if isinstance(x, list) else per_id for x in p)
-    return 0

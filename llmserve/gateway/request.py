@@ -30,6 +30,7 @@ class ParsedRequest:
     user: str | None
     priority: int  # the one granted, not the one claimed
     priority_class: PriorityClass
+    prompt_chars: int  # what arrival sizes and a key's token estimate count (read once)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -74,7 +75,7 @@ def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat
     except ValueError as e:
         raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
     return ParsedRequest(body, raw, request.model, request.stream, user, priority,
-                         PriorityClass.of(priority))
+                         PriorityClass.of(priority), prompt_chars(body))
 
 
 def prompt_text(body: dict, max_chars: int) -> str:
@@ -110,10 +111,12 @@ def prompt_text(body: dict, max_chars: int) -> str:
     return prompt[:max_chars] if isinstance(prompt, str) else ""
 
 
-def usage_tokens(body: bytes) -> tuple[int | None, int]:
+def usage_tokens(answer: dict | None) -> tuple[int | None, int]:
     """(prompt, completion) tokens of a whole response's ``usage``; (None, 0) without one."""
+    if answer is None:
+        return None, 0
     try:
-        usage = json.loads(body)["usage"]
+        usage = answer["usage"]
         return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
     except (ValueError, KeyError, TypeError):
         return None, 0
@@ -123,3 +126,27 @@ async def disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def prompt_chars(body: dict) -> int:
+    """Characters of prompt text in a request, for arrival-size signals and a key's token
+    estimate: the tools' definitions count (the template writes them into the prompt), and
+    a token id as the characters a token has (CHARS_PER_TOKEN), not one."""
+    from llmserve.autoscale.collector import CHARS_PER_TOKEN
+
+    if isinstance(body.get("messages"), list):
+        total = len(json.dumps(body["tools"])) if isinstance(body.get("tools"), list) else 0
+        for m in body["messages"]:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                total += len(c)
+            elif isinstance(c, list):
+                total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+        return total
+    p = body.get("prompt")
+    if isinstance(p, str):
+        return len(p)
+    if isinstance(p, list):
+        per_id = round(CHARS_PER_TOKEN)
+        return sum(len(x) if isinstance(x, str) else len(x) * per_id if isinstance(x, list) else per_id for x in p)
+    return 0

@@ -242,7 +242,7 @@ async def relay(proxy: Attempts, plan: Plan, ctx: RequestRecord, current: Curren
                                 return
                         ctx.output_tokens += datas
                         if out:
-                            yield renamed(out, ctx.rename)
+                            yield renamed(out, ctx.rename) if ctx.rename else out
                     try:
                         buf += await more()
                     except StopAsyncIteration:

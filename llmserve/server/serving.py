@@ -345,8 +345,10 @@ class OpenAIServing:
                     completion_tokens += len(item.outputs[0].token_ids)
                     if idx % meta.n == 0:
                         cached += item.num_cached_tokens
-                made[idx] = made.get(idx, 0) + len(item.outputs[0].delta_token_ids)  # (whole fields: at the end only)
-                so_far = usage(prompt_tokens, sum(made.values()), item.num_cached_tokens) if include_usage > 1 else None
+                so_far = None
+                if include_usage > 1:  # continuous_usage_stats (the whole fields come at the end only)
+                    made[idx] = made.get(idx, 0) + len(item.outputs[0].delta_token_ids)
+                    so_far = usage(prompt_tokens, sum(made.values()), item.num_cached_tokens)
                 for choice in writers[idx].chunks(item):
                     yield sse(meta.envelope([choice], usage=so_far) if so_far else meta.envelope([choice]))
             if include_usage:

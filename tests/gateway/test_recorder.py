@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from llmserve.gateway.metrics import GatewayMetrics
-from llmserve.gateway.recorder import RecordSinks, RequestRecord, prompt_chars
+from llmserve.gateway.recorder import RecordSinks, RequestRecord
+from llmserve.gateway.request import prompt_chars
 from llmserve.gateway.canary_evidence import Outcome
 from llmserve.priority import PriorityClass
 
@@ -36,7 +37,7 @@ class Outcomes:
 def _record(observers: list, outcomes=None, cls=PriorityClass.REALTIME) -> tuple[RequestRecord, GatewayMetrics]:
     metrics = GatewayMetrics(lambda: [])
     sinks = RecordSinks("m", metrics, outcomes, observers)
-    parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=cls)
+    parsed = SimpleNamespace(body={"prompt": "hello"}, priority_class=cls, prompt_chars=5)
     return RequestRecord(sinks, "v1", parsed, 0.0, "r1"), metrics
 
 
