@@ -149,3 +149,16 @@ def test_more_instances_never_hurt_latency_in_a_static_pool():
     att = [Simulator(trace, small_profile(), static(n).model_copy(update={"slo": SLOConfig(ttft_s=0.5)}),
                      SimConfig(initial_instances=n)).run().summary.ttft_attainment for n in (1, 2, 4)]
     assert att[0] < att[1] <= att[2]
+
+
+def test_the_simulated_load_reports_give_every_field():
+    """model_construct fills a left-out default_factory field by inspecting the factory's
+    signature, per report: one field left out made a simulated day twice as long."""
+    from llmserve.load_report import LoadReport
+
+    sim = Simulator(short_trace(hold_s=20.0, ramp_s=20.0), small_profile(), static(2), SimConfig(seed=0))
+    seen = []
+    real = sim.gateway.reports
+    sim.gateway.reports = lambda: seen.extend(real()) or real()
+    sim.run()
+    assert seen and all(r.model_fields_set == set(LoadReport.model_fields) for r in seen)
