@@ -216,4 +216,7 @@ class AutoscaleConfig(_Config):
     def _check_values(self) -> None:
         _check(self.policy in POLICY_NAMES, "policy", f"must be one of {POLICY_NAMES}, got {self.policy!r}")
         _check(self.tick_s > 0, "tick_s", f"must be positive, got {self.tick_s}")
+        # A static pool bypasses the bounds (build.py), so a count over the maximum would run as given.
+        _check(self.policy != "static" or self.static.instances <= self.bounds.max_instances, "static.instances",
+               f"must be <= bounds.max_instances ({self.bounds.max_instances}), got {self.static.instances}")
 

@@ -44,3 +44,13 @@ def test_a_static_pool_never_holds_fewer_than_min_instances():
     assert build_policy(two).decide(PoolSignals(now=0, ready=0), build_policy(two).initial_state()).desired == 2
     five = AutoscaleConfig(policy="static", static=StaticConfig(instances=5), bounds=BoundsConfig(min_instances=2))
     assert build_policy(five).decide(PoolSignals(now=0, ready=0), build_policy(five).initial_state()).desired == 5
+
+
+def test_a_static_pool_above_max_instances_is_refused():
+    """``static.instances`` over ``bounds.max_instances`` was run as given, past the bound."""
+    with pytest.raises(ValueError, match=r"static\.instances .*bounds\.max_instances"):
+        AutoscaleConfig.model_validate({"policy": "static", "static": {"instances": 5},
+                                        "bounds": {"max_instances": 4}})
+    AutoscaleConfig(policy="static", static=StaticConfig(instances=4), bounds=BoundsConfig(max_instances=4))
+    # Only the static policy holds static.instances: another policy ignores it.
+    AutoscaleConfig(policy="kpa", static=StaticConfig(instances=5), bounds=BoundsConfig(max_instances=4))
