@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,17 +34,19 @@ class ManualOverride:
         max_n = self.max_instances
         if instances is not None and not 0 <= instances <= max_n:
             raise ValueError(f"instances must be in [0, {max_n}] (max_instances), got {instances}")
-        if duration_s is not None and duration_s <= 0:
-            raise ValueError(f"duration_s must be positive, got {duration_s}")
+        if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+            raise ValueError(f"duration_s must be positive and finite, got {duration_s}")
         wall = self.wall()
+        old = self.active(self.clock())  # the one replaced or cleared (an expired one is recorded as such)
+        was = None if old is None else str(old.instances)
         if instances is None:
-            old, self.override = self.override, None
-            self.history.event(wall, "-", "override", str(old.instances) if old else None, "cleared", reason)
+            self.override = None
+            self.history.event(wall, "-", "override", was, "cleared", reason)
             action = "clear"
         else:
             until = None if duration_s is None else self.clock() + duration_s
             self.override = Override(instances, until, reason, wall)
-            self.history.event(wall, "-", "override", None, str(instances), reason, duration_s=duration_s)
+            self.history.event(wall, "-", "override", was, str(instances), reason, duration_s=duration_s)
             action = "scale"
         if self.metrics is not None:
             self.metrics.manual.labels(*self.labels, action).inc()

@@ -41,7 +41,7 @@ _SCRAPED = frozenset({InstanceState.WARMING, InstanceState.READY, InstanceState.
 class ScaleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     instances: int | None = Field(ge=0)
-    duration_s: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # Infinity: a pin that never ends
     reason: str = Field("manual scale", max_length=500)
     pool: str | None = None
 

@@ -177,3 +177,23 @@ def test_serve_flags_override_the_yaml(tmp_path):
     assert cfg.engine_args == ["--max-num-seqs", "8", "--dtype", "bf16"]
     plain = ServeConfig.load(None, overrides_from_args(build_parser(["serve"]).parse_args(["serve"])))
     assert (plain.port, plain.model, plain.provider.kind) == (8000, "SmolLM2-135M-Instruct", "local")
+
+
+def test_scale_refuses_durations_that_never_end_or_are_not_numbers(served):
+    client, _, _ = served
+    for bad in ("Infinity", "-Infinity", "NaN", "0", "-5"):
+        r = client.post("/admin/autoscale/scale", headers={**AUTH, "content-type": "application/json"},
+                        content=f'{{"instances": 1, "duration_s": {bad}}}')
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "invalid_request" and "duration_s" in r.json()["error"]["message"]
+    assert client.get("/admin/autoscale/pools", headers=AUTH).json()["pools"][0]["override"] is None
+
+
+def test_a_replaced_override_is_recorded_as_the_old_value(served):
+    client, _, _ = served
+    for n in (2, 1):
+        assert client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": n}).status_code == 200
+    assert client.post("/admin/autoscale/scale", headers=AUTH, json={"instances": None}).status_code == 200
+    events = client.get("/admin/autoscale/events", headers=AUTH).json()["events"]
+    assert [(e["old"], e["new"]) for e in events if e["kind"] == "override"] == [
+        (None, "2"), ("2", "1"), ("1", "cleared")]
