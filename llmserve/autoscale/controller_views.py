@@ -34,7 +34,7 @@ def describe_instance(inst: ManagedInstance, seen: Upstream | None, now: float) 
         "capacity_class": inst.capacity_class, "reclaim_at": inst.reclaim_at,
         "cold_start_s": (inst.ready_at - inst.created) if inst.ready_at is not None else None,
         "inflight": seen.inflight if seen is not None else 0,
-        "served": seen.served if seen is not None else 0,
+        "served": seen.served if seen is not None else inst.served,
         "gateway_ready": seen.ready if seen is not None else None,
         "load": None if report is None else {
             "running": report.num_running, "waiting": report.num_waiting,

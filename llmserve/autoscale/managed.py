@@ -71,3 +71,4 @@ class ManagedInstance:
     last_load: LoadReport | None = None
     capacity_class: str = "on_demand"  # or "spot" (capacity_classes.py)
     reclaim_at: float | None = None  # unix time the provider takes it (a reclaim notice)
+    served: int = 0  # requests the gateway routed to it, kept once it leaves the pool

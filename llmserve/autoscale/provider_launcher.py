@@ -137,10 +137,10 @@ class PoolRouter:
         seen = self.pool.get(rec.id)
         if seen is not None:
             self.pool.remove_instance(rec.id)
+            rec.served = seen.served  # the pool's record goes with it
         rec.in_pool = False
         self.book.event(rec.id, "pool_remove", rec.state.value, rec.state.value, reason,
-                        in_flight=seen.inflight if seen is not None else 0,
-                        served=seen.served if seen is not None else 0)
+                        in_flight=seen.inflight if seen is not None else 0, served=rec.served)
 
     def accepting(self, rec: ManagedInstance, accepting: bool) -> None:
         if self.pool.get(rec.id) is not None:
@@ -152,4 +152,4 @@ class PoolRouter:
 
     def served(self, rec: ManagedInstance) -> int:
         seen = self.pool.get(rec.id)
-        return seen.served if seen is not None else 0
+        return seen.served if seen is not None else rec.served

@@ -394,3 +394,19 @@ async def test_an_instance_whose_stop_is_under_way_is_stopping_billed_and_no_lon
     await settle(ctl)
     assert victim not in ctl.instances and ctl.book.finished[-1].state is S.STOPPED
     assert transitions(ctl, victim)[-3:] == ["draining", "stopping", "stopped"]
+
+
+async def test_a_stopped_instance_keeps_its_served_count():
+    ctl, provider, pool, clock = make_controller(policy="static", static=2)
+    await ready_pool(ctl, provider, clock)
+    for _ in range(2):
+        leases = [await pool.acquire(REQ, PriorityClass.REALTIME) for _ in range(2)]
+        for x in leases:
+            pool.release(x, Outcome.SUCCESS)
+    ctl.set_override(1, None, "down")
+    for _ in range(3):
+        await step(ctl, clock)
+    [gone] = [i for i in ctl.instance_views() if i["state"] == "stopped"]
+    assert gone["served"] == 2
+    stop = next(e for e in ctl.history.events() if e["new"] == "stopping")
+    assert stop["details"]["served"] == 2
