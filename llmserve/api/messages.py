@@ -37,29 +37,47 @@ def from_openai_error(status: int, body: Any) -> dict[str, Any]:
     return error_body(status, str(msg or body))
 
 
+def _content(blocks: str | list[Any] | None) -> str | list[dict[str, Any]] | None:
+    """Text blocks as chat's text parts, None when there is no text: the chat path joins the
+    parts (by newlines), so several blocks read as the same parts sent to chat would."""
+    if blocks is None or isinstance(blocks, str):
+        return blocks or None
+    parts = [{"type": "text", "text": b.text} for b in blocks if isinstance(b, TextBlock)]
+    return parts if any(p["text"] for p in parts) else None
+
+
+def _result(b: ToolResultBlock) -> str | list[dict[str, Any]]:
+    """A tool_result's content; is_error has no chat field: the model reads it in the text."""
+    content = _content(b.content) or ""
+    if not b.is_error:
+        return content
+    if isinstance(content, str):
+        return "error: " + content
+    return [{**content[0], "text": "error: " + content[0]["text"]}, *content[1:]]
+
+
 def chat_body(req: MessagesRequest) -> dict[str, Any]:
     msgs: list[dict[str, Any]] = []
-    if req.system_text():
-        msgs.append({"role": "system", "content": req.system_text()})
+    system = _content(req.system)
+    if system:
+        msgs.append({"role": "system", "content": system})
     for m in req.messages:
         if isinstance(m.content, str):
             msgs.append({"role": m.role, "content": m.content})
             continue
-        text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
+        text = _content(m.content)
         if m.role == "assistant":
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in m.content if isinstance(b, ToolUseBlock)]
-            msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
             if calls:
                 msg["tool_calls"] = calls
             msgs.append(msg)
             continue
-        # is_error has no chat field: the model reads it in the result's text
-        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id,
-                  "content": ("error: " if b.is_error else "") + b.text()}
+        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": _result(b)}
                  for b in m.content if isinstance(b, ToolResultBlock)]
         if text or not any(isinstance(b, ToolResultBlock) for b in m.content):
-            msgs.append({"role": "user", "content": text})
+            msgs.append({"role": "user", "content": text or ""})
     body: dict[str, Any] = {"model": req.model, "messages": msgs, "max_tokens": req.max_tokens, "stream": req.stream}
     last = msgs[-1]
     if last["role"] == "assistant" and last["content"] and "tool_calls" not in last:

@@ -62,11 +62,6 @@ class ToolResultBlock(_Strict):
     cache_control: CacheControl = None
     toolset_name: Annotated[str, Field(max_length=256)] | None = None
 
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        return "".join(b.text for b in self.content)
-
 
 Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
 
@@ -196,8 +191,3 @@ class MessagesRequest(_Strict):
             raise FieldError("messages", "the first message must use the user role")
         _check_blocks(self.messages)
         return self
-
-    def system_text(self) -> str | None:
-        if self.system is None or isinstance(self.system, str):
-            return self.system or None
-        return "".join(b.text for b in self.system) or None

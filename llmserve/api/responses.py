@@ -27,6 +27,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def _content(parts: str | list[Any]) -> str | list[dict[str, Any]]:
+    """Input text parts as chat's text parts: the chat path joins them (by newlines), so
+    several parts read as the same parts sent to chat would."""
+    if isinstance(parts, str) or not parts:
+        return parts or ""
+    return [{"type": "text", "text": p.text} for p in parts]
+
+
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The new turn's input as chat messages (calls folded into their assistant turn)."""
     if isinstance(req.input, str):
@@ -34,7 +42,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for item in req.input:
         if isinstance(item, MessageItem):
-            out.append({"role": item.role, "content": item.text()})
+            out.append({"role": item.role, "content": _content(item.content)})
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
@@ -44,7 +52,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _content(item.output)})
         else:
             assert isinstance(item, ReasoningItem)  # the served models make none: nothing to replay
     return out

@@ -52,9 +52,6 @@ class MessageItem(_Strict):
     id: Annotated[str, Field(max_length=256)] | None = None
     status: str | None = None
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
 
 class FunctionCallItem(_Strict):
     type: Literal["function_call"]
@@ -71,9 +68,6 @@ class FunctionCallOutputItem(_Strict):
     output: str | Annotated[list[InputText], Field(max_length=Limits.CONTENT_PARTS)]
     id: Annotated[str, Field(max_length=256)] | None = None
     status: str | None = None
-
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
 class ReasoningItem(BaseModel):
