@@ -13,7 +13,8 @@ lists (``llmserve.engine.wire``), never pickle:
 
 - in (PULL): ``["add", request]``, ``["abort", id]``, ``["threads", n]``, ``["shutdown"]``,
   ``["lora_load", token, name, path]``, ``["lora_unload", token, name]``;
-- out (PUSH): ``["ready", info]`` or ``["failed", why]`` once, then per step
+- out (PUSH): ``["ready", info]`` or ``["failed", why, bad_model]`` once (``bad_model``: the
+  model cannot be loaded, a ``ModelLoadError``, not a bug), then per step
   ``["out", outputs, stats_events, snapshot_or_None]``, ``["error", id, kind, msg]``
   when a request is refused, ``["lora", token, error_kind, msg, state]`` answering a LoRA
   command (the file is read on a worker thread), and ``["dead", why]`` before the child exits when a
@@ -106,7 +107,7 @@ def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
         try:
             core = build()
         except Exception as e:  # noqa: BLE001 - the parent reports it on /health
-            tx.send(pack(["failed", _build_failure(e)]))
+            tx.send(pack(["failed", *_build_failure(e)]))
             rx.close(0)
             # The parent binds once its event loop runs, maybe after this: wait for it (a dead
             # parent kills this process), as os._exit below would drop the unsent reason.
@@ -125,15 +126,16 @@ def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
         os._exit(code)
 
 
-def _build_failure(e: Exception) -> str:
-    """The reason the parent reports in one line. A bad model file (``ModelLoadError``) names
-    the file and the fault itself; anything else is a bug, whose traceback goes to the log."""
+def _build_failure(e: Exception) -> tuple[str, bool]:
+    """(the reason the parent reports in one line, whether the model is at fault). A bad model
+    file (``ModelLoadError``) names the file and the fault itself, and the parent raises it
+    again as one (the CLI's exit 2); anything else is a bug, whose traceback goes to the log."""
     from llmserve.models.loader import ModelLoadError
 
     if isinstance(e, ModelLoadError):
-        return str(e)
+        return str(e), True
     log.exception("engine build failed")
-    return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {e}", False
 
 
 class _Recorder:

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
 from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
+from llmserve.models.loader import ModelLoadError
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
 from llmserve.server.lora_api import adapter_cards, add_lora_routes
@@ -71,6 +71,7 @@ class Instance:
         self.build = build
         self.state = S.STARTING
         self.error: str | None = None
+        self.load_error: Exception | None = None  # why the engine did not start
         self.engine: EngineClient | None = None
         self.serving: OpenAIServing | None = None
         self.metrics: EngineMetrics | None = None
@@ -86,8 +87,9 @@ class Instance:
         try:
             self.engine = await self.build()
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
-            log.error("model load failed: %s", e)
-            self.state, self.error = S.FAILED, str(e)
+            self.state, self.error, self.load_error = S.FAILED, str(e), e
+            if not isinstance(e, ModelLoadError):  # (a bad model's one line is the CLI's: run_server)
+                log.error("model load failed: %s", e)
             return
         self.model_name = (self.config.served_model_name or [self.engine.model_name])[0]
         self.serving = OpenAIServing(self.engine, self.config, self.model_name)
@@ -351,6 +353,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, sock: s
             inst.engine.shutdown()
         if tracing is not None:
             tracing.shutdown()
+        if isinstance(inst.load_error, ModelLoadError):  # one line and exit 2 (run_command), as a bad flag
+            raise inst.load_error
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 
     return asyncio.run(main())
@@ -392,7 +396,3 @@ def _engine_builder(engine_config: EngineConfig, own_process: bool) -> EngineSta
     handle = core_proc.start(lambda: build_engine(engine_config, tokenizer),
                              tempfile.mkdtemp(prefix="llmserve-engine-"))
     return lambda: MultiProcessEngine(handle, tokenizer).connect()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run_server(EngineConfig(), ServerConfig()))

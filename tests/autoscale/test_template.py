@@ -81,8 +81,9 @@ async def test_an_import_time_variable_gets_a_fresh_process(tmp_path):
         handle = await provider.start(InstanceSpec("b", ("--model", str(tmp_path / "none")),
                                                    env=(("OMP_NUM_THREADS", "1"),)))
         assert isinstance(provider._procs["b"], subprocess.Popen)
-        assert await asyncio.to_thread(provider._procs["b"].wait, 60) == 1  # no such model: a clear error
-        assert "model load failed: unknown model" in await provider.log_tail(handle)
+        # no such model: a clear error, in one line and exit code 2 (the CLI's for a bad model)
+        assert await asyncio.to_thread(provider._procs["b"].wait, 60) == 2
+        assert "llmserve: error: unknown model" in await provider.log_tail(handle)
     finally:
         await provider.close()
 
@@ -93,8 +94,8 @@ def test_the_template_reports_exit_codes_and_refuses_bad_messages(tmp_path):
         assert t.wait_ready(120), t.error
         assert t.preload_s is not None and t.preload_s > 0
         child = t.spawn(["--model", str(tmp_path / "missing")], tmp_path / "child.log")
-        assert child.wait(60) == 1
-        assert "model load failed: unknown model" in (tmp_path / "child.log").read_text()
+        assert child.wait(60) == 2
+        assert "llmserve: error: unknown model" in (tmp_path / "child.log").read_text()
         with pytest.raises(TemplateError):
             t._call({"op": "spawn", "argv": "engine --model x", "log": str(tmp_path / "x.log")})
         with pytest.raises(TemplateError):

@@ -131,12 +131,22 @@ async def test_a_killed_engine_process_ends_every_stream_and_is_dead(config):
 
 
 async def test_a_build_failure_is_raised_by_connect(config, tmp_path):
+    """A model that cannot be loaded comes back as ModelLoadError (the CLI's one line, exit 2);
+    any other failure (a bug) as RuntimeError."""
+    from llmserve.models.loader import ModelLoadError
+
     bad = EngineConfig(model=str(tmp_path / "missing"), threads=1)
-    handle = core_proc.start(lambda: build_engine(bad), tempfile.mkdtemp(prefix="llmserve-test-"))
-    eng = MultiProcessEngine(handle, None)
-    with pytest.raises(RuntimeError):
-        await eng.connect()
-    eng.shutdown()
+
+    def bug():
+        raise KeyError("oops")
+
+    for build, kind in ((lambda: build_engine(bad), ModelLoadError), (bug, RuntimeError)):
+        handle = core_proc.start(build, tempfile.mkdtemp(prefix="llmserve-test-"))
+        eng = MultiProcessEngine(handle, None)
+        with pytest.raises(kind) as e:
+            await eng.connect()
+        eng.shutdown()
+        assert isinstance(e.value, ModelLoadError) == (kind is ModelLoadError), e.value
 
 
 def test_encode_output_round_trip():

@@ -121,8 +121,29 @@ def test_an_engine_process_that_fails_to_load_says_why(tiny, tmp_path):
     time.sleep(2)  # the build fails meanwhile, before anything listens
     eng = MultiProcessEngine(handle, None)
     try:
-        with pytest.raises(RuntimeError) as e:
+        with pytest.raises(ModelLoadError) as e:  # (the model's fault, not a bug: the CLI's exit 2)
             asyncio.run(eng.connect())
     finally:
         eng.shutdown()
     assert str(e.value).startswith(f"{bad}/model.safetensors: corrupt or truncated safetensors file")
+
+
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_engine_with_a_model_that_fails_to_load_exits_2_in_one_line(tiny, tmp_path, where):
+    """Found only by the load (the start's checks pass it): as the CLI's other bad models and
+    values, one line and exit code 2, not the engine's failure code 1."""
+    import subprocess
+
+    from llmserve.ports import free_port
+
+    bad = _copy(tiny, tmp_path / "trunc")
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[:len(data) // 2])
+    argv = [sys.executable, "-m", "llmserve.cli", "engine", "--model", str(bad), "--port", str(free_port()),
+            "--no-warmup"]
+    r = subprocess.run(argv + (["--engine-in-thread"] if where == "thread" else []), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmserve: error: ") and \
+        "model.safetensors: corrupt or truncated safetensors file" in lines[0], r.stderr
