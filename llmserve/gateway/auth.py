@@ -41,6 +41,9 @@ class Privileges:
     integers: PriorityRange | None = None  # None: an integer claim counts as its class's level
     version_override: bool = False
     key: str | None = None  # the key's name, for its limits and usage (gateway/tenants)
+    # The batch runner's lines for a key: charged to its budget and usage, but not to the rate
+    # windows and concurrency its interactive traffic lives on (the runner paces lines itself).
+    budget_only: bool = False
 
     @classmethod
     def build(cls, default: PriorityClass, classes: Iterable[PriorityClass] | None = None,

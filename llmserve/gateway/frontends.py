@@ -15,7 +15,7 @@ from starlette.types import ASGIApp
 
 from llmserve.api.frontends import Frontends
 from llmserve.api.response_store import ResponseStore, SQLiteResponseStore
-from llmserve.gateway.batches.routes import BatchRoutes
+from llmserve.gateway.batches.routes import BatchRoutes, owner_of
 from llmserve.gateway.batches.runner import BatchRunner
 from llmserve.gateway.batches.share import batch_room
 from llmserve.gateway.batches.store import BatchStore
@@ -31,6 +31,7 @@ def gateway_frontends(app: ASGIApp, config: GatewayConfig, authorize: Callable[[
     runner = BatchRunner(store, config.batches, state.path("batches.lock"))
     runner.observers = observers if observers is not None else []  # told each model's batch need
     runner.app = app
+    runner.budget_keys = {owner_of(k.key.get_secret_value().encode()): k.name for k in config.auth.keys if k.name}
     gateway = getattr(app, "gateway", None)
     if gateway is not None:  # lines in flight scale with the instances that can take them
         runner.ready_instances = lambda: sum(i.ready and i.accepting for p in gateway.pools() for i in p.instances())

@@ -140,7 +140,8 @@ class Proxy:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         tab = None if client.key is None else await gw.tenants.admit(  # a 429 here, when over a limit
-            client.key, parsed.model, parsed.body, parsed.prompt_chars, parsed.stream, self._request_id())
+            client.key, parsed.model, parsed.body, parsed.prompt_chars, parsed.stream, self._request_id(),
+            client.budget_only)
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                             in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced,
                             headers=request.headers)
@@ -202,10 +203,9 @@ class Proxy:
                 return self._failed(plan, ctx)
             resp, lease = got
             if ctx.parsed.stream and is_sse(resp):
-                # The head goes to the client now, before the first event: a client
-                # that gets it only with the first token spends its response set-up
-                # (~0.7 ms here) inside the TTFT. No body byte is sent until the first
-                # event, so a stream that breaks before it is still retried.
+                # The head goes to the client now, before the first event: a client that gets it only
+                # with the first token spends its response set-up (~0.7 ms here) inside the TTFT. No
+                # body byte is sent until the first event, so a stream that breaks before it is retried.
                 current = _Current(resp, lease)
                 headers_out = self._headers(resp, ctx)
                 headers_out.update({"cache-control": "no-cache", "x-accel-buffering": "no"})

@@ -8,7 +8,9 @@ the controllers' forecast leaves room for: ``share.py``; more only when a
 completion window needs them: ``pace.py``); the rest of the backlog waits in the store, not in the
 admission queues. A 429 / 499 / 502 / 503 / 504 (the pool is full or has no
 instance yet) is tried again after ``retry_interval_s``; any other answer is the
-line's one result.
+line's one result, and so is a 429 for the submitting key's spent budget: a line is
+charged to that key's budget and usage (``budget_keys``), not to its rate windows
+and concurrency, which are for its interactive traffic.
 
 Each tick the request observers (the autoscaler) are told, per model, the lines
 per second the active batches' windows require while idle seats do not deliver
@@ -30,6 +32,7 @@ import fcntl
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,7 @@ class BatchRunner:
         self._told: set[str] = set()  # models last told a need (told 0 once they have none)
         self._task: asyncio.Task | None = None
         self._lock_file: Any = None
+        self.budget_keys: dict[str, str] = {}  # a batch's owner -> its key's name (whose budget lines charge)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="batch-runner")
@@ -180,7 +184,7 @@ class BatchRunner:
         try:
             while True:
                 status, reply = await self._send(endpoint, body, owner)
-                if status not in _RETRY:
+                if status not in _RETRY or _budget_spent(reply):
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
                 batch = await asyncio.to_thread(self.store.get_batch, bid)
@@ -199,8 +203,16 @@ class BatchRunner:
         assert self.app is not None, "the runner starts with the gateway app"
         scope = {"type": "http", "http_version": "1.1", "scheme": "http", "root_path": "", "client": None,
                  "server": None, "headers": [(b"accept", b"application/json")]}
-        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: BATCH_ONLY, OWNER_KEY: owner})
+        name = self.budget_keys.get(owner)
+        privileges = BATCH_ONLY if name is None else replace(BATCH_ONLY, key=name, budget_only=True)
+        resp = await call(self.app, scope, endpoint, body, extra={PRIVILEGES_KEY: privileges, OWNER_KEY: owner})
         try:
             return resp.status, await resp.json()
         finally:  # a line cancelled while its body is read: the inner request is abandoned too
             await resp.close()
+
+
+def _budget_spent(reply: Any) -> bool:
+    """A 429 that waiting out would not mend within a line's retries: the key's budget."""
+    error = reply.get("error") if isinstance(reply, dict) else None
+    return isinstance(error, dict) and error.get("code") == "insufficient_quota"

@@ -88,24 +88,29 @@ class Tenants:
             await self.shared.close()
 
     async def admit(self, key: str | None, model: str, body: dict, prompt_chars: int, stream: bool,
-                    request_id: str) -> Tab | None:
+                    request_id: str, budget_only: bool = False) -> Tab | None:
         """The request's tab (None: an unnamed key, nothing to count); raises a 429
-        APIError with Retry-After when a limit refuses it."""
+        APIError with Retry-After when a limit refuses it. ``budget_only``: a batch line,
+        held to the key's budget alone."""
         if key is None or key not in self.keys:
             return None
         limits, prices = self.keys[key], self.prices.get(model, _FREE)
         if limits is None:
             self.counted(key, "admitted")
             return Tab(self, key, model, KeyLimits(), prices, None, [], 0, 0, stream)
+        def asks_for(completion: int) -> list[Ask]:
+            asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
+            return [a for a in asks if a.limit is Limit.BUDGET] if budget_only else asks
+
         prompt, completion = estimate(limits, prompt_chars, body)
-        asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
+        asks = asks_for(completion)
         denied, store = await self.reserve(key, asks)
         batch, whole = limits.stream_charge_tokens, True
         if denied is not None and denied.limit is Limit.BUDGET and stream and completion > batch:
             # The whole answer does not fit what is left: a stream may still have what does,
             # reserved batch by batch as it runs (one script call per batch, so only here).
             completion, whole = batch, False
-            asks = admission_asks(key, limits, prices, prompt, completion, time.time(), request_id, self.hold_s)
+            asks = asks_for(completion)
             denied, store = await self.reserve(key, asks)
         if denied is not None:
             self.counted(key, denied.limit.value)
