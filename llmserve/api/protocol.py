@@ -59,7 +59,6 @@ UNSUPPORTED: dict[str, str] = {
     "guided_decoding_backend": "choosing the guided decoding backend is not supported (xgrammar is used)",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
     # vLLM's sampling extensions not implemented
-    "min_tokens": "min_tokens is not supported",
     "echo": "echo is not supported on chat completions (it is on completions)",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported (a prompt over the context is a 400)",
     "use_beam_search": "beam search is not supported",
@@ -123,6 +122,8 @@ class _SamplingFields(_Strict):
     # Far from 0 and inf in fp32: logits are divided or multiplied by it.
     repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] | None = None
     ignore_eos: bool = False
+    # no EOS, stop token or stop string before this many output tokens; <= max_tokens (SamplingParams checks)
+    min_tokens: Annotated[int, Field(ge=0, le=Limits.MAX_TOKENS)] = 0
     use_beam_search: bool = False  # vLLM's; only false, its default (UNSUPPORTED names it)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=Limits.STOP_TOKEN_IDS)] | None = None
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | \

@@ -65,6 +65,9 @@ class InputProcessor:
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
         if n_prompt + max_tokens > self.max_model_len:
             raise ContextLengthError(n_prompt, self.max_model_len, max_tokens)
+        if params.min_tokens > max_tokens:  # (max_tokens not given: the context's end is its bound, as vLLM's)
+            raise InvalidParameterError("min_tokens", f"must be less than or equal to max_tokens ({max_tokens}), "
+                                                      f"got {params.min_tokens}")
         try:
             prio = parse_priority(priority)
         except ValueError as e:

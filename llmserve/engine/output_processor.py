@@ -42,6 +42,7 @@ class RequestState:
     num_tokens_emitted: int = 0
     logprobs: list[TokenLogprob] | None = None
     hold_back: int = 0  # chars kept back while they could still be the start of a stop string
+    stop_from: int = 0  # a stop string must end past this many chars (the first min_tokens tokens' text)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None
@@ -144,6 +145,10 @@ class OutputProcessor:
             if (finished and req.status is RequestStatus.FINISHED_STOPPED and new_ids
                     and (new_ids[-1] in req.eos_token_ids or new_ids[-1] in sp.stop_token_ids)):
                 visible = new_ids[:-1]  # the stop token itself is not text
+            exempt = sp.min_tokens - (req.num_output_tokens - len(new_ids))  # of these, still under min_tokens
+            if exempt > 0:  # their text is fed apart, to know where it ends
+                st.text += st.detok.add(visible[:exempt])
+                st.stop_from, visible = len(st.text), visible[exempt:]
             st.text += st.detok.add(visible)
             if finished:
                 st.text += st.detok.finish()
@@ -168,7 +173,8 @@ class OutputProcessor:
         search_from = max(0, st.emitted - st.hold_back)
         best = None
         for s in sp.stop:
-            i = st.text.find(s, search_from)
+            # vLLM's min_tokens rule: a stop string ending in the first min_tokens tokens' text does not count
+            i = st.text.find(s, max(search_from, st.stop_from - len(s) + 1))
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:

@@ -41,8 +41,11 @@ def prime(state: Any, output_ids: list[int]) -> None:
     if not output_ids:
         return
     if state.detok is not None:
-        for t in output_ids:  # one per step, as decoding fed them
+        min_tokens = state.request.sampling_params.min_tokens
+        for i, t in enumerate(output_ids):  # one per step, as decoding fed them
             state.text += state.detok.add([t])
+            if i < min_tokens:  # where the text stop strings skip ends (output_processor.py)
+                state.stop_from = len(state.text)
         state.emitted = max(0, len(state.text) - state.hold_back)
     state.num_tokens_emitted = len(output_ids)
     if state.logprobs is not None:  # not known here; only later tokens' are reported

@@ -40,6 +40,8 @@ class SampleRow:
     generator: torch.Generator | None
     # The grammar's allowed next tokens, a packed int32 bitmask row (engine/grammar.py); None: any.
     allowed: torch.Tensor | None = None
+    # Tokens this row may not produce (EOS and stop_token_ids before min_tokens); None: none.
+    banned: list[int] | None = None
 
 
 class RowFn(Protocol):
@@ -70,8 +72,11 @@ class RowBuilder:
     def row(self, req: "Request", extra_output: list[int] | None = None,
             allowed: torch.Tensor | None = None) -> SampleRow:
         out = req.output_token_ids + (extra_output or [])
-        return SampleRow(req.sampling_params, req.prompt_token_ids, out, self._generators.get(req.request_id),
-                         allowed)
+        sp = req.sampling_params
+        # vLLM's min_tokens: no stop token until the output is that long. EOS is banned even with
+        # ignore_eos, as vLLM's does. A position's own count, so each draft position gets its own.
+        banned = sorted(req.eos_token_ids | set(sp.stop_token_ids)) if len(out) < sp.min_tokens else None
+        return SampleRow(sp, req.prompt_token_ids, out, self._generators.get(req.request_id), allowed, banned)
 
 
 @dataclass(slots=True)
@@ -114,11 +119,14 @@ def non_finite_rows(logits: torch.Tensor, argmax: torch.Tensor | None = None) ->
 
 
 def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    """``logits`` with each row's grammar mask and logit bias applied (a copy; the same tensor if none)."""
-    masked = [i for i, r in enumerate(rows) if r.allowed is not None]
-    biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
-    if not masked and not biased:
+    """``logits`` with each row's grammar mask, logit bias and banned tokens applied (a copy;
+    the same tensor if none)."""
+    # one pass over the batch when no row asks for any of them (the usual step)
+    special = [i for i, r in enumerate(rows) if r.allowed is not None or r.params.logit_bias or r.banned]
+    if not special:
         return logits
+    masked = [i for i in special if rows[i].allowed is not None]
+    biased = [i for i in special if rows[i].params.logit_bias]
     logits = logits.float().clone()
     if biased:
         ri, ti, vi = [], [], []
@@ -133,6 +141,11 @@ def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         from llmserve.engine.grammar import apply_bitmask
 
         apply_bitmask(logits, torch.stack([rows[i].allowed for i in masked]), masked)
+    v = logits.shape[-1]  # (a stop_token_id past the vocabulary can never be produced anyway)
+    banned = [(i, t) for i in special for t in rows[i].banned or () if t < v]
+    if banned:
+        ri, ti = zip(*banned)
+        logits[list(ri), list(ti)] = float("-inf")
     return logits
 
 

@@ -92,6 +92,9 @@ class SamplingParams:
     # token id -> added to its logit before sampling (OpenAI's logit_bias, [-100, 100])
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: until the output has this many tokens, EOS and stop_token_ids are masked out
+    # (sampler.py) and stop strings are not applied to their text (output_processor.py)
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -103,6 +106,10 @@ class SamplingParams:
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
                f"must be at least 1, got {self.max_tokens}")
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               f"must be at least 0, got {self.min_tokens}")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"must be less than or equal to max_tokens ({self.max_tokens}), got {self.min_tokens}")
         _check(_finite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
                f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")

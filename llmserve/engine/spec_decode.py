@@ -219,7 +219,9 @@ class SpeculativeDecoder:
         base = self.rows(req, allowed=None if mask is None else mask[0])
         gen = base.generator or self.generator
         fast = params.greedy and not params.needs_penalties
-        if mask is not None or params.logit_bias or not fast:
+        # base.banned (min_tokens): each draft position gets its own row, so an EOS drafted
+        # before min_tokens is masked there and rejected, one after it kept, as without drafts
+        if mask is not None or params.logit_bias or not fast or base.banned:
             rows = [base] + [self.rows(req, drafts[:j], None if mask is None else mask[j])
                              for j in range(1, len(logits))]
             logits = constrain(logits, rows)

@@ -123,7 +123,7 @@ class OpenAIServing:
                 n=n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
                 top_p=1.0 if r.top_p is None else r.top_p, top_k=max(0, r.top_k or 0),
                 min_p=r.min_p or 0.0, seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
-                ignore_eos=r.ignore_eos, logprobs=logprobs, presence_penalty=r.presence_penalty,
+                ignore_eos=r.ignore_eos, min_tokens=r.min_tokens, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
                 repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
                 include_stop_str_in_output=r.include_stop_str_in_output,

@@ -16,7 +16,6 @@ COMPLETION = {"prompt": "hi", "max_tokens": 2}
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"min_tokens": 2}, "min_tokens"),
     ({"echo": True}, "echo"),
     ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ({"use_beam_search": True}, "use_beam_search"),
@@ -39,3 +38,13 @@ def test_their_defaults_are_taken():
                   "stream_options": {"include_usage": True, "continuous_usage_stats": False}}, ChatCompletionRequest)
     assert r.stream_options.include_usage and not r.use_beam_search
     assert validate({**COMPLETION, "echo": True, "use_beam_search": False}, CompletionRequest).echo
+
+
+def test_min_tokens_is_taken_and_checked():
+    """vLLM's min_tokens is implemented: taken on both endpoints, 0 by default, never negative."""
+    assert validate({**CHAT, "min_tokens": 2}, ChatCompletionRequest).min_tokens == 2
+    assert validate(COMPLETION, CompletionRequest).min_tokens == 0
+    for model, body in ((ChatCompletionRequest, CHAT), (CompletionRequest, COMPLETION)):
+        with pytest.raises(APIError) as e:
+            validate({**body, "min_tokens": -1}, model)
+        assert (e.value.status, e.value.param) == (400, "min_tokens")
