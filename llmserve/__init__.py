@@ -7,7 +7,8 @@ that the gateway and controller, which never need torch, stay light.
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "InThreadEngine", "EngineClient", "EngineConfig", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "InThreadEngine", "EngineClient", "EngineConfig", "RequestOutput",
+           "LoRARequest"]
 
 _LAZY = {
     "LLM": "llmserve.engine.llm",
@@ -16,6 +17,7 @@ _LAZY = {
     "EngineClient": "llmserve.engine.client",
     "EngineConfig": "llmserve.engine.config",
     "RequestOutput": "llmserve.engine.outputs",
+    "LoRARequest": "llmserve.engine.lora.request",
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from llmserve.engine.outputs import merge_choices
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
+from llmserve.engine.lora.request import LoRARequest, resolve
 from llmserve.engine.outputs import RequestOutput
 from llmserve.engine.sampling_params import SamplingParams, child_seed
 
@@ -74,15 +75,17 @@ class LLM:
         self.config = EngineConfig(model=str(model), **engine_options)
         self.engine = build_engine(self.config)
         self._ids = itertools.count()
+        self._lora_ids: dict[int, str] = {}  # LoRARequest ids seen: vLLM's key, one adapter each
 
     def get_tokenizer(self):
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, priority: int | str | Sequence[int | str] | None = 0,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """``priority``: one for all, or one per prompt (as vLLM's)."""
+                 *, priority: int | str | Sequence[int | str] | None = 0, use_tqdm: bool = False,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """``priority`` and ``lora_request``: one for all, or one per prompt (as vLLM's); a
+        ``None`` adapter runs the base model. An adapter is read and registered on first use."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = [_prompt(p) for p in prompts]  # type: ignore[union-attr]
@@ -95,18 +98,27 @@ class LLM:
         prios = list(priority) if isinstance(priority, (list, tuple)) else [priority] * len(prompts)
         if len(prios) != len(prompts):
             raise ValueError("need one priority or one per prompt")
+        # read before anything is added: a bad adapter path raises with nothing running
+        loras, new_adapters, lora_ids = resolve(self.engine.lora, lora_request, len(prompts), self._lora_ids)
         ids: list[tuple[str, int]] = []
+        added: list[str] = []
         try:
-            for prompt, sp, prio in zip(prompts, params, prios):
+            for adapter in new_adapters:
+                self.engine.lora.add(adapter)  # type: ignore[union-attr]
+                added.append(adapter.name)
+            for prompt, sp, prio, lora in zip(prompts, params, prios, loras):
                 rid = str(next(self._ids))
                 ids.append((rid, sp.n))
                 for i, child in enumerate(fan_out(sp)):
-                    self.engine.add_request(f"{rid}#{i}", prompt, child, priority=prio)
+                    self.engine.add_request(f"{rid}#{i}", prompt, child, priority=prio, lora_name=lora)
         except BaseException:  # all or nothing: one bad prompt leaves none of the others running
             for rid, n in ids:
                 for i in range(n):
                     self.engine.abort_request(f"{rid}#{i}")
+            for name in added:  # (nor this call's adapters registered)
+                self.engine.lora.remove(name)  # type: ignore[union-attr]
             raise
+        self._lora_ids = lora_ids
         finals: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:
@@ -127,8 +139,10 @@ class LLM:
              sampling_params: SamplingParams | None = None, *, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              **kw: Any) -> list[RequestOutput]:
-        """vLLM's ``LLM.chat``: the model's template with these options; ``kw`` as ``generate``."""
+        """vLLM's ``LLM.chat``: the model's template with these options; ``lora_request`` (one,
+        or one per conversation) and ``kw`` as ``generate``."""
         if chat_template is not None:
             raise ValueError("a chat template per call is not supported: the model's is used "
                              "(llmserve engine --chat-template overrides it for a server)")
@@ -139,7 +153,7 @@ class LLM:
         extra = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
         prompts = [tok.encode_chat(c, add_generation_prompt, continue_final_message, **extra)
                    for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, **kw)
+        return self.generate(prompts, sampling_params, lora_request=lora_request, **kw)
 
 
 def fan_out(sp: SamplingParams) -> list[SamplingParams]:
