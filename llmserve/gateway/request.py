@@ -92,7 +92,7 @@ def prompt_text(body: dict, max_chars: int) -> str:
                 continue
             content = m.get("content")
             if isinstance(content, list):  # content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))  # (as chat joins them)
             if m.get("tool_calls"):
                 content = (content or "") + json.dumps(m["tool_calls"])
             piece = f"<{m.get('role', '')}>{content or ''}"

@@ -162,3 +162,6 @@ def test_prefix_affinity_text_starts_with_the_tools_the_instance_renders_first()
     assert "c1" in with_tools.split("<assistant>")[1]
     assert not prompt_text({"messages": msgs, "tools": tools, "tool_choice": "none"}, 10_000).startswith("<tools>")
     assert len(prompt_text({"messages": msgs, "tools": tools * 100}, 50)) == 50
+    # content parts as the instance joins them, so a string and its parts share a prefix
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert prompt_text({"messages": parts}, 100) == prompt_text({"messages": [{"role": "user", "content": "a\nb"}]}, 100)
