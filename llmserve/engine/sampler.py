@@ -144,8 +144,15 @@ def constrain(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     v = logits.shape[-1]  # (a stop_token_id past the vocabulary can never be produced anyway)
     banned = [(i, t) for i in special for t in rows[i].banned or () if t < v]
     if banned:
-        ri, ti = zip(*banned)
+        ri, ti = list(zip(*banned))
+        kept = logits[list(ri), list(ti)]
         logits[list(ri), list(ti)] = float("-inf")
+        # A complete structured output allows only EOS: the constraint wins over min_tokens
+        # (the answer ends valid, as without it), where banning would leave no token at all.
+        for i in {i for i in ri if rows[i].allowed is not None}:
+            if not torch.isfinite(logits[i]).any():
+                at = [j for j, r in enumerate(ri) if r == i]
+                logits[i, [ti[j] for j in at]] = kept[at]
     return logits
 
 

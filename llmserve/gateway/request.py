@@ -92,7 +92,7 @@ def prompt_text(body: dict, max_chars: int) -> str:
                 continue
             content = m.get("content")
             if isinstance(content, list):  # content parts
-                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))  # (as chat joins them)
+                content = "\n".join(p["text"] for p in content if _text_part(p))  # (as chat joins them)
             if m.get("tool_calls"):
                 content = (content or "") + json.dumps(m["tool_calls"])
             piece = f"<{m.get('role', '')}>{content or ''}"
@@ -109,6 +109,10 @@ def prompt_text(body: dict, max_chars: int) -> str:
         elif isinstance(prompt, int):  # one prompt given as token ids
             prompt = " ".join(str(t) for t in body["prompt"][:max_chars])
     return prompt[:max_chars] if isinstance(prompt, str) else ""
+
+
+def _text_part(p: object) -> bool:
+    return isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
 
 
 def usage_tokens(answer: dict | None) -> tuple[int | None, int]:

@@ -163,5 +163,7 @@ def test_prefix_affinity_text_starts_with_the_tools_the_instance_renders_first()
     assert not prompt_text({"messages": msgs, "tools": tools, "tool_choice": "none"}, 10_000).startswith("<tools>")
     assert len(prompt_text({"messages": msgs, "tools": tools * 100}, 50)) == 50
     # content parts as the instance joins them, so a string and its parts share a prefix
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert prompt_text({"messages": parts}, 100) == prompt_text({"messages": [{"role": "user", "content": "a\nb"}]}, 100)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "no"},
+                                          {"type": "text", "text": "b"}]}]
+    as_string = [{"role": "user", "content": "a\nb"}]
+    assert prompt_text({"messages": parts}, 100) == prompt_text({"messages": as_string}, 100)

@@ -77,3 +77,27 @@ def test_out_of_range_is_a_400_naming_min_tokens(server, path, body):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "min_tokens" and err["code"] != "unsupported_parameter", r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_complete_structured_output_ends_before_min_tokens(server, stream):
+    """Once the constraint allows only EOS, the constraint wins (as the answer would end
+    without min_tokens): a valid answer and "stop", not a dead-end 400 blaming the grammar."""
+    body = {"prompt": "hello", "max_tokens": 8, "min_tokens": 5, "temperature": 0,
+            "structured_outputs": {"choice": ["yes", "no"]}, "stream": stream}
+    if not stream:
+        r = _post(server, "/v1/completions", body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop"
+        return
+    text, finish = "", None
+    with httpx.stream("POST", server.url + "/v1/completions", json={"model": "tiny", **body}, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                text += event["choices"][0]["text"]
+                finish = event["choices"][0]["finish_reason"] or finish
+    assert text in ("yes", "no") and finish == "stop"
