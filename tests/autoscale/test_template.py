@@ -84,6 +84,9 @@ async def test_an_import_time_variable_gets_a_fresh_process(tmp_path):
         # no such model: a clear error, in one line and exit code 2 (the CLI's for a bad model)
         assert await asyncio.to_thread(provider._procs["b"].wait, 60) == 2
         assert "llmserve: error: unknown model" in await provider.log_tail(handle)
+        # and the status the controller logs says why, not just the code
+        status = await provider.status(handle)
+        assert status.exit_code == 2 and "llmserve: error: unknown model" in status.detail, status
     finally:
         await provider.close()
 

@@ -183,6 +183,9 @@ class LocalProvider:
         if code is None:
             return RunStatus(RunState.RUNNING, reclaim_at=at)
         detail = f"exited with code {code}" + (" (reclaimed)" if at is not None else "")
+        last = tail(Path(handle.ref.get("log", "")), 1).strip() if code and code > 0 else ""
+        if last:  # why, where the console reads it: a bad model's one line (exit 2), a crash's last line
+            detail += f": {last[:300]}"
         return RunStatus(RunState.EXITED, code, detail, reclaim_at=at)
 
     async def log_tail(self, handle: InstanceHandle, lines: int = 20) -> str:
