@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from llmserve.models.config import ModelConfig
+from llmserve.models.errors import ModelLoadError, UnsupportedFamily  # noqa: F401 - where callers import them
 
 
 class WeightLoader(Protocol):
@@ -33,14 +34,6 @@ class WeightLoader(Protocol):
     def check(self, path: Path) -> ModelConfig: ...
 
     def load(self, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]: ...
-
-
-class ModelLoadError(ValueError):
-    """A model file or folder is missing, truncated, corrupt or unsupported."""
-
-
-class UnsupportedFamily(ModelLoadError):
-    """The model is of a family (architecture) the decoder does not implement."""
 
 
 def expected_weight_shapes(config: ModelConfig, weights: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:

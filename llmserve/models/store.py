@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llmserve.models.files import AtomicFile, atomic_write_json, read_json
-from llmserve.models.loader import ModelLoadError
+from llmserve.models.errors import ModelLoadError
 
 MANIFEST = "manifest.json"
 

@@ -188,6 +188,12 @@ def run_serve(args: argparse.Namespace) -> int:
         role = "follow" if cfg.gateway.state.pools == "follow" else "own"
         cfg = ServeConfig.load(args.config, deep_merge(overrides_from_args(args),
                                                        {"gateway": {"state": {"pools": role}}}))
+    if cfg.provider.kind == "local":  # (on Ray the models are the nodes.)
+        from llmserve.models.store import resolve
+
+        for p in cfg.pools():  # a missing or unpulled model: one line, exit 2 now (not instances failing)
+            if not p.command:
+                resolve(p.source, cfg.model_store)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # one line per poll
     tracing_argv = [*(["--otlp-endpoint", args.otlp_endpoint] if args.otlp_endpoint else []),

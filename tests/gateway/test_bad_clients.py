@@ -120,7 +120,8 @@ def test_llmserve_serve_hosts_the_gateway_behind_the_guard(monkeypatch, tmp_path
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(kw))
     p = argparse.ArgumentParser()
     serve.add_serve_args(p)
-    assert serve.run_serve(p.parse_args(["--model", str(tmp_path / "m"), "--log-dir", str(tmp_path)])) == 0
+    model = make_tiny_llama(tmp_path / "m")  # (serve refuses a model that is not there before anything starts)
+    assert serve.run_serve(p.parse_args(["--model", str(model), "--log-dir", str(tmp_path)])) == 0
     assert issubclass(served["http"], GuardedHttpToolsProtocol)
     assert served["http"].limits == LimitsConfig().http_limits()
     assert served["limit_concurrency"] == LimitsConfig().max_connections
