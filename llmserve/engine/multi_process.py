@@ -76,7 +76,7 @@ class MultiProcessEngine(RequestStreams):
                 msg = unpack(await self._rx.recv())
                 if msg[0] == "failed":
                     self._reap(block=True)
-                    if len(msg) > 2 and msg[2]:  # a bad model file: the CLI says it in one line, exit 2
+                    if msg[2]:  # a bad model file: the CLI says it in one line, exit 2
                         from llmserve.models.loader import ModelLoadError
 
                         raise ModelLoadError(msg[1])

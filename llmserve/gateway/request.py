@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
@@ -21,7 +22,7 @@ from llmserve.gateway.errors import GatewayError
 from llmserve.priority import PriorityClass, parse_priority
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ParsedRequest:
     body: dict
     raw: bytes
@@ -30,7 +31,12 @@ class ParsedRequest:
     user: str | None
     priority: int  # the one granted, not the one claimed
     priority_class: PriorityClass
-    prompt_chars: int  # what arrival sizes and a key's token estimate count (read once)
+
+    @cached_property
+    def prompt_chars(self) -> int:
+        """What arrival sizes and a key's token estimate count: read once, and only by a
+        gateway that has observers or keys (a plain one never pays for it)."""
+        return prompt_chars(self.body)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -75,7 +81,7 @@ def parse_request(raw: bytes, headers, client: Privileges, path: str = "/v1/chat
     except ValueError as e:
         raise GatewayError(400, str(e), param="priority", code="invalid_priority") from None
     return ParsedRequest(body, raw, request.model, request.stream, user, priority,
-                         PriorityClass.of(priority), prompt_chars(body))
+                         PriorityClass.of(priority))
 
 
 def prompt_text(body: dict, max_chars: int) -> str:
