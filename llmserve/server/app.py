@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmserve.engine.client import EngineClient, EngineStart
 from llmserve.engine.config import EngineConfig
-from llmserve.engine.core_proc import model_facts
 from llmserve.engine.in_thread import InThreadEngine
 from llmserve.engine.multi_process import MultiProcessEngine
 from llmserve.engine.stats import WARMUP_ID_PREFIX
@@ -41,8 +40,9 @@ from llmserve.load_report import LoadReport
 from llmserve.models.loader import ModelLoadError
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
-from llmserve.server.lora_api import adapter_cards, add_lora_routes
+from llmserve.server.lora_api import add_lora_routes
 from llmserve.server.metrics import EngineMetrics
+from llmserve.server.models_api import add_model_routes
 from llmserve.api.errors import APIError, error_body
 from llmserve.api.frontends import Frontends, keys_authorizer
 from llmserve.api.response_store import SQLiteResponseStore
@@ -166,16 +166,6 @@ class Instance:
         ).model_dump()
 
 
-def _model_facts(engine: Any) -> dict[str, Any]:
-    """Family and context length, from the engine process's ready message or the in-process core."""
-    if engine is None:
-        return {"family": None, "context_length": None}
-    info = getattr(engine, "info", None)
-    if isinstance(info, dict):
-        return {k: info.get(k) for k in ("family", "context_length")}
-    return model_facts(engine.core.model_config)
-
-
 def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
     app = FastAPI(title="llmserve engine instance", docs_url=None, redoc_url=None)
     cfg = inst.config
@@ -242,16 +232,7 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
             return PlainTextResponse("", media_type=CONTENT_TYPE_LATEST)
         return PlainTextResponse(generate_latest(inst.metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models():
-        names = cfg.served_names(inst.model_name) if inst.model_name else []
-        facts, now = _model_facts(inst.engine), int(time.time())
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": now, "owned_by": "llmserve",
-                                            "max_model_len": inst.engine.max_model_len if inst.engine else None,
-                                            "root": inst.engine.model_name if inst.engine else n, "parent": None,
-                                            **facts} for n in names]
-                + (adapter_cards(inst.engine, names[0], now) if names else [])}
-
+    add_model_routes(app, inst)
     add_lora_routes(app, inst)
 
     # Bodies are parsed by llmserve.api (the gateway's parser too), not by FastAPI:

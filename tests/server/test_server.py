@@ -55,6 +55,19 @@ def test_models_and_completion(client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + 7
 
 
+def test_models_retrieve_as_openai_answers_it(client, server):
+    """client.models.retrieve: GET /v1/models/{model}, each served name; another is a 404 naming it."""
+    listed = {m.id: m for m in client.models.list().data}
+    for name in ("tiny", "tiny-alias"):
+        m = client.models.retrieve(name)
+        assert (m.id, m.object, m.owned_by, m.context_length) == (name, "model", "llmserve", 256)
+        assert m.root == listed[name].root
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("org/not-served")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    assert "org/not-served" in e.value.body["message"]
+
+
 def test_stream_matches_non_stream_and_usage_chunk(client, server):
     kw = dict(model="tiny", prompt="abc def", max_tokens=12, temperature=0, ignore_eos=True)
     full = client.completions.create(**{k: v for k, v in kw.items() if k != "ignore_eos"},

@@ -1,0 +1,48 @@
+"""``GET /v1/models`` and ``GET /v1/models/{model}`` on an instance: its served names, then
+its LoRA adapters (``lora_api.adapter_cards``), as OpenAI's and vLLM's model objects."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+
+from llmserve.api.errors import APIError
+from llmserve.engine.core_proc import model_facts
+from llmserve.server.lora_api import adapter_cards
+
+
+def _model_facts(engine: Any) -> dict[str, Any]:
+    """Family and context length, from the engine process's ready message or the in-process core."""
+    if engine is None:
+        return {"family": None, "context_length": None}
+    info = getattr(engine, "info", None)
+    if isinstance(info, dict):
+        return {k: info.get(k) for k in ("family", "context_length")}
+    return model_facts(engine.core.model_config)
+
+
+def add_model_routes(app: FastAPI, inst: Any) -> None:
+    """The model routes on the instance's app (``inst``: ``server.app.Instance``)."""
+    cfg = inst.config
+
+    def cards() -> list[dict[str, Any]]:
+        names = cfg.served_names(inst.model_name) if inst.model_name else []
+        facts, now = _model_facts(inst.engine), int(time.time())
+        return [{"id": n, "object": "model", "created": now, "owned_by": "llmserve",
+                 "max_model_len": inst.engine.max_model_len if inst.engine else None,
+                 "root": inst.engine.model_name if inst.engine else n, "parent": None,
+                 **facts} for n in names] + (adapter_cards(inst.engine, names[0], now) if names else [])
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": cards()}
+
+    # (":path": a served name may hold slashes, "org/model", as the SDK sends it unescaped)
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        for card in cards():
+            if card["id"] == model:
+                return card
+        raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model", "model_not_found")
