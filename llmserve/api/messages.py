@@ -61,7 +61,10 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     system = _content(req.system)
     if system:
         msgs.append({"role": "system", "content": system})
-    for m in req.messages:
+    turns = req.messages
+    if turns[-1].role == "assistant" and not turns[-1].content:
+        turns = turns[:-1]  # an empty final assistant turn prefills nothing (Anthropic allows it)
+    for m in turns:
         if isinstance(m.content, str):
             msgs.append({"role": m.role, "content": m.content})
             continue

@@ -132,13 +132,14 @@ def _refuse(v: Any) -> Any:
 
 def _check_blocks(messages: list[Message]) -> None:
     """Refuse what Anthropic refuses rather than drop it: a call in a user turn, a result in an
-    assistant turn or answering no earlier call, a user turn with no content."""
+    assistant turn or answering no earlier call, an empty turn but a final assistant one."""
     calls: set[str] = set()
     for i, m in enumerate(messages):
+        if not m.content and not (m.role == "assistant" and i == len(messages) - 1):
+            raise FieldError(f"messages[{i}].content", "all messages must have non-empty content "
+                             "except for the optional final assistant message")
         if isinstance(m.content, str):
             continue
-        if not m.content and m.role == "user":
-            raise FieldError(f"messages[{i}].content", "a user message must have non-empty content")
         for j, b in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
             if isinstance(b, ToolUseBlock):

@@ -133,6 +133,8 @@ _ASK = {"role": "user", "content": "hi"}
                    {"role": "user", "content": [_RESULT]}]}, "tool_use_id"),
     ({"messages": [_ASK, {"role": "assistant", "content": [_USE, _RESULT]}]}, "tool_result"),
     ({"messages": [{"role": "user", "content": []}]}, "non-empty"),
+    ({"messages": [{"role": "user", "content": ""}]}, "non-empty"),
+    ({"messages": [_ASK, {"role": "assistant", "content": ""}, _ASK]}, "non-empty"),
     ({"messages": [_ASK], "tool_choice": {"type": "auto"}}, "tool_choice"),
     ({"messages": [_ASK], "tools": [_TOOL],
       "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config.format"),
@@ -154,3 +156,12 @@ def test_a_result_answering_an_earlier_call_and_a_format_with_tool_choice_none_a
                                messages=[_ASK], output_config={"format": {"type": "json_schema",
                                                                          "schema": {"type": "object"}}})
     assert m.type == "message"
+
+
+def test_an_empty_final_assistant_turn_prefills_nothing():
+    """Anthropic takes it and answers as without it: no empty assistant turn in the prompt."""
+    for content in ("", []):
+        body = messages.chat_body(_req(messages=[{"role": "user", "content": "hi"},
+                                                 {"role": "assistant", "content": content}]))
+        assert body["messages"] == [{"role": "user", "content": "hi"}]
+        assert "continue_final_message" not in body
