@@ -65,6 +65,10 @@ UNSUPPORTED: dict[str, str] = {
     "bad_words": "bad_words is not supported (logit_bias bans tokens)",
     "allowed_token_ids": "allowed_token_ids is not supported (logit_bias or a grammar limits tokens)",
     "length_penalty": "length_penalty is not supported (it applies to beam search only)",
+    # OpenAI's prompt-cache controls and moderation: the prefix cache has no breakpoints or lifetimes to set
+    "prompt_cache_options": "prompt_cache_options is not supported (the prefix cache reuses shared prefixes by itself)",
+    "prompt_cache_retention": "prompt_cache_retention is not supported (cached prefixes live while memory allows)",
+    "moderation": "moderation is not supported",
 }
 
 
@@ -83,7 +87,7 @@ def _check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
 
 
 # Accepted, documented as having no effect on generation (docs/openai-api.md).
-NO_OP = ("store", "metadata", "service_tier", "user", "modalities")
+NO_OP = ("store", "metadata", "service_tier", "user", "modalities", "safety_identifier", "prompt_cache_key")
 
 
 class _Strict(BaseModel):
@@ -267,6 +271,10 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's: the prompt ends inside the final message, which the model continues (a prefill)
     continue_final_message: bool = False
     modalities: list[Literal["text"]] | None = None
+    # OpenAI's, no effect here (as on /v1/responses): the prefix cache needs no key
+    safety_identifier: Name | None = None
+    prompt_cache_key: Name | None = None
+    verbosity: Literal["medium"] | None = None  # OpenAI's default, the only one this model has
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True

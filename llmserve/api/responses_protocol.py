@@ -27,6 +27,10 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "top_logprobs": "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)",
     "max_tool_calls": "max_tool_calls is not supported",
     "stream_options": "stream_options is not supported on /v1/responses",
+    "background_options": "background mode is not supported",
+    "context_management": "context management is not supported (send the turns to keep)",
+    "image": "image options are not supported: the served models make text only",
+    "access_programs": "access programs are not supported",
 }
 # Their OpenAI defaults, which SDKs and agents send as they are: they ask for nothing, so they are taken.
 NO_OP_DEFAULTS: dict[str, Any] = {"background": False, "include": [], "top_logprobs": 0}
