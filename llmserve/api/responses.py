@@ -103,7 +103,10 @@ def usage(u: dict[str, Any] | None) -> dict[str, Any] | None:
     if not u:
         return None
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-    return {"input_tokens": u.get("prompt_tokens", 0), "input_tokens_details": {"cached_tokens": cached},
+    # (cache_write_tokens: OpenAI's SDK requires it; the prefix cache writes at no charge, as the
+    # Anthropic route's cache_creation_input_tokens: 0)
+    return {"input_tokens": u.get("prompt_tokens", 0),
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": u.get("completion_tokens", 0), "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.get("total_tokens", 0)}
 

@@ -95,6 +95,30 @@ def test_streamed_tool_call(client):
     assert final[-1].type == "function_call" and final[-1].arguments == deltas
 
 
+def test_objects_and_events_validate_against_the_sdks_types(host):
+    """The SDK builds its objects without validating: a field it requires and we leave out
+    (usage.input_tokens_details.cache_write_tokens) reads None, so the raw JSON is checked here."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    url, key = host
+    bodies = [{"model": "tiny", "input": "hello", "max_output_tokens": 4, "temperature": 0},
+              {"model": "tiny", "input": "weather?", "tools": [TOOL], "tool_choice": "required",
+               "parallel_tool_calls": False, "max_output_tokens": 150, "temperature": 0}]
+    events = TypeAdapter(ResponseStreamEvent)
+    for body in bodies:
+        r = httpx.post(url + "/v1/responses", json=body, headers=_auth(host), timeout=60)
+        assert r.status_code == 200, r.text
+        whole = Response.model_validate(r.json())
+        assert whole.usage.input_tokens_details.cache_write_tokens == 0
+        with httpx.stream("POST", url + "/v1/responses", json={**body, "stream": True}, headers=_auth(host),
+                          timeout=60) as s:
+            lines = [json.loads(x[6:]) for x in s.iter_lines() if x.startswith("data: ")]
+        for ev in lines:
+            events.validate_python(ev)
+        assert lines[-1]["type"] in ("response.completed", "response.incomplete")
+
+
 def test_json_schema_format(client):
     r = client.responses.create(model="tiny", input="pick a colour", max_output_tokens=40, temperature=1.0,
                                 extra_body={"seed": 3},
