@@ -54,6 +54,9 @@ class InputProcessor:
             prompt_text = None
         if not prompt_ids:
             raise InvalidParameterError("prompt", "must not be empty")
+        keep = params.truncate_prompt_tokens
+        if keep is not None:  # vLLM's: the last tokens are kept (-1: as many as the context holds)
+            prompt_ids = prompt_ids[-(self.max_model_len if keep == -1 else keep):]
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InvalidParameterError("cache_salt", "must be a string")
         vocab = self.vocab_size

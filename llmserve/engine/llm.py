@@ -5,11 +5,10 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from llmserve.engine.outputs import merge_choices
 from llmserve.engine.config import EngineConfig
 from llmserve.engine.engine import EngineCore
 from llmserve.engine.lora.request import LoRARequest, resolve
-from llmserve.engine.outputs import RequestOutput
+from llmserve.engine.outputs import Logprob, RequestOutput, merge_choices
 from llmserve.engine.sampling_params import SamplingParams, child_seed
 
 # vLLM's forms too: {"prompt": text} (TextPrompt) and {"prompt_token_ids": ids} (TokensPrompt)
@@ -80,6 +79,10 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: what ``generate`` uses when given none."""
+        return SamplingParams()
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | str | Sequence[int | str] | None = 0, use_tqdm: bool = False,
@@ -133,7 +136,25 @@ class LLM:
                         bar.update(1)
         if bar:
             bar.close()
-        return [merge_choices([finals[f"{rid}#{i}"] for i in range(n)], rid) for rid, n in ids]
+        outs = [merge_choices([finals[f"{rid}#{i}"] for i in range(n)], rid) for rid, n in ids]
+        for out, sp in zip(outs, params):
+            self._vllm_logprobs(out, sp.detokenize)
+        return outs
+
+    def _vllm_logprobs(self, out: RequestOutput, decode: bool) -> None:
+        """vLLM's shape: per position a dict token id -> ``Logprob``, the top ``logprobs``
+        tokens ranked from 1 and the sampled one."""
+        tok = self.engine.tokenizer if decode else None
+        for c in out.outputs:
+            if c.logprobs is None:
+                continue
+            steps = []
+            for lp in c.logprobs:
+                ranks = {t: r for r, (t, _) in enumerate(lp.top, 1)}
+                entries = [(lp.token_id, lp.logprob), *((t, v) for t, v in lp.top if t != lp.token_id)]
+                steps.append({t: Logprob(v, ranks.get(t), None if tok is None else tok.decode([t], False))
+                              for t, v in entries})
+            c.logprobs = steps  # type: ignore[assignment]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, *, add_generation_prompt: bool = True,
@@ -153,7 +174,10 @@ class LLM:
         extra = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
         prompts = [tok.encode_chat(c, add_generation_prompt, continue_final_message, **extra)
                    for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, lora_request=lora_request, **kw)
+        outs = self.generate(prompts, sampling_params, lora_request=lora_request, **kw)
+        for out, c in zip(outs, convs):  # vLLM's: the rendered conversation
+            out.prompt = tok.apply_chat_template(c, add_generation_prompt, continue_final_message, **extra)
+        return outs
 
 
 def fan_out(sp: SamplingParams) -> list[SamplingParams]:
@@ -162,4 +186,5 @@ def fan_out(sp: SamplingParams) -> list[SamplingParams]:
         return [sp]
     from dataclasses import replace
 
-    return [replace(sp, n=1, seed=None if sp.seed is None else child_seed(sp.seed, i)) for i in range(sp.n)]
+    return [replace(sp, n=1, best_of=None, seed=None if sp.seed is None else child_seed(sp.seed, i))
+            for i in range(sp.n)]

@@ -74,7 +74,7 @@ class OutputProcessor:
         """The state of a new request, kept only once ``add`` is called (so that a request
         the scheduler refuses leaves nothing here)."""
         detok = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and req.sampling_params.detokenize:
             detok = self.tokenizer.detokenizer(req.prompt_token_ids, req.sampling_params.skip_special_tokens)
         return RequestState.start(req, detok, prompt)
 

@@ -29,6 +29,19 @@ class CompletionOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] | None = None
+    # vLLM's: the sampled tokens' logprobs summed (None without logprobs); set by ``merge_choices``
+    cumulative_logprob: float | None = None
+
+
+@dataclass(slots=True)
+class Logprob:
+    """vLLM's: one token's entry in ``LLM.generate``'s ``logprobs`` (a dict per position,
+    token id -> this). ``rank`` is None for a sampled token outside the top ``logprobs``
+    (the sampler does not rank the whole vocabulary)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 @dataclass(slots=True)
@@ -51,6 +64,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     spans: list[list] | None = None  # a traced request's engine spans, on its final output
+    prompt_logprobs: None = None  # vLLM's attribute; SamplingParams refuses prompt_logprobs
 
     @property
     def text(self) -> str:
@@ -70,7 +84,9 @@ def merge_choices(outs: list[RequestOutput], request_id: str) -> RequestOutput:
     comps = []
     for i, o in enumerate(outs):
         c = o.outputs[0]
-        comps.append(CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs))
+        cum = None if c.logprobs is None else sum(lp.logprob for lp in c.logprobs)
+        comps.append(CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs,
+                                      cumulative_logprob=cum))
     first = outs[0]
     return RequestOutput(request_id, first.prompt_token_ids, comps, all(o.finished for o in outs),
                          first.prompt, first.num_cached_tokens, first.metrics,

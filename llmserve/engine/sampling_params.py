@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 MAX_LOGPROBS = 20
@@ -63,6 +64,16 @@ class StructuredOutputsParams:
         return "json_object", ""
 
 
+class RequestOutputKind(IntEnum):
+    """vLLM's. ``LLM.generate`` returns final outputs whatever it says, as vLLM's ``LLM``
+    (which sets ``FINAL_ONLY``); an engine's own outputs carry each step's delta and the
+    whole sequence at the end."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How one request turns logits into tokens and when it stops.
@@ -95,6 +106,13 @@ class SamplingParams:
     # vLLM's: until the output has this many tokens, EOS and stop_token_ids are masked out
     # (sampler.py) and stop strings are not applied to their text (output_processor.py)
     min_tokens: int = 0
+    # vLLM's names. best_of: only n (as vLLM V1); prompt_logprobs: only None
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True  # False: no text, token ids only (output_processor)
+    spaces_between_special_tokens: bool = True  # only True: special tokens are joined as decoded
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -127,6 +145,15 @@ class SamplingParams:
                f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         _check(self.seed is None or (isinstance(self.seed, int) and MIN_SEED <= self.seed <= MAX_SEED), "seed",
                f"must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
+        _check(self.best_of is None or self.best_of == self.n, "best_of",
+               f"other than n is not supported (as vLLM V1), got {self.best_of} with n={self.n}")
+        _check(self.prompt_logprobs is None, "prompt_logprobs", "is not supported: prefill keeps no logprobs")
+        _check(self.spaces_between_special_tokens, "spaces_between_special_tokens", "False is not supported")
+        _check(self.detokenize or not self.stop, "stop", "strings need detokenize=True (as vLLM)")
+        _check(self.truncate_prompt_tokens is None or (isinstance(self.truncate_prompt_tokens, int)
+               and (self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1)),
+               "truncate_prompt_tokens", f"must be -1 or at least 1, got {self.truncate_prompt_tokens}")
+        self.output_kind = RequestOutputKind(self.output_kind)
         if self.logit_bias:
             _check(all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias",
                    "keys must be non-negative token ids")
