@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmserve.autoscale.config import AutoscaleConfig
+from llmserve.flags import flag_error, given
 from llmserve.gateway.config import AdapterConfig, CanarySettings, PoolSettings
 
 # Flags that serve sets itself on every instance.
@@ -55,11 +56,21 @@ def check_engine_args(args: list[str]) -> list[str]:
     add_engine_args(parser)
     add_server_args(parser)
     try:
-        _, unknown = parser.parse_known_args(args)
+        given_args, unknown = parser.parse_known_args(args)
     except argparse.ArgumentError as e:
         raise ValueError(str(e)) from None
     if unknown:
         raise ValueError(f"llmserve engine does not take {' '.join(unknown)}")
+    # The values too (--max-num-seqs -3), as the instance would check them at every start.
+    from llmserve.engine.argv import engine_config_from
+    from llmserve.engine.config import EngineConfig
+    from llmserve.server.config import ServerConfig
+
+    try:
+        engine_config_from(given_args)
+        ServerConfig(**given(ServerConfig, given_args))
+    except ValidationError as e:
+        raise ValueError(flag_error(e, EngineConfig, ServerConfig)) from None
     return args
 
 
@@ -175,6 +186,8 @@ def merged_autoscale(base: AutoscaleConfig, over: dict[str, Any], where: str) ->
         return base
     try:
         return AutoscaleConfig.model_validate(deep_merge(base.model_dump(), over))
+    except ValidationError as e:  # one line: it ends up inside the file's own error
+        raise ValueError(f"{where}.autoscale: {flag_error(e)}") from None
     except ValueError as e:
         raise ValueError(f"{where}.autoscale: {e}") from None
 

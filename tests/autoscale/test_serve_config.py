@@ -38,6 +38,19 @@ def test_a_misspelt_key_in_a_version_names_the_version(tmp_path):
     assert "models[chat].versions[v1].autoscale" in str(e.value) and "kpa.panic_windw_s" in str(e.value)
 
 
+def test_a_bad_value_in_a_versions_autoscale_is_one_line(tmp_path):
+    """Pydantic's own text of the version's error is several lines; the CLI prints one."""
+    from llmserve.flags import flag_error
+
+    data = {"models": [{"name": "chat", "versions": [
+        {"name": "v1", "model": "/m/a", "autoscale": {"bounds": {"min_instances": -1}}}]}]}
+    with pytest.raises(ValidationError) as e:
+        load(tmp_path, data)
+    line = flag_error(e.value)
+    assert "\n" not in line and "models[chat].versions[v1].autoscale: bounds: " in line
+    assert "bounds.min_instances must be >= 0, got -1" in line and "pydantic.dev" not in line
+
+
 @pytest.mark.parametrize("pool, key", [
     ({"admision": {"realtime": {"deadline_s": 60}}}, "models.0.pool.admision"),
     ({"admission": {"realtime": {"deadline_sx": 60}}}, "models.0.pool.admission.realtime.deadline_sx"),
@@ -124,6 +137,9 @@ def test_flags_override_the_file_and_leave_the_rest(tmp_path):
     (["--max-num-seqz", "4"], "llmserve engine does not take --max-num-seqz 4"),
     (["--max-num-seqs", "four"], "invalid int value: 'four'"),
     (["--port", "9"], "set --port through serve's own settings"),
+    (["--max-num-seqs", "-3"], "--max-num-seqs: Input should be greater than or equal to 1, got -3"),
+    (["--max-model-len", "0"], "--max-model-len: Input should be greater than or equal to 1, got 0"),
+    (["--priority-range", "5", "1"], "--priority-range: priority range \\[5, 1\\] is empty"),
 ])
 def test_engine_args_the_engine_would_refuse_fail_at_load(tmp_path, args, says):
     """Not as an instance that exits at every start while serve restarts it."""
