@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 
 from llmserve.autoscale.providers.process import terminate
-from llmserve.bench.cli import execute, first_served_model
+from llmserve.bench.cli import execute
+from llmserve.bench.ready import first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from llmserve.bench.report import BenchResult, render_result, save_result
@@ -163,7 +164,7 @@ def main() -> None:
         table.write_text(HEADER)
     for name in SUITES if args.suite == "all" else [args.suite]:
         if args.base_url:
-            model = args.model or first_served_model(args.base_url, None)
+            model = args.model or first_served_model(EndpointConfig(base_url=args.base_url, model="-"))
             run_suite(name, args.base_url, model, args.label, args, table)
             continue
         for label, flags in SUITES[name].settings:

@@ -44,7 +44,7 @@ from common import (
 )
 
 from llmserve.autoscale.providers.process import terminate
-from llmserve.bench.cli import first_served_model
+from llmserve.bench.ready import first_served_model
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.datasets import SampleRequest, random_dataset
 from llmserve.bench.metrics import e2el, summarize, ttft
@@ -177,8 +177,8 @@ def offline(core: EngineCore, reqs: list[SampleRequest], conc: int, tag: str) ->
 
 def over_http(server: Server, reqs: list[SampleRequest], warm: list[SampleRequest], conc: int,
               tok: Any) -> dict[str, Any]:
-    cfg = EndpointConfig(base_url=server.url + "/v1", model=first_served_model(server.url + "/v1", None),
-                         ignore_eos=True)
+    cfg = EndpointConfig(base_url=server.url + "/v1", model="-", ignore_eos=True)
+    cfg = cfg.model_copy(update={"model": first_served_model(cfg)})
     cpu0, scpu0 = time.process_time(), server.cpu_seconds()
     outcome = asyncio.run(run_requests(cfg, reqs, [0.0] * len(reqs), conc, warm, tok, show_progress=False))
     client_cpu, server_cpu = time.process_time() - cpu0, server.cpu_seconds() - scpu0

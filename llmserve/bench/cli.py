@@ -8,8 +8,9 @@ its ``bench`` sub-parser and :func:`run_bench` with the parsed namespace;
     llmserve bench compare A.json B.json
 
 Every flag is checked before the server is contacted; then, as ``vllm bench serve``
-does, one untimed test request goes first, and a server that is down or refuses it
-stops the run with one line (exit 2) naming the URL.
+does, one untimed test request goes first: a server still starting is waited for
+(``ready.py``), one that stays down or refuses the request stops the run with one line
+(exit 2) naming the URL. vLLM's other spellings of the flags work too (``vllm_flags.py``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from rich.markup import escape
 
 from llmserve.bench import datasets
 from llmserve.bench.arrivals import load_rate_trace, plan_arrivals
-from llmserve.bench.client import EndpointConfig, make_http_client, send_request
+from llmserve.bench.client import EndpointConfig
 from llmserve.bench.config import BenchConfig, DatasetConfig, LoadConfig
 from llmserve.bench.metrics import summarize, summarize_by_priority
-from llmserve.bench.records import ErrorKind
+from llmserve.bench.ready import first_served_model, initial_test
 from llmserve.bench.report import BenchResult, load_result, render_compare, render_result, save_result
 from llmserve.bench.runner import run_requests
 from llmserve.bench.server_metrics import default_metrics_url
 from llmserve.bench.tokenizer import Tokenizer, load_tokenizer
+from llmserve.bench.vllm_flags import add_vllm_flags, fold, result_path
 from llmserve.flags import add_flags, config_from, flag_error, given
 
 
@@ -49,70 +51,33 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     """Add the bench flags, and the ``compare A.json B.json`` sub-command, to ``parser``."""
     for title, model in FLAG_GROUPS:
         add_flags(parser.add_argument_group(title), model)
+    add_vllm_flags(parser)
     sub = parser.add_subparsers(dest="bench_command", required=False, metavar="{compare}")
     cmp_parser = sub.add_parser("compare", help="print two saved results side by side with ratios")
     cmp_parser.add_argument("result_a")
     cmp_parser.add_argument("result_b")
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """Validate the flags into a typed configuration (raises ValueError on bad values)."""
+def config_from_args(args: argparse.Namespace, say=None) -> BenchConfig:
+    """Validate the flags into a typed configuration (raises ValueError on bad values).
+    ``say``: where a line about waiting for the server goes."""
+    fold(args)  # vLLM's spellings
     endpoint = given(EndpointConfig, args)
     results = given(BenchConfig, args)
-    if results.get("plot") == "":  # --plot without a file
-        save = results.get("save_result")
-        results["plot"] = str(Path(save).with_suffix(".png")) if save else "bench.png"
     dataset, load = config_from(DatasetConfig, args), config_from(LoadConfig, args)
     # Every flag is checked before the server is asked anything (a bad --num-prompts is a flag
     # error, whether the server is up or not); "-" stands for the model until it is asked.
     cfg = BenchConfig(endpoint=EndpointConfig(**{"model": "-", **endpoint}), dataset=dataset, load=load, **results)
     if not endpoint.get("model"):
-        return cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(
-            update={"model": first_served_model(cfg.endpoint)})})
-    return cfg
-
-
-def unreachable(url: str, e: BaseException) -> str:
-    """``cannot reach URL: connection refused``: the URL, and the reason without errno noise."""
-    reason = getattr(e, "strerror", None) or str(e.__cause__ or e.__context__ or e) or type(e).__name__
-    return f"cannot reach {url}: {reason.split('] ')[-1].lower()}"
-
-
-def first_served_model(endpoint: EndpointConfig) -> str:
-    url = endpoint.api_root + "/models"
-    try:
-        with httpx.Client(trust_env=False, timeout=30) as c:
-            resp = c.get(url, headers=endpoint.headers)
-    except (httpx.TransportError, OSError) as e:
-        raise ValueError(unreachable(url, e)) from None
-    if resp.status_code != 200:
-        raise ValueError(f"GET {url} answered HTTP {resp.status_code}: {resp.text[:200]}; pass --model")
-    try:
-        models = resp.json().get("data") or []
-    except (ValueError, AttributeError):
-        raise ValueError(f"GET {url} answered something that is not a model list; pass --model") from None
-    if not models:
-        raise ValueError(f"{url} lists no model; pass --model")
-    return models[0]["id"]
-
-
-def initial_test(cfg: BenchConfig, plan: "Plan") -> None:
-    """One request before the run, as ``vllm bench serve`` sends: a server that is down or
-    refuses the request stops the run with one line, not a table of failures."""
-    probe = plan.probe
-    assert probe is not None  # (prepare sets it; the fidelity check's plans skip this test)
-
-    async def one():
-        async with make_http_client(1) as client:
-            return await send_request(client, cfg.endpoint, probe, -1, time.perf_counter())
-
-    rec = asyncio.run(one())
-    if rec.success:
-        return
-    if rec.error_kind is ErrorKind.CONNECTION:
-        why = ConnectionError(rec.error.split(": ", 1)[-1])  # the message, not its class name
-        raise ValueError(f"{unreachable(cfg.endpoint.url, why)} (the initial test request)")
-    raise ValueError(f"the initial test request to {cfg.endpoint.url} failed: {' '.join(rec.error.split())[:300]}")
+        cfg = cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(
+            update={"model": first_served_model(cfg.endpoint, say)})})
+    files: dict[str, str] = {}
+    if cfg.save_result == "":  # bare --save-result (or --result-dir): vLLM's naming
+        files["save_result"] = result_path(args, cfg)
+    if cfg.plot == "":  # --plot without a file
+        save = files.get("save_result", cfg.save_result)
+        files["plot"] = str(Path(save).with_suffix(".png")) if save else "bench.png"
+    return cfg.model_copy(update=files)
 
 
 def build_requests(cfg: DatasetConfig, tok: Tokenizer, n: int, seed: int) -> list[datasets.SampleRequest]:
@@ -125,6 +90,9 @@ def build_requests(cfg: DatasetConfig, tok: Tokenizer, n: int, seed: int) -> lis
                                               cfg.output_len, seed)
     elif cfg.name == "multi-turn":
         reqs = datasets.multi_turn_dataset(tok, n, cfg.turns, cfg.turn_user_len, cfg.output_len, seed)
+    elif cfg.name == "sharegpt":
+        assert cfg.path is not None
+        reqs = datasets.sharegpt_dataset(tok, cfg.path, n, cfg.sharegpt_output_len, seed)
     elif cfg.name == "input-grounded":
         source = Path(cfg.path).read_text() if cfg.path else None
         reqs = datasets.input_grounded_dataset(tok, n, cfg.grounded_input_len, cfg.output_len,
@@ -194,10 +162,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if getattr(args, "bench_command", None) == "compare":
         return run_compare(args)
     console = Console()
+    say = console.print
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, say)
         plan = prepare(cfg)
-        initial_test(cfg, plan)
+        assert plan.probe is not None
+        initial_test(cfg.endpoint, plan.probe, say)
     except (ValueError, OSError, httpx.HTTPError) as e:
         why = flag_error(e, *(m for _, m in FLAG_GROUPS)) if isinstance(e, ValidationError) else str(e)
         console.print(f"[red]llmserve bench: {escape(why)}[/red]", soft_wrap=True)  # one line, however long

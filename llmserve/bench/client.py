@@ -27,6 +27,16 @@ Endpoint = Literal["completions", "chat"]
 ENDPOINT_PATHS: dict[str, str] = {"completions": "/completions", "chat": "/chat/completions"}
 
 
+def endpoint_name(text: str) -> str:
+    """``chat`` / ``completions``, or the path as ``vllm bench serve --endpoint`` takes it
+    (``/v1/chat/completions``); anything else is left for argparse's choices to refuse."""
+    path = text.strip().rstrip("/")
+    for name, tail in sorted(ENDPOINT_PATHS.items(), key=lambda kv: -len(kv[1])):
+        if path in (name, tail, "/v1" + tail, tail.lstrip("/")):
+            return name
+    return text
+
+
 class EndpointConfig(BaseModel):
     """Where and how requests are sent.
 
@@ -38,10 +48,14 @@ class EndpointConfig(BaseModel):
 
     base_url: str = Field("http://127.0.0.1:8000/v1", description="API root (a URL with no path gets /v1)")
     model: str = Field(description="model name to send (default: the first of GET /v1/models)")
-    endpoint: Annotated[Endpoint, Flag(choices=tuple(sorted(ENDPOINT_PATHS)))] = "completions"
+    endpoint: Annotated[Endpoint, Flag(choices=tuple(sorted(ENDPOINT_PATHS)), type=endpoint_name)] = Field(
+        "completions", description="or the API path, as vLLM's bench takes it: /v1/completions, /v1/chat/completions")
     api_key: str | None = Field(None, description="sent as 'Authorization: Bearer KEY'")
     ignore_eos: bool = Field(False, description="send ignore_eos so output lengths are exact")
     timeout_s: float = Field(600.0, gt=0.0, description="per-request limit in seconds")
+    ready_check_timeout_s: Annotated[float, Flag(name="--ready-check-timeout-sec")] = Field(
+        600.0, ge=0.0, description="how long to wait for a server that is not up yet (refused, 502/503/504) "
+        "before the run; 0: one try")
     temperature: Annotated[float, Flag(skip=True)] = 0.0  # greedy, like vLLM's bench
     extra_body: Annotated[dict[str, Any], Flag(skip=True)] = Field(default_factory=dict)
 

@@ -21,7 +21,8 @@ from llmserve.bench.datasets import GROUNDED_INSTRUCTIONS
 from llmserve.bench.metrics import SLO
 from llmserve.flags import Flag
 
-DatasetName = Literal["random", "shared-prefix", "multi-turn", "input-grounded", "jsonl"]
+DatasetName = Literal["random", "shared-prefix", "multi-turn", "input-grounded", "jsonl", "sharegpt"]
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 class _Frozen(BaseModel):
@@ -31,7 +32,7 @@ class _Frozen(BaseModel):
 class DatasetConfig(_Frozen):
     name: Annotated[DatasetName, Flag(name="--dataset-name")] = "random"
     path: Annotated[str | None, Flag(name="--dataset-path")] = Field(
-        None, description="jsonl prompts, or the source text for input-grounded")
+        None, description="jsonl prompts, a ShareGPT JSON file, or the source text for input-grounded")
     tokenizer: str | None = Field(
         None, description="the model's tokenizer (HF folder or .gguf file) for exact token counts")
     output_len: int = Field(128, ge=1, description="max_tokens for shared-prefix, multi-turn, input-grounded "
@@ -47,6 +48,8 @@ class DatasetConfig(_Frozen):
     turn_user_len: int = Field(64, ge=0, description="multi-turn: tokens per user turn")
     grounded_input_len: int = Field(512, ge=0, description="input-grounded: passage tokens")
     grounded_task: Annotated[str, Flag(choices=tuple(sorted(GROUNDED_INSTRUCTIONS)))] = "rewrite"
+    sharegpt_output_len: int | None = Field(None, ge=1, description="sharegpt: max_tokens (default: each "
+                                            "conversation's answer's length)")
     batch_share: float = Field(0.0, ge=0.0, le=1.0, description='share of requests sent with "priority": "batch"')
 
     @field_validator("grounded_task")
@@ -58,8 +61,8 @@ class DatasetConfig(_Frozen):
 
     @model_validator(mode="after")
     def _path(self) -> DatasetConfig:
-        if self.name == "jsonl" and not self.path:
-            raise ValueError("the jsonl dataset needs --dataset-path")
+        if self.name in ("jsonl", "sharegpt") and not self.path:
+            raise ValueError(f"the {self.name} dataset needs --dataset-path")
         return self
 
 
@@ -83,6 +86,14 @@ def _percentiles(text: str) -> tuple[float, ...]:
         raise ValueError(f"--metric-percentiles {text!r}: expected comma-separated numbers") from None
 
 
+def _metrics(text: str) -> tuple[str, ...]:
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in names if m not in LATENCY_METRICS]
+    if bad or not names:
+        raise ValueError(f"--percentile-metrics {text!r}: a comma-separated list of {','.join(LATENCY_METRICS)}")
+    return names
+
+
 class BenchConfig(_Frozen):
     endpoint: EndpointConfig
     dataset: DatasetConfig = DatasetConfig()
@@ -91,11 +102,14 @@ class BenchConfig(_Frozen):
         name="--metric-percentiles", type=str, parse=_percentiles, metavar="METRIC_PERCENTILES",
         show=lambda ps: ",".join(f"{p:g}" for p in ps))] = Field(
         (90.0, 99.0), description="comma-separated, e.g. 50,90,99,99.9")
+    percentile_metrics: Annotated[tuple[str, ...], Flag(
+        name="--percentile-metrics", type=str, parse=_metrics, metavar="METRICS",
+        show=lambda ms: ",".join(ms))] = Field(LATENCY_METRICS, description="the latencies the table shows")
     slo: Annotated[SLO, Flag(name="--goodput", nargs="+", type=str, parse=SLO.parse, metavar="KEY:MS",
                              show=lambda slo: " ".join(f"{k}:{v:g}" for k, v in slo.to_dict().items()))] = Field(
         default_factory=SLO, description="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000")
-    save_result: Annotated[str | None, Flag(metavar="FILE")] = Field(
-        None, description="write config, requests and summary as JSON")
+    save_result: Annotated[str | None, Flag(nargs="?", const="", metavar="FILE")] = Field(
+        None, description="write config, requests and summary as JSON (bare, as vLLM's: see --result-dir)")
     plot: Annotated[str | None, Flag(nargs="?", const="", metavar="PNG")] = Field(
         None, description="write a PNG (default: beside --save-result, else bench.png)")
     show_progress: Annotated[bool, Flag(name="--disable-tqdm", negate=True)] = Field(

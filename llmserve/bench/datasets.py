@@ -14,6 +14,8 @@ the exact token count of the text sent on /v1/completions (see ``tokenizer.py``)
   input, which is what n-gram speculation exploits.
 - ``jsonl``: one JSON object per line with ``prompt`` or ``messages``, optional
   ``output_len`` (or ``max_tokens``) and ``priority``.
+- ``sharegpt``: a ShareGPT JSON file (vLLM's dataset of that name, with its rules): each
+  conversation's first turn is the prompt, and its answer's length the output length.
 """
 
 from __future__ import annotations
@@ -207,6 +209,44 @@ def _jsonl_entry(tok: Tokenizer, obj: dict, output_len: int, where: str) -> Samp
     else:
         raise ValueError(f"{where}: needs a 'prompt' string or a 'messages' list")
     return SampleRequest(text, count_tokens(tok, text), out_len, msgs, priority=priority)
+
+
+# vLLM's ShareGPT filter: prompts and answers of at least 4 tokens, prompts of at most 1024,
+# both together at most 2048.
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+def sharegpt_dataset(tok: Tokenizer, path: str | Path, n: int, output_len: int | None,
+                     seed: int = 0) -> list[SampleRequest]:
+    """``n`` conversations drawn (seeded) from a ShareGPT file; fewer valid ones are drawn again."""
+    if n == 0:
+        return []
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    turns = [d["conversations"] for d in data if isinstance(d, dict) and isinstance(d.get("conversations"), list)
+             and len(d["conversations"]) >= 2]
+    order = _rng(seed).permutation(len(turns))
+    out: list[SampleRequest] = []
+    for i in order.tolist():
+        if len(out) == n:
+            break
+        first, answer = (t.get("value") if isinstance(t, dict) else None for t in turns[i][:2])
+        if not isinstance(first, str) or not isinstance(answer, str):
+            continue
+        p_len = count_tokens(tok, first)
+        o_len = output_len or count_tokens(tok, answer)
+        short = p_len < SHAREGPT_MIN_LEN or (output_len is None and o_len < SHAREGPT_MIN_LEN)
+        if short or p_len > SHAREGPT_MAX_PROMPT or p_len + o_len > SHAREGPT_MAX_TOTAL:
+            continue
+        out.append(SampleRequest(first, p_len, o_len))
+    if not out:
+        raise ValueError(f"{path}: no conversation a request can be made of (two turns, prompt of 4 to "
+                         f"{SHAREGPT_MAX_PROMPT} tokens, at most {SHAREGPT_MAX_TOTAL} with the answer)")
+    return [replace(out[i % len(out)]) for i in range(n)]
 
 
 def assign_batch_share(requests: list[SampleRequest], share: float, seed: int = 0) -> None:

@@ -3,13 +3,16 @@
 The JSON holds the configuration, every request record and the summary under
 vLLM's key names, so a result can be re-analysed, plotted later, or compared with
 another run (``llmserve bench compare A.json B.json``) without guessing what was
-measured.
+measured. The summary's keys are also at the top level beside vLLM's run keys
+(``date``, ``model_id``, ``request_rate`` ...), where scripts written for
+``vllm bench serve --save-result`` files read them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,18 @@ class BenchResult:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        c = self.config
+        started = self.meta.get("started_at")
+        vllm = {  # a vllm bench serve result file's run keys
+            "date": None if started is None else time.strftime("%Y%m%d-%H%M%S", time.localtime(started)),
+            "backend": c.get("endpoint", {}).get("endpoint"), "label": c.get("label"),
+            "model_id": c.get("endpoint", {}).get("model"), "tokenizer_id": c.get("dataset", {}).get("tokenizer"),
+            "num_prompts": c.get("load", {}).get("num_prompts"), "request_rate": c.get("load", {}).get("request_rate"),
+            "burstiness": c.get("load", {}).get("burstiness"),
+            "max_concurrency": c.get("load", {}).get("max_concurrency")}
         return {
+            **vllm,
+            **self.summary.to_flat_dict(),
             "format": RESULT_FORMAT,
             "meta": self.meta,
             "config": self.config,
@@ -77,7 +91,7 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def summary_table(s: Summary, title: str) -> Table:
+def summary_table(s: Summary, title: str, metrics: Any = tuple(LATENCY_NAMES)) -> Table:
     d = s.to_flat_dict()
     t = Table(title=title, show_header=False, min_width=56)
     t.add_column("metric")
@@ -100,6 +114,8 @@ def summary_table(s: Summary, title: str) -> Table:
     t.add_row("Peak concurrent requests (vLLM, 1 s buckets)", _fmt(s.max_concurrent_requests))
     t.add_row("Total token throughput (tok/s)", _fmt(s.total_token_throughput))
     for name, label in LATENCY_NAMES.items():
+        if name not in metrics:  # --percentile-metrics
+            continue
         t.add_section()
         t.add_row(f"[bold]{label}[/bold]", "")
         upper = name.upper()
@@ -139,7 +155,8 @@ def server_check_table(server: dict[str, Any], s: Summary) -> Table | str:
 def render_result(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
     counts = result.meta.get("token_counts", "")
-    console.print(summary_table(result.summary, "Serving Benchmark Result"))
+    metrics = result.config.get("percentile_metrics") or tuple(LATENCY_NAMES)
+    console.print(summary_table(result.summary, "Serving Benchmark Result", metrics))
     if len(result.per_class) > 1:
         console.print(class_table(result.per_class))
     if counts.startswith("approximate"):

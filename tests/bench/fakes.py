@@ -5,7 +5,8 @@ The fake server streams like vLLM's (one choice event per token, a usage event,
 against the server's. Path prefixes select failure behaviours:
 ``/ok/v1``, ``/http500/v1``, ``/drop/v1`` (connection dropped mid-stream),
 ``/hang/v1`` (never answers), ``/nodone/v1`` (stream ends without [DONE]),
-``/mixed/v1`` (every other request answers 503).
+``/mixed/v1`` (every other request answers 503), ``/warming/v1`` (the first two
+requests answer 503, as a server warming up does).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def make_fake_openai_app(stats: ServerStats, token_delay_s: float = 0.002, token
     """Prompt tokens are whitespace words; the answer is ``max_tokens`` tokens (or 3 unless ignore_eos)."""
 
     async def handle(request: Request) -> Response:
-        mode = request.path_params["mode"]
+        mode = request.path_params.get("mode", "ok")  # /v1/...: the plain server
         body = await request.json()
         stats.requests += 1
         stats.bodies.append(body)
+        if mode == "warming" and stats.requests <= 2:
+            return JSONResponse({"error": {"message": "the instance is not ready (warming)"}}, status_code=503)
         if mode == "http500" or (mode == "mixed" and stats.requests % 2 == 0):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500 if mode == "http500" else 503)
         if mode == "hang":
@@ -104,6 +107,9 @@ def make_fake_openai_app(stats: ServerStats, token_delay_s: float = 0.002, token
         Route("/{mode}/v1/chat/completions", handle, methods=["POST"]),
         Route("/{mode}/v1/models", models, methods=["GET"]),
         Route("/{mode}/metrics", prometheus, methods=["GET"]),
+        Route("/v1/completions", handle, methods=["POST"]),
+        Route("/v1/chat/completions", handle, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
     ])
 
 

@@ -35,7 +35,8 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
     assert s["good_completed"] == 10 and "p50_ttft_ms" in s and "p99_e2el_ms" in s
     assert data["config"]["endpoint"]["model"] == "fake-model"
     assert data["config"]["load"]["request_rate"] == "inf"
-    assert list(data["config"]) == ["endpoint", "dataset", "load", "percentiles", "slo", "save_result", "plot",
+    assert list(data["config"]) == ["endpoint", "dataset", "load", "percentiles", "percentile_metrics", "slo",
+                                    "save_result", "plot",
                                     "show_progress", "label", "server_metrics"]
     assert data["config"]["percentiles"] == [50.0, 90.0, 99.0] and data["config"]["slo"] == {"ttft": 10000.0}
     assert data["config"]["plot"] == str(tmp_path / "a.png") and "api_key" not in data["config"]["endpoint"]
@@ -63,7 +64,7 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
 
 def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys, monkeypatch):
     # A server that answers the initial test request and then fails everything: the table shows it.
-    monkeypatch.setattr("llmserve.bench.cli.initial_test", lambda cfg, plan: None)
+    monkeypatch.setattr("llmserve.bench.cli.initial_test", lambda endpoint, probe, say: None)
     out_file = tmp_path / "f.json"
     code = main(["--base-url", fake_server.url("/http500/v1"), "--model", "m", "--num-prompts", "4",
                  "--disable-tqdm", "--random-input-len", "4", "--save-result", str(out_file)])
@@ -88,7 +89,8 @@ def test_a_server_that_is_down_is_named_by_its_url(capsys):
 
     base = f"http://127.0.0.1:{free_port()}/v1"
     for extra in ([], ["--model", "m"]):  # the model asked of it, or the initial test request
-        assert main(["--base-url", base, "--num-prompts", "2", "--disable-tqdm", *extra]) == 2
+        assert main(["--base-url", base, "--num-prompts", "2", "--disable-tqdm", "--ready-check-timeout-sec", "0",
+                     *extra]) == 2
         out = capsys.readouterr().out.strip()
         assert len(out.splitlines()) == 1 and f"cannot reach {base}/" in out, out
 

@@ -20,7 +20,7 @@ OLD_FLAGS = {
     "--base-url": None, "--model": None, "--endpoint": ("chat", "completions"), "--api-key": None,
     "--ignore-eos": None, "--timeout": None, "--num-prompts": None, "--request-rate": None, "--burstiness": None,
     "--max-concurrency": None, "--rate-trace": None, "--num-warmups": None, "--seed": None,
-    "--dataset-name": ("random", "shared-prefix", "multi-turn", "input-grounded", "jsonl"),
+    "--dataset-name": ("random", "shared-prefix", "multi-turn", "input-grounded", "jsonl", "sharegpt"),
     "--dataset-path": None, "--tokenizer": None, "--random-input-len": None, "--random-output-len": None,
     "--random-range-ratio": None, "--output-len": None, "--num-prefixes": None, "--prefix-len": None,
     "--question-len": None, "--turns": None, "--turn-user-len": None, "--grounded-input-len": None,
@@ -63,15 +63,17 @@ def test_every_flag_lands_where_the_hand_mapping_put_it():
     assert cfg.endpoint.api_key == "k"  # sent, never saved
     assert cfg.to_dict() == {
         "endpoint": {"base_url": "http://h:9/v1", "model": "m", "endpoint": "chat", "ignore_eos": True,
-                     "timeout_s": 30.0, "temperature": 0.0, "extra_body": {},
+                     "timeout_s": 30.0, "ready_check_timeout_s": 600.0, "temperature": 0.0, "extra_body": {},
                      "url": "http://h:9/v1/chat/completions"},
         "dataset": {"name": "input-grounded", "path": "src.txt", "tokenizer": "tok", "output_len": 13,
                     "random_input_len": 11, "random_output_len": 12, "random_range_ratio": 0.25,
                     "num_prefixes": 14, "prefix_len": 15, "question_len": 16, "turns": 17, "turn_user_len": 18,
-                    "grounded_input_len": 19, "grounded_task": "summarize", "batch_share": 0.3},
+                    "grounded_input_len": 19, "grounded_task": "summarize", "sharegpt_output_len": None,
+                    "batch_share": 0.3},
         "load": {"num_prompts": 7, "request_rate": 2.5, "burstiness": 0.5, "max_concurrency": 3,
                  "rate_trace": "t.csv", "num_warmups": 2, "seed": 5},
-        "percentiles": (50.0, 99.9), "slo": {"ttft": 500.0, "tpot": 50.0}, "save_result": "out/r.json",
+        "percentiles": (50.0, 99.9), "percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
+        "slo": {"ttft": 500.0, "tpot": 50.0}, "save_result": "out/r.json",
         "plot": "out/r.png", "show_progress": False, "label": "L", "server_metrics": ""}
 
 
@@ -95,10 +97,10 @@ def test_no_flags_give_the_old_defaults():
 
 def test_the_saved_config_keeps_its_keys_and_leaves_the_key_out():
     d = config(["--model", "m", "--api-key", "secret"]).to_dict()
-    assert list(d) == ["endpoint", "dataset", "load", "percentiles", "slo", "save_result", "plot",
-                       "show_progress", "label", "server_metrics"]
-    assert list(d["endpoint"]) == ["base_url", "model", "endpoint", "ignore_eos", "timeout_s", "temperature",
-                                   "extra_body", "url"]
+    assert list(d) == ["endpoint", "dataset", "load", "percentiles", "percentile_metrics", "slo", "save_result",
+                       "plot", "show_progress", "label", "server_metrics"]
+    assert list(d["endpoint"]) == ["base_url", "model", "endpoint", "ignore_eos", "timeout_s",
+                                   "ready_check_timeout_s", "temperature", "extra_body", "url"]
     assert list(d["load"]) == ["num_prompts", "request_rate", "burstiness", "max_concurrency", "rate_trace",
                                "num_warmups", "seed"]
     assert d["load"]["request_rate"] == "inf" and "secret" not in repr(d)
