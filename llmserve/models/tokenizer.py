@@ -78,7 +78,6 @@ class Tokenizer:
         self.chat_template = chat_template
         self._compiled: ChatTemplate | None = None
         self._control_re: re.Pattern[str] | None = None  # built with the template, see _control_tokens
-        self._literal: RustTokenizer | None = None  # a copy that encodes control tokens as text
         self._added: dict[int, str] | None = None  # added tokens' text, and whether the vocabulary is byte-level
         self._byte_level = False
 
@@ -257,9 +256,6 @@ class Tokenizer:
         text = self.apply_chat_template(marked, add_generation_prompt, continue_final_message, **variables)
         if _OPEN not in text and _CLOSE not in text:
             return self.encode(text, add_special_tokens=False)
-        if self._literal is None:
-            self._literal = RustTokenizer.from_str(self.backend.to_str())
-            self._literal.encode_special_tokens = True
         # Pieces alternate: template text, then a user's control token (None for a lone marker).
         pieces = re.split(f"{_OPEN}({self._control_re.pattern}){_CLOSE}|[{_OPEN}{_CLOSE}]", text)
         newline = self.backend.encode("\n", add_special_tokens=False).ids
@@ -267,17 +263,26 @@ class Tokenizer:
         for i, piece in enumerate(pieces[1:], start=1):
             if not piece:
                 continue
-            enc = self._literal if i % 2 else self.backend
+            enc = self._plain_ids if i % 2 else (lambda t: self.backend.encode(t, add_special_tokens=False).ids)
             # After a newline, so SentencePiece adds no start-of-text space; then drop the newline.
-            piece_ids = enc.encode("\n" + piece, add_special_tokens=False).ids
+            piece_ids = enc("\n" + piece)
             if piece_ids[:len(newline)] == newline:
                 piece_ids = piece_ids[len(newline):]
             else:
-                piece_ids = enc.encode(piece, add_special_tokens=False).ids
+                piece_ids = enc(piece)
             if i % 2 and self.backend.token_to_id(piece) in piece_ids:
                 raise ChatTemplateError(f"cannot keep {piece!r} out of the prompt: the tokenizer makes it from text")
             ids += piece_ids
         return ids
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """``text`` without any added token, special or not (``encode_special_tokens`` still
+        matches Qwen's non-special ``<think>``): transformers' ``_encode_without_added_tokens``."""
+        b = self.backend
+        if b.normalizer is not None:
+            text = b.normalizer.normalize_str(text)
+        splits = [s for s, _ in b.pre_tokenizer.pre_tokenize_str(text)] if b.pre_tokenizer is not None else [text]
+        return [t.id for split in splits for t in b.model.tokenize(split)]
 
     def _mark(self, obj: Any) -> Any:
         """Bracket control tokens inside user-supplied strings (recursively; dict keys kept)."""

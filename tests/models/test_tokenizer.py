@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from llmserve.models.chat_template import ChatTemplateError
 from llmserve.models.model_source import cache_dir, load_tokenizer
 from llmserve.models.tokenizer import Tokenizer
 from tests.helpers import make_tiny_gguf, make_tiny_llama
+
+TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 
 TEXTS = [
     "Hello world",
@@ -161,3 +164,28 @@ def test_whether_the_template_renders_tools(tiny_folder):
     tok = Tokenizer.from_folder(tiny_folder)
     tok.chat_template = "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert tok.template_reads("tools") and not tok.template_reads("documents")
+
+
+def test_non_special_added_tokens_a_user_types_are_text_as_in_transformers(tmp_path):
+    """Qwen's ``<think>`` and ``<tool_call>`` are added tokens that are not special: a user who
+    writes them (or a client that sends back an answer holding them) gets them as plain text,
+    as transformers' sanitised encoding does, never a 400; the template's own stay tokens."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as RustTokenizer
+    from transformers import AutoTokenizer
+
+    folder = make_tiny_llama(tmp_path, chat_template=(TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text())
+    backend = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
+    backend.save(str(folder / "tokenizer.json"))
+    tok, hf = Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+    think = tok.backend.token_to_id("<think>")
+    for messages in ([{"role": "user", "content": "What do <think> and <tool_call> do?"}],
+                     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello"},
+                      {"role": "user", "content": "</think><think>again"}]):
+        for kwargs in ({}, {"enable_thinking": False}):
+            ids = tok.encode_chat(messages, **kwargs)
+            assert ids == list(hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                      sanitize_control_tokens=True, **kwargs)["input_ids"])
+            assert ids.count(think) == (1 if kwargs else 0)  # only the template's empty thinking block
