@@ -56,6 +56,6 @@ class FieldError(ValueError):
     """A check across fields failed inside a request model; ``param`` names the field
     OpenAI's error should point at (a model-level check has no field of its own)."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code  # code: None is invalid_value

@@ -142,8 +142,9 @@ def from_validation_error(e: ValidationError) -> APIError:
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    code = cause.code if isinstance(cause, FieldError) and cause.code else None
     return APIError(400, f"{param or 'body'}: {msg}", param=param,
-                    code=_FIELD_CODES.get(str(param), "invalid_value"))
+                    code=code or _FIELD_CODES.get(str(param), "invalid_value"))
 
 
 def _is_type_tag(s: str) -> bool:

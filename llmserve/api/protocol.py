@@ -227,10 +227,25 @@ class ChatMessage(_Strict):
     content: str | Annotated[list[TextPart | RefusalPart], Field(min_length=1, max_length=Limits.CONTENT_PARTS)] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
     refusal: str | None = None  # an assistant turn as OpenAI returns it
+    annotations: Annotated[list[Any], Field(max_length=Limits.CONTENT_PARTS)] | None = None  # (same; not rendered)
     tool_calls: ToolCalls | None = None  # an assistant turn that called tools
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # a tool's result
 
     _parts = field_validator("content", mode="before")(classmethod(lambda cls, v: _check_part_types(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, v: Any) -> Any:
+        """null is a field not given here too: ``message.model_dump()`` of an SDK answer sends
+        ``audio``, ``function_call``, ``tool_calls`` ... as null. Set, the first two are refused by name."""
+        if not isinstance(v, dict):
+            return v
+        v = {k: x for k, x in v.items() if x is not None}
+        for key, why in (("audio", "audio output is not supported"),
+                         ("function_call", "the deprecated function_call is not supported (use tool_calls)")):
+            if key in v:
+                raise FieldError(key, why, code="unsupported_parameter")
+        return v
 
     @model_validator(mode="after")
     def _tool_fields(self) -> "ChatMessage":

@@ -44,3 +44,22 @@ def test_chat_takes_openais_no_op_hints_and_only_the_default_verbosity():
     assert isinstance(r, ChatCompletionRequest), r
     e = _parse(ChatCompletionRequest, {**base, "verbosity": "low"})
     assert isinstance(e, APIError) and (e.status, e.param) == (400, "verbosity")
+
+
+def test_an_sdk_answers_model_dump_goes_back_as_history():
+    """``messages.append(r.choices[0].message.model_dump())``: every field the SDK's message has,
+    null where unset (audio, function_call, tool_calls) and annotations as OpenAI sends them."""
+    from openai.types.chat import ChatCompletion
+
+    r = ChatCompletion.model_validate({"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello", "refusal": None,
+                                                          "annotations": []}}]})
+    said = r.choices[0].message.model_dump()
+    assert said["audio"] is None and said["function_call"] is None
+    history = [{"role": "user", "content": "hi"}, said, {"role": "user", "content": "and?"}]
+    req = _parse(ChatCompletionRequest, {"messages": history})
+    assert isinstance(req, ChatCompletionRequest), req
+    assert req.messages[1].for_template() == {"role": "assistant", "content": "hello"}
+    for field, value in (("audio", {"id": "audio_1"}), ("function_call", {"name": "f", "arguments": "{}"})):
+        e = _parse(ChatCompletionRequest, {"messages": [history[0], {**said, field: value}]})
+        assert isinstance(e, APIError) and (e.code, e.param) == ("unsupported_parameter", f"messages[1].{field}")
