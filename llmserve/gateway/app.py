@@ -29,7 +29,7 @@ from llmserve.gateway.batches.runner import PRIVILEGES_KEY
 from llmserve.gateway.auth import Privileges
 from llmserve.gateway.config import GatewayConfig
 from llmserve.gateway.dashboard import dashboard_router
-from llmserve.gateway.errors import GatewayError, error_response, from_exception
+from llmserve.gateway.errors import GatewayError, error_response, from_exception, validation_error_response
 from llmserve.gateway.frontends import gateway_frontends
 from llmserve.gateway.model_cards import ModelCards
 from llmserve.gateway.proxy import Proxy
@@ -153,7 +153,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(400, f"invalid request: {e.errors()}", code="invalid_request")
+        return validation_error_response(e.errors())
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:

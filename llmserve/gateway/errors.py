@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -16,6 +18,20 @@ def error_response(status: int, message: str, *, code: str | None = None,
                    param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, error_type(status), param, code), status_code=status,
                         headers=headers)
+
+
+def validation_error_response(errors: Sequence[Any]) -> JSONResponse:
+    """FastAPI's refusal of an admin body or query as one line naming the field (``instances:
+    Input should be ...``), with it as ``param``; not the Python repr of pydantic's list."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return error_response(400, "malformed JSON in the request body", code="invalid_request")
+    loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
+    msg = first.get("msg", "invalid value")
+    if first.get("type") != "missing" and "input" in first:
+        msg = f"{msg}, got {json.dumps(first['input'], default=str)[:100]}"
+    return error_response(400, f"{'.'.join(loc) or 'body'}: {msg}", code="invalid_request",
+                          param=".".join(loc) or None)
 
 
 def from_exception(e: APIError) -> JSONResponse:

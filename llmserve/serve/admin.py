@@ -38,6 +38,10 @@ from llmserve.lifecycle import InstanceState
 _SCRAPED = frozenset({InstanceState.WARMING, InstanceState.READY, InstanceState.DRAINING, InstanceState.STOPPING})
 
 
+# At least one (limit=-1 answered an empty list, as if nothing had happened); unset: all.
+_LIMIT = Query(None, ge=1)
+
+
 class ScaleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     instances: int | None = Field(ge=0)
@@ -73,17 +77,18 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
         return {"instances": [{"pool": c.key, **i} for c in chosen(pool) for i in c.instance_views(finished)]}
 
     @r.get("/events")
-    async def events(pool: str | None = None, since: int = 0, limit: int | None = None) -> dict:
+    async def events(pool: str | None = None, since: int = 0, limit: int | None = _LIMIT) -> dict:
         return {"events": [{"pool": c.key, **e} for c in chosen(pool) for e in c.history.events(since, limit)]}
 
     @r.get("/decisions")
-    async def decisions(pool: str | None = None, since: int = 0, limit: int | None = None,
+    async def decisions(pool: str | None = None, since: int = 0, limit: int | None = _LIMIT,
                         changes_only: bool = False) -> dict:
         return {"decisions": [{"pool": c.key, **d} for c in chosen(pool)
                               for d in c.history.decisions(since, limit, changes_only)]}
 
     @r.get("/timeline")
-    async def timeline(pool: str | None = None, since: float = 0.0, limit: int | None = None) -> dict:
+    async def timeline(pool: str | None = None, since: float = Query(0.0, allow_inf_nan=False),
+                       limit: int | None = _LIMIT) -> dict:
         c = one(pool)
         return {"pool": c.key, "samples": c.history.samples(since, limit)}
 

@@ -197,3 +197,25 @@ def test_a_replaced_override_is_recorded_as_the_old_value(served):
     events = client.get("/admin/autoscale/events", headers=AUTH).json()["events"]
     assert [(e["old"], e["new"]) for e in events if e["kind"] == "override"] == [
         (None, "2"), ("2", "1"), ("1", "cleared")]
+
+
+@pytest.mark.parametrize("method, path, body, param, says", [
+    ("post", "/admin/autoscale/scale", {"instances": -1}, "instances",
+     "instances: Input should be greater than or equal to 0, got -1"),
+    ("post", "/admin/autoscale/scale", {"instances": 1, "bogus": 2}, "bogus", "bogus: Extra inputs are not permitted"),
+    ("post", "/admin/autoscale/scale", {}, "instances", "instances: Field required"),
+    ("get", "/admin/autoscale/events?since=abc", None, "since", "since: Input should be a valid integer"),
+    ("get", "/admin/autoscale/events?limit=-1", None, "limit", "limit: Input should be greater than or equal to 1"),
+    ("get", "/admin/autoscale/decisions?limit=0", None, "limit", "limit: Input should be greater than or equal to 1"),
+    ("get", "/admin/autoscale/timeline?since=nan", None, "since", "since: Input should be a finite number"),
+])
+def test_a_bad_admin_request_is_a_400_naming_its_field(served, method, path, body, param, says):
+    """As the /v1 API's refusals: the field as param and in the message, not pydantic's list
+    as a Python repr; a limit below one is refused, not an empty answer."""
+    client, _, _ = served
+    r = client.request(method, path, headers=AUTH, json=body)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "invalid_request" and err["param"] == param, r.text
+    assert err["message"].startswith(says) and "'loc'" not in err["message"], err["message"]
+    r = client.post("/admin/autoscale/scale", headers={**AUTH, "content-type": "application/json"}, content=b"{nope")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "malformed JSON in the request body"
