@@ -222,6 +222,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("engine", help="serve one engine instance over HTTP (OpenAI API)")
     add_engine_args(s)
     add_server_args(s)
+    from llmserve.engine.argv import add_vllm_server_aliases
+
+    add_vllm_server_aliases(s)
     s.set_defaults(fn=cmd_engine)
 
     s = sub.add_parser("calibrate", help="measure the engine's step times into a simulator profile")

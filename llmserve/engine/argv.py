@@ -32,3 +32,27 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     if getattr(args, "served_model_name", None):
         kw["served_model_name"] = args.served_model_name[0]
     return EngineConfig(**kw)
+
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _generation_config(value: str) -> str:
+    if value != "vllm":
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not supported: only 'vllm' (a request's omitted sampling fields take "
+            "SamplingParams' defaults, never the model's generation_config.json)")
+    return value
+
+
+def add_vllm_server_aliases(p: argparse.ArgumentParser) -> None:
+    """``vllm serve`` flags a copied command line carries, where llmserve does the same:
+    request contents are never logged, ``--log-level`` is uvicorn's level too, and sampling
+    defaults never come from the model's generation config."""
+    g = p.add_argument_group("vLLM's names")
+    g.add_argument("--disable-log-requests", action="store_true", default=argparse.SUPPRESS,
+                   help="accepted: request contents are never logged (--access-log logs timings)")
+    g.add_argument("--uvicorn-log-level", dest="log_level", choices=_LOG_LEVELS, default=argparse.SUPPRESS,
+                   help="the same as --log-level")
+    g.add_argument("--generation-config", type=_generation_config, default=argparse.SUPPRESS,
+                   help="only 'vllm': the model's generation_config.json sets no sampling defaults")

@@ -1,0 +1,34 @@
+"""``llmserve engine`` takes the ``vllm serve`` flags a copied command line carries where it
+behaves the same (they were 'unrecognized arguments', exit 2), and refuses by name the
+values it does not implement."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.cli import build_parser
+from llmserve.flags import given
+from llmserve.server.config import ServerConfig
+
+
+def _parse(*flags: str):
+    return build_parser(["engine"]).parse_args(["engine", *flags])
+
+
+def test_vllm_serve_flags_are_taken():
+    args = _parse("--disable-log-requests", "--uvicorn-log-level", "info", "--generation-config", "vllm",
+                  "--served-model-name", "a", "b", "--max-model-len", "512", "--seed", "3",
+                  "--max-num-batched-tokens", "256", "--enable-prefix-caching")
+    assert given(ServerConfig, args)["log_level"] == "info"
+    assert given(ServerConfig, args)["served_model_name"] == ["a", "b"]
+    assert "log_level" not in given(ServerConfig, _parse())  # (the alias sets no default of its own)
+
+
+@pytest.mark.parametrize("flags,says", [
+    (("--generation-config", "auto"), "generation-config"),
+    (("--uvicorn-log-level", "loud"), "uvicorn-log-level"),
+])
+def test_what_is_not_implemented_is_refused_by_name(flags, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parse(*flags)
+    assert e.value.code == 2 and says in capsys.readouterr().err
