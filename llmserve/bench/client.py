@@ -56,7 +56,10 @@ class EndpointConfig(BaseModel):
     ready_check_timeout_s: Annotated[float, Flag(name="--ready-check-timeout-sec")] = Field(
         600.0, ge=0.0, description="how long to wait for a server that is not up yet (refused, 502/503/504) "
         "before the run; 0: one try")
-    temperature: Annotated[float, Flag(skip=True)] = 0.0  # greedy, like vLLM's bench
+    temperature: float = Field(0.0, ge=0.0, description="sent as is (default greedy, like vLLM's bench)")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="sent when given")
+    top_k: int | None = Field(None, ge=-1, description="sent when given (vLLM's extra field)")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="sent when given (vLLM's extra field)")
     extra_body: Annotated[dict[str, Any], Flag(skip=True)] = Field(default_factory=dict)
 
     @field_validator("base_url")
@@ -94,6 +97,9 @@ def build_payload(req: SampleRequest, cfg: EndpointConfig) -> dict[str, Any]:
         body["messages"] = req.messages or [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
+    for name in ("top_p", "top_k", "min_p"):
+        if (value := getattr(cfg, name)) is not None:
+            body[name] = value
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     if req.priority != DEFAULT_PRIORITY:

@@ -63,7 +63,8 @@ def test_every_flag_lands_where_the_hand_mapping_put_it():
     assert cfg.endpoint.api_key == "k"  # sent, never saved
     assert cfg.to_dict() == {
         "endpoint": {"base_url": "http://h:9/v1", "model": "m", "endpoint": "chat", "ignore_eos": True,
-                     "timeout_s": 30.0, "ready_check_timeout_s": 600.0, "temperature": 0.0, "extra_body": {},
+                     "timeout_s": 30.0, "ready_check_timeout_s": 600.0, "temperature": 0.0, "top_p": None, "top_k": None,
+                     "min_p": None, "extra_body": {},
                      "url": "http://h:9/v1/chat/completions"},
         "dataset": {"name": "input-grounded", "path": "src.txt", "tokenizer": "tok", "output_len": 13,
                     "random_input_len": 11, "random_output_len": 12, "random_range_ratio": 0.25,
@@ -100,7 +101,8 @@ def test_the_saved_config_keeps_its_keys_and_leaves_the_key_out():
     assert list(d) == ["endpoint", "dataset", "load", "percentiles", "percentile_metrics", "slo", "save_result",
                        "plot", "show_progress", "label", "server_metrics"]
     assert list(d["endpoint"]) == ["base_url", "model", "endpoint", "ignore_eos", "timeout_s",
-                                   "ready_check_timeout_s", "temperature", "extra_body", "url"]
+                                   "ready_check_timeout_s", "temperature", "top_p", "top_k", "min_p", "extra_body",
+                                   "url"]
     assert list(d["load"]) == ["num_prompts", "request_rate", "burstiness", "max_concurrency", "rate_trace",
                                "num_warmups", "seed"]
     assert d["load"]["request_rate"] == "inf" and "secret" not in repr(d)

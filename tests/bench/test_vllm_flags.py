@@ -36,6 +36,16 @@ def test_backend_and_endpoint_paths_send_where_vllm_would(fake_server, argv, pat
     assert f"{fake_server.url(path)} " in capsys.readouterr().out
 
 
+def test_sampling_flags_are_sent_and_greedy_is_the_default(fake_server):
+    assert run(fake_server, "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05") == 0
+    assert all((b["temperature"], b["top_p"], b["top_k"], b["min_p"]) == (0.7, 0.9, 20, 0.05)
+               for b in fake_server.stats.bodies)
+    assert run(fake_server) == 0
+    last = fake_server.stats.bodies[-1]
+    assert last["temperature"] == 0.0 and not {"top_p", "top_k", "min_p"} & set(last)
+    assert run(fake_server, "--top-p", "0") == 2
+
+
 def test_contradicting_or_unknown_spellings_are_flag_errors(fake_server, capsys):
     assert run(fake_server, "--backend", "openai-chat", "--endpoint", "/v1/completions") == 2
     out = capsys.readouterr().out.strip()
