@@ -99,6 +99,8 @@ class StreamOptions(_Strict):
     # vLLM's: with include_usage, every chunk carries the usage so far (the prompt's count
     # from the first one on: what Anthropic's message_start reports)
     continuous_usage_stats: bool = False
+    # OpenAI's: chunks carry no obfuscation padding here, so only false (which asks for none) is taken
+    include_obfuscation: Literal[False] | None = None
 
 
 class _SamplingFields(_Strict):

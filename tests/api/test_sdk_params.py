@@ -63,3 +63,11 @@ def test_an_sdk_answers_model_dump_goes_back_as_history():
     for field, value in (("audio", {"id": "audio_1"}), ("function_call", {"name": "f", "arguments": "{}"})):
         e = _parse(ChatCompletionRequest, {"messages": [history[0], {**said, field: value}]})
         assert isinstance(e, APIError) and (e.code, e.param) == ("unsupported_parameter", f"messages[1].{field}")
+
+
+def test_stream_options_include_obfuscation_false_is_taken_true_refused():
+    base = {**CASES[0][2], "stream": True}
+    ok = _parse(ChatCompletionRequest, {**base, "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    assert isinstance(ok, ChatCompletionRequest), ok
+    e = _parse(ChatCompletionRequest, {**base, "stream_options": {"include_obfuscation": True}})
+    assert isinstance(e, APIError) and e.param == "stream_options.include_obfuscation"
