@@ -11,7 +11,8 @@ from llmserve.server.tool_calls import render_messages
 
 def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
-                continue_final_message: bool = False) -> list[int]:
+                continue_final_message: bool = False, notation: str = "hermes") -> list[int]:
+    """``notation``: the tool-call parser that reads the answer (how our tools text asks for calls)."""
     kwargs = {**kwargs, "continue_final_message": continue_final_message} if continue_final_message else kwargs
     try:
         if tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
@@ -19,7 +20,7 @@ def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_promp
             return tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs, **extra)
         if not (tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs)):
             return tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
-        rendered = render_messages(msgs, tools)
+        rendered = render_messages(msgs, tools, notation)
         try:
             return tokenizer.encode_chat(rendered, add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception:  # noqa: BLE001 - retried below, or re-raised as the caller's 400

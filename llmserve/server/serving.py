@@ -218,15 +218,15 @@ class OpenAIServing:
         sp = self.sampling_params(r, chat=True)
         tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools and r.tool_mode != "none" else None
         ids = self.encode_chat(r.messages, r.add_generation_prompt, tools, r.chat_template_kwargs or {},
-                               r.continue_final_message)
+                               r.continue_final_message, r.tool_mode)
         await self.compile_grammar(sp, r)
         return await self._serve([ids], sp, r, raw, chat=True)
 
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                     tools: list[dict[str, Any]] | None = None, kwargs: dict[str, Any] | None = None,
-                    continue_final_message: bool = False) -> list[int]:
+                    continue_final_message: bool = False, tool_mode: str = "auto") -> list[int]:
         return encode_chat(self.tokenizer, [m.for_template() for m in messages], add_generation_prompt, tools,
-                           kwargs or {}, continue_final_message)
+                           kwargs or {}, continue_final_message, self.formats.tool_parser_for(tool_mode))
 
     def _completion_prompts(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):

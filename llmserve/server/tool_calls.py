@@ -9,8 +9,8 @@ message that asks for calls as
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-and past calls and tool results are written back in the same notation. Either
-way, calls are read in this notation, and generation is constrained to it: with
+and past calls and tool results are written back in the same notation (or, with
+``--tool-call-parser``, in that parser's: ``ASK``). Generation is constrained to Hermes': with
 ``tool_choice`` "required" or a named function the output is one or more calls
 whose arguments match the function's parameters; with "auto" the text is free
 until the model opens ``<tool_call>``, and the call inside is constrained.
@@ -32,22 +32,33 @@ You are provided with function signatures within <tools></tools> XML tags:
 {tools}
 </tools>
 
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
-<tool_call>
-{{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>"""
+"""
+_ARGS = "<args-json-object>"
+# How the tools text asks for calls, in the notation they are read back in (--tool-call-parser):
+# asking for Hermes' tags while reading Phi-4-mini's functools[...] would lose every call.
+ASK = {
+    "hermes": ("For each function call, return a json object with function name and arguments within "
+               f'<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": {_ARGS}}}\n</tool_call>'),
+    "llama3_json": ('To call functions, answer with only one JSON object per call, separated by "; ":\n'
+                    f'{{"name": <function-name>, "parameters": {_ARGS}}}'),
+    "mistral": f'To call functions, answer with [TOOL_CALLS] and a JSON list of calls:\n[TOOL_CALLS][{{"name": <function-name>, "arguments": {_ARGS}}}]',
+    "phi4_mini_json": f'To call functions, answer with functools and a JSON list of calls:\nfunctools[{{"name": <function-name>, "arguments": {_ARGS}}}]',
+    "pythonic": "To call functions, answer with only a Python list of calls:\n[function_name(argument=value, ...), ...]",
+}
+ASK["llama4_pythonic"] = ASK["pythonic"]
 
 
 # ---- prompt ------------------------------------------------------------------------------
 
-def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """Messages for a template with no tool syntax: tools in the system message, calls and
-    results as text (consecutive results in one user turn, as Qwen's template does)."""
+def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    notation: str = "hermes") -> list[dict[str, Any]]:
+    """Messages for a template with no tool syntax: tools in the system message, calls (in
+    ``notation``, the parser's) and results as text (consecutive results in one user turn, as
+    Qwen's template does)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(f"{OPEN}\n{json.dumps(_call_body(c), ensure_ascii=False)}\n{CLOSE}"
-                              for c in m["tool_calls"])
+            calls = _calls_text([_call_body(c) for c in m["tool_calls"]], notation)
             out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + calls})
         elif m["role"] == "tool":
             text = f"<tool_response>\n{m['content']}\n</tool_response>"
@@ -60,7 +71,8 @@ def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
     for m in out:
         m.pop("_results", None)
     if tools:
-        block = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        block = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools)) \
+            + ASK.get(notation, ASK["hermes"])
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + block}
         else:
@@ -71,6 +83,22 @@ def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
 def _call_body(call: dict[str, Any]) -> dict[str, Any]:
     fn = call["function"]
     return {"name": fn["name"], "arguments": fn["arguments"]}
+
+
+def _calls_text(bodies: list[dict[str, Any]], notation: str) -> str:
+    """Past calls as the model writes them in ``notation``."""
+    dump = lambda v: json.dumps(v, ensure_ascii=False)  # noqa: E731
+    if notation == "llama3_json":
+        return "; ".join(dump({"name": b["name"], "parameters": b["arguments"]}) for b in bodies)
+    if notation == "mistral":
+        return "[TOOL_CALLS]" + dump(bodies)
+    if notation == "phi4_mini_json":
+        return "functools" + dump(bodies)
+    if notation in ("pythonic", "llama4_pythonic"):
+        args = [b["arguments"] if isinstance(b["arguments"], dict) else {} for b in bodies]
+        return "[" + ", ".join(f"{b['name']}({', '.join(f'{k}={v!r}' for k, v in a.items())})"
+                               for b, a in zip(bodies, args)) + "]"
+    return "\n".join(f"{OPEN}\n{dump(b)}\n{CLOSE}" for b in bodies)
 
 
 # ---- grammar -----------------------------------------------------------------------------

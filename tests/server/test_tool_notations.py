@@ -95,6 +95,32 @@ def test_gemma2_takes_tools_in_its_first_user_turn():
     assert e.value.status == 400
 
 
+PHI4_MINI = ("{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+             "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")  # renders no tools
+
+
+@pytest.mark.parametrize("parser,asked,past", [
+    ("phi4_mini_json", "functools[{", 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("llama3_json", '{"name": <function-name>, "parameters"', '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("pythonic", "[function_name(argument=value", "[get_weather(city='Paris')]"),
+    ("hermes", "<tool_call>\n{", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')])
+def test_a_template_without_tools_asks_for_calls_in_the_notation_they_are_read_in(parser, asked, past):
+    """``--tool-call-parser phi4_mini_json`` on Phi-4-mini's own template (which renders no
+    tools): our tools text must ask for ``functools[...]``, not Hermes' tags the parser never
+    reads; past calls are written the same way. Required calls stay Hermes' (the grammar's)."""
+    serving, tok = _serving(PHI4_MINI, tool_call_parser=parser)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    r = validate({"messages": ASK + [{"role": "assistant", "tool_calls": [call]},
+                                     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+                  "tools": [TOOL]}, ChatCompletionRequest)
+    prompt = tok.decode(serving.encode_chat(r.messages, True, [TOOL], tool_mode="auto"), skip_special_tokens=False)
+    assert asked in prompt.split("<|user|>")[0] and f"<|assistant|>{past}<|end|>" in prompt
+    assert ("<tool_call>" in prompt) == (parser == "hermes")
+    required = tok.decode(serving.encode_chat(r.messages, True, [TOOL], tool_mode="required"),
+                          skip_special_tokens=False)
+    assert "<tool_call>\n{" in required.split("<|user|>")[0]
+
+
 def test_a_chat_template_path_that_does_not_exist_stops_the_start(tmp_path):
     missing = str(tmp_path / "templates" / "llama3.jinja")
     with pytest.raises(ValidationError, match="no such chat template file"):
