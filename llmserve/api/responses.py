@@ -132,11 +132,14 @@ class Envelope:
             "reasoning": {"effort": None, "summary": None}, "store": req.store,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "text": {"format": (req.text.format.model_dump(by_alias=True, exclude_none=True)
-                                if req.text and req.text.format else {"type": "text"})},
+                                if req.text and req.text.format else {"type": "text"}), "verbosity": "medium"},
             "tool_choice": choice.model_dump() if isinstance(choice, NamedFunctionChoice) else (choice or "auto"),
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
-            "usage": usage_, "user": req.user, "metadata": req.metadata or {}}
+            "usage": usage_, "user": req.user, "metadata": req.metadata or {},
+            # echoed as OpenAI echoes them (the tier is the one that served it)
+            "safety_identifier": req.safety_identifier, "prompt_cache_key": req.prompt_cache_key,
+            "service_tier": "default", "background": False, "top_logprobs": 0, "max_tool_calls": None}
 
 
 def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:

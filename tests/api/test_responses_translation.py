@@ -80,6 +80,16 @@ def test_the_item_cut_by_max_output_tokens_is_incomplete():
     assert whole["status"] == "incomplete" and whole["output"][0]["status"] == "incomplete"
 
 
+def test_the_response_echoes_the_request_fields_openai_echoes():
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+    r = responses.from_chat(_env(safety_identifier="user-7", prompt_cache_key="k1", service_tier="auto", user="u"),
+                            body)
+    assert (r["safety_identifier"], r["prompt_cache_key"], r["user"]) == ("user-7", "k1", "u")
+    assert (r["service_tier"], r["background"], r["top_logprobs"], r["text"]["verbosity"]) == \
+        ("default", False, 0, "medium")
+    assert r["max_tool_calls"] is None and "max_tool_calls" in r
+
+
 @pytest.fixture()
 def client(host):
     return openai.OpenAI(base_url=host[0] + "/v1", api_key=host[1], max_retries=0, timeout=60)
