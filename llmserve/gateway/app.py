@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -186,6 +187,19 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
 GRACEFUL_S = 20  # on SIGTERM, in-flight requests get this long to finish before the exit
 
 
+def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The port, bound before anything starts: one that is taken (or a host that does not
+    resolve) is one line and exit 2, as for the engine, not uvicorn's error after start-up."""
+    from llmserve.ports import listen
+
+    try:
+        sock = listen(host, port, reuse_port=reuse_port)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {(e.strerror or str(e)).lower()}") from None
+    sock.set_inheritable(reuse_port)  # (a replica's, as serve/replicas.py binds it)
+    return sock
+
+
 def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
                 log_level: str = "info", tracing: TracingConfig | None = None) -> None:
     import uvicorn
@@ -193,13 +207,15 @@ def run_gateway(config_path: str | Path, host: str = "127.0.0.1", port: int = 80
     config = GatewayConfig.load(config_path)
     config = config.model_copy(update={"state": config.state.for_port(port)})
     check_store(config.state.redis_url, config.state.redis_password_file)
+    sock = bound_socket(host, port)
     from llmserve.tracing.gateway import GatewayTelemetry
 
     tracing = tracing or TracingConfig()
     telemetry = GatewayTelemetry(start_tracing(tracing), tracing.access_log) \
         if tracing.enabled or tracing.access_log else None
     # The access log is the gateway's own JSON lines (llmserve.tracing), not uvicorn's.
-    uvicorn.run(create_app(config, telemetry), host=host, port=port, log_level=log_level, access_log=False,
-                **uvicorn_options(config.limits.http_limits()),
-                # The gateway never reads the client address, so no X-Forwarded-* rewriting.
-                proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_S)
+    options = dict(host=host, port=port, log_level=log_level, access_log=False,
+                   **uvicorn_options(config.limits.http_limits()),
+                   # The gateway never reads the client address, so no X-Forwarded-* rewriting.
+                   proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_S)
+    uvicorn.Server(uvicorn.Config(create_app(config, telemetry), **options)).run(sockets=[sock])

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,6 @@ from typing import Any
 
 import yaml
 
-from llmserve.ports import listen
 from llmserve.serve.deployment import deep_merge
 from llmserve.serve.serve_config import ServeConfig
 from llmserve.state.gateway_state import check_store
@@ -39,13 +37,6 @@ from llmserve.state.redis_conn import StoreError
 log = logging.getLogger(__name__)
 
 EARLY_EXIT_S = 10.0  # a first start that fails this soon is a bad configuration or store
-
-
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A listening socket that other replicas bind too: the kernel balances connections."""
-    sock = listen(host, port, reuse_port=True)
-    sock.set_inheritable(True)
-    return sock
 
 
 class Supervisor:

@@ -202,11 +202,14 @@ def run_serve(args: argparse.Namespace) -> int:
         from llmserve.serve.replicas import run_replicas
 
         return run_replicas(cfg, serve_file(args.config, overrides_from_args(args)), tracing_argv)
+    from llmserve.gateway.app import bound_socket
+
+    sock = bound_socket(cfg.host, cfg.port, reuse_port=args.replica is not None)  # before any instance starts
     admin_key = cfg.admin_key or secrets.token_urlsafe(24)
     tracing = TracingConfig.resolve(args.otlp_endpoint, os.environ, "llmserve-gateway", args.access_log,
                                     args.trace_sample_ratio)
     if cfg.gateway.state.pools == "follow":
-        return serve_app(cfg, follower_app(cfg, admin_key, tracing), args.replica)
+        return serve_app(cfg, follower_app(cfg, admin_key, tracing), sock)
     provider = build_provider(cfg)
     app, controllers = build_deployment(cfg, provider, admin_key, tracing=tracing)
     base = f"http://{cfg.host}:{cfg.port}"
@@ -225,7 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
           f"({provider.name} provider)\n{''.join(lines)}"
           f"  dashboard {base}/dashboard{shown_key}\n"
           f"  admin API {base}/admin/autoscale/pools (Authorization: Bearer <admin key>)", flush=True)
-    return serve_app(cfg, app, args.replica)
+    return serve_app(cfg, app, sock)
 
 
 def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None):
@@ -238,8 +241,8 @@ def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None
     return app
 
 
-def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:
-    """uvicorn on the port; a replica binds it with SO_REUSEPORT, beside its siblings."""
+def serve_app(cfg: ServeConfig, app, sock) -> int:
+    """uvicorn on the bound port (a replica's bound with SO_REUSEPORT, beside its siblings)."""
     import uvicorn
 
     from llmserve.http_guard import uvicorn_options
@@ -248,12 +251,7 @@ def serve_app(cfg: ServeConfig, app, replica: int | None) -> int:
     options = dict(host=cfg.host, port=cfg.port, log_level="warning" if cfg.log_level == "info" else cfg.log_level,
                    **uvicorn_options(gcfg.limits.http_limits()), timeout_graceful_shutdown=30)
     check_store(gcfg.state.redis_url, gcfg.state.redis_password_file)  # one line, not a traceback
-    if replica is None:
-        uvicorn.run(app, **options)
-        return 0
-    from llmserve.serve.replicas import reuse_port_socket
-
-    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[reuse_port_socket(cfg.host, cfg.port)])
+    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     return 0
 
 
