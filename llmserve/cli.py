@@ -77,19 +77,19 @@ def _llm_and_params(args: argparse.Namespace):
     from llmserve.engine.sampling_params import SamplingParams
 
     cfg = engine_config_from(args)
-    opts = {k: v for k, v in cfg.to_dict().items() if k != "model"}
-    llm = LLM(cfg.model, **opts)
+    if args.system and not getattr(args, "chat", True):
+        raise ValueError("--system needs --chat (a system message is a chat template's turn)")
+    # Checked before the model loads (seconds): a bad flag is refused at once.
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, seed=cfg.seed)  # --seed seeds both the engine and sampling
-    return llm, sp
+    opts = {k: v for k, v in cfg.to_dict().items() if k != "model"}
+    return LLM(cfg.model, **opts), sp
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     llm, sp = _llm_and_params(args)
     tok = llm.get_tokenizer()
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.system and not args.chat:
-        raise ValueError("--system needs --chat (a system message is a chat template's turn)")
     turns = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
     ids = tok.encode_chat(turns) if args.chat else tok.encode(prompt)
     _stream_print(llm, ids, sp)

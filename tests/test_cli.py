@@ -56,3 +56,15 @@ def test_generate_reads_a_dash_prompt_from_stdin(tmp_path):
     assert piped.stdout == given.stdout and piped.stdout.strip()
     refused = subprocess.run(base + ["hi", "--system", "be brief"], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--system needs --chat" in refused.stderr
+
+
+def test_generate_and_chat_refuse_bad_flags_before_loading_the_model(tmp_path):
+    # A model that is not there: a flag error must come first (the model would take seconds to load).
+    missing = str(tmp_path / "no-such-model.gguf")
+    for cmd, extra, why in (("generate", ["hi", "--max-tokens", "0"], "max_tokens must be at least 1"),
+                            ("chat", ["--temperature", "-1"], "temperature must be in"),
+                            ("generate", ["hi", "--system", "be brief"], "--system needs --chat")):
+        proc = subprocess.run([sys.executable, "-m", "llmserve.cli", cmd, "--model", missing, *extra],
+                              input="", capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and why in proc.stderr, (cmd, proc.stderr[-2000:])
+        assert "no-such-model" not in proc.stderr
