@@ -190,5 +190,11 @@ class MessagesRequest(_Strict):
                              "tool_choice is {\"type\": \"none\"} (one constraint on the output at a time)")
         if self.messages[0].role != "user":
             raise FieldError("messages", "the first message must use the user role")
+        last = self.messages[-1]
+        tail = last.content if isinstance(last.content, str) else \
+            next((b.text for b in reversed(last.content) if isinstance(b, TextBlock)), "")
+        if last.role == "assistant" and tail != tail.rstrip():  # a prefill's last token would be a lone space
+            raise FieldError(f"messages[{len(self.messages) - 1}].content",
+                             "final assistant content cannot end with trailing whitespace")
         _check_blocks(self.messages)
         return self

@@ -135,6 +135,8 @@ _ASK = {"role": "user", "content": "hi"}
     ({"messages": [{"role": "user", "content": []}]}, "non-empty"),
     ({"messages": [{"role": "user", "content": ""}]}, "non-empty"),
     ({"messages": [_ASK, {"role": "assistant", "content": ""}, _ASK]}, "non-empty"),
+    ({"messages": [_ASK, {"role": "assistant", "content": "Sure, "}]}, "trailing whitespace"),
+    ({"messages": [_ASK, {"role": "assistant", "content": [{"type": "text", "text": "a\n"}]}]}, "trailing whitespace"),
     ({"messages": [_ASK], "tool_choice": {"type": "auto"}}, "tool_choice"),
     ({"messages": [_ASK], "tools": [_TOOL],
       "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config.format"),
