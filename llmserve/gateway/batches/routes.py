@@ -14,7 +14,7 @@ import uuid
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope
@@ -38,6 +38,14 @@ class CreateBatch(BaseModel):
     completion_window: Literal["24h"]
     metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                         Field(max_length=16)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("output_expires_after") is not None:  # (the SDK's; files live until deleted)
+            raise APIError(400, "output_expires_after is not supported: output files live until deleted",
+                           param="output_expires_after", code="unsupported_parameter")
+        return v
 
 
 def owner(scope: Scope) -> str:
@@ -148,7 +156,8 @@ class BatchRoutes:
         try:
             extra = sorted(set(form.keys()) - {"purpose", "file"})
             if extra:  # e.g. expires_after[anchor]: files here live until deleted
-                raise APIError(400, f"{extra[0]} is not supported on /v1/files", param=extra[0])
+                raise APIError(400, f"{extra[0]} is not supported on /v1/files", param=extra[0],
+                               code="unsupported_parameter" if extra[0].startswith("expires_after") else None)
             purpose, upload = form.get("purpose"), form.get("file")
             if purpose != "batch":
                 raise APIError(400, f"purpose must be 'batch' (the only one llmserve stores), got {purpose!r}",
@@ -195,7 +204,10 @@ class BatchRoutes:
     async def _list(self, scope: Scope, who: str) -> dict[str, Any]:
         q = _query(scope, "limit", "after")
         limit = _limit(q, 20, 100)
-        return _page(await asyncio.to_thread(self.store.list_batches, who, limit + 1, q.get("after")), limit)
+        data = await asyncio.to_thread(self.store.list_batches, who, limit + 1, q.get("after"))
+        if data is None:
+            raise APIError(400, f"after {q['after']!r} names no batch of yours", param="after")
+        return _page(data, limit)
 
     async def _create(self, body: bytes, who: str) -> dict[str, Any]:
         req = parse_model(body, CreateBatch)

@@ -90,19 +90,20 @@ class BatchStore:
 
     def list_files(self, owner: str, purpose: str | None, limit: int, order: str = "desc",
                    after: str | None = None) -> list[dict[str, Any]] | None:
-        """Up to ``limit`` of the owner's files by (created_at, id), ``order`` asc or desc, those
-        past the file ``after`` only; None when ``after`` names no file of the owner's."""
+        """Up to ``limit`` of the owner's files by (created_at, rowid), ``order`` asc or desc, those
+        past the file ``after`` only; None when ``after`` names no file of the owner's. (rowid:
+        files made in one second keep the order they were made in, not their random ids'.)"""
         assert order in ("asc", "desc")
         cmp = ">" if order == "asc" else "<"
         with self._lock:
             start = (None, None) if after is None else self._db.execute(
-                "SELECT created_at, id FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+                "SELECT created_at, rowid FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
             if start is None:
                 return None
             rows = self._db.execute(
                 "SELECT id, purpose, filename, bytes, created_at FROM files WHERE owner = ? AND (? IS NULL OR "
-                f"purpose = ?) AND (? IS NULL OR created_at {cmp} ? OR (created_at = ? AND id {cmp} ?)) "
-                f"ORDER BY created_at {order}, id {order} LIMIT ?",
+                f"purpose = ?) AND (? IS NULL OR created_at {cmp} ? OR (created_at = ? AND rowid {cmp} ?)) "
+                f"ORDER BY created_at {order}, rowid {order} LIMIT ?",
                 (owner, purpose, purpose, start[0], start[0], start[0], start[1], limit)).fetchall()
         return [file_object(r) for r in rows]
 
@@ -138,15 +139,19 @@ class BatchStore:
                 return None
             return {**json.loads(row[0]), "request_counts": self._counts(self._db, bid)}
 
-    def list_batches(self, owner: str, limit: int, after: str | None) -> list[dict[str, Any]]:
+    def list_batches(self, owner: str, limit: int, after: str | None) -> list[dict[str, Any]] | None:
+        """Up to ``limit`` of the owner's batches, newest first (by created_at, then rowid: the
+        order they were made in), past the batch ``after`` only; None when ``after`` names no
+        batch of the owner's (a cursor that named nothing would silently restart the listing)."""
         with self._lock:
-            start = None if after is None else self._db.execute(
-                "SELECT created_at, id FROM batches WHERE id = ?", (after,)).fetchone()
+            start = (None, None) if after is None else self._db.execute(
+                "SELECT created_at, rowid FROM batches WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+            if start is None:
+                return None
             rows = self._db.execute(
                 "SELECT id FROM batches WHERE owner = ? AND (? IS NULL OR created_at < ? OR (created_at = ? AND "
-                "id < ?)) ORDER BY created_at DESC, id DESC LIMIT ?",
-                (owner, start and start[0], start and start[0], start and start[0], start and start[1],
-                 limit)).fetchall()
+                "rowid < ?)) ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (owner, start[0], start[0], start[0], start[1], limit)).fetchall()
         return [b for (bid,) in rows if (b := self.get_batch(bid)) is not None]
 
     def _set(self, db: Any, bid: str, status: str, **fields: Any) -> None:

@@ -148,3 +148,22 @@ def test_an_output_file_is_not_a_batch_input(tmp_path):
             c.batches.create(input_file_id=out, endpoint="/v1/chat/completions", completion_window="24h")
         assert e.value.body["param"] == "input_file_id" and "purpose" in e.value.body["message"]
         assert [x.id for x in c.batches.list().data] == before  # nothing stored
+
+
+def test_batches_list_pages_from_a_cursor_of_yours_and_sdk_options_we_lack_are_named(tmp_path):
+    with stack({"v1": [Behaviour("i0")]}, state={"dir": str(tmp_path)}, batches=FAST) as s:
+        c = _client(s)
+        made = [_start(c, _file(1)).id for _ in range(3)]
+        assert [b.id for b in c.batches.list(limit=1)] == made[::-1]  # newest first, paged with after
+        r = httpx.get(s.url + "/v1/batches?after=batch_nope", headers={"authorization": "Bearer x"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "after", r.text  # (it listed from the start)
+        f = c.files.create(file=("in.jsonl", io.BytesIO(_file(1))), purpose="batch")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                             output_expires_after={"anchor": "created_at", "seconds": 3600})
+        assert (e.value.body["param"], e.value.body["code"]) == ("output_expires_after", "unsupported_parameter")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.files.create(file=("in.jsonl", io.BytesIO(_file(1))), purpose="batch",
+                           expires_after={"anchor": "created_at", "seconds": 3600})
+        assert e.value.body["code"] == "unsupported_parameter"
+        assert [b.id for b in c.batches.list()] == made[::-1]  # nothing more stored

@@ -84,3 +84,19 @@ def test_files_list_in_either_order_from_a_cursor(tmp_path):
     assert [f["id"] for f in s.list_files("me", None, 10, "desc", asc[2])] == asc[1::-1]
     assert s.list_files("me", "batch_output", 10) == []
     assert s.list_files("other", None, 10, "asc", asc[0]) is None  # another key's file is no cursor
+
+
+def test_lists_made_in_one_second_keep_the_order_they_were_made_in(tmp_path):
+    """``client.batches.list(limit=1).data[0]`` is the batch just made, even when several were
+    made in one second (the ids are random, so they cannot break created_at's ties)."""
+    s = BatchStore(tmp_path / "b.db")
+    ids = [s.add_file("me", "batch", f"f{i}", b"{}\n")["id"] for i in range(8)]
+    assert [f["id"] for f in s.list_files("me", None, 10, "asc")] == ids
+    assert [f["id"] for f in s.list_files("me", None, 3, "desc", ids[5])] == ids[4:1:-1]
+    bids = [f"batch_{x}" for x in ("c", "a", "d", "b", "e")]
+    for bid in bids:
+        s.create_batch("me", _batch(bid), _lines(1))
+    s.create_batch("other", _batch("batch_z"), _lines(1))
+    assert [b["id"] for b in s.list_batches("me", 10, None)] == bids[::-1]
+    assert [b["id"] for b in s.list_batches("me", 2, bids[3])] == bids[2::-1][:2]
+    assert s.list_batches("me", 10, "batch_nope") is None and s.list_batches("me", 10, "batch_z") is None
