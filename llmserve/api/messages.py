@@ -164,7 +164,7 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
     yield _event("message_start", message=start)
     chunks = _after(first, chunks)
     index = -1
-    text_open = tool_open = False
+    text_open = tool_open = started = False  # started: the open text's block start is sent
     pending = ""  # text not yet sent: it may be the start of a stop sequence
     calls: dict[int, int] = {}  # tool call index -> block index
     finish, stop_reason, last_usage = None, None, None
@@ -180,17 +180,20 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                 if not text_open:
                     if tool_open:
                         yield _event("content_block_stop", index=index)
-                    index, text_open, tool_open = index + 1, True, False
-                    yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                    text_open, tool_open, started = True, False, False
                 pending += delta["content"]
                 if len(pending) > hold:
                     out, pending = pending[:len(pending) - hold], pending[len(pending) - hold:]
+                    if not started:
+                        index, started = index + 1, True
+                        yield _text_start(index)
                     yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": out})
             for tc in delta.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 if tc.get("index", 0) not in calls:
                     if text_open:
-                        for e in _flush_text(index, pending):
+                        index, ends = _flush_text(index, pending, started)
+                        for e in ends:
                             yield e
                         text_open, pending = False, ""
                     elif tool_open:
@@ -207,7 +210,8 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                 finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
     text, reason, seq = split_stop(pending, finish, stop_reason)
     if text_open:
-        for e in _flush_text(index, text):
+        index, ends = _flush_text(index, text, started)
+        for e in ends:
             yield e
     elif tool_open:
         yield _event("content_block_stop", index=index)
@@ -225,6 +229,16 @@ async def _after(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any
         yield chunk
 
 
-def _flush_text(index: int, text: str) -> list[bytes]:
-    out = [_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text})] if text else []
-    return out + [_event("content_block_stop", index=index)]
+def _text_start(index: int) -> bytes:
+    return _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+
+
+def _flush_text(index: int, text: str, started: bool) -> tuple[int, list[bytes]]:
+    """The open text's last events and the last block's index: text that was all held back
+    and dropped (the stop sequence alone) opens no block, as the unstreamed answer has none."""
+    if not started and not text:
+        return index, []
+    out = [] if started else [_text_start(index := index + 1)]
+    if text:
+        out.append(_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text}))
+    return index, out + [_event("content_block_stop", index=index)]

@@ -167,3 +167,10 @@ def test_an_empty_final_assistant_turn_prefills_nothing():
                                                  {"role": "assistant", "content": content}]))
         assert body["messages"] == [{"role": "user", "content": "hi"}]
         assert "continue_final_message" not in body
+
+
+def test_a_stream_that_is_only_the_stop_sequence_has_no_empty_text_block():
+    """As the unstreamed answer (content []): the held-back text was the stop sequence alone."""
+    events = _events(_req(stop_sequences=["\n"], stream=True), [_chunk({"role": "assistant", "content": "\n"}, "stop", "\n")])
+    assert [e["type"] for e in events] == ["message_start", "message_delta", "message_stop"]
+    assert events[1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "\n"}
