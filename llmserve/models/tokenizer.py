@@ -231,10 +231,11 @@ class Tokenizer:
         return self._compiled
 
     def _control_tokens(self, template: ChatTemplate) -> re.Pattern[str] | None:
-        """Tokens a user may not inject: every special token, and added tokens the template writes."""
+        """Tokens a user may not inject: every special token, and added tokens the template writes
+        but whitespace ones (Gemma's "\n" runs, ordinary text in any template), as transformers'."""
         literal = template.literal_text()
         tokens = [t.content for t in self.backend.get_added_tokens_decoder().values()
-                  if t.special or t.content in literal]
+                  if t.special or (t.content in literal and not t.content.isspace())]
         tokens.sort(key=len, reverse=True)  # longest first: a token wins over those inside it
         return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 

@@ -189,3 +189,22 @@ def test_non_special_added_tokens_a_user_types_are_text_as_in_transformers(tmp_p
             assert ids == list(hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                                       sanitize_control_tokens=True, **kwargs)["input_ids"])
             assert ids.count(think) == (1 if kwargs else 0)  # only the template's empty thinking block
+
+
+def test_whitespace_added_tokens_are_never_control_tokens(tmp_path):
+    """Gemma's tokenizers add runs of newlines as tokens, and its template writes "\\n": a user's
+    multi-line message keeps them as tokens, as transformers encodes it (not a 400)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as RustTokenizer
+    from transformers import AutoTokenizer
+
+    folder = make_tiny_llama(tmp_path, chat_template=(TEMPLATES / "google-gemma-2-2b-it.jinja").read_text())
+    backend = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("\n", "\n\n")])
+    backend.save(str(folder / "tokenizer.json"))
+    tok, hf = Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "Line one\n\nline two\nthree"}]
+    ids = tok.encode_chat(messages)
+    assert ids == list(hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                              sanitize_control_tokens=True)["input_ids"])
+    assert tok.backend.token_to_id("\n\n") in ids
