@@ -55,6 +55,7 @@ class MessageItem(_Strict):
     content: str | Annotated[list[InputText], Field(max_length=Limits.CONTENT_PARTS)]
     id: Annotated[str, Field(max_length=256)] | None = None
     status: str | None = None
+    phase: Literal["commentary", "final_answer"] | None = None  # OpenAI asks clients to send it back; no effect
 
 
 class FunctionCallItem(_Strict):
@@ -82,6 +83,18 @@ class ReasoningItem(BaseModel):
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+def _no_nulls(item: Any) -> Any:
+    """An item with its null fields (and its content parts') left out: null is a field not given,
+    as at the top level, so ``output_item.model_dump()`` (``phase``, ``caller``: None) goes back as input."""
+    if not isinstance(item, dict):
+        return item
+    item = {k: x for k, x in item.items() if x is not None}
+    if isinstance(item.get("content"), list):
+        item["content"] = [{k: x for k, x in p.items() if x is not None} if isinstance(p, dict) else p
+                           for p in item["content"]]
+    return item
 
 
 def _item_kind(v: Any) -> Any:
@@ -191,6 +204,8 @@ class ResponsesRequest(_Strict):
             choice = v.get("tool_choice")
             if isinstance(choice, dict) and choice.get("type") not in ("function", None):
                 raise FieldError("tool_choice", f"tool_choice type {choice.get('type')!r} is not supported")
+            if isinstance(v.get("input"), list):
+                v = {**v, "input": [_no_nulls(item) for item in v["input"]]}
             _item_kind(v.get("input"))
         return v
 

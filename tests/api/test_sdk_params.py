@@ -71,3 +71,29 @@ def test_stream_options_include_obfuscation_false_is_taken_true_refused():
     assert isinstance(ok, ChatCompletionRequest), ok
     e = _parse(ChatCompletionRequest, {**base, "stream_options": {"include_obfuscation": True}})
     assert isinstance(e, APIError) and e.param == "stream_options.include_obfuscation"
+
+
+def test_a_responses_output_model_dump_goes_back_as_input():
+    """``input += [item.model_dump() for item in r.output]``: null fields (``phase``, ``caller``,
+    ``namespace``, ``async_``) are fields not given; ``phase`` set is taken."""
+    from openai.types.responses import Response
+
+    r = Response.model_validate({
+        "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "parallel_tool_calls": True,
+        "tool_choice": "auto", "tools": [], "status": "completed", "output": [
+            {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "let me look", "annotations": [], "logprobs": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}",
+             "status": "completed"}]})
+    for dump in ({}, {"by_alias": True}):
+        items = [o.model_dump(**dump) for o in r.output]
+        assert items[0]["phase"] is None and items[1]["caller"] is None
+        body = {"input": [{"role": "user", "content": "hi"}, *items,
+                          {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}
+        req = _parse(ResponsesRequest, body)
+        assert isinstance(req, ResponsesRequest), (dump, req)
+        assert [getattr(i, "type", None) for i in req.input] == \
+            ["message", "message", "function_call", "function_call_output"]
+    items[0]["phase"] = "final_answer"
+    assert isinstance(_parse(ResponsesRequest, {"input": [{"role": "user", "content": "hi"}, items[0]]}),
+                      ResponsesRequest)
