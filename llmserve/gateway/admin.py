@@ -96,15 +96,15 @@ def admin_router(gw: Gateway) -> APIRouter:
             await gw.shared.rollouts.refresh(rt)
         return {"models": [rt.describe() for rt in gw.models.values()]}
 
-    @r.get("/models/{model}/canary")
+    @r.get("/models/{model:path}/canary")
     async def canary_status(model: str) -> dict:
         return (await canary_of(model)).canary.status()
 
-    @r.get("/models/{model}/canary/history")
+    @r.get("/models/{model:path}/canary/history")
     async def canary_history(model: str) -> dict:
         return {"events": (await canary_of(model)).canary.events()}
 
-    @r.post("/models/{model}/canary/{action}")
+    @r.post("/models/{model:path}/canary/{action}")
     async def canary_action(model: str, action: str, body: ReasonBody | None = None) -> dict:
         rt = await canary_of(model)
         if action not in CANARY_ACTIONS:
@@ -120,7 +120,7 @@ def admin_router(gw: Gateway) -> APIRouter:
         gw.timeline.intervention(time.time(), model, rt.canary.canary, f"canary_{action}", reason)
         return rt.canary.status()
 
-    @r.get("/models/{model}/timeline")
+    @r.get("/models/{model:path}/timeline")
     async def timeline(model: str, since: float = Query(0.0, allow_inf_nan=False),  # NaN: invalid JSON back
                        limit: int = Query(3600, ge=1, le=100_000),
                        download: bool = False) -> Response:
@@ -154,11 +154,11 @@ def admin_router(gw: Gateway) -> APIRouter:
         except Frozen as e:
             raise GatewayError(503, str(e), code="shared_state_frozen") from None
 
-    @r.get("/models/{model}/versions/{version}/instances")
+    @r.get("/models/{model:path}/versions/{version}/instances")
     async def list_instances(model: str, version: str) -> dict:
         return {"instances": pool_of(model, version).snapshot()}
 
-    @r.post("/models/{model}/versions/{version}/instances", status_code=201)
+    @r.post("/models/{model:path}/versions/{version}/instances", status_code=201)
     async def add_instance(model: str, version: str, body: AddInstanceBody) -> dict:
         pool = pool_of(model, version)
         try:
@@ -169,14 +169,14 @@ def admin_router(gw: Gateway) -> APIRouter:
         gw.timeline.intervention(time.time(), model, version, "instance_add", instance_id)
         return {"instance_id": instance_id, "url": url}
 
-    @r.delete("/models/{model}/versions/{version}/instances/{instance_id}")
+    @r.delete("/models/{model:path}/versions/{version}/instances/{instance_id}")
     async def remove_instance(model: str, version: str, instance_id: str) -> dict:
         pool_of(model, version)
         await override(model, InstanceOp(op="remove", version=version, instance_id=instance_id))
         gw.timeline.intervention(time.time(), model, version, "instance_remove", instance_id)
         return {"removed": instance_id}
 
-    @r.post("/models/{model}/versions/{version}/instances/{instance_id}/drain")
+    @r.post("/models/{model:path}/versions/{version}/instances/{instance_id}/drain")
     async def drain_instance(model: str, version: str, instance_id: str,
                              body: DrainBody | None = None) -> dict:
         pool_of(model, version)

@@ -55,3 +55,32 @@ def test_add_drain_and_remove_instances_at_run_time():
             assert s.admin("GET", "/models/chat/versions/v9/instances").status_code == 404
     finally:
         srv.stop(force=True)
+
+
+def test_a_model_named_with_a_slash_is_administered(tmp_path):
+    """vLLM serves a Hugging Face id as it is (``Qwen/Qwen2.5-0.5B-Instruct``): its canary,
+    instances and timeline were a 404 ``Not Found``, so a rollout could not be driven by hand."""
+    from fastapi.testclient import TestClient
+
+    from llmserve.gateway.app import create_app
+    from llmserve.gateway.config import GatewayConfig
+
+    cfg = GatewayConfig.model_validate({
+        "models": [{"name": "org/m", "versions": [{"name": "v1", "weight": 1, "upstreams": []},
+                                                  {"name": "v2", "weight": 0, "upstreams": []}],
+                    "canary": {"version": "v2", "stable": "v1", "auto_start": False}}],
+        "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": str(tmp_path)}})
+    with TestClient(create_app(cfg)) as c:
+        c.headers["authorization"] = f"Bearer {ADMIN_KEY}"
+        for name in ("org/m", "org%2Fm"):
+            assert c.get(f"/admin/models/{name}/canary").json()["state"] == "idle"
+            assert c.get(f"/admin/models/{name}/canary/history").status_code == 200
+            assert c.get(f"/admin/models/{name}/timeline").json()["model"] == "org/m"
+            assert c.get(f"/admin/models/{name}/versions/v1/instances").json() == {"instances": []}
+        assert c.post("/admin/models/org/m/canary/start").json()["state"] == "progressing"
+        assert c.post("/admin/models/org/m/canary/rollback").json()["state"] == "rolled_back"
+        r = c.post("/admin/models/org/m/versions/v1/instances", json={"url": "http://127.0.0.1:9", "instance_id": "x"})
+        assert r.status_code == 201, r.text
+        assert c.post("/admin/models/org/m/versions/v1/instances/x/drain").json()["draining"] is True
+        assert c.delete("/admin/models/org/m/versions/v1/instances/x").json() == {"removed": "x"}
+        assert c.get("/admin/models/org/n/canary").json()["error"]["code"] == "model_not_found"
