@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from llmserve.api.limits import bearer_token, find_key
 from llmserve.gateway.canary import InvalidTransition
@@ -43,7 +43,7 @@ CANARY_ACTIONS = ("start", "promote", "rollback", "pause", "resume")
 
 class ReasonBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str | None = None
+    reason: str | None = Field(None, max_length=500)  # kept in the history: bounded, as a scale's is
 
 
 class AddInstanceBody(BaseModel):

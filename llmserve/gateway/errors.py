@@ -29,7 +29,9 @@ def validation_error_response(errors: Sequence[Any]) -> JSONResponse:
     loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path")]
     msg = first.get("msg", "invalid value")
     if first.get("type") != "missing" and "input" in first:
-        msg = f"{msg}, got {json.dumps(first['input'], default=str)[:100]}"
+        given = first["input"]
+        given = given.decode("utf-8", "replace") if isinstance(given, bytes) else given  # (a form body)
+        msg = f"{msg}, got {json.dumps(given, default=str)[:100]}"
     return error_response(400, f"{'.'.join(loc) or 'body'}: {msg}", code="invalid_request",
                           param=".".join(loc) or None)
 

@@ -84,3 +84,27 @@ def test_a_model_named_with_a_slash_is_administered(tmp_path):
         assert c.post("/admin/models/org/m/versions/v1/instances/x/drain").json()["draining"] is True
         assert c.delete("/admin/models/org/m/versions/v1/instances/x").json() == {"removed": "x"}
         assert c.get("/admin/models/org/n/canary").json()["error"]["code"] == "model_not_found"
+
+
+def test_a_canary_actions_reason_is_bounded_and_a_form_body_is_named(tmp_path):
+    """The reason is kept in the rollout's history (up to history_size entries): a 4 MiB one
+    each time was memory an admin script could fill by mistake; a scale's is capped alike."""
+    from fastapi.testclient import TestClient
+
+    from llmserve.gateway.app import create_app
+    from llmserve.gateway.config import GatewayConfig
+
+    cfg = GatewayConfig.model_validate({
+        "models": [{"name": "m", "versions": [{"name": "v1", "weight": 1, "upstreams": []},
+                                              {"name": "v2", "weight": 0, "upstreams": []}],
+                    "canary": {"version": "v2", "stable": "v1", "auto_start": False}}],
+        "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": str(tmp_path)}})
+    with TestClient(create_app(cfg)) as c:
+        c.headers["authorization"] = f"Bearer {ADMIN_KEY}"
+        r = c.post("/admin/models/m/canary/start", json={"reason": "a" * 501})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reason", r.text
+        r = c.post("/admin/models/m/canary/start", content=b"reason=x",
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 400 and r.json()["error"]["message"].endswith('got "reason=x"'), r.text
+        assert c.post("/admin/models/m/canary/start", json={"reason": "a" * 500}).status_code == 200
+        assert c.get("/admin/models/m/canary/history").json()["events"][0]["reason"] == "a" * 500
