@@ -30,6 +30,9 @@ class ResponseMeta:
     reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
     prompt_phase: str | None = None  # where the prompt left the reasoning (reasoning_gate.first_phase)
     call_ids: Callable[[], str] | None = None  # ids the model's template takes back (formats.call_ids)
+    # tool_choice required or named: the output is calls only, so text the parser gives back
+    # (a call cut by max_tokens before its name was read) is markup, never content
+    forced_calls: bool = False
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -74,8 +77,8 @@ class ChoiceWriter:
             self.parser.feed(text)
             self.parser.finish()
             calls = self.parser.tool_calls()
-            content = self.parser.content
-            message["content"] = content if content.strip() or not calls else None
+            content = "" if self.meta.forced_calls else self.parser.content
+            message["content"] = content if content.strip() or not (calls or self.meta.forced_calls) else None
             if calls:
                 message["tool_calls"] = calls
         if self.reasoning is not None and not message["content"]:
@@ -121,7 +124,7 @@ class ChoiceWriter:
                 deltas.append({"content": text})
         else:
             events = self.parser.feed(text) + (self.parser.finish() if out.finished else [])
-            deltas += [_delta(e) for e in events]
+            deltas += [_delta(e) for e in events if not (self.meta.forced_calls and isinstance(e, Content))]
         if not self.started:
             deltas = deltas or [{"content": ""}]
             deltas[0] = {"role": "assistant", **deltas[0]}
