@@ -39,7 +39,7 @@ def add_model_routes(app: FastAPI, inst: Any) -> None:
     async def models():
         return {"object": "list", "data": cards()}
 
-    # (":path": a served name may hold slashes, "org/model", as the SDK sends it unescaped)
+    # (":path": a served name may hold a slash, "org/model"; the SDK's %2F arrives decoded)
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
         for card in cards():
