@@ -143,8 +143,9 @@ class OutputProcessor:
             visible = new_ids
             sp = req.sampling_params
             if (finished and req.status is RequestStatus.FINISHED_STOPPED and new_ids
+                    and not sp.include_stop_str_in_output
                     and (new_ids[-1] in req.eos_token_ids or new_ids[-1] in sp.stop_token_ids)):
-                visible = new_ids[:-1]  # the stop token itself is not text
+                visible = new_ids[:-1]  # the stop token itself is not text, unless asked for (as vLLM v1)
             exempt = sp.min_tokens - (req.num_output_tokens - len(new_ids))  # of these, still under min_tokens
             if exempt > 0:  # their text is fed apart, to know where it ends
                 st.text += st.detok.add(visible[:exempt])

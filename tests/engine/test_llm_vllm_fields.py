@@ -81,3 +81,15 @@ def test_chat_prompt_is_the_rendered_conversation_one_output_per_conversation(ll
     tok = llm.get_tokenizer()
     assert [o.prompt_token_ids for o in outs] == [tok.encode_chat(c) for c in convs]
     assert [o.prompt for o in outs] == [tok.apply_chat_template(c) for c in convs]
+
+
+def test_a_stop_token_is_text_only_with_include_stop_str_in_output(llm):
+    """vLLM v1's detokenizer leaves the stop token out of the text unless asked to keep it."""
+    ids = llm.generate("hello there", greedy(max_tokens=6))[0].outputs[0].token_ids
+    stop = ids[2]
+    tok = llm.get_tokenizer()
+    c = llm.generate("hello there", greedy(max_tokens=6, stop_token_ids=[stop]))[0].outputs[0]
+    assert (c.token_ids, c.finish_reason, c.stop_reason) == (ids[:3], "stop", stop)
+    kept = llm.generate("hello there", greedy(max_tokens=6, stop_token_ids=[stop],
+                                              include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.token_ids == ids[:3] and kept.text == tok.decode(ids[:3]) != c.text == tok.decode(ids[:2])
