@@ -393,8 +393,8 @@ class Proxy:
     def _headers(self, resp: UpstreamResponse, ctx: RequestRecord) -> dict[str, str]:
         out = {h: resp.headers[h] for h in _RETURN_HEADERS if h in resp.headers}
         out.setdefault("x-request-id", ctx.request_id)
-        out[VERSION_HEADER] = ctx.version
-        out[UPSTREAM_HEADER] = ctx.instance or ""
+        out[VERSION_HEADER], out[UPSTREAM_HEADER] = ctx.version, ctx.instance or ""
+        out.update(ctx.rate_headers)  # (OpenAI's x-ratelimit-*, for a key with windows)
         out[PRIORITY_HEADER] = str(ctx.parsed.priority)
         out["server-timing"] = ctx.server_timing(resp.headers.get("server-timing"))
         return out

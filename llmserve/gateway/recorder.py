@@ -135,6 +135,11 @@ class RequestRecord:
         """Of the batch priority class (the observers keep it apart from realtime demand)."""
         return self.parsed.priority_class is PriorityClass.BATCH
 
+    @property
+    def rate_headers(self) -> dict[str, str]:
+        """The key's x-ratelimit-* at admission (none for a key without windows)."""
+        return self.tab.rate_headers if self.tab is not None else {}
+
     def server_timing(self, upstream: str | None) -> str:
         """The ``Server-Timing`` value: the gateway's entries, then the instance's."""
         own = server_timing((("admission", self.queued_s * 1000, None), ("attempts", None, str(self.attempts))))

@@ -217,6 +217,30 @@ def _budget_denied(name: str, ask: Ask, used: int, now: float) -> Denied:
                                    f"{said(ask.cap)} spent, this request needs {said(ask.cost)}")
 
 
+def rate_headers(asks: list[Ask], reply: Reply, now: float) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the key's windows
+    (as far as the store counted them): the cap, what is left after this request (before it,
+    when refused), and the time until the window is whole again, as OpenAI writes it (``6m0s``)."""
+    out: dict[str, str] = {}
+    for i, ask in enumerate(asks[:len(reply.used)]):
+        if ask.limit not in (Limit.REQUESTS, Limit.TOKENS):
+            continue
+        taken = ask.cost if reply.failed < 0 else 0
+        unit = ask.limit.value
+        out[f"x-ratelimit-limit-{unit}"] = str(ask.cap)
+        out[f"x-ratelimit-remaining-{unit}"] = str(max(0, ask.cap - reply.used[i] - taken))
+        out[f"x-ratelimit-reset-{unit}"] = duration((ask.field + BUCKETS + 1) * ask.width_s - now)
+    return out
+
+
+def duration(seconds: float) -> str:
+    """``17ms``, ``1s``, ``6m0s``: how OpenAI's rate-limit headers say a wait."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
 def retry_after(ask: Ask, buckets: tuple[tuple[int, int], ...], used: int, now: float) -> int:
     """Seconds until enough old buckets have left the window for ``ask`` to fit."""
     need, freed = used + ask.cost - ask.cap, 0

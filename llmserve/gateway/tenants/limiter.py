@@ -22,7 +22,7 @@ from redis import exceptions as redis_errors
 from llmserve.api.errors import APIError
 from llmserve.gateway.tenants.config import KeyLimits, Prices
 from llmserve.gateway.tenants.decision import (MICRO, Ask, Denied, Kind, Limit, Reply, admission_asks, estimate,
-                                               local_share, verdict)
+                                               local_share, rate_headers, verdict)
 from llmserve.gateway.tenants.redis_store import RedisStore
 from llmserve.gateway.tenants.store import CounterStore, MemoryStore
 from llmserve.gateway.tenants.tab import Tab
@@ -104,24 +104,31 @@ class Tenants:
 
         prompt, completion = estimate(limits, prompt_chars, body)
         asks = asks_for(completion)
-        denied, store = await self.reserve(key, asks)
+        denied, store, headers = await self._reserve(key, asks)
         batch, whole = limits.stream_charge_tokens, True
         if denied is not None and denied.limit is Limit.BUDGET and stream and completion > batch:
             # The whole answer does not fit what is left: a stream may still have what does,
             # reserved batch by batch as it runs (one script call per batch, so only here).
             completion, whole = batch, False
             asks = asks_for(completion)
-            denied, store = await self.reserve(key, asks)
+            denied, store, headers = await self._reserve(key, asks)
         if denied is not None:
             self.counted(key, denied.limit.value)
             wait = denied.retry_after_s
             raise APIError(429, denied.message, type_=denied.type, code=denied.code,
-                           headers={} if wait is None else {"retry-after": str(wait)})
+                           headers=headers if wait is None else {**headers, "retry-after": str(wait)})
         self.counted(key, "admitted")
-        return Tab(self, key, model, limits, prices, store, asks, prompt, completion, stream, whole)
+        tab = Tab(self, key, model, limits, prices, store, asks, prompt, completion, stream, whole)
+        tab.rate_headers = headers
+        return tab
 
     async def reserve(self, key: str, asks: list[Ask]) -> tuple[Denied | None, CounterStore]:
         """Reserve ``asks`` in the shared store, or in this replica's share while it is away."""
+        denied, store, _ = await self._reserve(key, asks)
+        return denied, store
+
+    async def _reserve(self, key: str, asks: list[Ask]) -> tuple[Denied | None, CounterStore, dict[str, str]]:
+        """``reserve``, with the rate-limit headers of the store's reply."""
         now = time.time()
         if self.shared is not None and self.down_since is None:
             try:
@@ -130,11 +137,12 @@ class Tenants:
                 self.unreachable(e)
             else:
                 self._remember(asks, reply)
-                return verdict(key, asks, reply, now), self.shared
+                return verdict(key, asks, reply, now), self.shared, rate_headers(asks, reply, now)
         if self.shared is not None:
             asks = [local_share(a, self.state.replicas, self._known.get(a.key) if a.limit is Limit.BUDGET else None)
                     for a in asks]
-        return verdict(key, asks, await self.local.reserve(asks, now), now), self.local
+        reply = await self.local.reserve(asks, now)
+        return verdict(key, asks, reply, now), self.local, rate_headers(asks, reply, now)
 
     def _remember(self, asks: list[Ask], reply: Reply) -> None:
         for a, used in zip(asks, reply.used):  # (all or nothing: a refusal added no cost)

@@ -49,12 +49,13 @@ class Ledger(Protocol):
 
 class Tab:
     __slots__ = ("_budget", "_hold", "_store", "_tokens", "closed", "completion", "limits", "model", "name",
-                 "next_at", "prices", "prompt", "tenants")
+                 "next_at", "prices", "prompt", "rate_headers", "tenants")
 
     def __init__(self, tenants: Ledger, name: str, model: str, limits: KeyLimits, prices: Prices,
                  store: CounterStore | None, asks: list[Ask], prompt: int, completion: int, stream: bool,
                  whole: bool = True) -> None:
         self.tenants, self.name, self.model = tenants, name, model
+        self.rate_headers: dict[str, str] = {}  # x-ratelimit-* of its admission, for the response
         self.limits, self.prices = limits, prices
         self.prompt, self.completion = prompt, completion  # tokens reserved so far
         # whole: the reservation covers the answer's max_tokens (else its first batch only)

@@ -174,3 +174,32 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_pays_for_what_it_got
         spent = s.admin("GET", "/keys/team-a/usage").json()["limits"]["budget"]["used"]
         assert 5 + 8 <= spent < 400  # what was relayed (and the prompt's estimate), not the whole reservation
         assert s.chat(max_tokens=4).status_code == 200  # the slot is free again
+
+
+def test_openai_rate_limit_headers_on_every_answer_and_on_the_429(auth):
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens}, as OpenAI (and LiteLLM) send them:
+    clients pace themselves by them before they ever get a 429."""
+    limits = {"requests_per_minute": 3, "tokens_per_minute": 1000}
+    with stack({"v1": [Behaviour("a")]}, client_key=KEY, **auth(limits)) as s:
+        got = []
+        for stream in (False, True, False):
+            r = s.chat("hello", max_tokens=4, stream=stream)
+            assert r.status_code == 200
+            got.append(r.headers)
+        assert [h["x-ratelimit-remaining-requests"] for h in got] == ["2", "1", "0"]
+        assert all(h["x-ratelimit-limit-requests"] == "3" and h["x-ratelimit-limit-tokens"] == "1000" for h in got)
+        # the estimate is reserved at admission (keys.md): "hello" // 3 + 8 prompt, 4 completion
+        assert int(got[0]["x-ratelimit-remaining-tokens"]) == 1000 - 13
+        # the window is whole again once this request's bucket left it: 60 to 66 s (a tenth more)
+        assert all(h["x-ratelimit-reset-requests"] in {f"1m{i}s" for i in range(7)} for h in got), got
+        r = s.chat("hello", max_tokens=4)
+        assert r.status_code == 429 and r.headers["x-ratelimit-remaining-requests"] == "0"
+        assert r.headers["x-ratelimit-limit-requests"] == "3" and int(r.headers["retry-after"]) >= 1
+        assert "x-ratelimit-limit-requests" not in s.chat("hello", max_tokens=4, key=OTHER).headers
+
+
+def test_the_rate_limit_headers_durations_are_written_as_openai_writes_them():
+    from llmserve.gateway.tenants.decision import duration
+
+    assert [duration(s) for s in (0.0171, 0.9991, 1, 59.2, 60, 360, 3725)] == [
+        "18ms", "1000ms", "1s", "1m0s", "1m0s", "6m0s", "62m5s"]
