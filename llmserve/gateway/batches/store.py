@@ -132,12 +132,27 @@ class BatchStore:
         rows = dict(db.execute("SELECT state, count(*) FROM lines WHERE batch_id = ? GROUP BY state", (bid,)))
         return {"total": sum(rows.values()), "completed": rows.get("done", 0), "failed": rows.get("failed", 0)}
 
+    def _usage(self, db: Any, bid: str) -> dict[str, Any]:
+        """OpenAI's batch ``usage``: the tokens of the lines answered 200 so far (chat and
+        completions bodies say prompt/completion tokens, responses bodies input/output)."""
+        def total(*paths: str) -> str:
+            return "coalesce(sum(coalesce(" + ", ".join(f"json_extract(result, '$.response.body.usage.{p}')"
+                                                        for p in paths) + ")), 0)"
+        inp, out, cached = db.execute(
+            f"SELECT {total('prompt_tokens', 'input_tokens')}, {total('completion_tokens', 'output_tokens')}, "
+            f"{total('prompt_tokens_details.cached_tokens', 'input_tokens_details.cached_tokens')} "
+            "FROM lines WHERE batch_id = ? AND state = 'done'", (bid,)).fetchone()
+        return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
+                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
+
     def get_batch(self, bid: str, owner: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute("SELECT obj, owner FROM batches WHERE id = ?", (bid,)).fetchone()
             if row is None or (owner is not None and row[1] != owner):
                 return None
-            return {**json.loads(row[0]), "request_counts": self._counts(self._db, bid)}
+            obj = json.loads(row[0])  # (an ended batch keeps its usage: no lines read per look)
+            return {**obj, "request_counts": self._counts(self._db, bid),
+                    "usage": obj.get("usage") or self._usage(self._db, bid)}
 
     def list_batches(self, owner: str, limit: int, after: str | None) -> list[dict[str, Any]] | None:
         """Up to ``limit`` of the owner's batches, newest first (by created_at, then rowid: the
@@ -201,7 +216,8 @@ class BatchStore:
                     db.execute("UPDATE lines SET state = 'failed', result = ? WHERE batch_id = ? AND idx = ?",
                                (json.dumps(line_result(bid, idx, cid, error=UNRUN[status])), bid, idx))
             stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
-            self._set(db, bid, status, finalizing_at=_now(), **{stamp: _now()}, **self._files(db, bid, owner))
+            self._set(db, bid, status, finalizing_at=_now(), **{stamp: _now()}, **self._files(db, bid, owner),
+                      usage=self._usage(db, bid))
 
     def _files(self, db: Any, bid: str, owner: str) -> dict[str, str | None]:
         """The output file (lines answered 200) and the error file (the rest), in input order."""

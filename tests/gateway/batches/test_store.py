@@ -100,3 +100,25 @@ def test_lists_made_in_one_second_keep_the_order_they_were_made_in(tmp_path):
     assert [b["id"] for b in s.list_batches("me", 10, None)] == bids[::-1]
     assert [b["id"] for b in s.list_batches("me", 2, bids[3])] == bids[2::-1][:2]
     assert s.list_batches("me", 10, "batch_nope") is None and s.list_batches("me", 10, "batch_z") is None
+
+
+def test_a_batch_reports_the_usage_of_its_answered_lines_as_openai_does(tmp_path):
+    """``batch.usage`` (the SDK's BatchUsage): the tokens of the lines answered 200, chat and
+    completions bodies' prompt/completion tokens or responses bodies' input/output tokens."""
+    from openai.types.batch_usage import BatchUsage
+
+    s = BatchStore(tmp_path / "b.db")
+    s.create_batch("me", _batch(), _lines(4))
+    chat = {"usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                      "prompt_tokens_details": {"cached_tokens": 8}}}
+    resp = {"usage": {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9,
+                      "input_tokens_details": {"cached_tokens": 0}}}
+    s.finish_line("batch_1", 0, True, line_result("batch_1", 0, "c0", status=200, body=chat))
+    s.finish_line("batch_1", 1, False, line_result("batch_1", 1, "c1", status=400, body={"error": {}}))
+    live = BatchUsage.model_validate(s.get_batch("batch_1", "me")["usage"])
+    assert (live.input_tokens, live.output_tokens, live.total_tokens) == (10, 3, 13)
+    s.finish_line("batch_1", 2, True, line_result("batch_1", 2, "c2", status=200, body=resp))
+    s.finalize("batch_1", "cancelled")
+    done = BatchUsage.model_validate(s.get_batch("batch_1", "me")["usage"])
+    assert (done.input_tokens, done.output_tokens, done.total_tokens) == (17, 5, 22)
+    assert (done.input_tokens_details.cached_tokens, done.output_tokens_details.reasoning_tokens) == (8, 0)
