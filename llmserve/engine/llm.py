@@ -170,6 +170,7 @@ class LLM:
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False (as vLLM)")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        convs = [[_text_parts_joined(m) for m in c] for c in convs]  # type: ignore[union-attr]
         tok = self.engine.tokenizer
         extra = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
         prompts = [tok.encode_chat(c, add_generation_prompt, continue_final_message, **extra)
@@ -178,6 +179,19 @@ class LLM:
         for out, c in zip(outs, convs):  # vLLM's: the rendered conversation
             out.prompt = tok.apply_chat_template(c, add_generation_prompt, continue_final_message, **extra)
         return outs
+
+
+def _text_parts_joined(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's content parts as the text templates read: joined by newlines, as vLLM's
+    ``LLM.chat`` (and the chat endpoint) join them; a part that is not text is refused."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    for p in content:
+        if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            raise ValueError(f"content part {kind!r} is not supported: the model reads text parts")
+    return {**message, "content": "\n".join(p["text"] for p in content)}
 
 
 def fan_out(sp: SamplingParams) -> list[SamplingParams]:

@@ -93,3 +93,11 @@ def test_a_stop_token_is_text_only_with_include_stop_str_in_output(llm):
     kept = llm.generate("hello there", greedy(max_tokens=6, stop_token_ids=[stop],
                                               include_stop_str_in_output=True))[0].outputs[0]
     assert kept.token_ids == ids[:3] and kept.text == tok.decode(ids[:3]) != c.text == tok.decode(ids[:2])
+
+
+def test_chat_joins_text_parts_as_vllm_and_refuses_other_parts(llm):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}]
+    joined = [{"role": "user", "content": "hello\nthere"}]
+    assert llm.chat(parts, greedy())[0].prompt_token_ids == llm.chat(joined, greedy())[0].prompt_token_ids
+    with pytest.raises(ValueError, match="image_url"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], greedy())
