@@ -45,11 +45,31 @@ def _generation_config(value: str) -> str:
     return value
 
 
+def _one_device(value: str) -> int:
+    if value != "1":
+        raise argparse.ArgumentTypeError(f"{value!r} is not supported: an instance runs on one device "
+                                         "(--instances shares a machine between engines)")
+    return 1
+
+
+def _gpu_memory_utilization(value: str) -> str:
+    raise argparse.ArgumentTypeError("is not supported: --kv-cache-memory sizes the KV pool (bytes, e.g. 2G)")
+
+
 def add_vllm_server_aliases(p: argparse.ArgumentParser) -> None:
     """``vllm serve`` flags a copied command line carries, where llmserve does the same:
-    request contents are never logged, ``--log-level`` is uvicorn's level too, and sampling
-    defaults never come from the model's generation config."""
+    request contents are never logged, ``--log-level`` is uvicorn's level too, sampling
+    defaults never come from the model's generation config, one device, no CUDA graphs,
+    and no model code is ever run (weights are read as data)."""
     g = p.add_argument_group("vLLM's names")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_one_device, default=argparse.SUPPRESS,
+                   help="only 1: an instance runs on one device")
+    g.add_argument("--trust-remote-code", action="store_true", default=argparse.SUPPRESS,
+                   help="accepted, no effect: no model code is ever run (the known families are built in)")
+    g.add_argument("--enforce-eager", action="store_true", default=argparse.SUPPRESS,
+                   help="accepted: steps always run eagerly (no CUDA graphs)")
+    g.add_argument("--gpu-memory-utilization", type=_gpu_memory_utilization, default=argparse.SUPPRESS,
+                   help="refused: --kv-cache-memory sizes the KV pool")
     g.add_argument("--disable-log-requests", action="store_true", default=argparse.SUPPRESS,
                    help="accepted: request contents are never logged (--access-log logs timings)")
     g.add_argument("--uvicorn-log-level", dest="log_level", choices=_LOG_LEVELS, default=argparse.SUPPRESS,

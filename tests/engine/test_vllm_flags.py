@@ -17,6 +17,7 @@ def _parse(*flags: str):
 
 def test_vllm_serve_flags_are_taken():
     args = _parse("--disable-log-requests", "--uvicorn-log-level", "info", "--generation-config", "vllm",
+                  "--tensor-parallel-size", "1", "--trust-remote-code", "--enforce-eager",
                   "--served-model-name", "a", "b", "--max-model-len", "512", "--seed", "3",
                   "--max-num-batched-tokens", "256", "--enable-prefix-caching")
     assert given(ServerConfig, args)["log_level"] == "info"
@@ -27,6 +28,8 @@ def test_vllm_serve_flags_are_taken():
 @pytest.mark.parametrize("flags,says", [
     (("--generation-config", "auto"), "generation-config"),
     (("--uvicorn-log-level", "loud"), "uvicorn-log-level"),
+    (("-tp", "2"), "one device"),
+    (("--gpu-memory-utilization", "0.9"), "--kv-cache-memory"),
 ])
 def test_what_is_not_implemented_is_refused_by_name(flags, says, capsys):
     with pytest.raises(SystemExit) as e:
