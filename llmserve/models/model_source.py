@@ -22,7 +22,7 @@ from llmserve.models.files import atomic_target, atomic_write_json
 from llmserve.models.gguf_loader import GGUFLoader, _open
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, WeightLoader
-from llmserve.models.tokenizer import Tokenizer
+from llmserve.models.tokenizer import Tokenizer, gguf_end_ids
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,8 @@ def load_tokenizer(source: Path, store_dir: Path | None = None) -> Tokenizer:
         try:
             tok = Tokenizer.from_folder(folder)
             tok.name = source.stem
+            # a cache written before llama.cpp's end tokens were read may lack them
+            tok.eos_token_ids = tuple(dict.fromkeys([*tok.eos_token_ids, *gguf_end_ids(tok.backend)]))
             return tok
         except ModelLoadError as e:
             log.warning("rebuilding a broken cached tokenizer in %s: %s", folder, e)

@@ -62,6 +62,18 @@ def _read_chat_template(folder: Path, cfg: dict[str, Any]) -> str | None:
     return tpl if isinstance(tpl, str) else None
 
 
+# The tokens llama.cpp ends generation at, by their text, whatever the GGUF's eos/eot/eom ids say
+# (llama-vocab.cpp): a Phi-3 GGUF says eos <|endoftext|> but ends its turns with <|end|>.
+GGUF_END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+                   "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+
+
+
+def gguf_end_ids(backend: RustTokenizer) -> list[int]:
+    vocab = backend.get_vocab()
+    return [vocab[t] for t in GGUF_END_TOKENS if t in vocab]
+
+
 class Tokenizer:
     """Encode, decode and render chats for one model."""
 
@@ -120,7 +132,7 @@ class Tokenizer:
             raise ModelLoadError(f"{path}: cannot build a tokenizer from the GGUF metadata "
                                  f"({type(e).__name__}: {e})") from e
         return cls(backend, bos_token=hf.bos_token, eos_token=hf.eos_token, chat_template=hf.chat_template,
-                   name=path.stem)
+                   extra_eos_token_ids=gguf_end_ids(backend), name=path.stem)
 
     def save(self, folder: Path) -> None:
         """Write ``tokenizer.json`` and ``tokenizer_config.json`` (last, so it marks completion)."""

@@ -140,7 +140,7 @@ def test_smollm2_tokenizer_matches_transformers(smollm2_path, tmp_path):
     tok = load_tokenizer(smollm2_path, tmp_path)
     _assert_same_as(tok, hf)
     _assert_same_as(load_tokenizer(smollm2_path, tmp_path), hf)  # cached copy
-    assert (tok.bos_token_id, tok.eos_token_ids, tok.vocab_size) == (1, (2,), 49152)
+    assert (tok.bos_token_id, tok.eos_token_ids, tok.vocab_size) == (1, (2, 0), 49152)  # and llama.cpp's <|endoftext|>
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -208,3 +208,16 @@ def test_whitespace_added_tokens_are_never_control_tokens(tmp_path):
     assert ids == list(hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                               sanitize_control_tokens=True)["input_ids"])
     assert tok.backend.token_to_id("\n\n") in ids
+
+
+def test_a_gguf_ends_generation_where_llama_cpp_does(tiny_folder, tmp_path):
+    """llama.cpp ends at every end-of-turn token its vocabulary names (<|endoftext|>, <|end|>,
+    <|eot_id|>, ...), not only the metadata's eos id: a Phi-3 GGUF says eos <|endoftext|>
+    and ends its turns with <|end|>. Kept through the tokenizer cache too."""
+    gguf = make_tiny_gguf(tiny_folder, tmp_path / "tiny.gguf")
+    store = tmp_path / "store"
+    for _ in range(3):  # built, from the cache, from a cache written before (only the eos id)
+        tok = load_tokenizer(gguf, store)
+        assert set(tok.eos_token_ids) == {tok.backend.token_to_id("<|im_end|>"), tok.backend.token_to_id("<|endoftext|>")}
+        (cache_dir(gguf, store) / "generation_config.json").unlink(missing_ok=True)
+    assert Tokenizer.from_folder(tiny_folder).eos_token_ids == (2,)  # a folder says its own
