@@ -45,4 +45,7 @@ def add_model_routes(app: FastAPI, inst: Any) -> None:
         for card in cards():
             if card["id"] == model:
                 return card
+        if not inst.model_name:  # still loading: its names are not known yet, so nothing is "not served"
+            raise APIError(503, f"the instance is not ready ({inst.state.value})", "service_unavailable",
+                           headers={"Retry-After": "1"})
         raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model", "model_not_found")

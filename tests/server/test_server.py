@@ -243,7 +243,7 @@ def test_api_key_overload_and_ready_before_warmup(tiny_path, tmp_path):
                       "--fault-latency-ms", "1500", "--startup-delay", "2", wait=False)
     try:
         deadline = time.monotonic() + 60
-        saw_not_ready = False
+        saw_not_ready = saw_starting = False
         while time.monotonic() < deadline:
             try:
                 r = httpx.get(ep.url + "/ready", timeout=1)
@@ -254,10 +254,17 @@ def test_api_key_overload_and_ready_before_warmup(tiny_path, tmp_path):
                 saw_not_ready = True
                 assert r.json()["state"] in ("starting", "warming")  # "loading" before the shared enum
                 assert httpx.get(ep.url + "/health").status_code == 200
+                if r.json()["state"] == "starting":  # no name known yet: not ready, not "does not exist"
+                    saw_starting = True
+                    m = httpx.get(ep.url + "/v1/models/tiny", headers={"Authorization": "Bearer sekret"})
+                    if m.status_code != 503:  # (unless it got past starting in between)
+                        assert httpx.get(ep.url + "/ready").json()["state"] != "starting", m.text
+                    else:
+                        assert m.headers.get("retry-after") == "1"
             if r.status_code == 200:
                 break
             time.sleep(0.05)
-        assert saw_not_ready
+        assert saw_not_ready and saw_starting
         ep.wait_ready()
         assert httpx.post(ep.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
         bad = httpx.post(ep.url + "/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
