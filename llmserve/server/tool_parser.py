@@ -64,6 +64,7 @@ class ToolCallParser:
     _buf: str = ""
     _in_call: bool = False
     _block: str = ""
+    _quoted: tuple[bool, bool] = (False, False)  # the block so far ends inside a JSON string, after a backslash
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
@@ -76,12 +77,12 @@ class ToolCallParser:
                     self._text(ready, events)
                     return events
                 self._text(self._buf[:i], events)
-                self._buf, self._in_call, self._block = self._buf[i + len(OPEN):], True, ""
+                self._buf, self._in_call, self._block, self._quoted = self._buf[i + len(OPEN):], True, "", (False, False)
                 if self.parallel or not self.calls:
                     self.calls.append(_Call(self.new_id()))
                 else:
                     self.calls.append(_Call(""))  # past the first with parallel off: read, not sent
-            j = self._buf.find(CLOSE)
+            j = self._close_at()
             if j < 0:
                 ready, self._buf = _held_back(self._buf, CLOSE)
                 self._grow(ready, events)
@@ -114,9 +115,21 @@ class ToolCallParser:
             self.content += text
             events.append(Content(text))
 
+    def _close_at(self) -> int:
+        """Where the call's closing tag starts in the buffer: not inside a JSON string, which
+        may hold the tag's text (-1: not yet)."""
+        j, done, quoted = self._buf.find(CLOSE), 0, self._quoted
+        while j >= 0:
+            quoted = _quote_state(self._buf[done:j], quoted)
+            if not quoted[0]:
+                return j
+            done, j = j, self._buf.find(CLOSE, j + 1)
+        return -1
+
     def _grow(self, text: str, events: list[Event]) -> None:
         call = self.calls[-1]
         self._block += text
+        self._quoted = _quote_state(text, self._quoted)
         if not call.id:
             return
         if call.name is None:
@@ -154,6 +167,21 @@ class ToolCallParser:
 
     def _index(self) -> int:
         return sum(1 for c in self.calls if c.id) - 1
+
+
+def _quote_state(text: str, state: tuple[bool, bool]) -> tuple[bool, bool]:
+    """(inside a JSON string, after a backslash there) at the end of ``text``, from ``state``."""
+    in_string, escape = state
+    if not in_string and '"' not in text:
+        return state
+    for ch in text:
+        if escape:
+            escape = False
+        elif in_string and ch == "\\":
+            escape = True
+        elif ch == '"':
+            in_string = not in_string
+    return in_string, escape
 
 
 def _held_back(text: str, tag: str) -> tuple[str, str]:

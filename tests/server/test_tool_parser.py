@@ -84,3 +84,16 @@ def test_an_opening_tag_never_closed_and_no_call_is_content_whole(seed):
         p, events = _parse_in_chunks(text, seed)
         assert p.tool_calls() == [] and p.content == text
         assert "".join(e.text for e in events if isinstance(e, Content)) == text
+
+
+@pytest.mark.parametrize("seed", [None, *range(20)])
+def test_a_closing_tag_inside_an_argument_string_does_not_end_the_call(seed):
+    """The grammar lets a JSON string hold "</tool_call>" (an agent writing a prompt file):
+    the call ends at the tag after the JSON, not mid-string with half its arguments."""
+    args = '{"text": "write <tool_call> then </tool_call>, \\"</tool_call>\\"", "n": 1}'
+    text = f'<tool_call>\n{{"name": "save", "arguments": {args}}}\n</tool_call>\n<tool_call>\n' \
+           '{"arguments": {"q": "</tool_call>"}, "name": "g"}\n</tool_call>'
+    p, events = _parse_in_chunks(text, seed)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in p.tool_calls()] == \
+        [("save", args), ("g", '{"q": "</tool_call>"}')]
+    assert "".join(e.text for e in events if isinstance(e, CallArguments) and e.index == 0) == args
