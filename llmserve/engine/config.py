@@ -24,6 +24,11 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "auto": "auto", "bfloat16"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+def _alias(table: dict[str, str]):
+    """A flag's type: vLLM's names (``bfloat16``, ``half``) as ours, before argparse checks the choices."""
+    return lambda v: table.get(v.lower(), v)
+
+
 class SpeculativeConfig(BaseModel):
     """vLLM-style ``speculative_config``."""
 
@@ -76,11 +81,11 @@ class EngineConfig(BaseModel):
 
     model: str = Field("SmolLM2-135M-Instruct", description="model store name, .gguf file or Hugging Face folder")
     model_store: str | None = Field(None, description="model store folder (LLMSERVE_MODEL_STORE sets the default)")
-    dtype: Annotated[str, Flag(choices=DTYPES)] = Field(
+    dtype: Annotated[str, Flag(choices=DTYPES, type=_alias(_DTYPE_ALIASES))] = Field(
         "auto", description="weight format: int8 = int8 weights, fp32 activations; w8a8 = int8 activations "
                             "too (torch's dynamic int8; lossy on SmolLM2); auto = int8 for a block-quantised "
                             "GGUF where the int8 kernel runs, else fp32")
-    kv_cache_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES)] = Field(
+    kv_cache_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES, type=_alias(_KV_ALIASES))] = Field(
         "auto", description="KV pool element type; auto = fp16 with int8 weights (half the bytes each decode "
                             "step's attention streams), else fp32 (token-exact against transformers)")
     max_num_seqs: int = Field(64, ge=1, description="requests in the running batch at most")
@@ -134,7 +139,7 @@ class EngineConfig(BaseModel):
         default_factory=dict, description="adapters served as models: a PEFT folder or a GGUF LoRA each")
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (one step mixes at most these)")
     max_lora_rank: int = Field(16, ge=1, le=512, description="largest LoRA rank accepted")
-    lora_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES)] = Field(
+    lora_dtype: Annotated[str, Flag(choices=KV_CACHE_DTYPES, type=_alias(_KV_ALIASES))] = Field(
         "auto", description="the LoRA factors' storage; auto = fp16 with int8 weights where the C++ kernel "
                             "runs (half the memory and the bytes each step reads), else fp32 (token-exact "
                             "against PEFT)")

@@ -35,3 +35,14 @@ def test_what_is_not_implemented_is_refused_by_name(flags, says, capsys):
     with pytest.raises(SystemExit) as e:
         _parse(*flags)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_dtype_flags_take_vllms_names():
+    """``--dtype bfloat16`` was an invalid choice though ``LLM(dtype="bfloat16")`` took it."""
+    from llmserve.engine.argv import engine_config_from
+
+    cfg = engine_config_from(_parse("--dtype", "bfloat16", "--kv-cache-dtype", "half", "--lora-dtype", "float32"))
+    assert (cfg.dtype, cfg.kv_cache_dtype, cfg.lora_dtype) == ("bf16", "fp16", "fp32")
+    assert engine_config_from(_parse("--dtype", "float")).dtype == "fp32"
+    with pytest.raises(SystemExit):
+        _parse("--dtype", "half")  # (no fp16 weights)
