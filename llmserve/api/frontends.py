@@ -135,8 +135,11 @@ class Frontends:
 
     async def _stored(self, scope: Scope, rid: str, method: str) -> Response:
         owner = self._owner(scope)
-        if method not in ("GET", "DELETE") or "/" in rid:
-            raise APIError(405 if "/" not in rid else 404, f"{method} {scope['path']} is not supported")
+        if "/" in rid or rid in _NOT_SERVED:  # (input_items, cancel; input_tokens, compact: not response ids)
+            raise APIError(404, f"{method} {scope['path']} is not supported", code="not_found")
+        if method not in ("GET", "DELETE"):
+            raise APIError(405, f"{method} {scope['path']} is not supported", code="method_not_allowed",
+                           headers={"allow": "GET, DELETE"})
         query = sorted(parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         if query:  # include, stream (a stored stream's replay), starting_after: not implemented
             raise APIError(400, f"query parameter {query[0]!r} is not supported on {scope['path']}", param=query[0])
@@ -206,6 +209,9 @@ class Frontends:
                 await inner.close()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+_NOT_SERVED = frozenset({"input_tokens", "compact"})  # OpenAI's POST /v1/responses/<these>
 
 
 def _relayed(headers: dict[str, str]) -> dict[str, str]:

@@ -196,6 +196,19 @@ def test_bad_bytes_and_methods(host):
         assert resp.json()["error"]["message"]
 
 
+def test_openais_response_routes_not_served_are_404s_and_a_wrong_method_a_405(client):
+    """The SDK's NotFoundError for what llmserve does not serve (it was a bare 405 for input_tokens)."""
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2)
+    for call in (lambda: client.responses.input_tokens.count(model="tiny", input="hi"),
+                 lambda: client.responses.input_items.list(r.id), lambda: client.responses.cancel(r.id),
+                 lambda: client.responses.compact(model="tiny", input="hi")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.body["code"] == "not_found"
+    wrong = httpx.post(f"{client.base_url}responses/{r.id}", json={}, headers={"authorization": f"Bearer {client.api_key}"})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, DELETE"
+
+
 def test_a_stream_without_model_names_the_answering_model_from_its_first_event(host):
     body = {"input": "hi", "max_output_tokens": 3, "stream": True}
     with httpx.stream("POST", host[0] + "/v1/responses", json=body, headers=_auth(host), timeout=60) as r:
