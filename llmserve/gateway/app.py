@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -36,6 +37,7 @@ from llmserve.gateway.model_cards import ModelCards
 from llmserve.gateway.proxy import Proxy
 from llmserve.gateway.runtime import Gateway
 from llmserve.gateway.tenants.admin import keys_router
+from llmserve.gateway.version_router import VERSION_HEADER
 from llmserve.state.gateway_state import check_store
 from llmserve.http_guard import uvicorn_options
 from llmserve.tracing.config import TracingConfig
@@ -106,12 +108,23 @@ class GatewayApp(FastAPI):
             client = request.scope.get(PRIVILEGES_KEY) or self.check_client(request)
             return await self.proxy.handle(request, path, client)
         except GatewayError as e:
+            self._refused(request, e)
             return from_exception(e)
         except ClientDisconnect:
             return error_response(499, "the client closed the request", code="client_disconnected")
         except Exception as e:  # noqa: BLE001 - an OpenAI-shaped 500, never a bare one
             log.exception("unhandled error on %s", path)
             return error_response(500, f"internal gateway error: {type(e).__name__}", code="internal_error")
+
+
+    def _refused(self, request: Request, e: GatewayError) -> None:
+        """The access line of a request refused before it had a record (a 400, 401, 404, a key's
+        429): a record's own errors carry its version header and were logged as it finished."""
+        t = self.gateway.telemetry
+        if t is None or t.log is None or VERSION_HEADER in e.headers:
+            return
+        t.access({"time": round(time.time(), 3), "request_id": request.headers.get("x-request-id"),
+                  "path": request.url.path, "status": e.status, "error": e.code})
 
 
 def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None) -> GatewayApp:
