@@ -175,6 +175,15 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
         await gw.ensure_started()  # (the instances are asked: the upstream client must exist)
         return {"object": "list", "data": await cards.cards(gw)}
 
+    @app.get("/v1/models/{model:path}")  # client.models.retrieve, as an instance answers it
+    async def retrieve_model(model: str, request: Request) -> dict:
+        check_client(request)
+        await gw.ensure_started()
+        card = next((c for c in await cards.cards(gw) if c["id"] == model), None)
+        if card is None:
+            raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
+        return card
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok"}

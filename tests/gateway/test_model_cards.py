@@ -64,3 +64,16 @@ def test_hung_instances_cost_a_list_at_most_two_polls():
         r = s.client.get("/v1/models")
         assert r.status_code == 200 and r.json()["data"][0]["family"] is None
         assert [s.fakes[n].models_asked for n in "abc"] == [1, 1, 0]
+
+
+def test_the_gateway_retrieves_one_model_as_an_instance_does():
+    """``client.models.retrieve("chat")`` through the gateway: the card, where it was a bare
+    404 ``Not Found`` with no code; an unknown name is OpenAI's ``model_not_found``."""
+    with stack({"v1": [Behaviour("a")]}, client_key="client-key-0123",
+               auth={"admin_key": "admin-key-for-tests-0123456789", "api_keys": ["client-key-0123"]}) as s:
+        r = s.client.get("/v1/models/chat")
+        assert r.status_code == 200 and r.json() == s.client.get("/v1/models").json()["data"][0], r.text
+        r = s.client.get("/v1/models/nope")
+        err = r.json()["error"]
+        assert r.status_code == 404 and (err["code"], err["param"]) == ("model_not_found", "model"), r.text
+        assert s.client.get("/v1/models/chat", headers={"authorization": "Bearer wrong-key-0123"}).status_code == 401
