@@ -2,10 +2,9 @@
 
 ``system`` becomes the system turn; ``tool_use`` blocks the assistant's
 ``tool_calls``; ``tool_result`` blocks ``tool`` messages (before the user's text
-of the same turn: they answer the previous turn's calls). Stop sequences are sent
-with ``include_stop_str_in_output`` so the answer can say which one matched
-(``stop_reason: stop_sequence`` and ``stop_sequence``) and then drop it, as
-Anthropic does; a stream holds back that many characters until it knows.
+of the same turn: they answer the previous turn's calls). Stop sequences are chat's
+``stop``: the engine leaves the match out of the text (a stream's too) and chat's
+``stop_reason`` names it (``stop_reason: stop_sequence`` and ``stop_sequence``).
 """
 
 from __future__ import annotations
@@ -91,7 +90,6 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             body[key] = getattr(req, key)
     if req.stop_sequences:
         body["stop"] = req.stop_sequences
-        body["include_stop_str_in_output"] = True
     if req.metadata and req.metadata.user_id:
         body["user"] = req.metadata.user_id
     if req.stream:  # (the usage from the first chunk on: message_start reports the prompt's tokens)
@@ -112,12 +110,12 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     return body
 
 
-def split_stop(text: str, finish: str | None, stop_reason: Any) -> tuple[str, str | None, str | None]:
-    """(text without the matched stop sequence, stop_reason, stop_sequence): the match is the
-    engine's (chat's ``stop_reason``), not guessed from the text, which may end with several."""
-    if finish == "stop" and isinstance(stop_reason, str) and stop_reason and text.endswith(stop_reason):
-        return text[:-len(stop_reason)], "stop_sequence", stop_reason
-    return text, _STOP.get(finish or "stop", "end_turn"), None
+def stop_of(finish: str | None, stop_reason: Any) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): a stop string chat's ``stop_reason`` names (a stop token's
+    id, or EOS, is an end of turn)."""
+    if finish == "stop" and isinstance(stop_reason, str) and stop_reason:
+        return "stop_sequence", stop_reason
+    return _STOP.get(finish or "stop", "end_turn"), None
 
 
 def _input(arguments: str) -> dict[str, Any]:
@@ -139,7 +137,8 @@ def usage(u: dict[str, Any] | None) -> dict[str, Any]:
 def from_chat(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
     choice = (body.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
-    text, reason, seq = split_stop(msg.get("content") or "", choice.get("finish_reason"), choice.get("stop_reason"))
+    text = msg.get("content") or ""
+    reason, seq = stop_of(choice.get("finish_reason"), choice.get("stop_reason"))
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     content += [{"type": "tool_use", "id": c.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
                  "name": c["function"]["name"], "input": _input(c["function"].get("arguments", ""))}
@@ -155,7 +154,6 @@ def _event(kind: str, **data: Any) -> bytes:
 async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     """Chat chunks in, Anthropic's message stream out: one content block open at a time
     (each is stopped before the next starts, as Anthropic streams them)."""
-    hold = max((len(s) for s in req.stop_sequences or []), default=0)
     chunks = aiter(chunks)
     first = await anext(chunks, None)  # message_start waits for it: its usage counts the prompt
     start = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": req.model,
@@ -164,8 +162,7 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
     yield _event("message_start", message=start)
     chunks = _after(first, chunks)
     index = -1
-    text_open = tool_open = started = False  # started: the open text's block start is sent
-    pending = ""  # text not yet sent: it may be the start of a stop sequence
+    text_open = tool_open = False
     calls: dict[int, int] = {}  # tool call index -> block index
     finish, stop_reason, last_usage = None, None, None
     async for chunk in chunks:
@@ -180,25 +177,15 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                 if not text_open:
                     if tool_open:
                         yield _event("content_block_stop", index=index)
-                    text_open, tool_open, started = True, False, False
-                pending += delta["content"]
-                if len(pending) > hold:
-                    out, pending = pending[:len(pending) - hold], pending[len(pending) - hold:]
-                    if not started:
-                        index, started = index + 1, True
-                        yield _text_start(index)
-                    yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": out})
+                    index, text_open, tool_open = index + 1, True, False
+                    yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": delta["content"]})
             for tc in delta.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 if tc.get("index", 0) not in calls:
-                    if text_open:
-                        index, ends = _flush_text(index, pending, started)
-                        for e in ends:
-                            yield e
-                        text_open, pending = False, ""
-                    elif tool_open:
+                    if text_open or tool_open:
                         yield _event("content_block_stop", index=index)
-                    index, tool_open = index + 1, True
+                    index, text_open, tool_open = index + 1, False, True
                     calls[tc.get("index", 0)] = index
                     yield _event("content_block_start", index=index, content_block={
                         "type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
@@ -208,13 +195,9 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                                  delta={"type": "input_json_delta", "partial_json": fn["arguments"]})
             if choice.get("finish_reason"):
                 finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
-    text, reason, seq = split_stop(pending, finish, stop_reason)
-    if text_open:
-        index, ends = _flush_text(index, text, started)
-        for e in ends:
-            yield e
-    elif tool_open:
+    if text_open or tool_open:
         yield _event("content_block_stop", index=index)
+    reason, seq = stop_of(finish, stop_reason)
     u = usage(last_usage)
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
                  usage={k: u[k] for k in ("output_tokens", "input_tokens", "cache_read_input_tokens",
@@ -228,17 +211,3 @@ async def _after(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any
     async for chunk in rest:
         yield chunk
 
-
-def _text_start(index: int) -> bytes:
-    return _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-
-
-def _flush_text(index: int, text: str, started: bool) -> tuple[int, list[bytes]]:
-    """The open text's last events and the last block's index: text that was all held back
-    and dropped (the stop sequence alone) opens no block, as the unstreamed answer has none."""
-    if not started and not text:
-        return index, []
-    out = [] if started else [_text_start(index := index + 1)]
-    if text:
-        out.append(_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text}))
-    return index, out + [_event("content_block_stop", index=index)]

@@ -34,26 +34,30 @@ def _chunk(delta: dict, finish: str | None = None, stop_reason=None) -> dict:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": stop_reason}]}
 
 
-def test_the_stop_sequence_is_the_one_the_engine_matched_not_the_longest_suffix():
-    # "4\n5" is also a suffix, but the engine (as vLLM: the first listed that is found) says "5"
+def test_the_stop_sequence_is_the_one_the_engine_matched_and_the_text_is_chats():
+    """Chat's text already leaves the match out (no include_stop_str_in_output is asked for,
+    so a stop token's text never shows); its stop_reason names the match: "5", though the
+    text also ends like "4\n" of "4\n5"."""
     req = _req(stop_sequences=["5", "4\n5"])
-    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "1\n2\n3\n4\n5"},
+    assert "include_stop_str_in_output" not in messages.chat_body(req) and messages.chat_body(req)["stop"]
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "1\n2\n3\n4\n"},
                          "finish_reason": "stop", "stop_reason": "5"}],
             "usage": {"prompt_tokens": 9, "completion_tokens": 9, "total_tokens": 18}}
     m = messages.from_chat(req, body)
     assert (m["content"][0]["text"], m["stop_reason"], m["stop_sequence"]) == ("1\n2\n3\n4\n", "stop_sequence", "5")
     events = _events(_req(stop_sequences=["5", "4\n5"], stream=True),
-                     [_chunk({"role": "assistant", "content": "1\n2\n3"}), _chunk({"content": "\n4\n5"}, "stop", "5")])
+                     [_chunk({"role": "assistant", "content": "1\n2\n3"}), _chunk({"content": "\n4\n"}, "stop", "5")])
     text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
     end = next(e for e in events if e["type"] == "message_delta")
     assert (text, end["delta"]) == ("1\n2\n3\n4\n", {"stop_reason": "stop_sequence", "stop_sequence": "5"})
 
 
-def test_an_eos_after_text_ending_like_a_stop_sequence_is_end_turn():
-    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "a 5"},
-                         "finish_reason": "stop", "stop_reason": None}]}
-    m = messages.from_chat(_req(stop_sequences=["5"]), body)
-    assert (m["content"][0]["text"], m["stop_reason"], m["stop_sequence"]) == ("a 5", "end_turn", None)
+def test_an_eos_or_a_stop_token_after_text_ending_like_a_stop_sequence_is_end_turn():
+    for stop_reason in (None, 7):
+        body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "a 5"},
+                             "finish_reason": "stop", "stop_reason": stop_reason}]}
+        m = messages.from_chat(_req(stop_sequences=["5"]), body)
+        assert (m["content"][0]["text"], m["stop_reason"], m["stop_sequence"]) == ("a 5", "end_turn", None)
 
 
 def test_usage_input_tokens_exclude_the_cached_ones():
@@ -170,7 +174,8 @@ def test_an_empty_final_assistant_turn_prefills_nothing():
 
 
 def test_a_stream_that_is_only_the_stop_sequence_has_no_empty_text_block():
-    """As the unstreamed answer (content []): the held-back text was the stop sequence alone."""
-    events = _events(_req(stop_sequences=["\n"], stream=True), [_chunk({"role": "assistant", "content": "\n"}, "stop", "\n")])
+    """As the unstreamed answer (content []): chat sends no text for the stop sequence alone."""
+    events = _events(_req(stop_sequences=["\n"], stream=True),
+                     [_chunk({"role": "assistant", "content": ""}, "stop", "\n")])
     assert [e["type"] for e in events] == ["message_start", "message_delta", "message_stop"]
     assert events[1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "\n"}
