@@ -154,6 +154,9 @@ class Gateway:
         # Replicas: whether this one takes a model's canary decisions now (its pool's leader);
         # None: always (one process).
         self.decides: Callable[[str], bool] | None = None
+        # Set by serve when every pool may rest at zero instances: the first request starts one,
+        # so /ready must not wait for one (a load balancer would never send that request).
+        self.ready_at_zero = False
         self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None
@@ -257,7 +260,7 @@ class Gateway:
         return self.timeline.of_model(self.models[model], self.services, time.time(), since, limit)
 
     def ready(self) -> bool:
-        return any(v.routable for p in self.pools() for v in p.views(time.monotonic()))
+        return self.ready_at_zero or any(v.routable for p in self.pools() for v in p.views(time.monotonic()))
 
     def _gauges(self) -> Iterable:
         depth = gauge("queue_depth", "Requests waiting in the gateway's queue",

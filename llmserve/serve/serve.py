@@ -108,6 +108,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     keys = {p.key: cfg.instance_key() for p in pools}  # one key per pool
     app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
     gw = app.state.gateway
+    gw.ready_at_zero = rests_at_zero(cfg)
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
     controllers = []
@@ -152,6 +153,17 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     app.state.controller = controllers[0]
     app.state.controllers = controllers
     return app, controllers
+
+
+def rests_at_zero(cfg: ServeConfig) -> bool:
+    """Every pool may have no instance by design (a floor of 0): scaled to zero, it starts one
+    for the first request, which waits in the queue."""
+    def floor(auto: AutoscaleConfig) -> int:
+        if auto.policy == "static":
+            return static_size(auto)
+        return max(auto.bounds.min_instances, auto.capacity.on_demand.min_instances or 0)
+
+    return all(floor(cfg.autoscale_config(p)) == 0 for p in cfg.pools())
 
 
 def gateway_telemetry(tracing: TracingConfig | None):
@@ -238,6 +250,7 @@ def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None
     keys = {p.key: cfg.instance_key() for p in cfg.pools()}  # Ray's is the one --replicas wrote
     app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
     app.state.gateway.decides = lambda model: False  # canary decisions are the pools' leaders'
+    app.state.gateway.ready_at_zero = rests_at_zero(cfg)
     return app
 
 

@@ -219,3 +219,22 @@ def test_a_bad_admin_request_is_a_400_naming_its_field(served, method, path, bod
     assert err["message"].startswith(says) and "'loc'" not in err["message"], err["message"]
     r = client.post("/admin/autoscale/scale", headers={**AUTH, "content-type": "application/json"}, content=b"{nope")
     assert r.status_code == 400 and r.json()["error"]["message"] == "malformed JSON in the request body"
+
+
+@pytest.mark.parametrize("autoscale, ready", [
+    ({"bounds": {"min_instances": 0, "max_instances": 2}}, True),
+    ({"bounds": {"min_instances": 1, "max_instances": 2}}, False),
+    ({"bounds": {"min_instances": 0, "max_instances": 2}, "capacity": {"on_demand": {"min_instances": 1}}}, False),
+    ({"policy": "static", "static": {"instances": 0}, "bounds": {"min_instances": 0}}, True),
+])
+def test_a_deployment_that_rests_at_zero_is_ready_with_no_instance(autoscale, ready):
+    """Scaled to zero by design, serve starts an instance for the first request (it queues):
+    a load balancer that checks /ready (docs/replicas.md) must be let send it. A pool with a
+    floor keeps /ready at 503 until an instance is ready, as before."""
+    cfg = ServeConfig(model="/models/tiny", served_model_name="tiny", autoscale={"tick_s": 0.1, **autoscale},
+                      lifecycle={"probe_interval_s": 0.05})
+    provider = FakeProvider(initial_state="starting", url_template="http://127.0.0.1:9/{id}")  # never ready
+    app, _ = build_app(cfg, provider, KEY, prober=FakeProber(provider))
+    with TestClient(app) as client:
+        r = client.get("/ready")
+        assert (r.status_code == 200) is ready, r.text
