@@ -145,6 +145,11 @@ def admin_router(gw: Gateway) -> APIRouter:
 
     async def override(model: str, op: InstanceOp) -> None:
         """An instance change, on every replica (``state/instance_overrides.py``)."""
+        if gw.controlled:  # the controller would go on counting (and billing) what it no longer routes to
+            raise GatewayError(409, f"pool {model}/{op.version}'s instances are its elastic controller's "
+                                    "(llmserve serve): pin its size with POST /admin/autoscale/scale, or drain "
+                                    "and replace one with POST /admin/autoscale/instances/{id}/reclaim",
+                               code="controlled_pool")
         try:
             await gw.shared.overrides.apply(runtime(model), op)
         except ValueError as e:

@@ -157,6 +157,8 @@ class Gateway:
         # Set by serve when every pool may rest at zero instances: the first request starts one,
         # so /ready must not wait for one (a load balancer would never send that request).
         self.ready_at_zero = False
+        # Set by serve: the pools' instances are their elastic controllers', not the admin API's.
+        self.controlled = False
         self.timeline = Timeline()  # every model's pools on one time axis (admin API, dashboard)
         self.upstream: UpstreamClient | None = None  # the request path and the polls
         self.monitor: Monitor | None = None

@@ -108,7 +108,7 @@ def build_deployment(cfg: ServeConfig, provider: InstanceProvider, admin_key: st
     keys = {p.key: cfg.instance_key() for p in pools}  # one key per pool
     app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
     gw = app.state.gateway
-    gw.ready_at_zero = rests_at_zero(cfg)
+    gw.ready_at_zero, gw.controlled = rests_at_zero(cfg), True
     metrics = AutoscaleMetrics(gw.metrics.registry)
     single = len(pools) == 1
     controllers = []
@@ -250,7 +250,7 @@ def follower_app(cfg: ServeConfig, admin_key: str, tracing: TracingConfig | None
     keys = {p.key: cfg.instance_key() for p in cfg.pools()}  # Ray's is the one --replicas wrote
     app = create_app(cfg.gateway_config(admin_key, keys), gateway_telemetry(tracing))
     app.state.gateway.decides = lambda model: False  # canary decisions are the pools' leaders'
-    app.state.gateway.ready_at_zero = rests_at_zero(cfg)
+    app.state.gateway.ready_at_zero, app.state.gateway.controlled = rests_at_zero(cfg), True
     return app
 
 

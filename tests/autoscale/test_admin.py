@@ -238,3 +238,22 @@ def test_a_deployment_that_rests_at_zero_is_ready_with_no_instance(autoscale, re
     with TestClient(app) as client:
         r = client.get("/ready")
         assert (r.status_code == 200) is ready, r.text
+
+
+def test_the_gateways_instance_api_leaves_a_controlled_pool_to_its_controller(served):
+    """Under serve, DELETE .../instances/{id} took a ready instance out of the gateway's pool
+    while its controller went on counting it ready (and billing it): the pool had nothing
+    to route to and was never refilled. A 409 points at the autoscale API instead."""
+    client, _, _ = served
+    pool = wait_for(client, lambda p: p["counts"]["ready"] == 1, what="one ready instance")
+    [inst] = client.get("/admin/autoscale/instances", headers=AUTH).json()["instances"]
+    base = "/admin/models/tiny/versions/v1/instances"
+    for method, path, body in (("delete", f"{base}/{inst['instance_id']}", None),
+                               ("post", f"{base}/{inst['instance_id']}/drain", None),
+                               ("post", base, {"url": "http://127.0.0.1:9/extra"})):
+        r = client.request(method, path, headers=AUTH, json=body)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "controlled_pool", r.text
+        assert "/admin/autoscale/scale" in r.json()["error"]["message"]
+    listed = client.get(base, headers=AUTH).json()["instances"]
+    assert [i["instance_id"] for i in listed] == [inst["instance_id"]] and not listed[0]["draining"]
+    assert pool["counts"]["ready"] == 1
