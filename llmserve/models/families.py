@@ -151,6 +151,7 @@ FAMILIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 # out, the decoder's config and weights are read from their place in the checkpoint.
 _TEXT_OF = {"gemma3": ("gemma3_text", "Gemma3TextConfig")}
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES) + tuple(_TEXT_OF)  # what a refusal lists
+_GENERATORS = ("ForCausalLM", "ForConditionalGeneration")
 
 
 def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +160,11 @@ def arch_from_hf(d: dict[str, Any]) -> dict[str, Any]:
     if model_type not in FAMILIES:
         raise UnsupportedModel(f"model family {model_type!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    for arch in d.get("architectures") or []:
+        # a reward, classification or embedding head of a family generates nothing
+        if isinstance(arch, str) and not arch.endswith(_GENERATORS):
+            raise UnsupportedModel(f"architecture {arch!r} is not supported: the engine generates text "
+                                   f"(a checkpoint whose architecture ends in {' or '.join(_GENERATORS)})")
     out = FAMILIES[model_type](d)
     if (s := out.get("rope_scaling")) and s["rope_type"] == "yarn":
         out["max_position_embeddings"] = yarn_context(s, int(d.get("max_position_embeddings", 2048)))

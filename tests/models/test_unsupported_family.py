@@ -65,3 +65,20 @@ def test_pull_refuses_a_local_path_the_engine_could_not_start_from(tmp_path):
         assert r.returncode == 2 and r.stdout == "", (path, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForSequenceClassification", "LlamaModel"])
+def test_a_supported_family_with_a_head_that_does_not_generate_is_refused(tmp_path, architecture):
+    """A reward model or a bare encoder of a supported family (Skywork's reward Llama, an
+    embedding Mistral) is not a text generator: one line at start naming its architecture, not
+    garbage from tied embeddings or a list of 'missing tensors'."""
+    folder = make_tiny_llama(tmp_path, tie_word_embeddings=True)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": [architecture]}))
+    r = _start(folder)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"architecture {architecture!r} is not supported" in lines[0], r.stderr
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": None}))  # none said: a generator
+    from llmserve.models.hf_loader import read_hf_config
+    assert read_hf_config(folder).num_hidden_layers == cfg["num_hidden_layers"]
