@@ -109,11 +109,7 @@ def call_grammar(tools: list[dict[str, Any]], mode: str, parallel: bool) -> dict
     if mode == "none":
         return None
     tags = [{"type": "tag", "begin": OPEN + "\n", "end": "\n" + CLOSE, "content": {
-        "type": "json_schema", "json_schema": {
-            "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": t["function"]["name"]},
-                           "arguments": t["function"].get("parameters") or {"type": "object", "properties": {}}}}}}
-        for t in tools]
+        "type": "json_schema", "json_schema": call_schema(t["function"])}} for t in tools]
     if mode == "auto":
         fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "at_least_one": False,
                "stop_after_first": not parallel}
@@ -121,3 +117,27 @@ def call_grammar(tools: list[dict[str, Any]], mode: str, parallel: bool) -> dict
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
                "stop_after_first": mode == "named" or not parallel}
     return {"type": "structural_tag", "format": fmt}
+
+
+DEFS = ("$defs", "definitions")  # where JSON Schema (2019+ and draft 7) keeps what "$ref" names
+
+
+def call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """``{"name": <const>, "arguments": <parameters>}``. The parameters move one level down,
+    so their local references follow them: ``#/$defs/X`` (pydantic's nested models) stays
+    valid by lifting the definitions to this root, any other ``#/...`` gains the path."""
+    params = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    lifted = {k: params.pop(k) for k in DEFS if k in params}
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: moved(v) for k, v in node.items()}
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#") and not ref.startswith(tuple(f"#/{k}/" for k in lifted)):
+                out["$ref"] = "#/properties/arguments" + ref[1:]
+            return out
+        return [moved(v) for v in node] if isinstance(node, list) else node
+
+    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": function["name"]}, "arguments": moved(params)},
+            **{k: moved(v) for k, v in lifted.items()}}

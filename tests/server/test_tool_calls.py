@@ -61,3 +61,34 @@ def test_call_grammar(mode, parallel, fmt, stop_after_first):
     assert g["type"] == fmt and g["stop_after_first"] is stop_after_first
     assert g.get("at_least_one") is (mode != "auto")
     assert call_grammar([TOOL], "none", parallel) is None
+
+
+def test_parameters_with_defs_and_refs_compile_and_constrain_the_call():
+    """pydantic's nested models (openai.pydantic_function_tool) name them as ``#/$defs/X``; the
+    parameters sit under ``arguments`` in the call's schema, so those names must still resolve."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from llmserve.engine.grammar import GrammarBackend
+    from llmserve.engine.sampling_params import StructuredOutputsParams
+    from llmserve.models.tokenizer import Tokenizer
+    from tests.helpers import tiny_tokenizer_json
+
+    params = {"type": "object", "required": ["item", "tags"], "additionalProperties": False, "properties": {
+        "item": {"$ref": "#/$defs/Item"}, "tags": {"type": "array", "items": {"$ref": "#/properties/tag"}},
+        "tag": {"type": "string", "enum": ["x", "y"]}},
+        "$defs": {"Item": {"type": "object", "required": ["qty"], "additionalProperties": False,
+                           "properties": {"qty": {"type": "integer"}, "next": {"$ref": "#/$defs/Item"}}}}}
+    tool = {"type": "function", "function": {"name": "order", "parameters": params}}
+    tok = Tokenizer(RustTokenizer.from_str(tiny_tokenizer_json(384)), bos_token="<|im_start|>",
+                    eos_token="<|im_end|>")
+    backend = GrammarBackend(tok, 384, [2])
+    compiled = backend.compile(StructuredOutputsParams(structural_tag=json.dumps(call_grammar([tool], "required",
+                                                                                             False))))
+
+    def accepts(arguments: str) -> bool:
+        m = backend.matcher(compiled)
+        return m.accept_string(f'<tool_call>\n{{"name": "order", "arguments": {arguments}}}\n</tool_call>')
+
+    assert accepts('{"item": {"qty": 2, "next": {"qty": 1}}, "tags": ["x"]}')
+    assert not accepts('{"item": {"qty": "two"}, "tags": ["x"]}')  # the $defs type holds
+    assert not accepts('{"item": {"qty": 2}, "tags": ["z"]}')  # and the moved local reference
