@@ -230,7 +230,11 @@ class ServeConfig(_Strict):
     def instance_spec(self, instance_id: str, instance_key: str | None = None,
                       pool: PoolDeployment | None = None) -> InstanceSpec:
         pool = pool or self.pools()[0]
-        env = (("LLMSERVE_API_KEY", instance_key or ""),)
+        from llmserve.server.entry import API_KEY_ENV
+
+        # vLLM's name too: a foreign vLLM takes the pool's key from it, and a key the user
+        # exported for something else never reaches an instance (it would refuse the gateway).
+        env = tuple((name, instance_key or "") for name in API_KEY_ENV)
         if pool.command:
             return InstanceSpec(instance_id, command=pool.command, env=env)
         args = ["--model", pool.source, "--served-model-name", pool.model, "--threads", str(self.threads(pool)),

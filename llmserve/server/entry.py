@@ -2,8 +2,8 @@
 
 What ``llmserve engine`` runs, without the console script: the engine's flags
 (``engine/argv.py``) and the server's (``ServerConfig``). The process provider and
-the template's children start instances with it. ``LLMSERVE_API_KEY`` is one more
-accepted key (an environment variable is not in ``ps`` output); ``LLMSERVE_NO_KERNELS``
+the template's children start instances with it. ``LLMSERVE_API_KEY`` (or vLLM's
+``VLLM_API_KEY``) is one more accepted key (an environment variable is not in ``ps`` output); ``LLMSERVE_NO_KERNELS``
 runs without the C++ kernels; ``LLMSERVE_NO_VNNI`` keeps the int8 kernel on its AVX2 path
 on a CPU with AVX-512 VNNI (``models/kernels.py``); ``OTEL_EXPORTER_OTLP_ENDPOINT`` is the
 default of ``--otlp-endpoint``.
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+API_KEY_ENV = ("LLMSERVE_API_KEY", "VLLM_API_KEY")  # each one more accepted key
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -33,9 +35,9 @@ def serve(args: argparse.Namespace) -> int:
     from llmserve.server.app import run_server
     from llmserve.server.config import ServerConfig
 
-    env_key = os.environ.get("LLMSERVE_API_KEY")
     server = given(ServerConfig, args)
-    server["api_keys"] = server.get("api_keys", []) + ([env_key] if env_key else [])
+    env_keys = [k for name in API_KEY_ENV if (k := os.environ.get(name)) and k not in server.get("api_keys", [])]
+    server["api_keys"] = server.get("api_keys", []) + list(dict.fromkeys(env_keys))
     server.setdefault("otlp_endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
     ecfg = engine_config_from(args)
     if not server.get("served_model_name"):  # the name it was asked for, as `llmserve serve` does

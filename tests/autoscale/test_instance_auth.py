@@ -50,9 +50,9 @@ def test_the_instance_key_is_generated_for_ray_only_unless_configured():
 def test_the_key_goes_to_the_spec_environment_and_the_gateway_upstreams():
     cfg = ServeConfig(model="/models/tiny", served_model_name="tiny")
     spec = cfg.instance_spec("v1-1", instance_key="pool-key-0123")
-    assert dict(spec.env) == {"LLMSERVE_API_KEY": "pool-key-0123"}
+    assert dict(spec.env) == {"LLMSERVE_API_KEY": "pool-key-0123", "VLLM_API_KEY": "pool-key-0123"}
     assert "pool-key-0123" not in spec.engine_args  # not in argv, where ps shows it
-    assert dict(cfg.instance_spec("v1-1").env) == {"LLMSERVE_API_KEY": ""}  # no inherited key either
+    assert dict(cfg.instance_spec("v1-1").env) == {"LLMSERVE_API_KEY": "", "VLLM_API_KEY": ""}  # none inherited
     version = cfg.gateway_config("x" * 16, "pool-key-0123").models[0].versions[0]
     assert version.api_key.get_secret_value() == "pool-key-0123"
     assert cfg.gateway_config("x" * 16).models[0].versions[0].api_key is None
