@@ -73,6 +73,8 @@ class BatchRunner:
         self._task: asyncio.Task | None = None
         self._lock_file: Any = None
         self.budget_keys: dict[str, str] = {}  # a batch's owner -> its key's name (whose budget lines charge)
+        self._served: dict[str, int] = {}  # key digest or batch id -> the turn it last got a seat (_share)
+        self._turn = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="batch-runner")
@@ -143,9 +145,12 @@ class BatchRunner:
         return sum(loads) if loads else None
 
     async def tick(self) -> None:
-        """Start lines up to the allowed number; end batches with nothing left."""
+        """Start lines up to the allowed number, shared out over the batches (``_share``); end
+        batches with nothing left."""
         batches = await asyncio.to_thread(self.store.active)
         allowed = self._allowed([b for b in batches if b["status"] == "in_progress"], time.time())
+        free = allowed - len(self.in_flight)
+        queues: dict[str, tuple[dict[str, Any], list[tuple[int, str, dict[str, Any]]]]] = {}
         for batch in batches:
             bid = batch["id"]
             mine = {idx for (b, idx) in self.in_flight if b == bid}
@@ -158,21 +163,51 @@ class BatchRunner:
                 if not mine:  # once they are gone (each task's done callback wakes the runner)
                     await asyncio.to_thread(self.store.finalize, bid, "expired" if expired else "cancelled")
                     self._seen.pop(bid, None)
+                    self._served.pop(bid, None)
                     self._models.pop(bid, None)
                 continue
-            free = allowed - len(self.in_flight)
             # at least one, to tell "nothing pending" from "no seat free"
             todo = await asyncio.to_thread(self.store.pending, bid, mine, max(free, 1))
             if not todo and not mine:
                 await asyncio.to_thread(self.store.finalize, bid, "completed")
                 self._seen.pop(bid, None)
+                self._served.pop(bid, None)
                 self._models.pop(bid, None)
-            for idx, cid, body in todo[:max(free, 0)]:
-                if isinstance(body, dict) and isinstance(body.get("model"), str):
-                    self._models.setdefault(bid, body["model"])
-                task = self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
-                # a callback, not the coroutine's finally: a task cancelled before it ran never runs that
-                task.add_done_callback(lambda t, key=(bid, idx): self._done(key, t))
+            elif todo:
+                queues[bid] = (batch, todo)
+        for bid, (batch, (idx, cid, body)) in self._share(queues, {b["id"]: b["owner"] for b in batches}, free):
+            if isinstance(body, dict) and isinstance(body.get("model"), str):
+                self._models.setdefault(bid, body["model"])
+            task = self.in_flight[(bid, idx)] = asyncio.create_task(self._line(bid, batch, idx, cid, body))
+            # a callback, not the coroutine's finally: a task cancelled before it ran never runs that
+            task.add_done_callback(lambda t, key=(bid, idx): self._done(key, t))
+
+    def _share(self, queues: dict[str, tuple[dict[str, Any], list[Any]]], owners: dict[str, str],
+               free: int) -> list[tuple[str, tuple[dict[str, Any], Any]]]:
+        """The ``free`` seats, one at a time, each to a batch of the key holding the fewest lines
+        in flight, of those the key served longest ago (then likewise per batch, then the oldest):
+        one key's backlog, or its many batches, never holds another key's batch back until it is done."""
+        by_key: dict[str, int] = {}
+        by_batch: dict[str, int] = {}
+        for bid, _ in self.in_flight:
+            by_batch[bid] = by_batch.get(bid, 0) + 1
+            if bid in owners:
+                by_key[owners[bid]] = by_key.get(owners[bid], 0) + 1
+        order = {bid: i for i, bid in enumerate(queues)}  # (active() lists them oldest first)
+        taken: list[tuple[str, tuple[dict[str, Any], Any]]] = []
+        for _ in range(max(free, 0)):
+            ready = [bid for bid, (_, todo) in queues.items() if todo]
+            if not ready:
+                break
+            bid = min(ready, key=lambda b: (by_key.get(owners[b], 0), self._served.get(owners[b], -1),
+                                            by_batch.get(b, 0), self._served.get(b, -1), order[b]))
+            batch, todo = queues[bid]
+            taken.append((bid, (batch, todo.pop(0))))
+            self._turn += 1
+            self._served[owners[bid]] = self._served[bid] = self._turn
+            by_key[owners[bid]] = by_key.get(owners[bid], 0) + 1
+            by_batch[bid] = by_batch.get(bid, 0) + 1
+        return taken
 
     def _done(self, key: tuple[str, int], task: asyncio.Task) -> None:
         if self.in_flight.get(key) is task:

@@ -88,3 +88,23 @@ def test_the_runner_follows_the_controllers_forecast(tmp_path):
     assert r._allowed(batches, 0.0) == 24  # a tenth of 4 instances forecast busy: each one's batch room
     peak.realtime_load = 3.0
     assert r._allowed(batches, 0.0) == 1  # near the peak: one line, to keep measuring the pace
+
+
+def test_one_keys_backlog_does_not_hold_another_keys_batch_back(tmp_path):
+    """One seat; key A's 8-line batch first, then key B's 1-line batch: B's line runs after at most
+    one of A's more, not after all of them (the oldest batch took every free seat)."""
+    b = Behaviour("i0", first_token_delay_s=0.15)
+    with stack({"v1": [b]}, state={"dir": str(tmp_path)}, batches={"poll_interval_s": 0.05, "concurrency": 1}) as s:
+        a, other = (openai.OpenAI(base_url=s.url + "/v1", api_key=k, max_retries=0) for k in ("key-a", "key-b"))
+
+        def start(c: openai.OpenAI, n: int) -> str:
+            f = c.files.create(file=("in.jsonl", io.BytesIO(_file(n))), purpose="batch")
+            return c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+
+        big = start(a, 8)
+        wait_until(lambda: b.requests >= 1, what="A's first line sent")
+        small = start(other, 1)
+        wait_until(lambda: other.batches.retrieve(small).status == "completed", timeout=10, what="B's batch")
+        assert a.batches.retrieve(big).request_counts.completed <= 3
+        wait_until(lambda: a.batches.retrieve(big).status == "completed", timeout=15, what="A's batch")
+        assert b.max_running == 1
