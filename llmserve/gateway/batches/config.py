@@ -75,6 +75,9 @@ class BatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_file_bytes: int = Field(64 << 20, ge=1024)  # an uploaded file (OpenAI allows 200 MB)
     max_lines: int = Field(50_000, ge=1)  # per input file, OpenAI's cap
+    # one key's files together (uploads and its batches' outputs): an upload past it is refused,
+    # so one key cannot fill the state folder's disk for every other (delete files to make room)
+    max_key_bytes: int = Field(8 << 30, ge=1024)
     # lines in flight per ready instance (all batches together), so a bigger pool's idle seats fill too:
     # on one instance 4 kept realtime TTFT p90 at 1.5x idle, 16 let it reach 2.7x
     # (benchmarks/batches/README.md); over a simulated day 2 per instance cost the fewest

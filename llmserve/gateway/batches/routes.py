@@ -177,7 +177,13 @@ class BatchRoutes:
         n = sum(1 for line in content.split(b"\n") if line.strip())
         if n == 0 or n > self.config.max_lines:
             raise APIError(400, f"a batch file holds 1 to {self.config.max_lines} lines, this one {n}", param="file")
-        return await asyncio.to_thread(self.store.add_file, who, "batch", filename[:256], content)
+        obj = await asyncio.to_thread(self.store.add_file, who, "batch", filename[:256], content,
+                                      self.config.max_key_bytes)
+        if obj is None:
+            raise APIError(413, f"your files would hold over {self.config.max_key_bytes} bytes "
+                           "(batches.max_key_bytes); delete files you no longer need", param="file",
+                           code="storage_limit_exceeded")
+        return obj
 
     # ---- /v1/batches ----------------------------------------------------------------------
     async def batches(self, scope: Scope, receive: Receive, body: bytes) -> Response:

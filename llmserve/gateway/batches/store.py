@@ -73,8 +73,15 @@ class BatchStore:
         db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", (row[0], owner, *row[1:], content))
         return file_object(row)
 
-    def add_file(self, owner: str, purpose: str, filename: str, content: bytes) -> dict[str, Any]:
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes,
+                 max_owner_bytes: int | None = None) -> dict[str, Any] | None:
+        """The new file's object; None (nothing stored) when it would take the owner's files,
+        its uploads and its batches' outputs together, past ``max_owner_bytes``."""
         with self._tx() as db:
+            if max_owner_bytes is not None:
+                (held,) = db.execute("SELECT coalesce(sum(bytes), 0) FROM files WHERE owner = ?", (owner,)).fetchone()
+                if held + len(content) > max_owner_bytes:
+                    return None
             return self._insert_file(db, owner, purpose, filename, content)
 
     def get_file(self, fid: str, owner: str) -> dict[str, Any] | None:

@@ -167,3 +167,19 @@ def test_batches_list_pages_from_a_cursor_of_yours_and_sdk_options_we_lack_are_n
                            expires_after={"anchor": "created_at", "seconds": 3600})
         assert e.value.body["code"] == "unsupported_parameter"
         assert [b.id for b in c.batches.list()] == made[::-1]  # nothing more stored
+
+
+def test_one_keys_files_cannot_fill_the_state_folder_for_every_other(tmp_path):
+    """batches.max_key_bytes: an upload that would take a key's files past it is a 413 and stores
+    nothing; another key still uploads, and deleting makes room."""
+    with stack({"v1": [Behaviour("i0")]}, state={"dir": str(tmp_path)},
+               batches={**FAST, "max_key_bytes": 3 * len(_file(8))}) as s:
+        a, b = (openai.OpenAI(base_url=s.url + "/v1", api_key=k, max_retries=0) for k in ("key-a", "key-b"))
+        kept = [a.files.create(file=("in.jsonl", io.BytesIO(_file(8))), purpose="batch").id for _ in range(3)]
+        with pytest.raises(openai.APIStatusError) as e:
+            a.files.create(file=("in.jsonl", io.BytesIO(_file(8))), purpose="batch")
+        assert e.value.status_code == 413 and e.value.body["code"] == "storage_limit_exceeded"
+        assert sorted(f.id for f in a.files.list()) == sorted(kept)  # nothing stored
+        assert b.files.create(file=("in.jsonl", io.BytesIO(_file(8))), purpose="batch").bytes == len(_file(8))
+        a.files.delete(kept[0])
+        assert a.files.create(file=("in.jsonl", io.BytesIO(_file(8))), purpose="batch").id not in kept
