@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmserve.api.limits import body_too_large, declared_over
 from llmserve.api.frontends import Frontends
+from llmserve.api.model_list import model_list, with_anthropic_fields
 from llmserve.gateway.admin import admin_router
 from llmserve.gateway.batches.runner import PRIVILEGES_KEY
 from llmserve.gateway.auth import Privileges
@@ -173,7 +174,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
     async def list_models(request: Request) -> dict:
         check_client(request)
         await gw.ensure_started()  # (the instances are asked: the upstream client must exist)
-        return {"object": "list", "data": await cards.cards(gw)}
+        return model_list(await cards.cards(gw))
 
     @app.get("/v1/models/{model:path}")  # client.models.retrieve, as an instance answers it
     async def retrieve_model(model: str, request: Request) -> dict:
@@ -182,7 +183,7 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
         card = next((c for c in await cards.cards(gw) if c["id"] == model), None)
         if card is None:
             raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
-        return card
+        return with_anthropic_fields(card)
 
     @app.get("/health")
     async def health() -> dict:

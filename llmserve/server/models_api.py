@@ -1,5 +1,6 @@
 """``GET /v1/models`` and ``GET /v1/models/{model}`` on an instance: its served names, then
-its LoRA adapters (``lora_api.adapter_cards``), as OpenAI's and vLLM's model objects."""
+its LoRA adapters (``lora_api.adapter_cards``), as OpenAI's and vLLM's model objects; and
+vLLM's ``GET /version``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from llmserve.api.errors import APIError
+from llmserve.api.model_list import model_list, with_anthropic_fields
 from llmserve.engine.core_proc import model_facts
 from llmserve.server.lora_api import adapter_cards
 
@@ -35,16 +37,22 @@ def add_model_routes(app: FastAPI, inst: Any) -> None:
                  "root": inst.engine.model_name if inst.engine else n, "parent": None,
                  **facts} for n in names] + (adapter_cards(inst.engine, names[0], now) if names else [])
 
+    @app.get("/version")  # vLLM's: which server build answers
+    async def version():
+        from llmserve import __version__
+
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": cards()}
+        return model_list(cards())
 
     # (":path": a served name may hold a slash, "org/model"; the SDK's %2F arrives decoded)
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
         for card in cards():
             if card["id"] == model:
-                return card
+                return with_anthropic_fields(card)
         if not inst.model_name:  # still loading: its names are not known yet, so nothing is "not served"
             raise APIError(503, f"the instance is not ready ({inst.state.value})", "service_unavailable",
                            headers={"Retry-After": "1"})
