@@ -49,17 +49,21 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_chat_template(folder: Path, cfg: dict[str, Any]) -> str | None:
-    """transformers 5 writes ``chat_template.jinja``; older folders keep it in the config."""
+def _read_chat_template(folder: Path, cfg: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The default template and the one named ``tool_use`` (Hermes 2 Pro / 3 ship both), which
+    transformers renders a request with tools with. transformers 5 writes ``chat_template.jinja``
+    (and ``additional_chat_templates/<name>.jinja``); older folders keep them in the config."""
+    tool = folder / "additional_chat_templates" / "tool_use.jinja"
+    tool_use = tool.read_text(encoding="utf-8") if tool.is_file() else None
     if (f := folder / "chat_template.jinja").is_file():
-        return f.read_text(encoding="utf-8")
+        return f.read_text(encoding="utf-8"), tool_use
     if (f := folder / "chat_template.json").is_file():
-        return read_json(f).get("chat_template")
+        return read_json(f).get("chat_template"), tool_use
     tpl = cfg.get("chat_template")
     if isinstance(tpl, list):  # named templates: [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
-        tpl = named.get("default")
-    return tpl if isinstance(tpl, str) else None
+        tpl, tool_use = named.get("default"), named.get("tool_use") or tool_use
+    return (tpl if isinstance(tpl, str) else None), (tool_use if isinstance(tool_use, str) else None)
 
 
 # The tokens llama.cpp ends generation at, by their text, whatever the GGUF's eos/eot/eom ids say
@@ -67,6 +71,15 @@ def _read_chat_template(folder: Path, cfg: dict[str, Any]) -> str | None:
 GGUF_END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
 
+
+def _gguf_tool_use(path: Path) -> str | None:
+    """The GGUF's ``tokenizer.chat_template.tool_use`` (llama.cpp's converter writes a named
+    template there; transformers' GGUF reader keeps only the default)."""
+    import gguf
+
+    field = gguf.GGUFReader(path, "r").fields.get("tokenizer.chat_template.tool_use")
+    value = field.contents() if field is not None else None
+    return value if isinstance(value, str) else None
 
 
 def gguf_end_ids(backend: RustTokenizer) -> list[int]:
@@ -79,7 +92,7 @@ class Tokenizer:
 
     def __init__(self, backend: RustTokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
                  extra_eos_token_ids: Iterable[int] = (), chat_template: str | None = None,
-                 name: str = "tokenizer") -> None:
+                 name: str = "tokenizer", tool_chat_template: str | None = None) -> None:
         self.backend = backend
         self.name = name
         self.bos_token, self.eos_token = bos_token, eos_token
@@ -88,8 +101,9 @@ class Tokenizer:
         ids = ([eos_id] if eos_id is not None else []) + list(extra_eos_token_ids)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
         self.chat_template = chat_template
-        self._compiled: ChatTemplate | None = None
-        self._control_re: re.Pattern[str] | None = None  # built with the template, see _control_tokens
+        self.tool_chat_template = tool_chat_template  # renders a request with tools, when given
+        # tools or not -> the compiled template and its control tokens (_control_tokens)
+        self._compiled: dict[bool, tuple[ChatTemplate, re.Pattern[str] | None]] = {}
         self._added: dict[int, str] | None = None  # added tokens' text, and whether the vocabulary is byte-level
         self._byte_level = False
 
@@ -111,13 +125,13 @@ class Tokenizer:
             if not cfg.get("bos_token") and (folder / "special_tokens_map.json").is_file():
                 cfg = {**read_json(folder / "special_tokens_map.json"), **cfg}
             gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-            chat_template = _read_chat_template(folder, cfg)
+            chat_template, tool_template = _read_chat_template(folder, cfg)
         except (OSError, ValueError, AttributeError) as e:
             raise ModelLoadError(f"{folder}: cannot read tokenizer configuration ({e})") from e
         extra = gen.get("eos_token_id")
         return cls(backend, bos_token=_token_text(cfg.get("bos_token")), eos_token=_token_text(cfg.get("eos_token")),
                    extra_eos_token_ids=[extra] if isinstance(extra, int) else list(extra or []),
-                   chat_template=chat_template, name=folder.name)
+                   chat_template=chat_template, name=folder.name, tool_chat_template=tool_template)
 
     @classmethod
     def from_gguf(cls, path: Path) -> "Tokenizer":
@@ -128,11 +142,12 @@ class Tokenizer:
 
             hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
             backend = hf.backend_tokenizer
+            tool_use = _gguf_tool_use(path)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot build a tokenizer from the GGUF metadata "
                                  f"({type(e).__name__}: {e})") from e
         return cls(backend, bos_token=hf.bos_token, eos_token=hf.eos_token, chat_template=hf.chat_template,
-                   extra_eos_token_ids=gguf_end_ids(backend), name=path.stem)
+                   extra_eos_token_ids=gguf_end_ids(backend), name=path.stem, tool_chat_template=tool_use)
 
     def save(self, folder: Path) -> None:
         """Write ``tokenizer.json`` and ``tokenizer_config.json`` (last, so it marks completion)."""
@@ -142,8 +157,10 @@ class Tokenizer:
                  or i != self.backend.token_to_id(self.eos_token)]
         if extra:
             atomic_write_json(folder / "generation_config.json", {"eos_token_id": extra})
+        template: Any = self.chat_template if not self.tool_chat_template else \
+            [{"name": "default", "template": self.chat_template}, {"name": "tool_use", "template": self.tool_chat_template}]
         atomic_write_json(folder / "tokenizer_config.json", {
-            "bos_token": self.bos_token, "eos_token": self.eos_token, "chat_template": self.chat_template,
+            "bos_token": self.bos_token, "eos_token": self.eos_token, "chat_template": template,
         })
 
     # -- text ⇄ ids -----------------------------------------------------------------
@@ -198,8 +215,9 @@ class Tokenizer:
         the model continues it (a prefill) instead of a closed turn; transformers' cut."""
         variables.setdefault("bos_token", self.bos_token or "")
         variables.setdefault("eos_token", self.eos_token or "")
+        tools = variables.get("tools") is not None
         if not continue_final_message:
-            return self._template().render(messages, add_generation_prompt=add_generation_prompt, **variables)
+            return self._template(tools).render(messages, add_generation_prompt=add_generation_prompt, **variables)
         # transformers' way: tag the end of the final text, render, cut at the tag (its space
         # kept by the template: the text's own trailing spacing is too; trimmed: trim it)
         msgs = [dict(m) for m in messages]
@@ -213,7 +231,7 @@ class Tokenizer:
             msgs[-1]["content"] = parts
         else:
             raise ChatTemplateError("continue_final_message: the final message has no text to continue")
-        text = self._template().render(msgs, add_generation_prompt=add_generation_prompt, **variables)
+        text = self._template(tools).render(msgs, add_generation_prompt=add_generation_prompt, **variables)
         if _CONTINUE_TAG.strip() not in text:
             raise ChatTemplateError("continue_final_message: the chat template drops the final message's text")
         at = text.rindex(_CONTINUE_TAG.strip())
@@ -222,25 +240,31 @@ class Tokenizer:
     def set_chat_template(self, source: str) -> None:
         """Use ``source`` instead of the model's own template (``--chat-template``)."""
         ChatTemplate(source)  # a template that does not compile fails here, at start
-        self.chat_template, self._compiled, self._control_re = source, None, None
+        self.chat_template, self.tool_chat_template, self._compiled = source, None, {}
 
-    def template_literal_text(self) -> str:
+    def template_literal_text(self, tools: bool = True) -> str:
         """The template's own text and string constants (which tool-call notation it writes)."""
-        return self._template().literal_text()
+        return self._template(tools).literal_text()
 
-    def template_reads(self, name: str) -> bool:
-        """Whether the chat template uses the variable ``name`` (``tools``: it renders tools itself)."""
-        return self._template().reads(name)
+    def template_reads(self, name: str, tools: bool = True) -> bool:
+        """Whether the chat template uses the variable ``name`` (``tools``: it renders tools itself);
+        ``tools``: of the template a request with tools is rendered with."""
+        return self._template(tools).reads(name)
 
-    def _template(self) -> ChatTemplate:
-        """The compiled template (compiled once), or a clear error when the model has none."""
-        if self._compiled is None:
-            if not self.chat_template:
+    def _template(self, tools: bool = False) -> ChatTemplate:
+        return self._compile(tools)[0]
+
+    def _compile(self, tools: bool) -> tuple[ChatTemplate, re.Pattern[str] | None]:
+        """The template a request with (or without) tools gets, compiled once with its control
+        tokens, or a clear error when the model has none."""
+        if tools not in self._compiled:
+            source = (tools and self.tool_chat_template) or self.chat_template
+            if not source:
                 raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
                                         "with a plain prompt instead")
-            self._compiled = ChatTemplate(self.chat_template)
-            self._control_re = self._control_tokens(self._compiled)
-        return self._compiled
+            compiled = ChatTemplate(source)
+            self._compiled[tools] = compiled, self._control_tokens(compiled)
+        return self._compiled[tools]
 
     def _control_tokens(self, template: ChatTemplate) -> re.Pattern[str] | None:
         """Tokens a user may not inject: every special token, and added tokens the template writes
@@ -260,17 +284,17 @@ class Tokenizer:
         plain text it is, never as the token: only the template may open a turn.
         Same ids as transformers' ``apply_chat_template(..., sanitize_control_tokens=True)``.
         """
-        self._template()  # compiles the template and the control-token pattern
-        if self._control_re is None:
+        _, control = self._compile(variables.get("tools") is not None)
+        if control is None:
             return self.encode(self.apply_chat_template(messages, add_generation_prompt, continue_final_message, **variables),
                                add_special_tokens=False)
-        marked = self._mark(list(messages))
-        variables = {k: v if k in ("bos_token", "eos_token") else self._mark(v) for k, v in variables.items()}
+        marked = self._mark(list(messages), control)
+        variables = {k: v if k in ("bos_token", "eos_token") else self._mark(v, control) for k, v in variables.items()}
         text = self.apply_chat_template(marked, add_generation_prompt, continue_final_message, **variables)
         if _OPEN not in text and _CLOSE not in text:
             return self.encode(text, add_special_tokens=False)
         # Pieces alternate: template text, then a user's control token (None for a lone marker).
-        pieces = re.split(f"{_OPEN}({self._control_re.pattern}){_CLOSE}|[{_OPEN}{_CLOSE}]", text)
+        pieces = re.split(f"{_OPEN}({control.pattern}){_CLOSE}|[{_OPEN}{_CLOSE}]", text)
         newline = self.backend.encode("\n", add_special_tokens=False).ids
         ids = self.backend.encode(pieces[0], add_special_tokens=False).ids
         for i, piece in enumerate(pieces[1:], start=1):
@@ -297,13 +321,14 @@ class Tokenizer:
         splits = [s for s, _ in b.pre_tokenizer.pre_tokenize_str(text)] if b.pre_tokenizer is not None else [text]
         return [t.id for split in splits for t in b.model.tokenize(split)]
 
-    def _mark(self, obj: Any) -> Any:
+    @classmethod
+    def _mark(cls, obj: Any, control: re.Pattern[str]) -> Any:
         """Bracket control tokens inside user-supplied strings (recursively; dict keys kept)."""
         if isinstance(obj, str):
             obj = obj.replace(_OPEN, "").replace(_CLOSE, "")  # no forged markers
-            return self._control_re.sub(lambda m: _OPEN + m.group(0) + _CLOSE, obj)  # type: ignore[union-attr]
+            return control.sub(lambda m: _OPEN + m.group(0) + _CLOSE, obj)
         if isinstance(obj, dict):
-            return {k: self._mark(v) for k, v in obj.items()}
+            return {k: cls._mark(v, control) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return [self._mark(v) for v in obj]
+            return [cls._mark(v, control) for v in obj]
         return obj

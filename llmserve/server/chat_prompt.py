@@ -15,7 +15,7 @@ def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_promp
     """``notation``: the tool-call parser that reads the answer (how our tools text asks for calls)."""
     kwargs = {**kwargs, "continue_final_message": continue_final_message} if continue_final_message else kwargs
     try:
-        if tokenizer.template_reads("tools"):  # it renders tools, calls and results itself
+        if tokenizer.template_reads("tools", tools=bool(tools)):  # it renders tools, calls and results itself
             extra = {"tools": tools} if tools else {}
             return tokenizer.encode_chat(msgs, add_generation_prompt=add_generation_prompt, **kwargs, **extra)
         if not (tools or any(m["role"] == "tool" or "tool_calls" in m for m in msgs)):

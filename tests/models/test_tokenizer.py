@@ -221,3 +221,59 @@ def test_a_gguf_ends_generation_where_llama_cpp_does(tiny_folder, tmp_path):
         assert set(tok.eos_token_ids) == {tok.backend.token_to_id("<|im_end|>"), tok.backend.token_to_id("<|endoftext|>")}
         (cache_dir(gguf, store) / "generation_config.json").unlink(missing_ok=True)
     assert Tokenizer.from_folder(tiny_folder).eos_token_ids == (2,)  # a folder says its own
+
+
+@pytest.mark.parametrize("layout", ["config list", "transformers 5 files"])
+def test_a_named_tool_use_template_renders_requests_with_tools(tmp_path, layout):
+    """Hermes 2 Pro / 3 ship a "default" template and a "tool_use" one: transformers (and vLLM)
+    render a request with tools with the latter, and one without with the former."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers import CHATML_TEMPLATE
+
+    tool_use = (TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text()
+    folder = make_tiny_llama(tmp_path, chat_template=None)
+    if layout == "config list":
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = [{"name": "default", "template": CHATML_TEMPLATE}, {"name": "tool_use", "template": tool_use}]
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    else:
+        (folder / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+        (folder / "additional_chat_templates").mkdir()
+        (folder / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use)
+    hf = AutoTokenizer.from_pretrained(folder)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    kw = {"date_string": "1 Dec 2026"}
+    for tok in (Tokenizer.from_folder(folder), _saved_and_read(Tokenizer.from_folder(folder), tmp_path / "copy")):
+        assert tok.apply_chat_template(MESSAGES, tools=tools, **kw) == \
+            hf.apply_chat_template(MESSAGES, tools=tools, tokenize=False, add_generation_prompt=True, **kw)
+        assert tok.apply_chat_template(MESSAGES, **kw) == \
+            hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True, **kw)
+        assert tok.template_reads("tools") and not tok.template_reads("tools", tools=False)
+        assert "Given the following functions" in tok.decode(tok.encode_chat(MESSAGES, tools=tools), False)
+
+
+def _saved_and_read(tok: Tokenizer, folder) -> Tokenizer:
+    """What the GGUF tokenizer cache does: save, then read back."""
+    tok.save(folder)
+    return Tokenizer.from_folder(folder)
+
+
+def test_a_gguf_s_named_tool_use_template_is_kept(tiny_folder, tmp_path):
+    """llama.cpp's converter writes a folder's "tool_use" template as tokenizer.chat_template.tool_use."""
+    import gguf
+
+    from tests.family_gguf import write_gguf
+
+    plain = make_tiny_gguf(tiny_folder, tmp_path / "plain.gguf")
+    tool_use = (TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text()
+    w = gguf.GGUFWriter(str(tmp_path / "tok.gguf"), "llama")
+    for key, f in gguf.GGUFReader(str(plain)).fields.items():
+        if key.startswith("tokenizer."):
+            w.add_key_value(key, f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+    w.add_string("tokenizer.chat_template.tool_use", tool_use)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    path = write_gguf(tiny_folder, tmp_path / "named.gguf", tokenizer_from=tmp_path / "tok.gguf")
+    for _ in range(2):  # built, then from the cache
+        tok = load_tokenizer(path, tmp_path / "store")
+        assert tok.tool_chat_template == tool_use and tok.chat_template == Tokenizer.from_folder(tiny_folder).chat_template
