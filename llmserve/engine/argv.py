@@ -37,14 +37,6 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def _generation_config(value: str) -> str:
-    if value != "vllm":
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not supported: only 'vllm' (a request's omitted sampling fields take "
-            "SamplingParams' defaults, never the model's generation_config.json)")
-    return value
-
-
 def _one_device(value: str) -> int:
     if value != "1":
         raise argparse.ArgumentTypeError(f"{value!r} is not supported: an instance runs on one device "
@@ -58,8 +50,7 @@ def _gpu_memory_utilization(value: str) -> str:
 
 def add_vllm_server_aliases(p: argparse.ArgumentParser) -> None:
     """``vllm serve`` flags a copied command line carries, where llmserve does the same:
-    request contents are never logged, ``--log-level`` is uvicorn's level too, sampling
-    defaults never come from the model's generation config, one device, no CUDA graphs,
+    request contents are never logged, ``--log-level`` is uvicorn's level too, one device, no CUDA graphs,
     and no model code is ever run (weights are read as data)."""
     g = p.add_argument_group("vLLM's names")
     g.add_argument("--tensor-parallel-size", "-tp", type=_one_device, default=argparse.SUPPRESS,
@@ -74,5 +65,3 @@ def add_vllm_server_aliases(p: argparse.ArgumentParser) -> None:
                    help="accepted: request contents are never logged (--access-log logs timings)")
     g.add_argument("--uvicorn-log-level", dest="log_level", choices=_LOG_LEVELS, default=argparse.SUPPRESS,
                    help="the same as --log-level")
-    g.add_argument("--generation-config", type=_generation_config, default=argparse.SUPPRESS,
-                   help="only 'vllm': the model's generation_config.json sets no sampling defaults")

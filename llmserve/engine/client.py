@@ -52,6 +52,9 @@ class EngineClient(Protocol):
     @property
     def model_name(self) -> str: ...
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]: ...  # the model's generation_config.json recommends
+
     def is_alive(self) -> bool: ...
 
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,

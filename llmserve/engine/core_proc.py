@@ -166,7 +166,7 @@ def ready_info(core) -> dict[str, Any]:
     return {"max_model_len": core.max_model_len, "vocab_size": core.model_config.vocab_size,
             "model_name": core.model_config.name, "eos_token_ids": sorted(core.eos_token_ids),
             "has_tokenizer": tok is not None, "pid": os.getpid(), "threads": _torch_threads(),
-            "lora": lora_state(core.lora),
+            "lora": lora_state(core.lora), "sampling_defaults": dict(core.model_config.sampling_defaults),
             **model_facts(core.model_config)}
 
 

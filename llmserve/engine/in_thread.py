@@ -69,6 +69,10 @@ class InThreadEngine(RequestStreams):
     def model_name(self) -> str:
         return self.core.model_config.name
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return self.core.model_config.sampling_defaults
+
     def load_snapshot(self) -> dict[str, Any]:
         return self.core.load_snapshot()
 

@@ -80,8 +80,9 @@ class LLM:
         return self.engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """vLLM's: what ``generate`` uses when given none."""
-        return SamplingParams()
+        """vLLM's: what ``generate`` uses when given none; with what the model's
+        generation_config.json recommends (``models/generation_defaults.py``)."""
+        return SamplingParams(**self.engine.model_config.sampling_defaults)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -93,7 +94,7 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = [_prompt(p) for p in prompts]  # type: ignore[union-attr]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != len(prompts):

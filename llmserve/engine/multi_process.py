@@ -128,6 +128,10 @@ class MultiProcessEngine(RequestStreams):
     def model_name(self) -> str:
         return self.info["model_name"]
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return self.info.get("sampling_defaults") or {}
+
     def is_alive(self) -> bool:
         if self.death is None and self._child_gone():
             self._die(f"the engine process exited ({self._exit_code})")

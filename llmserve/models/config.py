@@ -56,6 +56,8 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
     layer_types: list[str] = field(default_factory=list)  # per layer, LAYER_TYPES; empty: all full
     rope_local_theta: float | None = None  # sliding layers' RoPE base (Gemma 3); None: rope_theta
+    # What generation_config.json recommends for omitted sampling fields (generation_defaults.py)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.head_dim <= 0:

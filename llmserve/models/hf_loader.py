@@ -15,6 +15,7 @@ import torch
 from llmserve.models.config import ModelConfig
 from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel, text_config_of, text_weight_name
 from llmserve.models.files import read_json
+from llmserve.models.generation_defaults import read_sampling_defaults
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_shapes, check_weights
 
 INDEX = "model.safetensors.index.json"
@@ -43,6 +44,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
             raise ModelLoadError(f"{gen}: cannot read ({e})") from e
         extra = [eos] if isinstance(eos, int) else list(eos or [])
         config.eos_token_id = list(dict.fromkeys([*config.eos_token_id, *extra]))
+        config.sampling_defaults = read_sampling_defaults(folder)
     return config
 
 

@@ -81,6 +81,8 @@ class ServerConfig(HttpLimits):
         None, description="notation tool calls are read in (default: the one the chat template writes)")
     reasoning_parser: Literal[REASONING_PARSERS] | None = Field(
         None, description="return <think> reasoning as reasoning_content")
+    generation_config: str = Field("auto", description="sampling defaults for what a request leaves out: "
+                                   "auto (the model's generation_config.json), vllm (none), or a folder holding one")
 
     @model_validator(mode="after")
     def _tracing(self) -> "ServerConfig":
@@ -94,6 +96,13 @@ class ServerConfig(HttpLimits):
         # fails the start instead of becoming every chat's prompt text.
         if v is not None and not any(c in v for c in "{}\n") and not Path(v).is_file():
             raise ValueError(f"{v!r}: no such chat template file (a template given inline has Jinja in it)")
+        return v
+
+    @field_validator("generation_config")
+    @classmethod
+    def _generation_config(cls, v: str) -> str:
+        if v not in ("auto", "vllm") and not (Path(v) / "generation_config.json").is_file():
+            raise ValueError(f"{v!r}: auto, vllm, or a folder with a generation_config.json")
         return v
 
     def tracing(self) -> TracingConfig:

@@ -37,6 +37,7 @@ from llmserve.server.disconnect import until_disconnect
 from llmserve.server.engine_errors import engine_error
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
 from llmserve.server.resume import check_resume
+from llmserve.server.sampling_defaults import given, sampling_defaults
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.tracing.instance import request_telemetry
 
@@ -75,6 +76,7 @@ class OpenAIServing:
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         self.formats = output_formats(self.tokenizer, config)
+        self.defaults = sampling_defaults(engine, config.generation_config)  # for what a request leaves out
         self.queued = 0  # accepted requests that have not produced their first token
         self.queued_tokens = 0
         self.in_flight = 0
@@ -103,11 +105,12 @@ class OpenAIServing:
                 raise APIError(400, f"top_logprobs must be at most {cfg.max_logprobs}", param="top_logprobs")
         else:
             assert isinstance(r, CompletionRequest)
-            if max_tokens is None:
-                max_tokens = 16
             logprobs = r.logprobs
             if logprobs is not None and logprobs > cfg.max_logprobs:
                 raise APIError(400, f"logprobs must be at most {cfg.max_logprobs}", param="logprobs")
+        d = self.defaults
+        if max_tokens is None:  # the model's recommendation, else chat's "to the context's end", completions' 16
+            max_tokens = d.get("max_tokens", None if chat else 16)
         if r.n > cfg.max_n:
             raise APIError(400, f"n must be at most {cfg.max_n}, got {r.n}", param="n")
         if r.best_of is not None and r.best_of > cfg.max_n:
@@ -120,12 +123,12 @@ class OpenAIServing:
                            param="max_tokens")
         try:
             return SamplingParams(
-                n=n, max_tokens=max_tokens, temperature=1.0 if r.temperature is None else r.temperature,
-                top_p=1.0 if r.top_p is None else r.top_p, top_k=max(0, r.top_k or 0),
-                min_p=r.min_p or 0.0, seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
+                n=n, max_tokens=max_tokens, temperature=given(r.temperature, d, "temperature", 1.0),
+                top_p=given(r.top_p, d, "top_p", 1.0), top_k=max(0, given(r.top_k, d, "top_k", 0)),
+                min_p=given(r.min_p, d, "min_p", 0.0), seed=r.seed, stop=r.stop, stop_token_ids=r.stop_token_ids or [],
                 ignore_eos=r.ignore_eos, min_tokens=r.min_tokens, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
-                repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
+                repetition_penalty=given(r.repetition_penalty, d, "repetition_penalty", 1.0),
                 include_stop_str_in_output=r.include_stop_str_in_output,
                 skip_special_tokens=self.formats.skip_special_tokens(r.skip_special_tokens, r.tool_mode) if chat
                 else r.skip_special_tokens,

@@ -26,7 +26,6 @@ def test_vllm_serve_flags_are_taken():
 
 
 @pytest.mark.parametrize("flags,says", [
-    (("--generation-config", "auto"), "generation-config"),
     (("--uvicorn-log-level", "loud"), "uvicorn-log-level"),
     (("-tp", "2"), "one device"),
     (("--gpu-memory-utilization", "0.9"), "--kv-cache-memory"),
