@@ -86,3 +86,14 @@ def read_json(path: Path) -> Any:
     """Read a JSON file; the caller turns ``OSError``/``ValueError`` into its own error."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_json_object(path: Path, what: str, error: type[Exception]) -> dict[str, Any]:
+    """A JSON file that must hold an object; ``error`` (the caller's kind) names ``what`` it is."""
+    try:
+        d = read_json(path)
+    except (OSError, ValueError) as e:
+        raise error(f"{path}: cannot read {what} ({e})") from e
+    if not isinstance(d, dict):
+        raise error(f"{path}: {what} is not a JSON object")
+    return d

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmserve.models.errors import ModelLoadError
-from llmserve.models.files import read_json
+from llmserve.models.files import read_json_object
 
 FILE = "generation_config.json"
 KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -34,10 +34,4 @@ def read_sampling_defaults(folder: Path) -> dict[str, float | int]:
     path = Path(folder) / FILE
     if not path.is_file():
         return {}
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: cannot read ({e})") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: not a JSON object")
-    return sampling_defaults(data)
+    return sampling_defaults(read_json_object(path, "the generation config", ModelLoadError))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from llmserve.models.config import ModelConfig
-from llmserve.models.files import read_json
+from llmserve.models.files import read_json_object
 from llmserve.models.lora.adapter import LoraAdapter, LoraError, check, model_modules
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -26,12 +26,7 @@ _PART = re.compile(r"\.lora_([AB])\.weight$")
 
 def _config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG
-    try:
-        d = read_json(path)
-    except (OSError, ValueError) as e:
-        raise LoraError(f"{path}: cannot read the adapter config ({e})") from e
-    if not isinstance(d, dict):
-        raise LoraError(f"{path}: the adapter config is not a JSON object")
+    d = read_json_object(path, "the adapter config", LoraError)
     kind = d.get("peft_type", "LORA")
     if kind != "LORA":
         raise LoraError(f"{path}: peft_type {kind!r} is not supported (LORA only)")
