@@ -185,11 +185,12 @@ def create_app(config: GatewayConfig, telemetry: GatewayTelemetry | None = None)
             raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
         return with_anthropic_fields(card)
 
-    @app.get("/health")
+    # HEAD too: a load balancer's check may send it (HAProxy's http-check, uptime probes).
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready() -> Response:
         if gw.ready():
             limits = {"limits": gw.tenants.status()} if gw.tenants.limited else {}

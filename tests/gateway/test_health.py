@@ -51,3 +51,13 @@ def test_retry_budget_has_a_floor_and_a_ratio():
     # the window slides: a second later nothing changed, 11 s later all is forgotten
     assert not b.try_acquire(2.0)
     assert sum(b.try_acquire(12.0) for _ in range(20)) == 5
+
+
+def test_health_and_ready_answer_head_as_a_load_balancers_check_sends_it():
+    from .app_harness import stack
+    from .fake_upstream import Behaviour
+
+    with stack({"v1": [Behaviour("a")]}) as s:
+        for path in ("/health", "/ready"):
+            r = s.client.head(path)
+            assert r.status_code == 200 and r.content == b"", (path, r.status_code)
