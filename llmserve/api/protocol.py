@@ -348,10 +348,18 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool = True
     tools: Tools | None = None  # with messages: the chat prompt's tokens, tools rendered as chat does
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
+    continue_final_message: bool = False  # vLLM's, as on chat: the prompt ends inside the final message
+    return_token_strs: bool | None = False  # vLLM's: the answer's token_strs, the tokens as strings
 
     @model_validator(mode="after")
     def _template_kwargs(self) -> "TokenizeRequest":
         _check_template_kwargs(self.chat_template_kwargs)
+        if self.continue_final_message:
+            if self.messages is None:  # (a plain prompt has no final message to continue)
+                raise FieldError("continue_final_message", "continue_final_message is only allowed with messages")
+            if self.add_generation_prompt:  # (vLLM refuses both too)
+                raise FieldError("continue_final_message", "continue_final_message needs add_generation_prompt "
+                                 "false (the final message is continued, not followed by a new turn)")
         return self
 
 

@@ -254,12 +254,14 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
         s.check_model(body.model)
         if body.messages is not None:
             tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-            ids = s.encode_chat(body.messages, body.add_generation_prompt, tools, body.chat_template_kwargs)
+            ids = s.encode_chat(body.messages, body.add_generation_prompt, tools, body.chat_template_kwargs,
+                                body.continue_final_message)
         elif body.prompt is not None:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": s.engine.max_model_len}
+        strs = s.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": s.engine.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
