@@ -60,7 +60,6 @@ UNSUPPORTED: dict[str, str] = {
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
     # vLLM's sampling extensions not implemented
     "echo": "echo is not supported on chat completions (it is on completions)",
-    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported (a prompt over the context is a 400)",
     "use_beam_search": "beam search is not supported",
     "bad_words": "bad_words is not supported (logit_bias bans tokens)",
     "allowed_token_ids": "allowed_token_ids is not supported (logit_bias or a grammar limits tokens)",
@@ -136,6 +135,8 @@ class _SamplingFields(_Strict):
         Annotated[str, Field(max_length=Limits.PRIORITY_CHARS)] | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=Limits.NAME_CHARS)] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's: keep the prompt's last N tokens (-1: max_model_len; 0 and over max_model_len are 400s)
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=Limits.MAX_TOKENS)] | None = None
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # each choice (stream chunk) carries its new token ids
     # Output another instance already streamed: this request continues it (sent by the

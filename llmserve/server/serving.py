@@ -39,6 +39,7 @@ from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, 
 from llmserve.server.resume import check_resume
 from llmserve.server.sampling_defaults import given, sampling_defaults
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
+from llmserve.server.truncation import truncate_prompts
 from llmserve.tracing.instance import request_telemetry
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class OpenAIServing:
                 ignore_eos=r.ignore_eos, min_tokens=r.min_tokens, logprobs=logprobs, presence_penalty=r.presence_penalty,
                 frequency_penalty=r.frequency_penalty,
                 repetition_penalty=given(r.repetition_penalty, d, "repetition_penalty", 1.0),
-                include_stop_str_in_output=r.include_stop_str_in_output,
+                include_stop_str_in_output=r.include_stop_str_in_output, truncate_prompt_tokens=r.truncate_prompt_tokens,
                 skip_special_tokens=self.formats.skip_special_tokens(r.skip_special_tokens, r.tool_mode) if chat
                 else r.skip_special_tokens,
                 logit_bias={int(k): v for k, v in r.logit_bias.items()} if r.logit_bias else None,
@@ -211,7 +212,7 @@ class OpenAIServing:
     async def completions(self, r: CompletionRequest, raw: Request):
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=False)
-        prompts = self._completion_prompts(r.prompt)
+        prompts = truncate_prompts(self._completion_prompts(r.prompt), sp.truncate_prompt_tokens, self.engine.max_model_len)
         await self.compile_grammar(sp, r)
         echo = [self.tokenizer.decode(p) for p in prompts] if r.echo else None
         return await self._serve(prompts, sp, r, raw, chat=False, echo=echo)
@@ -223,7 +224,8 @@ class OpenAIServing:
         ids = self.encode_chat(r.messages, r.add_generation_prompt, tools, r.chat_template_kwargs or {},
                                r.continue_final_message, r.tool_mode)
         await self.compile_grammar(sp, r)
-        return await self._serve([ids], sp, r, raw, chat=True)
+        return await self._serve(truncate_prompts([ids], sp.truncate_prompt_tokens, self.engine.max_model_len),
+                                 sp, r, raw, chat=True)
 
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                     tools: list[dict[str, Any]] | None = None, kwargs: dict[str, Any] | None = None,

@@ -17,7 +17,6 @@ COMPLETION = {"prompt": "hi", "max_tokens": 2}
 
 @pytest.mark.parametrize("fields,param", [
     ({"echo": True}, "echo"),
-    ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"bad_words": ["x"]}, "bad_words"),
     ({"allowed_token_ids": [1]}, "allowed_token_ids"),
