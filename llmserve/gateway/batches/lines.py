@@ -64,6 +64,14 @@ def parse_lines(content: bytes, endpoint: str) -> list[Line]:
     return out
 
 
+def batch_model(lines: list[Line]) -> str | None:
+    """OpenAI's Batch ``model``: the one model the lines to run name; None when they name
+    several, or a line names none."""
+    models = {ln.body.get("model") for ln in lines if ln.body is not None}
+    only = models.pop() if len(models) == 1 else None
+    return only if isinstance(only, str) else None
+
+
 ERRORS_SHOWN = 100  # errors.data lists this many lines; the error file has every one
 
 

@@ -24,7 +24,7 @@ from llmserve.api.frontends import header
 from llmserve.api.limits import bearer_token
 from llmserve.api.parse import parse_model
 from llmserve.gateway.batches.config import BatchConfig
-from llmserve.gateway.batches.lines import ENDPOINTS, file_errors, parse_lines
+from llmserve.gateway.batches.lines import ENDPOINTS, batch_model, file_errors, parse_lines
 from llmserve.gateway.batches.runner import BatchRunner
 from llmserve.gateway.batches.store import BatchStore
 
@@ -230,6 +230,7 @@ class BatchRoutes:
         errors = file_errors(lines)  # no line to run: failed at once, as OpenAI fails a file that does not validate
         now = int(time.time())
         obj = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": req.endpoint, "errors": errors,
+               "model": batch_model(lines),
                "input_file_id": req.input_file_id, "completion_window": req.completion_window,
                "status": "in_progress" if errors is None else "failed", "output_file_id": None,
                "error_file_id": None, "created_at": now, "in_progress_at": now if errors is None else None,

@@ -158,7 +158,7 @@ class BatchStore:
             if row is None or (owner is not None and row[1] != owner):
                 return None
             obj = json.loads(row[0])  # (an ended batch keeps its usage: no lines read per look)
-            return {**obj, "request_counts": self._counts(self._db, bid),
+            return {"model": None, **obj, "request_counts": self._counts(self._db, bid),  # (model: older rows lack it)
                     "usage": obj.get("usage") or self._usage(self._db, bid)}
 
     def list_batches(self, owner: str, limit: int, after: str | None) -> list[dict[str, Any]] | None:

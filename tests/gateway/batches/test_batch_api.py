@@ -92,10 +92,13 @@ def test_a_file_with_no_line_to_run_fails_the_batch_with_its_errors(tmp_path):
         assert [(e.code, e.line) for e in batch.errors.data] == [("invalid_json", 1), ("invalid_method", 2)]
         assert c.batches.retrieve(batch.id).status == "failed" and b.requests == 0
         assert [e["error"]["code"] for e in _lines(c, batch.error_file_id)] == ["invalid_json", "invalid_method"]
+        assert batch.model is None  # (no line to run names one)
         # one line to run: the batch runs it, the bad one fails alone, and errors stays null
         mixed = _start(c, bad + _file(1))
+        assert mixed.model == "chat"  # OpenAI's Batch.model: its lines' model
         wait_until(lambda: c.batches.retrieve(mixed.id).status == "completed", what="completed")
-        assert c.batches.retrieve(mixed.id).errors is None
+        done = c.batches.retrieve(mixed.id)
+        assert done.errors is None and done.model == "chat" and c.batches.list().data[0].model == "chat"
 
 
 def test_the_upload_limit_is_the_files_bytes_not_the_multipart_body(tmp_path):

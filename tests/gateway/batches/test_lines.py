@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from llmserve.gateway.batches.lines import parse_lines
+from llmserve.gateway.batches.lines import batch_model, parse_lines
 
 EP = "/v1/chat/completions"
 
@@ -37,3 +37,15 @@ def test_a_file_with_no_line_to_run_has_openai_errors_and_one_good_line_has_none
     many = file_errors(parse_lines(b"\n".join([b"x"] * (ERRORS_SHOWN + 5)), EP))
     assert len(many["data"]) == ERRORS_SHOWN + 1  # the rest are said to be in the error file
     assert many["data"][-1]["code"] == "too_many_errors" and "5 more" in many["data"][-1]["message"]
+
+
+def test_the_batch_model_is_the_one_its_lines_to_run_name():
+    def model_of(*bodies) -> str | None:
+        content = b"\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": EP, "body": body}).encode()
+                             for i, body in enumerate(bodies))
+        return batch_model(parse_lines(content + b"\nnot json", EP))  # (a bad line names nothing)
+
+    assert model_of({"model": "m"}, {"model": "m"}) == "m"
+    assert model_of({"model": "m"}, {"model": "n"}) is None
+    assert model_of({"model": "m"}, {}) is None
+    assert model_of({"model": 5}) is None
