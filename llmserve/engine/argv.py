@@ -61,6 +61,8 @@ def add_vllm_server_aliases(p: argparse.ArgumentParser) -> None:
                    help="accepted: steps always run eagerly (no CUDA graphs)")
     g.add_argument("--gpu-memory-utilization", type=_gpu_memory_utilization, default=argparse.SUPPRESS,
                    help="refused: --kv-cache-memory sizes the KV pool")
+    g.add_argument("--enable-auto-tool-choice", action="store_true", default=argparse.SUPPRESS,
+                   help="accepted: auto tool choice is always on (tool_choice auto needs no flag here)")
     g.add_argument("--disable-log-requests", action="store_true", default=argparse.SUPPRESS,
                    help="accepted: request contents are never logged (--access-log logs timings)")
     g.add_argument("--uvicorn-log-level", dest="log_level", choices=_LOG_LEVELS, default=argparse.SUPPRESS,

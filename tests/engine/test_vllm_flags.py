@@ -36,6 +36,12 @@ def test_what_is_not_implemented_is_refused_by_name(flags, says, capsys):
     assert e.value.code == 2 and says in capsys.readouterr().err
 
 
+def test_vllm_tool_calling_command_line_is_taken():
+    """vLLM's documented tool-calling flags were 'unrecognized arguments' (auto tool choice is always on)."""
+    args = _parse("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    assert given(ServerConfig, args)["tool_call_parser"] == "hermes"
+
+
 def test_dtype_flags_take_vllms_names():
     """``--dtype bfloat16`` was an invalid choice though ``LLM(dtype="bfloat16")`` took it."""
     from llmserve.engine.argv import engine_config_from
