@@ -1,6 +1,7 @@
 """Stored responses (``store: true``), for ``previous_response_id`` and ``GET /v1/responses/{id}``.
 
-``ResponseStore`` is the contract a backend keeps; ``SQLiteResponseStore`` is the
+``ResponseStore`` is the contract a backend keeps (bounded by age and count; past the
+count, the key holding the most loses its oldest: ``evicted_owner``); ``SQLiteResponseStore`` is the
 default (one file in the gateway's state folder, WAL, so a restart keeps them; an
 instance uses an in-memory one); with ``state.redis_url`` gateway replicas share
 ``llmserve.state.response_store.RedisResponseStore``, which keeps the same three calls. Each record holds the response object and
@@ -61,15 +62,23 @@ def connect(path: str | Path) -> sqlite3.Connection:
     return db
 
 
+def evicted_owner(counts: dict[str, int]) -> str:
+    """Whose oldest record goes when the store is full: the key holding the most (then the
+    first named), so one key's flood of stored responses evicts its own, never another
+    key's ``previous_response_id`` (with one key, simply the oldest)."""
+    return max(sorted(counts), key=lambda owner: counts[owner])
+
+
 class SQLiteResponseStore:
     def __init__(self, path: str | Path = ":memory:", max_age_s: float = 30 * 24 * 3600,
                  max_records: int = 100_000) -> None:
         self._db = connect(path)
         self._lock = threading.Lock()
         self.max_age_s = max_age_s  # OpenAI keeps stored responses 30 days
-        self.max_records = max_records  # past it the oldest go first: memory and disk stay bounded
+        self.max_records = max_records  # past it the heaviest key's oldest go (evicted_owner)
         self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
                          "response TEXT NOT NULL, messages TEXT NOT NULL, created_at REAL NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS responses_owner ON responses (owner, created_at)")
 
     async def put(self, record: StoredResponse) -> None:
         with self._lock:
@@ -77,8 +86,11 @@ class SQLiteResponseStore:
                              (record.id, record.owner, json.dumps(record.response), json.dumps(record.messages),
                               record.created_at))
             self._db.execute("DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_s,))
-            self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC "
-                             "LIMIT -1 OFFSET ?)", (self.max_records,))
+            (count,) = self._db.execute("SELECT COUNT(*) FROM responses").fetchone()
+            for _ in range(count - self.max_records):
+                counts = dict(self._db.execute("SELECT owner, COUNT(*) FROM responses GROUP BY owner").fetchall())
+                self._db.execute("DELETE FROM responses WHERE id = (SELECT id FROM responses WHERE owner = ? "
+                                 "ORDER BY created_at LIMIT 1)", (evicted_owner(counts),))
 
     async def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:

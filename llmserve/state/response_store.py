@@ -4,7 +4,8 @@ The same contract as the SQLite store (``llmserve.api.response_store``): a respo
 stored through one replica is continued (``previous_response_id``), read or deleted
 through any other. A record is one JSON string under its own key, written with one
 ``SET`` (a reader sees all of it or none) and an expiry of ``max_age_s``; a sorted
-set of ids by creation time bounds how many are kept, the oldest going first.
+set of ids by creation time bounds how many are kept: past the count, the key holding
+the most loses its oldest (``evicted_owner``, as on SQLite), from per-key sorted sets.
 Nothing read back is executed: JSON only. A store that cannot be reached is a 503
 for that request (the client may retry), not a 500 and not a silent miss.
 """
@@ -21,13 +22,16 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from llmserve.api.errors import APIError
-from llmserve.api.response_store import StoredResponse
+from llmserve.api.response_store import StoredResponse, evicted_owner
 from llmserve.state.redis_conn import StoreError, StoreUnreachable, connect, redact
 
 log = logging.getLogger(__name__)
 
 PREFIX = "llmserve:response:"
 INDEX = "llmserve:responses"  # sorted set: id -> created_at
+OWNER_OF = "llmserve:responses:owner-of"  # hash: id -> owner
+OWNED = "llmserve:responses:owned:"  # + owner: sorted set of its ids by created_at
+COUNTS = "llmserve:responses:counts"  # sorted set: owner -> how many it holds
 T = TypeVar("T")
 
 
@@ -83,14 +87,19 @@ class RedisResponseStore:
             async with r.pipeline(transaction=True) as p:
                 p.set(PREFIX + record.id, value, ex=max(int(self.max_age_s), 1))
                 p.zadd(INDEX, {record.id: record.created_at})
-                p.zremrangebyscore(INDEX, "-inf", record.created_at - self.max_age_s)  # expired keys' ids
+                p.hset(OWNER_OF, record.id, record.owner)
+                if await r.zadd(OWNED + record.owner, {record.id: record.created_at}):  # (not a rewrite)
+                    p.zincrby(COUNTS, 1, record.owner)
                 await p.execute()
-            evicted = await r.zrange(INDEX, 0, -(self.max_records + 1))
-            if evicted:
-                async with r.pipeline(transaction=True) as p:
-                    p.delete(*[PREFIX + i for i in evicted])
-                    p.zrem(INDEX, *evicted)
-                    await p.execute()
+            for rid in await r.zrangebyscore(INDEX, "-inf", record.created_at - self.max_age_s):
+                await _forget(r, rid)  # expired: Redis dropped the record, the indexes follow
+            while await r.zcard(INDEX) > self.max_records:
+                counts = {o: int(n) for o, n in await r.zrange(COUNTS, 0, -1, withscores=True) if n > 0}
+                oldest = await r.zrange(OWNED + evicted_owner(counts), 0, 0) if counts else []
+                victim = oldest or await r.zrange(INDEX, 0, 0)  # (ids stored before the per-key sets)
+                if not victim:
+                    break
+                await _forget(r, victim[0])
         await self._do(op)
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -101,10 +110,19 @@ class RedisResponseStore:
         return StoredResponse(d["id"], d["owner"], d["response"], d["messages"], d["created_at"])
 
     async def delete(self, response_id: str) -> bool:
-        async def op(r: aioredis.Redis) -> bool:
-            async with r.pipeline(transaction=True) as p:
-                p.delete(PREFIX + response_id)
-                p.zrem(INDEX, response_id)
-                gone, _ = await p.execute()
-            return gone > 0
-        return await self._do(op)
+        return await self._do(lambda r: _forget(r, response_id))
+
+
+async def _forget(r: aioredis.Redis, response_id: str) -> bool:
+    """Drop a record and its place in every index; whether the record was there."""
+    owner = await r.hget(OWNER_OF, response_id)
+    async with r.pipeline(transaction=True) as p:
+        p.delete(PREFIX + response_id)
+        p.zrem(INDEX, response_id)
+        p.hdel(OWNER_OF, response_id)
+        if owner is not None:
+            p.zrem(OWNED + owner, response_id)
+        gone, *rest = await p.execute()
+    if owner is not None and rest[-1]:  # (removed from its owner's set by this call: counted down once)
+        await r.zincrby(COUNTS, -1, owner)
+    return gone > 0

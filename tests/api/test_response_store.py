@@ -42,6 +42,21 @@ async def test_the_oldest_go_past_the_cap(opener):
     assert [await s.get(f"resp_{i}") is not None for i in range(1, 6)] == [False, False, True, True, True]
 
 
+async def test_one_keys_flood_evicts_its_own_oldest_never_another_keys(opener):
+    s = opener(max_records=4, max_age_s=1e12)
+    await s.put(_rec(1, owner="quiet"))  # the oldest of all
+    await s.put(_rec(2, owner="other"))
+    for i in range(3, 12):
+        await s.put(_rec(i, owner="flood"))
+    kept = [i for i in range(1, 12) if await s.get(f"resp_{i}") is not None]
+    assert kept == [1, 2, 10, 11]
+    assert await s.delete("resp_11")  # a deleted one frees its place: the next put evicts nobody
+    await s.put(_rec(12, owner="other"))
+    assert [i for i in range(1, 13) if await s.get(f"resp_{i}") is not None] == [1, 2, 10, 12]
+    await s.put(_rec(13, owner="quiet"))  # quiet and other hold 2 each, flood 1: of a tie, the first name
+    assert [i for i in range(1, 14) if await s.get(f"resp_{i}") is not None] == [1, 10, 12, 13]
+
+
 async def test_redis_records_expire_and_are_json(redis_server):
     import redis
 
