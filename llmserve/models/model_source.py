@@ -61,21 +61,21 @@ def prepared_dir(source: Path, store_dir: Path) -> Path:
     return Path(store_dir) / "prepared" / f"{source.name}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
-def refuse_unsupported(source: Path) -> None:
+def refuse_unsupported(source: Path) -> ModelConfig | None:
     """Raise ``UnsupportedFamily`` when ``source`` is of a family the decoder lacks, reading
-    its config only (a server checks before it starts). Other faults are left to the load."""
+    its config only (a server checks before it starts); else its config. Other faults are
+    left to the load (None)."""
     from llmserve.models.hf_loader import read_hf_config
 
     try:
         loader = find_loader(Path(source))
         if isinstance(loader, GGUFLoader):
-            loader.read_config(Path(source))
-        else:
-            read_hf_config(Path(source))
+            return loader.read_config(Path(source))
+        return read_hf_config(Path(source))
     except UnsupportedFamily:
         raise
     except (ModelLoadError, OSError):
-        return
+        return None
 
 
 def check_model(source: Path) -> None:

@@ -344,7 +344,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, sock: s
 
 
 def _refuse_unsupported(engine_config: EngineConfig) -> None:
-    """A model of an unsupported family stops the start here, in one line (the CLI prints it)."""
+    """A model of an unsupported family, or a --max-model-len past its context (refused as vLLM
+    does), stops the start here in one line (the CLI prints it), not in the engine process."""
     from llmserve.models.model_source import refuse_unsupported
     from llmserve.models.store import locate
 
@@ -352,7 +353,10 @@ def _refuse_unsupported(engine_config: EngineConfig) -> None:
         source, _ = locate(engine_config.model, engine_config.model_store)
     except Exception:  # noqa: BLE001 - not found, not pulled: the engine's load reports it as before
         return
-    refuse_unsupported(source)
+    config, asked = refuse_unsupported(source), engine_config.max_model_len
+    if config is not None and asked and asked > config.max_position_embeddings:
+        raise ValueError(f"--max-model-len {asked} is longer than the model's context "
+                         f"({config.max_position_embeddings} tokens)")
 
 
 def _engine_builder(engine_config: EngineConfig, own_process: bool) -> EngineStart:
