@@ -197,13 +197,14 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
         log.exception("unexpected error")
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
 
-    @app.get("/health")
+    # HEAD too: a load balancer's check may send it (as the gateway's /health and /ready).
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         alive = inst.check_engine() is not S.FAILED
         body = {"status": "ok" if alive else "dead", "state": inst.state.value, "error": inst.error}
         return JSONResponse(body, status_code=200 if alive else 503)
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready():
         ok = inst.check_engine() is S.READY
         return JSONResponse({"ready": ok, "state": inst.state.value, "ready_after_s": inst.ready_after_s,
