@@ -110,9 +110,12 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     return body
 
 
-def stop_of(finish: str | None, stop_reason: Any) -> tuple[str, str | None]:
+def stop_of(finish: str | None, stop_reason: Any, called: bool = False) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): a stop string chat's ``stop_reason`` names (a stop token's
-    id, or EOS, is an end of turn)."""
+    id, or EOS, is an end of turn). ``called``: the answer has tool_use blocks (chat says "stop",
+    not "tool_calls", for a named tool_choice; Anthropic says tool_use all the same)."""
+    if called and finish in ("stop", "tool_calls"):
+        return "tool_use", None
     if finish == "stop" and isinstance(stop_reason, str) and stop_reason:
         return "stop_sequence", stop_reason
     return _STOP.get(finish or "stop", "end_turn"), None
@@ -138,7 +141,7 @@ def from_chat(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
     choice = (body.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     text = msg.get("content") or ""
-    reason, seq = stop_of(choice.get("finish_reason"), choice.get("stop_reason"))
+    reason, seq = stop_of(choice.get("finish_reason"), choice.get("stop_reason"), bool(msg.get("tool_calls")))
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     content += [{"type": "tool_use", "id": c.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
                  "name": c["function"]["name"], "input": _input(c["function"].get("arguments", ""))}
@@ -197,7 +200,7 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                 finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
     if text_open or tool_open:
         yield _event("content_block_stop", index=index)
-    reason, seq = stop_of(finish, stop_reason)
+    reason, seq = stop_of(finish, stop_reason, bool(calls))
     u = usage(last_usage)
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
                  usage={k: u[k] for k in ("output_tokens", "input_tokens", "cache_read_input_tokens",

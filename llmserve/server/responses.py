@@ -30,9 +30,13 @@ class ResponseMeta:
     reasoning_parser: str | None = None  # reasoning_parser.REASONING_PARSERS
     prompt_phase: str | None = None  # where the prompt left the reasoning (reasoning_gate.first_phase)
     call_ids: Callable[[], str] | None = None  # ids the model's template takes back (formats.call_ids)
-    # tool_choice required or named: the output is calls only, so text the parser gives back
-    # (a call cut by max_tokens before its name was read) is markup, never content
-    forced_calls: bool = False
+    tool_mode: str = "auto"  # ChatCompletionRequest.tool_mode
+
+    @property
+    def forced_calls(self) -> bool:
+        """tool_choice required or named: the output is calls only, so text the parser gives back
+        (a call cut by max_tokens before its name was read) is markup, never content."""
+        return self.tool_mode in ("required", "named")
 
     def envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -146,9 +150,9 @@ class ChoiceWriter:
             choices[-1]["stop_reason"] = c.stop_reason
         return choices
 
-    @staticmethod
-    def _finish_reason(reason: str | None, called: bool) -> str | None:
-        return "tool_calls" if called and reason == "stop" else reason
+    def _finish_reason(self, reason: str | None, called: bool) -> str | None:
+        # a named tool_choice stays "stop", as OpenAI's and vLLM's: the caller chose the call
+        return "tool_calls" if called and reason == "stop" and self.meta.tool_mode != "named" else reason
 
     # ---- logprobs ---------------------------------------------------------------------
     def _token_text(self, token_id: int) -> str:

@@ -278,7 +278,7 @@ class OpenAIServing:
                             self.formats.tool_parser_for(r.tool_mode) if chat else "hermes",
                             self.formats.reasoning_parser if chat else None,
                             prompt_phase(self.formats.reasoning_parser, self.tokenizer, prompts[0]) if chat else None,
-                            self.formats.call_ids(), forced_calls=chat and r.tool_mode in ("required", "named"))
+                            self.formats.call_ids(), tool_mode=r.tool_mode if chat else "none")
         if r.stream:
             so = r.stream_options
             include_usage = 2 if so and so.include_usage and so.continuous_usage_stats else int(bool(so and so.include_usage))
