@@ -132,6 +132,9 @@ class ServedModelConfig(PoolSettings):
     # Seconds a user stays on the version they were routed to while weights move
     # (the rule: gateway/version_router.py); 0: pure weighted hashing, no memory.
     stickiness_window_s: float = Field(0.0, ge=0.0)
+    # Other names clients may put in "model", each pinned to one version: a LoRA adapter
+    # version's own name, as vLLM serves adapters (the version's traffic outside the weights).
+    aliases: dict[str, str] = Field(default_factory=dict)
     # What a key's budget is charged (tokens x price / 1000; gateway/tenants).
     price_per_1k_prompt_tokens: float = Field(0.0, ge=0.0)
     price_per_1k_completion_tokens: float = Field(0.0, ge=0.0)
@@ -163,6 +166,10 @@ class ServedModelConfig(PoolSettings):
         if sum(v.weight for v in self.versions) <= 0:
             raise ValueError(f"model {self.name!r}: the version weights sum to 0")
         self._check_adapters(names)
+        for alias, version in self.aliases.items():
+            checked_name("model", alias)
+            if version not in names:
+                raise ValueError(f"model {self.name!r}: alias {alias!r} names version {version!r}, not among {names}")
         return self
 
     def _check_adapters(self, names: list[str]) -> None:
@@ -330,9 +337,9 @@ class GatewayConfig(GatewaySettings):
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:
-        names = [m.name for m in self.models]
+        names = [m.name for m in self.models] + [a for m in self.models for a in m.aliases]
         if len(set(names)) != len(names):
-            raise ValueError(f"model names must be unique, got {names}")
+            raise ValueError(f"model names and aliases must be unique, got {names}")
         priced = any(m.price_per_1k_prompt_tokens or m.price_per_1k_completion_tokens for m in self.models)
         for k in self.auth.keys:  # (an amount budget no request is charged against would never bind)
             if k.limits and k.limits.budget and k.limits.budget.amount is not None and not priced:

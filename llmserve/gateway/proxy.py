@@ -129,18 +129,18 @@ class Proxy:
         gw = self.gw
         raw = await read_body(request, gw.config.limits.max_body_bytes)
         parsed = parse_request(raw, request.headers, client, path)
-        runtime = gw.models.get(parsed.model)
+        runtime, pinned = gw.resolve(parsed.model)  # (an alias pins its version: configured, not claimed)
         if runtime is None:
             raise GatewayError(404, f"the model {parsed.model!r} does not exist",
                                param="model", code="model_not_found")
-        forced = request.headers.get(VERSION_HEADER) if client.version_override else None
+        forced = pinned or (request.headers.get(VERSION_HEADER) if client.version_override else None)
         try:
             decision = runtime.router.route(parsed.user, forced)
         except UnknownVersion as e:
             raise GatewayError(400, str(e), code="unknown_version") from None
         version = decision.version
         tab = None if client.key is None else await gw.tenants.admit(  # a 429 here, when over a limit
-            client.key, parsed.model, parsed.body, parsed.prompt_chars, parsed.stream, self._request_id(),
+            client.key, runtime.name, parsed.body, parsed.prompt_chars, parsed.stream, self._request_id(),
             client.budget_only)
         ctx = RequestRecord(runtime.sinks, version, parsed, t0, request.headers.get("x-request-id") or self._request_id(),
                             in_stats=decision.reason is not RouteReason.HEADER or runtime.count_forced,
@@ -161,8 +161,8 @@ class Proxy:
         body, priority = ctx.parsed.body, ctx.parsed.priority
         content = ctx.parsed.raw
         rewrite = {}
-        if upstream_model:  # (and the answers' name back: a foreign server's may be a file path)
-            rewrite["model"], ctx.rename = upstream_model, renaming(upstream_model, ctx.model)
+        if upstream_model and upstream_model != body.get("model"):  # (the answers' name too: a path on llama.cpp)
+            rewrite["model"], ctx.rename = upstream_model, renaming(upstream_model, ctx.parsed.model)
         if "priority" in body and body["priority"] != priority:
             rewrite["priority"] = priority
         if rewrite:

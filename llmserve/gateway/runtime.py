@@ -57,6 +57,8 @@ class ModelRuntime:
         self.adapters = {v.name: v.adapter for v in config.versions if v.adapter is not None}
         self.upstream_models = {v.name: v.adapter.name if v.adapter else v.upstream_model
                                 for v in config.versions}
+        if config.aliases:  # a request by an alias reaches its instances under the model's own name
+            self.upstream_models = {v: m or config.name for v, m in self.upstream_models.items()}
         own = {v.name: v.api_key and f"Bearer {v.api_key.get_secret_value()}" for v in config.versions}
         self.upstream_auth = {v.name: own[config.pool_of(v.name)] for v in config.versions}
         self.count_forced = config.canary is not None and config.canary.count_forced
@@ -170,6 +172,13 @@ class Gateway:
 
     def pool(self, model: str, version: str) -> Pool:
         return self.models[model].pools[version]
+
+    def resolve(self, name: str) -> tuple[ModelRuntime | None, str | None]:
+        """The model a request's ``model`` names, and the version an alias pins (else None)."""
+        if (rt := self.models.get(name)) is not None:
+            return rt, None
+        return next(((rt, rt.config.aliases[name]) for rt in self.models.values() if name in rt.config.aliases),
+                    (None, None))
 
     def pools(self) -> Iterator[Pool]:
         for rt in self.models.values():

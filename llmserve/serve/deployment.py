@@ -137,6 +137,8 @@ class ModelDeployment(_Strict):
     # What a key's money budget is charged for this model (the gateway's fields of the name)
     price_per_1k_prompt_tokens: float = Field(0.0, ge=0.0)
     price_per_1k_completion_tokens: float = Field(0.0, ge=0.0)
+    # Other names for "model", each pinned to a version (the gateway's aliases: an adapter's own name)
+    aliases: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _names(self) -> ModelDeployment:

@@ -203,7 +203,8 @@ class ServeConfig(_Strict):
             models = [{"name": m.name, "versions": [version(p) for p in pools if p.model == m.name] +
                        [{"name": v.name, "weight": m.weight(v), "pool": v.pool, "adapter": v.adapter}
                         for v in m.versions if v.adapter is not None],
-                       "stickiness_window_s": m.stickiness_window_s, **({"canary": m.canary} if m.canary else {}),
+                       "stickiness_window_s": m.stickiness_window_s, "aliases": m.aliases,
+                       **({"canary": m.canary} if m.canary else {}),
                        **_fields(m.pool), **_prices(m)} for m in self.models]
         return GatewayConfig.model_validate({**_fields(self.gateway), "models": models, "auth": auth})
 

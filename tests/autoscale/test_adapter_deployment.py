@@ -33,6 +33,16 @@ def test_an_adapter_version_is_a_version_of_the_gateway_but_not_a_pool():
     assert m.pool_of("v2") == "v1"
 
 
+def test_an_alias_names_the_adapter_version_through_serve():
+    d = deployment(SQL)
+    d["models"][0]["aliases"] = {"sql-lora": "v2"}
+    m = ServeConfig.model_validate(d).gateway_config("x" * 16).models[0]
+    assert m.aliases == {"sql-lora": "v2"}
+    d["models"][0]["aliases"] = {"sql-lora": "v7"}
+    with pytest.raises(ValidationError, match="alias 'sql-lora' names version 'v7'"):
+        ServeConfig.model_validate(d).gateway_config("x" * 16)
+
+
 @pytest.mark.parametrize("extra,key", [
     ({"model": "/models/b"}, "model"), ({"engine_args": ["--max-num-seqs", "4"]}, "engine_args"),
     ({"autoscale": {"bounds": {"max_instances": 2}}}, "autoscale"), ({"command": "x {port}"}, "command"),

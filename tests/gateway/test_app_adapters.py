@@ -188,3 +188,42 @@ def test_an_instance_that_evicted_the_adapter_since_its_report_gets_the_request_
         assert _by_fake(s, r) == "other" and len(other.adapter_loads) == 1
         assert [b["model"] for b in stale.bodies] == ["sql-lora"]  # its 404 was not the client's answer
         assert all(st.value == "closed" for st in s.gateway.pool("chat", "v1").breaker_states().values())
+
+
+def test_an_alias_names_an_adapter_version_as_vllm_serves_adapters_by_name():
+    """``aliases`` (configured, not claimed): ``model: "sql-lora"`` reaches the adapter version
+    outside the weights, the answer is named as asked, and /v1/models lists it with its parent."""
+    has = Behaviour("has", base_model="chat", adapters={"sql-lora"}, tokens=1)
+    with stack({"v1": [has], "v2": []}, weights={"v1": 1, "v2": 0}, version_extra={"v2": SQL},
+               model={"aliases": {"sql-lora": "v2", "chat-base": "v1"}}) as s:
+        for model, version, sent in (("sql-lora", "v2", "sql-lora"), ("chat", "v1", "chat"),
+                                     ("chat-base", "v1", "chat")):
+            r = s.chat("q", model=model)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-llmserve-version"] == version and r.json()["model"] == model
+            assert has.bodies[-1]["model"] == sent  # the engine's own names: the adapter's, the base's
+        streamed = s.chat("q", model="sql-lora", stream=True)
+        assert streamed.status_code == 200 and '"model": "sql-lora"' in streamed.text.replace('":"', '": "')
+        cards = {m["id"]: m for m in s.client.get("/v1/models").json()["data"]}
+        assert cards["sql-lora"]["parent"] == "chat" and cards["sql-lora"]["root"] == "sql-lora"
+        assert cards["chat-base"]["parent"] == "chat" and cards["chat"]["parent"] is None
+        assert s.client.get("/v1/models/sql-lora").json()["id"] == "sql-lora"
+        assert s.chat("q", model="nope").status_code == 404
+
+
+def test_aliases_are_checked_at_load():
+    import pytest
+
+    from llmserve.gateway.config import GatewayConfig
+
+    base = {"name": "chat", "versions": [{"name": "v1", "weight": 1, "upstreams": ["http://127.0.0.1:9"]}]}
+    with pytest.raises(ValueError, match="alias 'x' names version 'v9'"):
+        GatewayConfig.model_validate({"models": [{**base, "aliases": {"x": "v9"}}]})
+    with pytest.raises(ValueError, match="must be unique"):
+        GatewayConfig.model_validate({"models": [{**base, "aliases": {"chat": "v1"}}]})
+    other = {"name": "other", "versions": [{"name": "v1", "weight": 1, "upstreams": ["http://127.0.0.1:8"]}],
+             "aliases": {"x": "v1"}}
+    with pytest.raises(ValueError, match="must be unique"):
+        GatewayConfig.model_validate({"models": [{**base, "aliases": {"x": "v1"}}, other]})
+    with pytest.raises(ValueError, match="model name"):
+        GatewayConfig.model_validate({"models": [{**base, "aliases": {"bad name": "v1"}}]})

@@ -72,7 +72,7 @@ def test_canary_with_zero_weight_is_accepted():
 def test_duplicate_models_and_weak_keys_are_rejected():
     data = _minimal()
     data["models"].append(data["models"][0])
-    with pytest.raises(ValidationError, match="model names must be unique"):
+    with pytest.raises(ValidationError, match="model names and aliases must be unique"):
         GatewayConfig.model_validate(data)
     with pytest.raises(ValidationError, match="admin key"):
         GatewayConfig.model_validate({**_minimal(), "auth": {"admin_key": "short"}})
