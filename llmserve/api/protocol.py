@@ -345,7 +345,7 @@ class TokenizeRequest(_Strict):
     model: Name | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=Limits.MESSAGES)] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false with messages
     add_generation_prompt: bool = True
     tools: Tools | None = None  # with messages: the chat prompt's tokens, tools rendered as chat does
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None

@@ -175,6 +175,16 @@ class Tokenizer:
         as in transformers (``add_bos_token`` in an old config is not consulted)."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def add_special_tokens(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` with the special tokens ``encode`` would add around a text's (BOS, say):
+        the post-processor's, found around a one-character text's ids."""
+        plain = self.backend.encode("a", add_special_tokens=False).ids
+        full = self.backend.encode("a", add_special_tokens=True).ids
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return full[:i] + list(ids) + full[i + len(plain):]
+        return list(ids)  # (a post-processor that rewrites the text's own ids: none known)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -257,8 +257,10 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
             tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
             ids = s.encode_chat(body.messages, body.add_generation_prompt, tools, body.chat_template_kwargs,
                                 body.continue_final_message)
+            if body.add_special_tokens:  # vLLM's: the tokenizer's own (BOS) on top of the template's
+                ids = s.tokenizer.add_special_tokens(ids)
         elif body.prompt is not None:
-            ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
         strs = s.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None

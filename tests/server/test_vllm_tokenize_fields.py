@@ -15,6 +15,12 @@ CTX = 128
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=CTX)
+    # a tokenizer that adds a BOS to a text, as Llama's does (id 0 here)
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    tok.save(str(model / "tokenizer.json"))
     ep = start_engine(model, tmp_path_factory.mktemp("logs"), "--served-model-name", "tiny")
     yield ep
     ep.stop()
@@ -50,3 +56,17 @@ def test_tokenize_continue_final_message(server):
                  {"prompt": "hi", "continue_final_message": True, "add_generation_prompt": False}):
         r = post(server, "/tokenize", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", (body, r.text)
+
+
+def test_tokenize_add_special_tokens_as_vllm(server):
+    """With messages it was accepted and ignored: vLLM defaults it to false there and, when true,
+    adds the tokenizer's special tokens (BOS) on top of the template's; a prompt defaults to true."""
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = post(server, "/tokenize", {"messages": msgs}).json()["tokens"]
+    assert post(server, "/tokenize", {"messages": msgs, "add_special_tokens": False}).json()["tokens"] == chat
+    assert chat[0] != 0
+    r = post(server, "/tokenize", {"messages": msgs, "add_special_tokens": True})
+    assert r.status_code == 200 and r.json()["tokens"] == [0, *chat], r.text
+    prompt = post(server, "/tokenize", {"prompt": "hello"}).json()["tokens"]
+    bare = post(server, "/tokenize", {"prompt": "hello", "add_special_tokens": False}).json()["tokens"]
+    assert prompt == [0, *bare]
