@@ -181,7 +181,9 @@ def flag_error(e: ValidationError, *models: type[BaseModel]) -> str:
     out = []
     for err in e.errors(include_url=False):
         loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")
-        if err["type"] != "value_error":  # a constraint's message leaves the value out
+        if err["type"] == "missing":  # (its input is the parent mapping, defaults and all)
+            msg = "is required"
+        elif err["type"] != "value_error":  # a constraint's message leaves the value out
             msg = f"{msg}, got {err['input']!r}"
         where = flags.get(loc[0], ".".join(map(str, loc))) if loc else ""  # type: ignore[call-overload]
         out.append(f"{where}: {msg}" if where else msg)

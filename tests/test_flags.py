@@ -140,6 +140,23 @@ def test_another_models_refusal_names_its_keys_not_these_flags():
     assert flag_error(e.value, _Run) == "count: Extra inputs are not permitted, got 0"
 
 
+def test_a_missing_field_is_required_without_its_parents_values():
+    """Its input is the whole parent mapping, defaults the user never wrote and all (a
+    serve config's ``models: [{name: chat}]`` gave a 594-character line)."""
+
+    class _Inner(BaseModel):
+        name: str
+        versions: list[str]
+        pool: dict = {"admission": {"realtime": {"max_queue": 512}}}
+
+    class _File(BaseModel):
+        models: list[_Inner]
+
+    with pytest.raises(ValidationError) as e:
+        _File(models=[{"name": "chat"}])
+    assert flag_error(e.value, _Run) == "models.0.versions: is required"
+
+
 def test_byte_sizes_as_people_write_them():
     from llmserve.flags import byte_size
 
