@@ -233,6 +233,9 @@ class ChatMessage(_Strict):
     annotations: Annotated[list[Any], Field(max_length=Limits.CONTENT_PARTS)] | None = None  # (same; not rendered)
     tool_calls: ToolCalls | None = None  # an assistant turn that called tools
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # a tool's result
+    # an assistant turn's reasoning, by vLLM's old and new names (Qwen3's template reads it)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     _parts = field_validator("content", mode="before")(classmethod(lambda cls, v: _check_part_types(v)))
 
@@ -258,6 +261,11 @@ class ChatMessage(_Strict):
             raise FieldError("tool_calls", "only assistant messages carry tool_calls")
         if (self.tool_call_id is not None) != (self.role == "tool"):
             raise FieldError("tool_call_id", "a tool message needs tool_call_id, and only a tool message has one")
+        for key in ("reasoning_content", "reasoning"):
+            if getattr(self, key) is not None and self.role != "assistant":
+                raise FieldError(key, f"only assistant messages carry {key}")
+        if None not in (self.reasoning, self.reasoning_content) and self.reasoning != self.reasoning_content:
+            raise FieldError("reasoning", "reasoning and reasoning_content differ (they are one field's two names)")
         return self
 
     def text(self) -> str:
@@ -277,6 +285,8 @@ class ChatMessage(_Strict):
             msg["tool_calls"] = [c.for_template() for c in self.tool_calls]
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
+        if (reasoning := self.reasoning_content if self.reasoning is None else self.reasoning) is not None:
+            msg["reasoning_content"] = reasoning
         return msg
 
 

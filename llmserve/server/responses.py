@@ -75,7 +75,8 @@ class ChoiceWriter:
             self.reasoning.feed(text)
             self.reasoning.finish()
             text = message["content"] = self.reasoning.content
-            message["reasoning_content"] = self.reasoning.reasoning or None
+            # both names, as vLLM's two generations of clients read them (0.10+ "reasoning")
+            message["reasoning"] = message["reasoning_content"] = self.reasoning.reasoning or None
         calls: list[dict[str, Any]] = []
         if self.parser is not None:
             self.parser.feed(text)
@@ -121,7 +122,7 @@ class ChoiceWriter:
         text = c.delta_text
         if self.reasoning is not None:
             split = self.reasoning.feed(text) + (self.reasoning.finish() if out.finished else [])
-            deltas += [{"reasoning_content": e.text} for e in split if isinstance(e, Reasoning)]
+            deltas += [{"reasoning": e.text, "reasoning_content": e.text} for e in split if isinstance(e, Reasoning)]
             text = "".join(e.text for e in split if isinstance(e, Content))
         if self.parser is None:
             if text:

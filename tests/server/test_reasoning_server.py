@@ -34,10 +34,15 @@ def test_reasoning_content_whole_and_streamed(server):
               extra_body={"guided_choice": [ANSWER]})
     r = client.chat.completions.create(**kw)
     msg = r.choices[0].message
-    assert (msg.reasoning_content, msg.content) == ("a colour", "Blue")
+    # both names, as vLLM 0.10+ (reasoning) and older clients (reasoning_content) read it
+    assert (msg.reasoning_content, msg.reasoning, msg.content) == ("a colour", "a colour", "Blue")
     chunks = list(client.chat.completions.create(**kw, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "a colour"
+    for name in ("reasoning_content", "reasoning"):
+        assert "".join(getattr(d, name, None) or "" for d in deltas) == "a colour"
+    # the answer sent back as history (SDK's model_dump: both names) is taken
+    again = [*kw["messages"], msg.model_dump(), {"role": "user", "content": "And?"}]
+    assert client.chat.completions.create(**{**kw, "messages": again}).choices[0].message.content == "Blue"
     assert "".join(d.content or "" for d in deltas) == "Blue"
 
 
