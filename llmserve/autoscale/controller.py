@@ -14,7 +14,7 @@ The rules that protect requests: an instance joins the gateway's pool only once 
 gateway nor the engine has any in flight (or ``drain_timeout_s``), then leaves the pool and stops
 (``stopping``: SIGTERM; ``stopped`` once it exited); a failed instance (exited, died, unreachable
 for ``unready_grace_s``) leaves the pool at once and is replaced, with a back-off while replacements
-fail before they get ready. Every transition is a :class:`~llmserve.autoscale.history.Event` with a
+fail before they get ready, until ``max_start_failures`` in a row (``start_failures.py``). Every transition is a :class:`~llmserve.autoscale.history.Event` with a
 time and a reason.
 """
 
@@ -33,7 +33,7 @@ from llmserve.autoscale.build import build_policy
 from llmserve.autoscale.capacity_actions import CapacityLedger, NoReclaim
 from llmserve.autoscale.collector import SignalCollector, estimate_prompt_tokens
 from llmserve.autoscale.config import AutoscaleConfig
-from llmserve.autoscale.controller_views import describe_instance, describe_pool, sample
+from llmserve.autoscale.controller_views import PoolViews, sample
 from llmserve.autoscale.effects import Draining, Effect, Fail, Start, Stop, drain_effects, plan_effects, probe_effects
 from llmserve.autoscale.executor import Executor
 from llmserve.autoscale.history import History
@@ -57,7 +57,7 @@ __all__ = ["ControllerConfig", "NoReclaim", "PoolController"]
 SpecFactory = Callable[[str], InstanceSpec]
 
 
-class PoolController:
+class PoolController(PoolViews):
     """Scales one gateway pool (one model version) through one provider.
 
     It is a gateway service (``start``/``stop`` with the gateway, ``dashboard()`` for the
@@ -100,7 +100,7 @@ class PoolController:
         self._prefix = id_prefix if id_prefix is not None else f"{version}-"
         self._next_id = 1
         self.executor = Executor(self.book, self.launcher, self.router, self._new_id, cfg.restart_backoff_s,
-                                 cfg.max_restart_backoff_s, metrics, labels, self.key)
+                                 cfg.max_restart_backoff_s, metrics, labels, self.key, cfg.max_start_failures)
         self.capacity = CapacityLedger(autoscale.capacity, autoscale.bounds.min_instances, self.book, metrics,
                                         labels, self.key)
         self.launcher.reports = LaunchReports(self.executor.started, self.executor.start_failed, self.executor.exited,
@@ -326,8 +326,9 @@ class PoolController:
             if self.metrics is not None:
                 direction = "up" if step.desired > step.provisioned else "down"
                 self.metrics.decisions.labels(self.model, self.version, direction, step.source).inc()
-            log.info("%s: %d -> %d (%s)", self.key, step.provisioned, step.desired, step.reason)
-        if step.held_starts:
+            if self.executor.gave_up is None:  # else said once, when it gave up
+                log.info("%s: %d -> %d (%s)", self.key, step.provisioned, step.desired, step.reason)
+        if step.held_starts and self.executor.gave_up is None:
             log.info("%s: %d start(s) held by restart backoff for %.0fs", self.key, step.held_starts,
                      self.executor.start_not_before - now)
         self.apply(step.plan, step.reason, now)
@@ -376,25 +377,7 @@ class PoolController:
         self._next_tick = None  # act on it at the next step, not a tick later
         return o
 
-    def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
-        return describe_instance(inst, self.pool.get(inst.id), now)
-
-    def describe(self) -> dict[str, Any]:
-        now = self.clock()
-        return describe_pool(self.key, self.model, self.version, self.autoscale, self.provider.name, self.desired,
-                             self.counts(), self.class_counts(), self.cost_dollars, self._active_override(now),
-                             now, (self.history.decisions(limit=1) or [None])[0])
-
-    def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
-        now = self.clock()
-        out = [self.describe_instance(i, now) for i in self.book]
-        if include_finished:
-            out += [self.describe_instance(i, now) for i in reversed(self.book.finished)]
-        return out
-
-    def dashboard(self) -> dict[str, Any]:
-        """Everything the dashboard shows of this pool, in one JSON-able dict."""
-        return {**self.describe(), "instances": self.instance_views(),
-                "timeline": self.history.samples(limit=600),
-                "events": self.history.events(limit=60),
-                "decisions": self.history.decisions(limit=30, changes_only=True)}
+    def retry(self, why: str = "an operator asked") -> bool:
+        """Start instances again in a pool that gave up (start_failures.py); False: it had not."""
+        self._next_tick = None  # the plan's starts at the next step, not a tick later
+        return self.executor.retry(why)

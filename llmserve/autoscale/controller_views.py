@@ -1,5 +1,6 @@
 """What a pool controller shows: admin API rows, history samples. Plain functions
-of the records they are given; the controller assembles its views from them."""
+of the records they are given, and :class:`PoolViews`, the controller's methods
+that assemble its views from them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from llmserve.autoscale.config import AutoscaleConfig
 from llmserve.autoscale.managed import ManagedInstance
 from llmserve.autoscale.scaling_step import Override
 from llmserve.autoscale.signals import PoolSignals
+from llmserve.autoscale.start_failures import GaveUp
 from llmserve.gateway.pool import Upstream
 from llmserve.lifecycle import InstanceState
 
@@ -45,8 +47,10 @@ def describe_instance(inst: ManagedInstance, seen: Upstream | None, now: float) 
 
 def describe_pool(key: str, model: str, version: str, autoscale: AutoscaleConfig, provider: str, desired: int,
                   counts: dict[InstanceState, int], class_counts: dict[str, int], cost_dollars: dict[str, float],
-                  override: Override | None, now: float, last_decision: dict[str, Any] | None) -> dict[str, Any]:
-    """A pool's admin row: its settings, counts, cost and override."""
+                  override: Override | None, now: float, last_decision: dict[str, Any] | None,
+                  failed: GaveUp | None = None) -> dict[str, Any]:
+    """A pool's admin row: its settings, counts, cost, override, and why it gave up starting
+    instances (``failed``, None while it has not)."""
     b, o = autoscale.bounds, override
     return {
         "pool": key, "model": model, "version": version, "policy": autoscale.policy,
@@ -60,4 +64,32 @@ def describe_pool(key: str, model: str, version: str, autoscale: AutoscaleConfig
             "instances": o.instances, "reason": o.reason, "set_at": o.set_wall,
             "remaining_s": None if o.until is None else max(0.0, o.until - now)},
         "last_decision": last_decision,
+        "failed": None if failed is None else failed.view(key),
     }
+
+
+class PoolViews:
+    """The views of a :class:`~llmserve.autoscale.controller.PoolController` (its mixin)."""
+
+    def describe_instance(self, inst: ManagedInstance, now: float) -> dict[str, Any]:
+        return describe_instance(inst, self.pool.get(inst.id), now)
+
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        return describe_pool(self.key, self.model, self.version, self.autoscale, self.provider.name, self.desired,
+                             self.counts(), self.class_counts(), self.cost_dollars, self._active_override(now),
+                             now, (self.history.decisions(limit=1) or [None])[0], self.executor.gave_up)
+
+    def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
+        now = self.clock()
+        out = [self.describe_instance(i, now) for i in self.book]
+        if include_finished:
+            out += [self.describe_instance(i, now) for i in reversed(self.book.finished)]
+        return out
+
+    def dashboard(self) -> dict[str, Any]:
+        """Everything the dashboard shows of this pool, in one JSON-able dict."""
+        return {**self.describe(), "instances": self.instance_views(),
+                "timeline": self.history.samples(limit=600),
+                "events": self.history.events(limit=60),
+                "decisions": self.history.decisions(limit=30, changes_only=True)}

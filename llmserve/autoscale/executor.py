@@ -9,12 +9,14 @@ reports back (:meth:`Executor.started`, :meth:`Executor.start_failed`,
 
 It also keeps the restart back-off: failures of instances that never got ready
 hold further starts for a doubling time, and each failed instance that was
-capacity is owed a replacement.
+capacity is owed a replacement. After ``max_start_failures`` such failures in a
+row the pool gives up (:mod:`llmserve.autoscale.start_failures`) until :meth:`Executor.retry`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 from llmserve.autoscale.book import InstanceBook
 from llmserve.autoscale.effects import Advance, Drain, Effect, Fail, Start, Stop, Undrain
 from llmserve.autoscale.probe import path
+from llmserve.autoscale.start_failures import GaveUp, gives_up
 from llmserve.lifecycle import InstanceState
 
 log = logging.getLogger("llmserve.autoscale.controller")
@@ -46,12 +49,13 @@ class Router(Protocol):
     def accepting(self, rec: Any, accepting: bool) -> None: ...
     def in_flight(self, rec: Any) -> int: ...
     def served(self, rec: Any) -> int: ...
+    def failed(self, why: str | None) -> None: ...  # the pool gave up starting (None: it tries again)
 
 
 class Executor:
     def __init__(self, book: InstanceBook, launcher: Launcher, router: Router, ids: Callable[[], Hashable],
                  restart_backoff_s: float = 0.0, max_restart_backoff_s: float = 0.0, metrics: Any = None,
-                 labels: tuple[str, ...] = (), name: str = "") -> None:
+                 labels: tuple[str, ...] = (), name: str = "", max_start_failures: int = 0) -> None:
         self.book = book
         self.launcher = launcher
         self.router = router
@@ -61,6 +65,8 @@ class Executor:
         self.metrics = metrics
         self.labels = labels
         self.name = name
+        self.max_start_failures = max_start_failures  # 0: never give up
+        self.gave_up: GaveUp | None = None
         self.log: list[tuple[float, Effect]] | None = None  # set to a list to record every effect applied
         self.replacements: deque[Hashable] = deque()  # failed instances owed a replacement
         self.failures_before_ready = 0
@@ -156,6 +162,9 @@ class Executor:
             n = self.failures_before_ready
             backoff = min(self.max_restart_backoff_s, self.restart_backoff_s * 2 ** (n - 1))
             self.start_not_before = self.book.clock() + backoff
+            serving = sum(1 for r in self.book if r.state in (S.READY, S.DRAINING))
+            if self.gave_up is None and gives_up(n, self.max_start_failures, serving):
+                self._give_up(n, reason)
         if provisioned:
             self.replacements.append(rec.id)
 
@@ -167,5 +176,26 @@ class Executor:
         rec.ready_at = now
         self.failures_before_ready = 0
         self.start_not_before = 0.0
+        if self.gave_up is not None:  # one started before the pool gave up made it after all
+            self.retry(f"instance {rec.id} got ready")
         if self.metrics is not None:
             self.metrics.cold_start.labels(*self.labels).observe(now - rec.created)
+
+    # ---- giving up -------------------------------------------------------------------------
+    def _give_up(self, failures: int, reason: str) -> None:
+        self.gave_up = g = GaveUp(failures, reason, self.book.wall())
+        self.start_not_before = math.inf  # holds replacements and the plan's starts alike
+        message = g.message(self.name)
+        log.error("%s; POST /admin/autoscale/retry?pool=%s to try again", message, self.name)
+        self.book.event(self.name, "pool_failed", None, "failed", message, failures=failures)
+        self.router.failed(message)
+
+    def retry(self, why: str) -> bool:
+        """Start instances again after giving up (False: it had not)."""
+        if self.gave_up is None:
+            return False
+        self.gave_up, self.failures_before_ready, self.start_not_before = None, 0, 0.0
+        log.warning("%s: starting instances again (%s)", self.name, why)
+        self.book.event(self.name, "pool_retry", "failed", "retrying", why)
+        self.router.failed(None)
+        return True

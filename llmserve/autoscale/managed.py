@@ -32,6 +32,9 @@ class ControllerConfig(BaseModel):
     unready_grace_s: float = 20.0
     restart_backoff_s: float = 2.0
     max_restart_backoff_s: float = 120.0
+    # Instances in a row that fail before getting ready, none serving, before the pool gives
+    # up starting them (start_failures.py; Ray Serve's DEPLOY_FAILED). 0: retry forever.
+    max_start_failures: int = 3
     signal_window_s: float = SIGNAL_WINDOW_S
     latency_window_s: float = LATENCY_WINDOW_S
     chars_per_token: float = CHARS_PER_TOKEN
@@ -46,6 +49,9 @@ class ControllerConfig(BaseModel):
         for name in ("drain_timeout_s", "unready_grace_s", "restart_backoff_s", "max_restart_backoff_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"controller config: {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_start_failures < 0:
+            raise ValueError(f"controller config: max_start_failures must be >= 0 (0: never give up), "
+                             f"got {self.max_start_failures}")
         return self
 
 

@@ -153,3 +153,6 @@ class PoolRouter:
     def served(self, rec: ManagedInstance) -> int:
         seen = self.pool.get(rec.id)
         return seen.served if seen is not None else rec.served
+
+    def failed(self, why: str | None) -> None:
+        self.pool.set_failed(why)

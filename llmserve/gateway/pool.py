@@ -36,34 +36,9 @@ from llmserve.gateway.config import normalize_url
 from llmserve.gateway.dispatch import Dispatcher, Stop
 from llmserve.gateway.health import OutlierConfig, OutlierDetector
 from llmserve.gateway.instance import InstanceView
+from llmserve.gateway.pool_errors import NoHealthyInstance, QueueFull, QueueTimeout
 from llmserve.load_report import LoadReport, MetricsLoadParser
 from llmserve.priority import PriorityClass
-
-
-class QueueFull(Exception):
-    def __init__(self, rejected: Rejected) -> None:
-        super().__init__(rejected.reason)
-        self.rejected = rejected
-
-
-class QueueTimeout(Exception):
-    def __init__(self, message: str, waited_s: float) -> None:
-        super().__init__(message)
-        self.waited_s = waited_s
-
-
-class NoHealthyInstance(Exception):
-    """Every instance of the pool has failed (breaker open, ejected, gone unready, draining).
-
-    Requests fail fast instead of waiting for a deadline: capacity that is broken
-    is not coming back soon. An empty pool, or one whose instances have never been
-    ready yet (starting, scaling from zero), makes requests wait instead.
-    ``retry_after_s``: when the first breaker lets a probe through (else a health check's time).
-    """
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class Outcome(enum.Enum):
@@ -184,6 +159,7 @@ class Pool:
         # nothing routable but draining instances queues (it revives or starts one)
         # instead of failing fast, and an empty one queues as it always does.
         self.can_grow = False
+        self.failed: str | None = None  # why its controller gave up starting instances (set_failed)
 
     # ---- the run-time interface (autoscaler, admin API) -----------------------------
     def add_instance(self, url: str, instance_id: str | None = None, *,
@@ -231,6 +207,12 @@ class Pool:
         if ready:
             inst.has_been_ready = True
             self.pump()
+
+    def set_failed(self, why: str | None) -> None:
+        """Its controller gave up starting instances (None: it tries again): with nothing
+        routable, what waits and what comes fails at once, saying ``why``."""
+        self.failed = why
+        self.pump()
 
     def instances(self) -> list[Upstream]:
         return list(self._instances.values())
@@ -376,14 +358,18 @@ class Pool:
         entry.item.future.set_result(Lease(inst, now - entry.enqueued_at))
 
     def _broken(self, views: Sequence[InstanceView]) -> bool:
-        if not views or any(v.routable for v in views):
+        if any(v.routable for v in views):
             return False
+        if self.failed is not None or not views:
+            return self.failed is not None
         if self.can_grow and not any(v.accepting and v.ready for v in views):
             return False  # gone or dead (not ready): its owner replaces it, so wait for that one
         # Fail fast only where every instance has been ready once: one still starting may come.
         return all(v.has_been_ready or not v.accepting for v in views)
 
     def _broken_error(self, now: float) -> NoHealthyInstance:
+        if self.failed is not None:
+            return NoHealthyInstance(self.failed, 60)  # not back before an operator acts
         waits = [w for i in self._instances.values() if (w := i.breaker.reopens_in(now)) > 0]
         return NoHealthyInstance(f"no healthy instance in pool {self.name}: every instance is failing, "
                                  "not ready or draining", math.ceil(min(waits, default=5.0)))

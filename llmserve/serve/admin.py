@@ -19,6 +19,10 @@ gateway has one controlled pool.
                                          (or ``?pool=``; both, differing: a 400):
                                          pin the count (null clears); each call is counted in
                                          ``llmserve:autoscale_manual_interventions_total``
+- ``POST /admin/autoscale/retry``        (``?pool=``) a pool that gave up starting instances
+                                         (its row's ``failed``: ``lifecycle.max_start_failures``
+                                         in a row failed before getting ready) starts them again;
+                                         a 409 for a pool that had not given up
 """
 
 from __future__ import annotations
@@ -126,6 +130,14 @@ def autoscale_router(controllers: Sequence[PoolController], guard: Callable[[Req
             c.set_override(body.instances, body.duration_s, body.reason)
         except ValueError as e:
             raise GatewayError(400, str(e), code="invalid_scale") from None
+        return c.describe()
+
+    @r.post("/retry")
+    async def retry(pool: str | None = None) -> dict:
+        c = one(pool)
+        if not c.retry():
+            raise GatewayError(409, f"pool {c.key} has not given up starting instances: nothing to retry",
+                               code="pool_not_failed")
         return c.describe()
 
     return r

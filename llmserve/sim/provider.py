@@ -84,3 +84,6 @@ class SimRouter:
 
     def served(self, inst: SimInstance) -> int:
         return 0  # not kept: no history in a simulated day
+
+    def failed(self, why: str | None) -> None:
+        pass  # simulated instances always get ready: a simulated pool never gives up
