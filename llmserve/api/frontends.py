@@ -176,7 +176,7 @@ class Frontends:
         if not req.stream:
             obj = responses.from_chat(env, await inner.json())
             await keep(obj)
-            return JSONResponse(obj)
+            return JSONResponse(obj, headers=_relayed_ok(inner.headers))
         stream = responses.EventStream(env)
 
         async def events():
@@ -189,7 +189,8 @@ class Frontends:
             finally:
                 await inner.close()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={**_SSE_HEADERS, **_relayed_ok(inner.headers)})
 
     # ---- /v1/messages ----------------------------------------------------------------------
     async def _messages(self, scope: Scope, receive: Receive) -> Response:
@@ -199,7 +200,7 @@ class Frontends:
             return JSONResponse(messages.from_openai_error(inner.status, await inner.json()), status_code=inner.status,
                                 headers=_relayed(inner.headers))
         if not req.stream:
-            return JSONResponse(messages.from_chat(req, await inner.json()))
+            return JSONResponse(messages.from_chat(req, await inner.json()), headers=_relayed_ok(inner.headers))
 
         async def events():
             try:
@@ -208,7 +209,8 @@ class Frontends:
             finally:
                 await inner.close()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={**_SSE_HEADERS, **_relayed_ok(inner.headers)})
 
 
 _NOT_SERVED = frozenset({"input_tokens", "compact"})  # OpenAI's POST /v1/responses/<these>
@@ -218,6 +220,13 @@ def _relayed(headers: dict[str, str]) -> dict[str, str]:
     """The inner error's headers a client acts on: Retry-After (a 429's or 503's backoff)
     and rate-limit state; the body's framing is the new response's own."""
     return {k: v for k, v in headers.items() if k == "retry-after" or k.startswith(("x-ratelimit-", "ratelimit-"))}
+
+
+def _relayed_ok(headers: dict[str, str]) -> dict[str, str]:
+    """A 200's headers from the chat route that a chat answer carries: the gateway's rate-limit
+    state, x-llmserve-* (version, upstream, priority), x-request-id and Server-Timing."""
+    return {k: v for k, v in headers.items() if k in ("x-request-id", "server-timing")
+            or k.startswith(("x-ratelimit-", "ratelimit-", "x-llmserve-"))}
 
 
 def _only(method: str, allowed: str, path: str) -> None:
