@@ -226,7 +226,8 @@ def _check_part_types(parts: Any) -> Any:
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # ipython: Llama 3.x's tool result role (its templates render results under it)
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"]
     content: str | Annotated[list[TextPart | RefusalPart], Field(min_length=1, max_length=Limits.CONTENT_PARTS)] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
     refusal: str | None = None  # an assistant turn as OpenAI returns it
@@ -259,8 +260,9 @@ class ChatMessage(_Strict):
             raise FieldError("content", f"a {self.role} message needs content")
         if self.tool_calls is not None and self.role != "assistant":
             raise FieldError("tool_calls", "only assistant messages carry tool_calls")
-        if (self.tool_call_id is not None) != (self.role == "tool"):
-            raise FieldError("tool_call_id", "a tool message needs tool_call_id, and only a tool message has one")
+        if (self.tool_call_id is not None and self.role != "ipython") != (self.role == "tool"):
+            raise FieldError("tool_call_id", "a tool message needs tool_call_id, and only a tool (or ipython) "
+                             "message has one")
         for key in ("reasoning_content", "reasoning"):
             if getattr(self, key) is not None and self.role != "assistant":
                 raise FieldError(key, f"only assistant messages carry {key}")

@@ -14,6 +14,7 @@ def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_promp
                 continue_final_message: bool = False, notation: str = "hermes") -> list[int]:
     """``notation``: the tool-call parser that reads the answer (how our tools text asks for calls)."""
     kwargs = {**kwargs, "continue_final_message": continue_final_message} if continue_final_message else kwargs
+    msgs = _ipython(tokenizer, msgs, bool(tools))
     try:
         if tokenizer.template_reads("tools", tools=bool(tools)):  # it renders tools, calls and results itself
             extra = {"tools": tools} if tools else {}
@@ -34,6 +35,17 @@ def encode_chat(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_promp
             return tokenizer.encode_chat(folded, add_generation_prompt=add_generation_prompt, **kwargs)
     except Exception as e:  # noqa: BLE001 - template errors (raise_exception too) are the caller's input
         raise APIError(400, f"cannot apply the chat template: {e}", param="messages") from None
+
+
+def _ipython(tokenizer: Any, msgs: list[dict[str, Any]], tools: bool) -> list[dict[str, Any]]:
+    """Llama 3.x's ``ipython`` results go to a template that names the role as they are, to
+    any other as ``tool`` results (which it renders, or ``render_messages`` does)."""
+    if not any(m["role"] == "ipython" for m in msgs):
+        return msgs
+    source = (tools and getattr(tokenizer, "tool_chat_template", None)) or getattr(tokenizer, "chat_template", "")
+    if "ipython" in (source or ""):
+        return msgs
+    return [{**m, "role": "tool"} if m["role"] == "ipython" else m for m in msgs]
 
 
 def _added_system(original: list[dict[str, Any]], rendered: list[dict[str, Any]]) -> bool:
