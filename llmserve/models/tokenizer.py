@@ -175,7 +175,7 @@ class Tokenizer:
         as in transformers (``add_bos_token`` in an old config is not consulted)."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def add_special_tokens(self, ids: Sequence[int]) -> list[int]:
+    def with_special_tokens(self, ids: Sequence[int]) -> list[int]:
         """``ids`` with the special tokens ``encode`` would add around a text's (BOS, say):
         the post-processor's, found around a one-character text's ids."""
         plain = self.backend.encode("a", add_special_tokens=False).ids

@@ -258,7 +258,7 @@ def create_app(inst: Instance, tracing: Tracing | None = None) -> FastAPI:
             ids = s.encode_chat(body.messages, body.add_generation_prompt, tools, body.chat_template_kwargs,
                                 body.continue_final_message)
             if body.add_special_tokens:  # vLLM's: the tokenizer's own (BOS) on top of the template's
-                ids = s.tokenizer.add_special_tokens(ids)
+                ids = s.tokenizer.with_special_tokens(ids)
         elif body.prompt is not None:
             ids = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
