@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from llmserve.api.messages_protocol import MessagesRequest, TextBlock, ToolResultBlock, ToolUseBlock
+from llmserve.api.messages_protocol import MessagesRequest, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -72,6 +72,8 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in m.content if isinstance(b, ToolUseBlock)]
             msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking := "".join(b.thinking for b in m.content if isinstance(b, ThinkingBlock)):
+                msg["reasoning_content"] = thinking
             if calls:
                 msg["tool_calls"] = calls
             msgs.append(msg)
@@ -143,6 +145,8 @@ def from_chat(req: MessagesRequest, body: dict[str, Any]) -> dict[str, Any]:
     text = msg.get("content") or ""
     reason, seq = stop_of(choice.get("finish_reason"), choice.get("stop_reason"), bool(msg.get("tool_calls")))
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    if thinking := msg.get("reasoning") or msg.get("reasoning_content"):  # (vLLM's new name, or its old)
+        content.insert(0, {"type": "thinking", "thinking": thinking, "signature": ""})
     content += [{"type": "tool_use", "id": c.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
                  "name": c["function"]["name"], "input": _input(c["function"].get("arguments", ""))}
                 for c in msg.get("tool_calls") or []]
@@ -165,7 +169,7 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
     yield _event("message_start", message=start)
     chunks = _after(first, chunks)
     index = -1
-    text_open = tool_open = False
+    think_open = text_open = tool_open = False
     calls: dict[int, int] = {}  # tool call index -> block index
     finish, stop_reason, last_usage = None, None, None
     async for chunk in chunks:
@@ -176,19 +180,27 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
         last_usage = chunk.get("usage") or last_usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if thought := delta.get("reasoning") or delta.get("reasoning_content"):  # (one text, two names)
+                if not think_open:
+                    if text_open or tool_open:
+                        yield _event("content_block_stop", index=index)
+                    index, think_open, text_open, tool_open = index + 1, True, False, False
+                    yield _event("content_block_start", index=index,
+                                 content_block={"type": "thinking", "thinking": "", "signature": ""})
+                yield _event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": thought})
             if delta.get("content"):
                 if not text_open:
-                    if tool_open:
+                    if tool_open or think_open:
                         yield _event("content_block_stop", index=index)
-                    index, text_open, tool_open = index + 1, True, False
+                    index, think_open, text_open, tool_open = index + 1, False, True, False
                     yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
                 yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": delta["content"]})
             for tc in delta.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 if tc.get("index", 0) not in calls:
-                    if text_open or tool_open:
+                    if think_open or text_open or tool_open:
                         yield _event("content_block_stop", index=index)
-                    index, text_open, tool_open = index + 1, False, True
+                    index, think_open, text_open, tool_open = index + 1, False, False, True
                     calls[tc.get("index", 0)] = index
                     yield _event("content_block_start", index=index, content_block={
                         "type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
@@ -198,7 +210,7 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
                                  delta={"type": "input_json_delta", "partial_json": fn["arguments"]})
             if choice.get("finish_reason"):
                 finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
-    if text_open or tool_open:
+    if think_open or text_open or tool_open:
         yield _event("content_block_stop", index=index)
     reason, seq = stop_of(finish, stop_reason, bool(calls))
     u = usage(last_usage)

@@ -18,7 +18,7 @@ from llmserve.api.protocol import Limits, Name
 from llmserve.api.structured import FunctionName, Schema, check_json_schema
 
 UNSUPPORTED_FIELDS = {
-    "thinking": "extended thinking is not supported: the served models have no reasoning mode",
+    "thinking": "extended thinking options are not supported: a served model thinks as its chat template has it",
     "mcp_servers": "MCP servers are not supported",
     "container": "containers (code execution) are not supported",
     "context_management": "context management is not supported",
@@ -27,7 +27,7 @@ UNSUPPORTED_FIELDS = {
     "workspace_id": "workspaces are not supported",
     "user_profile_id": "user profiles are not supported",
 }
-_BLOCKS = ("text", "tool_use", "tool_result")
+_BLOCKS = ("text", "tool_use", "tool_result", "thinking")
 
 
 class _Strict(BaseModel):
@@ -63,7 +63,15 @@ class ToolResultBlock(_Strict):
     toolset_name: Annotated[str, Field(max_length=256)] | None = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(_Strict):
+    """An answer's thinking sent back: the assistant turn's reasoning (a template may render it)."""
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # (ours are empty: nothing to check)
+    cache_control: CacheControl = None
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
 
 
 class Message(_Strict):
@@ -122,7 +130,7 @@ def _refuse(v: Any) -> Any:
             kind = block.get("type") if isinstance(block, dict) else None
             if isinstance(kind, str) and kind not in _BLOCKS:
                 raise FieldError(f"messages[{i}].content[{j}].type",
-                                 f"content block type {kind!r} is not supported (text, tool_use, tool_result)")
+                                 f"content block type {kind!r} is not supported (text, tool_use, tool_result, thinking)")
     for i, tool in enumerate(v.get("tools") or []):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind not in (None, "custom"):
@@ -142,6 +150,8 @@ def _check_blocks(messages: list[Message]) -> None:
             continue
         for j, b in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
+            if isinstance(b, ThinkingBlock) and m.role != "assistant":
+                raise FieldError(where, "thinking blocks are only allowed in assistant messages")
             if isinstance(b, ToolUseBlock):
                 if m.role != "assistant":
                     raise FieldError(where, "tool_use blocks are only allowed in assistant messages")

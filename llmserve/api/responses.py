@@ -6,7 +6,8 @@ conversation of ``previous_response_id`` before the new input, function tools an
 host's own chat route (validation, admission, balancing), and its answer comes
 back as a response object or as the Responses event stream: ``response.created``,
 ``response.in_progress``, per output item ``response.output_item.added`` ...
-``response.output_text.delta`` / ``response.function_call_arguments.delta`` ...
+``response.reasoning_text.delta`` / ``response.output_text.delta`` /
+``response.function_call_arguments.delta`` ...
 ``response.output_item.done``, then ``response.completed`` (``response.incomplete``
 at the token limit, ``response.failed`` when the chat stream ends in an error).
 """
@@ -40,6 +41,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(req.input, str):
         return [{"role": "user", "content": req.input}]
     out: list[dict[str, Any]] = []
+    reasoning = None  # a reasoning item's text: the next assistant turn's reasoning_content
     for item in req.input:
         if isinstance(item, MessageItem):
             out.append({"role": item.role, "content": _content(item.content)})
@@ -47,15 +49,27 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": _content(item.output)})
         else:
-            assert isinstance(item, ReasoningItem)  # the served models make none: nothing to replay
+            assert isinstance(item, ReasoningItem)
+            reasoning = (reasoning or "") + _reasoning_text(item)
+            continue
+        if reasoning is not None and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = reasoning
+        reasoning = None
     return out
+
+
+def _reasoning_text(item: ReasoningItem) -> str:
+    """A reasoning item's reasoning_text parts (an encrypted or summary-only one has none)."""
+    parts = (item.model_extra or {}).get("content")
+    return "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text") \
+        if isinstance(parts, list) else ""
 
 
 def chat_body(req: ResponsesRequest, history: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,6 +107,11 @@ def message_item(text: str, status: str = "completed") -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
+def reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     fn = call.get("function") or {}
     return {"type": "function_call", "id": new_id("fc"), "call_id": call.get("id") or new_id("call"),
@@ -107,7 +126,9 @@ def usage(u: dict[str, Any] | None) -> dict[str, Any] | None:
     # Anthropic route's cache_creation_input_tokens: 0)
     return {"input_tokens": u.get("prompt_tokens", 0),
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": u.get("completion_tokens", 0), "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.get("completion_tokens", 0),
+            "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens") or 0},
             "total_tokens": u.get("total_tokens", 0)}
 
 
@@ -148,6 +169,9 @@ def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     calls = [{"id": it["call_id"], "type": "function", "function": {"name": it["name"], "arguments": it["arguments"]}}
              for it in output if it["type"] == "function_call"]
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+    reasoning = "".join(p["text"] for it in output if it["type"] == "reasoning" for p in it["content"])
+    if reasoning:
+        msg["reasoning_content"] = reasoning
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -158,6 +182,8 @@ def from_chat(env: Envelope, body: dict[str, Any]) -> dict[str, Any]:
     choice = (body.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     output: list[dict[str, Any]] = []
+    if msg.get("reasoning") or msg.get("reasoning_content"):  # (vLLM's new name, or its old)
+        output.append(reasoning_item(msg.get("reasoning") or msg["reasoning_content"]))
     if msg.get("content"):
         output.append(message_item(msg["content"]))
     output += [call_item(c) for c in msg.get("tool_calls") or []]
@@ -175,6 +201,7 @@ class EventStream:
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.response: dict[str, Any] | None = None
+        self._think: dict[str, Any] | None = None  # the reasoning item being written
         self._text: dict[str, Any] | None = None  # the message item being written
         self._calls: dict[int, dict[str, Any]] = {}  # tool call index -> its item
         self._open_call: dict[str, Any] | None = None  # the function_call item being written
@@ -200,6 +227,26 @@ class EventStream:
                            part=part),
                 self.event("response.output_item.done", output_index=idx, item=item)]
 
+    def _open(self, item: dict[str, Any], part: dict[str, Any]) -> list[bytes]:
+        """Add an item with one content part (a message's, a reasoning item's)."""
+        self.output.append(item)
+        idx = len(self.output) - 1
+        return [self.event("response.output_item.added", output_index=idx, item={**item, "content": []}),
+                self.event("response.content_part.added", item_id=item["id"], output_index=idx,
+                           content_index=0, part=dict(part))]
+
+    def _close_think(self, status: str = "completed") -> list[bytes]:
+        item, self._think = self._think, None
+        if item is None:
+            return []
+        idx, part = self.output.index(item), item["content"][0]
+        item["status"] = status
+        return [self.event("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                           text=part["text"]),
+                self.event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
+                           part=part),
+                self.event("response.output_item.done", output_index=idx, item=item)]
+
     def _close_call(self, status: str = "completed") -> list[bytes]:
         item, self._open_call = self._open_call, None
         if item is None:
@@ -212,7 +259,7 @@ class EventStream:
 
     def _close(self, status: str = "completed") -> list[bytes]:
         """Close the open item (at most one is: each is done before the next is added, as OpenAI streams)."""
-        return self._close_text(status) + self._close_call(status)
+        return self._close_think(status) + self._close_text(status) + self._close_call(status)
 
     def chunk(self, chunk: dict[str, Any], finish: list[str | None], usage_: list[Any]) -> list[bytes]:
         out: list[bytes] = []
@@ -221,16 +268,20 @@ class EventStream:
         self.env.model = chunk.get("model") or self.env.model
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            thought = delta.get("reasoning") or delta.get("reasoning_content")  # (one text, two names)
+            if thought:
+                if self._think is None:
+                    out += self._close()
+                    self._think = reasoning_item("", "in_progress")
+                    out += self._open(self._think, self._think["content"][0])
+                self._think["content"][0]["text"] += thought
+                out.append(self.event("response.reasoning_text.delta", item_id=self._think["id"],
+                                      output_index=self.output.index(self._think), content_index=0, delta=thought))
             if delta.get("content"):
                 if self._text is None:
-                    out += self._close_call()
+                    out += self._close()
                     self._text = message_item("", "in_progress")
-                    self.output.append(self._text)
-                    idx = len(self.output) - 1
-                    out += [self.event("response.output_item.added", output_index=idx,
-                                       item={**self._text, "content": []}),
-                            self.event("response.content_part.added", item_id=self._text["id"], output_index=idx,
-                                       content_index=0, part={**self._text["content"][0]})]
+                    out += self._open(self._text, self._text["content"][0])
                 self._text["content"][0]["text"] += delta["content"]
                 out.append(self.event("response.output_text.delta", item_id=self._text["id"],
                                       output_index=self.output.index(self._text), content_index=0,

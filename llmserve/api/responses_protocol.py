@@ -22,7 +22,7 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "background": "background mode is not supported (send the request and wait, or use the Batch API)",
     "conversation": "conversations are not supported (chain with previous_response_id)",
     "prompt": "prompt templates are not supported",
-    "reasoning": "reasoning options are not supported: the served models have no reasoning mode",
+    "reasoning": "reasoning options are not supported: a served model reasons as its chat template has it",
     "include": "include is not supported (no built-in tools, no logprobs or encrypted reasoning to add)",
     "top_logprobs": "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)",
     "max_tool_calls": "max_tool_calls is not supported",
@@ -76,7 +76,8 @@ class FunctionCallOutputItem(_Strict):
 
 
 class ReasoningItem(BaseModel):
-    """Echoed back by agents; the served models make none, so it adds nothing to the prompt."""
+    """Echoed back by agents: its reasoning_text parts are the next assistant turn's reasoning
+    (a template may render them); an encrypted or summary-only one adds nothing."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["reasoning"]
@@ -105,7 +106,7 @@ def _item_kind(v: Any) -> Any:
             if isinstance(kind, str) and kind not in ("message", "function_call", "function_call_output",
                                                        "reasoning"):
                 raise FieldError(f"input[{i}].type", f"input item type {kind!r} is not supported")
-            content = item.get("content") if isinstance(item, dict) else None
+            content = item.get("content") if isinstance(item, dict) and kind != "reasoning" else None
             for part in content if isinstance(content, list) else []:
                 ptype = part.get("type") if isinstance(part, dict) else None
                 if isinstance(ptype, str) and ptype not in ("input_text", "output_text"):

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from llmserve.api.stream_format import IDS_FIELD, attach_ids, head
 from llmserve.engine.outputs import RequestOutput, TokenLogprob
-from llmserve.server.reasoning_parser import Reasoning, ReasoningParser
+from llmserve.server.reasoning_parser import END, Reasoning, ReasoningParser
 from llmserve.server.tool_formats import tool_call_parser
 from llmserve.server.tool_parser import CallArguments, CallStart, Content, Event
 
@@ -54,6 +54,7 @@ class ChoiceWriter:
         self.reasoning = ReasoningParser(meta.reasoning_parser, meta.prompt_phase) \
             if meta.chat and meta.reasoning_parser else None
         self.started = False
+        self.reasoning_tokens: int | None = None  # once finished, with a reasoning parser
         self.text_offset = len(echo or "")
         self.unsent_ids: list[int] = []  # token ids of outputs that made no chunk yet
         if meta.resumed:  # the client has the first chunks (the role, the echo) already
@@ -75,6 +76,7 @@ class ChoiceWriter:
             self.reasoning.feed(text)
             self.reasoning.finish()
             text = message["content"] = self.reasoning.content
+            self._count_reasoning(out)
             # both names, as vLLM's two generations of clients read them (0.10+ "reasoning")
             message["reasoning"] = message["reasoning_content"] = self.reasoning.reasoning or None
         calls: list[dict[str, Any]] = []
@@ -143,7 +145,24 @@ class ChoiceWriter:
             choices[0]["logprobs"] = lp
         return self._end(choices, out)
 
+    def _count_reasoning(self, out: RequestOutput) -> None:
+        """Of the output's tokens, those up to the end of the reasoning (its closing tag, else all)."""
+        if self.reasoning is None or self.tok is None:
+            return
+        ids = list(out.outputs[0].token_ids)
+        has_end = lambda k: END in self.tok.decode(ids[:k], skip_special_tokens=False)  # noqa: E731
+        if not self.reasoning.reasoning or not ids or not has_end(len(ids)):
+            self.reasoning_tokens = len(ids) if self.reasoning.reasoning else 0
+            return
+        lo, hi = 1, len(ids)  # the shortest prefix that holds the tag
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if has_end(mid) else (mid + 1, hi)
+        self.reasoning_tokens = lo
+
     def _end(self, choices: list[dict[str, Any]], out: RequestOutput) -> list[dict[str, Any]]:
+        if out.finished:
+            self._count_reasoning(out)
         if out.finished and choices:
             c = out.outputs[0]
             calls = self.parser is not None and bool(self.parser.tool_calls())
@@ -210,8 +229,17 @@ def mean_logprob(out: RequestOutput) -> float:
     return sum(lp.logprob for lp in lps) / len(lps) if lps else float("-inf")
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+def usage(prompt: int, completion: int, cached: int, reasoning: int | None = None) -> dict[str, Any]:
+    """``reasoning``: the reasoning tokens of the completion (OpenAI's field), None without a parser."""
+    u = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+         "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning is not None:
+        u["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return u
+
+
+def reasoning_total(writers: Any) -> int | None:
+    counts = [w.reasoning_tokens for w in writers if w.reasoning_tokens is not None]
+    return sum(counts) if counts else None
 
 

@@ -35,7 +35,7 @@ from llmserve.server.lora_api import adapter_named
 from llmserve.server.constraints import prompt_phase, structured_outputs
 from llmserve.server.disconnect import until_disconnect
 from llmserve.server.engine_errors import engine_error
-from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, usage
+from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, reasoning_total, usage
 from llmserve.server.resume import check_resume
 from llmserve.server.sampling_defaults import given, sampling_defaults
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
@@ -308,7 +308,7 @@ class OpenAIServing:
 
     # ---- response bodies ----------------------------------------------------------------------
     def _final_body(self, jobs: list[_Job], finals: dict[str, RequestOutput], meta: ResponseMeta) -> dict[str, Any]:
-        choices = []
+        choices, writers = [], []
         completion_tokens = cached = 0
         for job in jobs:
             outs = [finals[rid] for rid in job.request_ids]
@@ -316,11 +316,11 @@ class OpenAIServing:
             if len(outs) > meta.n:  # best_of: the n with the highest logprob per token, in that order
                 outs = sorted(outs, key=mean_logprob, reverse=True)[:meta.n]
             for ci, out in enumerate(outs):
-                writer = ChoiceWriter(job.prompt_index * meta.n + ci, meta, self.tokenizer, job.echo)
-                choices.append(writer.final(out))
+                writers.append(ChoiceWriter(job.prompt_index * meta.n + ci, meta, self.tokenizer, job.echo))
+                choices.append(writers[-1].final(out))
             cached += outs[0].num_cached_tokens
         prompt_tokens = sum(len(j.prompt_ids) for j in jobs)
-        body = meta.envelope(choices, usage=usage(prompt_tokens, completion_tokens, cached))
+        body = meta.envelope(choices, usage=usage(prompt_tokens, completion_tokens, cached, reasoning_total(writers)))
         body["object"] = "chat.completion" if meta.chat else "text_completion"
         return body
 
@@ -357,7 +357,8 @@ class OpenAIServing:
                 for choice in writers[idx].chunks(item):
                     yield sse(meta.envelope([choice], usage=so_far) if so_far else meta.envelope([choice]))
             if include_usage:
-                yield sse(meta.envelope([], usage=usage(prompt_tokens, completion_tokens, cached)))
+                u = usage(prompt_tokens, completion_tokens, cached, reasoning_total(writers.values()))
+                yield sse(meta.envelope([], usage=u))
             yield "data: [DONE]\n\n"
         except ReaderTooSlow as e:  # the request is aborted; if the client reads again, it learns why
             log.info("stream %s cut: %s", meta.id, e)

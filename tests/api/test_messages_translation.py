@@ -99,6 +99,31 @@ def test_streamed_blocks_stop_before_the_next_starts():
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
 
 
+def test_reasoning_is_a_thinking_block_before_the_text_whole_and_streamed():
+    chunks = [_chunk({"role": "assistant", "reasoning": "hm", "reasoning_content": "hm"}),
+              _chunk({"reasoning": " ok", "reasoning_content": " ok"}), _chunk({"content": "Blue"}),
+              _call(0, first=True, args="{}"), _chunk({}, "tool_calls")]
+    events = _events(_req(stream=True), chunks)
+    _assert_blocks_in_order(events)
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert starts[0] == {"type": "thinking", "thinking": "", "signature": ""}
+    assert [b["type"] for b in starts] == ["thinking", "text", "tool_use"]
+    assert "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "thinking_delta") == "hm ok"
+    whole = messages.from_chat(_req(), {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "Blue", "reasoning": "hm ok", "reasoning_content": "hm ok"}}]})
+    m = anthropic.types.Message.model_validate(whole)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert (m.content[0].thinking, m.content[0].signature) == ("hm ok", "")
+    # sent back, the thinking is the assistant turn's reasoning; in a user turn, a 400
+    follow = _req(messages=[{"role": "user", "content": "colour?"}, {"role": "assistant", "content": whole["content"]},
+                            {"role": "user", "content": "again"}])
+    assert messages.chat_body(follow)["messages"][1] == {"role": "assistant", "content": [
+        {"type": "text", "text": "Blue"}], "reasoning_content": "hm ok"}
+    with pytest.raises(Exception, match="thinking blocks are only allowed in assistant messages"):
+        _req(messages=[{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}])
+
+
 # ---- live, on an instance and through the gateway ------------------------------------------
 
 @pytest.fixture()

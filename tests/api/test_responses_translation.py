@@ -118,3 +118,26 @@ def test_other_values_of_unimplemented_fields_are_unsupported_parameter(client, 
         client.responses.create(model="tiny", input="hi", max_output_tokens=2, extra_body={field: value})
     err = e.value.body
     assert (e.value.status_code, err["code"], err["param"]) == (400, "unsupported_parameter", field), err
+
+
+def test_reasoning_is_an_item_before_the_message_whole_and_streamed():
+    """Chat's reasoning (both names carry one text) as OpenAI's reasoning item, then the message."""
+    chunks = [_chunk({"role": "assistant", "reasoning": "hm", "reasoning_content": "hm"}),
+              _chunk({"reasoning": " ok", "reasoning_content": " ok"}), _chunk({"content": "Blue"}, "stop"),
+              {"model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+                                                      "completion_tokens_details": {"reasoning_tokens": 4}}}]
+    events, final = _run(chunks)
+    _assert_items_in_order(events)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "hm ok"
+    whole = responses.from_chat(_env(), {"model": "m", "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "Blue", "reasoning": "hm ok", "reasoning_content": "hm ok"}}],
+        "usage": chunks[-1]["usage"]})
+    for obj in (whole, final):
+        r = openai.types.responses.Response.model_validate(obj)
+        assert [o.type for o in r.output] == ["reasoning", "message"]
+        assert r.output[0].content[0].text == "hm ok" and r.output[0].summary == []
+        assert r.usage.output_tokens_details.reasoning_tokens == 4
+        # the next turn's prompt replays the reasoning (a template may render it)
+        assert responses.assistant_message(obj["output"])["reasoning_content"] == "hm ok"

@@ -40,6 +40,11 @@ def test_reasoning_content_whole_and_streamed(server):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     for name in ("reasoning_content", "reasoning"):
         assert "".join(getattr(d, name, None) or "" for d in deltas) == "a colour"
+    # the tokens up to </think> are reasoning, whole and streamed (OpenAI's usage field)
+    n = r.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < n < r.usage.completion_tokens
+    last = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))[-1]
+    assert last.usage.completion_tokens_details.reasoning_tokens == n
     # the answer sent back as history (SDK's model_dump: both names) is taken
     again = [*kw["messages"], msg.model_dump(), {"role": "user", "content": "And?"}]
     assert client.chat.completions.create(**{**kw, "messages": again}).choices[0].message.content == "Blue"
