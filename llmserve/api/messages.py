@@ -92,6 +92,9 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             body[key] = getattr(req, key)
     if req.stop_sequences:
         body["stop"] = req.stop_sequences
+    if req.thinking is not None and req.thinking.type != "adaptive":  # (adaptive: the template's default)
+        # Qwen3's switch, as SGLang maps it; a template without one ignores it (docs/openai-api.md)
+        body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
     if req.metadata and req.metadata.user_id:
         body["user"] = req.metadata.user_id
     if req.stream:  # (the usage from the first chunk on: message_start reports the prompt's tokens)

@@ -4,7 +4,8 @@
 effect: the prefix cache reuses every shared prefix by itself. ``temperature``,
 ``top_p`` and ``top_k`` are taken although newer Anthropic SDKs no longer send
 them (older ones and agents do). Claude-specific features (extended thinking,
-effort, images, documents, server tools, workspaces) are refused by name.
+effort, images, documents, server tools, workspaces) are refused by name. ``thinking``
+is the template's ``enable_thinking`` (``messages.chat_body``); its budget is checked, not enforced.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from llmserve.api.protocol import Limits, Name
 from llmserve.api.structured import FunctionName, Schema, check_json_schema
 
 UNSUPPORTED_FIELDS = {
-    "thinking": "extended thinking options are not supported: a served model thinks as its chat template has it",
     "mcp_servers": "MCP servers are not supported",
     "container": "containers (code execution) are not supported",
     "context_management": "context management is not supported",
@@ -113,6 +113,12 @@ class OutputConfig(_Strict):
     effort: None = None  # the served models have one effort level
 
 
+class Thinking(_Strict):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None  # enabled only: checked as Anthropic does, not a cap
+    display: Literal["summarized"] | None = None  # ("omitted" would withhold the thinking: not done)
+
+
 class Metadata(_Strict):
     user_id: Name | None = None
 
@@ -164,6 +170,23 @@ def _check_blocks(messages: list[Message]) -> None:
                                      "answers no tool_use block of an earlier assistant message")
 
 
+def _check_thinking(t: Thinking | None, max_tokens: int) -> None:
+    """Anthropic's rules: a budget with ``enabled`` only, at least 1024 and under max_tokens."""
+    if t is None:
+        return
+    if t.type != "enabled":
+        for key in ("budget_tokens", "display"):
+            if getattr(t, key) is not None:
+                raise FieldError(f"thinking.{key}", f"thinking.{key} is only allowed with thinking.type 'enabled'")
+        return
+    if t.budget_tokens is None:
+        raise FieldError("thinking.budget_tokens", "thinking.budget_tokens: Field required")
+    if t.budget_tokens < 1024:
+        raise FieldError("thinking.budget_tokens", "thinking.budget_tokens: Input should be greater than or equal to 1024")
+    if t.budget_tokens >= max_tokens:
+        raise FieldError("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens`")
+
+
 class MessagesRequest(_Strict):
     model: Name
     max_tokens: Annotated[int, Field(ge=1, le=Limits.MAX_TOKENS)]
@@ -182,6 +205,7 @@ class MessagesRequest(_Strict):
     output_config: OutputConfig | None = None  # format: structured output by JSON schema
     cache_control: CacheControl = None
     speed: Literal["standard"] | None = None
+    thinking: Thinking | None = None
 
     _refuse = model_validator(mode="before")(classmethod(lambda cls, v: _refuse(v)))
 
@@ -198,6 +222,7 @@ class MessagesRequest(_Strict):
         if self.output_config and self.output_config.format and self.tools and (c is None or c.type != "none"):
             raise FieldError("output_config.format", "output_config.format cannot be combined with tools unless "
                              "tool_choice is {\"type\": \"none\"} (one constraint on the output at a time)")
+        _check_thinking(self.thinking, self.max_tokens)
         if self.messages[0].role != "user":
             raise FieldError("messages", "the first message must use the user role")
         last = self.messages[-1]

@@ -102,6 +102,17 @@ def test_streamed_tool_use(client):
     jsonschema.validate(use[0].input, WEATHER_PARAMS)
 
 
+def test_thinking_as_anthropic_clients_send_it_is_taken(client):
+    """Claude Code and the SDK send it; the tiny model's template has no enable_thinking switch
+    and the model no reasoning: its answer is as without the field (a 400 before)."""
+    kw = dict(model="tiny", max_tokens=1030, extra_body={**GREEDY, "stop_sequences": ["."]},
+              messages=[{"role": "user", "content": "hi"}])
+    plain = client.messages.create(**kw)
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
+        m = client.messages.create(**kw, thinking=thinking)
+        assert m.content == plain.content and [b.type for b in m.content] == ["text"]
+
+
 def test_output_config_json_schema(client):
     from tests.api.live import COLOUR
 

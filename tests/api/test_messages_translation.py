@@ -204,3 +204,29 @@ def test_a_stream_that_is_only_the_stop_sequence_has_no_empty_text_block():
                      [_chunk({"role": "assistant", "content": ""}, "stop", "\n")])
     assert [e["type"] for e in events] == ["message_start", "message_delta", "message_stop"]
     assert events[1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "\n"}
+
+
+@pytest.mark.parametrize("thinking, kwargs", [
+    ({"type": "disabled"}, {"enable_thinking": False}),
+    ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}),
+    ({"type": "enabled", "budget_tokens": 2000, "display": "summarized"}, {"enable_thinking": True}),
+    ({"type": "adaptive"}, None),  # the template's default
+])
+def test_thinking_is_the_templates_enable_thinking(thinking, kwargs):
+    """What Claude Code and the SDK send: taken (it was a 400 by name), as Qwen3's switch."""
+    body = messages.chat_body(_req(max_tokens=4096, thinking=thinking))
+    assert body.get("chat_template_kwargs") == kwargs
+
+
+@pytest.mark.parametrize("thinking, says", [
+    ({"type": "enabled"}, "budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 1023}, "greater than or equal to 1024"),
+    ({"type": "enabled", "budget_tokens": 4096}, "max_tokens` must be greater than"),
+    ({"type": "disabled", "budget_tokens": 1024}, "only allowed with thinking.type 'enabled'"),
+    ({"type": "enabled", "budget_tokens": 1024, "display": "omitted"}, "display"),
+    ({"type": "on"}, "type"),
+])
+def test_a_thinking_budget_is_checked_as_anthropic_does(thinking, says):
+    with pytest.raises(Exception, match=says):
+        _req(max_tokens=4096, thinking=thinking)
+
