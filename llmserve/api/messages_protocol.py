@@ -27,7 +27,7 @@ UNSUPPORTED_FIELDS = {
     "workspace_id": "workspaces are not supported",
     "user_profile_id": "user profiles are not supported",
 }
-_BLOCKS = ("text", "tool_use", "tool_result", "thinking")
+_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class _Strict(BaseModel):
@@ -71,7 +71,15 @@ class ThinkingBlock(_Strict):
     cache_control: CacheControl = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+class RedactedThinkingBlock(_Strict):
+    """Claude's encrypted thinking sent back: accepted (clients echo an answer whole) and dropped."""
+    type: Literal["redacted_thinking"]
+    data: str
+    cache_control: CacheControl = None
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+                  Field(discriminator="type")]
 
 
 class Message(_Strict):
@@ -136,7 +144,8 @@ def _refuse(v: Any) -> Any:
             kind = block.get("type") if isinstance(block, dict) else None
             if isinstance(kind, str) and kind not in _BLOCKS:
                 raise FieldError(f"messages[{i}].content[{j}].type",
-                                 f"content block type {kind!r} is not supported (text, tool_use, tool_result, thinking)")
+                                 f"content block type {kind!r} is not supported "
+                                 "(text, tool_use, tool_result, thinking, redacted_thinking)")
     for i, tool in enumerate(v.get("tools") or []):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind not in (None, "custom"):
@@ -156,8 +165,8 @@ def _check_blocks(messages: list[Message]) -> None:
             continue
         for j, b in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
-            if isinstance(b, ThinkingBlock) and m.role != "assistant":
-                raise FieldError(where, "thinking blocks are only allowed in assistant messages")
+            if isinstance(b, ThinkingBlock | RedactedThinkingBlock) and m.role != "assistant":
+                raise FieldError(where, f"{b.type} blocks are only allowed in assistant messages")
             if isinstance(b, ToolUseBlock):
                 if m.role != "assistant":
                     raise FieldError(where, "tool_use blocks are only allowed in assistant messages")

@@ -230,3 +230,13 @@ def test_a_thinking_budget_is_checked_as_anthropic_does(thinking, says):
     with pytest.raises(Exception, match=says):
         _req(max_tokens=4096, thinking=thinking)
 
+
+def test_redacted_thinking_sent_back_is_taken_and_dropped():
+    """Clients send an answer's blocks back whole; Claude's encrypted thinking carries nothing we read."""
+    follow = _req(messages=[{"role": "user", "content": "colour?"}, {"role": "assistant", "content": [
+        {"type": "redacted_thinking", "data": "EmwKAhgB"}, {"type": "text", "text": "Blue"}]},
+        {"role": "user", "content": "again"}])
+    assert messages.chat_body(follow)["messages"][1] == {"role": "assistant", "content": [
+        {"type": "text", "text": "Blue"}]}
+    with pytest.raises(Exception, match="redacted_thinking blocks are only allowed in assistant messages"):
+        _req(messages=[{"role": "user", "content": [{"type": "redacted_thinking", "data": "x"}]}])
