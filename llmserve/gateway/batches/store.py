@@ -141,16 +141,18 @@ class BatchStore:
 
     def _usage(self, db: Any, bid: str) -> dict[str, Any]:
         """OpenAI's batch ``usage``: the tokens of the lines answered 200 so far (chat and
-        completions bodies say prompt/completion tokens, responses bodies input/output)."""
+        completions bodies say prompt/completion tokens, responses bodies input/output; reasoning
+        tokens, with a --reasoning-parser, are in either's details)."""
         def total(*paths: str) -> str:
             return "coalesce(sum(coalesce(" + ", ".join(f"json_extract(result, '$.response.body.usage.{p}')"
                                                         for p in paths) + ")), 0)"
-        inp, out, cached = db.execute(
+        inp, out, cached, reasoning = db.execute(
             f"SELECT {total('prompt_tokens', 'input_tokens')}, {total('completion_tokens', 'output_tokens')}, "
-            f"{total('prompt_tokens_details.cached_tokens', 'input_tokens_details.cached_tokens')} "
+            f"{total('prompt_tokens_details.cached_tokens', 'input_tokens_details.cached_tokens')}, "
+            f"{total('completion_tokens_details.reasoning_tokens', 'output_tokens_details.reasoning_tokens')} "
             "FROM lines WHERE batch_id = ? AND state = 'done'", (bid,)).fetchone()
         return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
-                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
+                "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": inp + out}
 
     def get_batch(self, bid: str, owner: str | None = None) -> dict[str, Any] | None:
         with self._lock:

@@ -122,3 +122,17 @@ def test_a_batch_reports_the_usage_of_its_answered_lines_as_openai_does(tmp_path
     done = BatchUsage.model_validate(s.get_batch("batch_1", "me")["usage"])
     assert (done.input_tokens, done.output_tokens, done.total_tokens) == (17, 5, 22)
     assert (done.input_tokens_details.cached_tokens, done.output_tokens_details.reasoning_tokens) == (8, 0)
+
+
+def test_a_batch_sums_its_lines_reasoning_tokens(tmp_path):
+    """With a reasoning parser chat says completion_tokens_details.reasoning_tokens and
+    responses output_tokens_details.reasoning_tokens: the batch's usage sums both (it said 0)."""
+    s = BatchStore(tmp_path / "b.db")
+    s.create_batch("me", _batch(), _lines(3))
+    chat = {"usage": {"prompt_tokens": 4, "completion_tokens": 6, "completion_tokens_details": {"reasoning_tokens": 5}}}
+    resp = {"usage": {"input_tokens": 4, "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 2}}}
+    plain = {"usage": {"prompt_tokens": 4, "completion_tokens": 1}}
+    for i, body in enumerate((chat, resp, plain)):
+        s.finish_line("batch_1", i, True, line_result("batch_1", i, f"c{i}", status=200, body=body))
+    usage = s.get_batch("batch_1", "me")["usage"]
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 7} and usage["output_tokens"] == 10
