@@ -199,7 +199,10 @@ class EngineConfig(BaseModel):
         if self.kv_cache_memory_bytes is not None:
             n = self.kv_cache_memory_bytes // (kv_bytes_per_token * bs)
             if n < 1:
-                raise ValueError("kv_cache_memory_bytes is smaller than one KV block")
+                from llmserve.models.errors import FlagError
+
+                raise FlagError(f"--kv-cache-memory: {self.kv_cache_memory_bytes} bytes is smaller than one "
+                                f"KV block ({kv_bytes_per_token * bs} bytes)")
             return int(n)
         want_tokens = max(max_model_len, self.max_num_seqs * max_model_len // 4)
         cap_tokens = max(max_model_len, default_kv_bytes(available, self.instances) // kv_bytes_per_token)

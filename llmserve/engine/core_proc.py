@@ -126,16 +126,19 @@ def _child(build: Callable[[], Any], in_addr: str, out_addr: str) -> None:
         os._exit(code)
 
 
-def _build_failure(e: Exception) -> tuple[str, bool]:
-    """(the reason the parent reports in one line, whether the model is at fault). A bad model
-    file (``ModelLoadError``) names the file and the fault itself, and the parent raises it
-    again as one (the CLI's exit 2); anything else is a bug, whose traceback goes to the log."""
-    from llmserve.models.loader import ModelLoadError
+def _build_failure(e: Exception) -> tuple[str, str]:
+    """(the reason the parent reports in one line, who is at fault: "model", "flag" or "").
+    A bad model file (``ModelLoadError``) or flag (``FlagError``) names itself and the fault,
+    and the parent raises it again as one (the CLI's exit 2); anything else is a bug, whose
+    traceback goes to the log."""
+    from llmserve.models.errors import FlagError, ModelLoadError
 
     if isinstance(e, ModelLoadError):
-        return str(e), True
+        return str(e), "model"
+    if isinstance(e, FlagError):
+        return str(e), "flag"
     log.exception("engine build failed")
-    return f"{type(e).__name__}: {e}", False
+    return f"{type(e).__name__}: {e}", ""
 
 
 class _Recorder:

@@ -45,8 +45,10 @@ class DraftModelProposer:
         if model is None:
             model = _load_draft(config, model_store)
         if model.config.vocab_size != vocab_size:
-            raise ValueError(f"draft model vocab {model.config.vocab_size} differs from the target's "
-                             f"{vocab_size}: they must share a tokenizer")
+            from llmserve.models.errors import FlagError
+
+            raise FlagError(f"--speculative-config: the draft model's vocab {model.config.vocab_size} differs "
+                            f"from the target's {vocab_size}: they must share a tokenizer")
         self.kv = KVCacheManager(geometry.num_blocks, geometry.block_size, enable_prefix_caching=False,
                                  watermark=0.0)
         self.runner = ModelRunner(model, self.kv)

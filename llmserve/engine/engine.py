@@ -37,10 +37,22 @@ from llmserve.engine.scheduler import Scheduler, SchedulerConfig
 from llmserve.engine.stats import EngineStats, load_snapshot
 from llmserve.models import outliers
 from llmserve.models.config import ModelConfig
+from llmserve.models.errors import FlagError
 from llmserve.models.llama import LlamaForCausalLM
 from llmserve.models.quant import round_activations
 
 log = logging.getLogger(__name__)
+
+
+def _refuse_int8_shape(config: EngineConfig, mc: ModelConfig) -> None:
+    """int8 weights are quantised in groups along a layer's input: a model whose widths are
+    not a multiple of the group is refused by its flag, before any layer is built."""
+    from llmserve.models.qlayout import GROUP
+
+    widths = {mc.hidden_size, mc.intermediate_size, mc.num_attention_heads * mc.head_dim}
+    if config.dtype == "int8" and (odd := sorted(w for w in widths if w % GROUP)):
+        raise FlagError(f"--dtype: int8 needs the model's layer widths to be multiples of {GROUP}, "
+                        f"this model has {odd[0]}: use --dtype fp32, bf16 or w8a8")
 
 
 class EngineCore:
@@ -62,6 +74,7 @@ class EngineCore:
         if kv_cache_dtype == "auto":
             kv_cache_dtype = "fp16" if dtype == "int8" else "fp32"
         self.config = config = config.model_copy(update={"dtype": dtype, "kv_cache_dtype": kv_cache_dtype})
+        _refuse_int8_shape(config, model_config)
         keep_fp32 = config.exact_activations or config.prefill_weights == "fp32"
         factory = linear_factory_for(config.dtype, prepared_dir, exact=keep_fp32,
                                      unpack=config.prefill_weights in ("unpack", "auto"))
@@ -82,7 +95,7 @@ class EngineCore:
         self.lora = build_lora(config, model_config, self.model)  # (after the base's own set-up)
         asked, most = config.max_model_len, model_config.max_position_embeddings
         if asked and asked > most:  # (as vLLM: a length the model was not made for is refused, not cut)
-            raise ValueError(f"max_model_len {asked} is longer than the model's context ({most} tokens)")
+            raise FlagError(f"--max-model-len: {asked} is longer than the model's context ({most} tokens)")
         self.max_model_len = asked or most
         kv_dtype = torch.float16 if config.kv_cache_dtype == "fp16" else torch.float32
         # a block is a page of group_size layers; a short request takes one per KV group
@@ -99,7 +112,7 @@ class EngineCore:
         draft = config.speculative_config is not None and config.speculative_config.method == "draft"
         fits = num_blocks * config.block_size if draft else self.kv.token_capacity
         if asked and asked > fits:
-            raise ValueError(f"max_model_len {asked} does not fit the KV cache, which holds {fits} tokens of a "
+            raise FlagError(f"--max-model-len: {asked} does not fit the KV cache, which holds {fits} tokens of a "
                              "request: give it more memory (--kv-cache-memory, --num-kv-blocks) or a shorter "
                              "--max-model-len")
         self.max_model_len = min(self.max_model_len, fits)

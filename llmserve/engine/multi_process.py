@@ -76,10 +76,10 @@ class MultiProcessEngine(RequestStreams):
                 msg = unpack(await self._rx.recv())
                 if msg[0] == "failed":
                     self._reap(block=True)
-                    if msg[2]:  # a bad model file: the CLI says it in one line, exit 2
-                        from llmserve.models.loader import ModelLoadError
+                    if msg[2]:  # a bad model file or flag: the CLI says it in one line, exit 2
+                        from llmserve.models.errors import FlagError, ModelLoadError
 
-                        raise ModelLoadError(msg[1])
+                        raise (FlagError if msg[2] == "flag" else ModelLoadError)(msg[1])
                     raise RuntimeError(msg[1])
                 if msg[0] == "ready":
                     break

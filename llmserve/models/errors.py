@@ -10,3 +10,8 @@ class ModelLoadError(ValueError):
 
 class UnsupportedFamily(ModelLoadError):
     """The model is of a family (architecture) the decoder does not implement."""
+
+
+class FlagError(ValueError):
+    """A flag the engine cannot be built with, found only once the model is read (a KV budget
+    under one block): its message starts with the flag; the CLI prints it in one line, exit 2."""

@@ -37,6 +37,7 @@ from llmserve.engine.sampling_params import SamplingParams
 from llmserve.http_guard import uvicorn_options
 from llmserve.lifecycle import InstanceState
 from llmserve.load_report import LoadReport
+from llmserve.models.errors import FlagError
 from llmserve.models.loader import ModelLoadError
 from llmserve.server.config import ServerConfig
 from llmserve.server.guards import ApiKeyAuth, BodyLimit
@@ -88,7 +89,7 @@ class Instance:
             self.engine = await self.build()
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             self.state, self.error, self.load_error = S.FAILED, str(e), e
-            if not isinstance(e, ModelLoadError):  # (a bad model's one line is the CLI's: run_server)
+            if not isinstance(e, (ModelLoadError, FlagError)):  # (their one line is the CLI's: run_server)
                 log.error("model load failed: %s", e)
             return
         self.model_name = (self.config.served_model_name or [self.engine.model_name])[0]
@@ -339,7 +340,7 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig, sock: s
             inst.engine.shutdown()
         if tracing is not None:
             tracing.shutdown()
-        if isinstance(inst.load_error, ModelLoadError):  # one line and exit 2 (run_command), as a bad flag
+        if isinstance(inst.load_error, (ModelLoadError, FlagError)):  # one line, exit 2 (run_command)
             raise inst.load_error
         return 1 if inst.state is S.FAILED else server.exit_code  # type: ignore[attr-defined]
 

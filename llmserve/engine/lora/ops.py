@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from llmserve.engine.lora.manager import LoraManager
+from llmserve.models.errors import FlagError
 from llmserve.models.lora.adapter import LoraAdapter, LoraError
 from llmserve.models.lora.slots import LoraSlots, install
 
@@ -25,7 +26,10 @@ def build_lora(config, model_config, model) -> LoraManager | None:
     install(model, slots)
     manager = LoraManager(model_config, slots, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
     for name, path in config.lora_modules.items():
-        manager.add(manager.read(name, path))
+        try:
+            manager.add(manager.read(name, path))
+        except LoraError as e:  # (a bad flag: one line, exit 2, not a traceback from the engine process)
+            raise FlagError(f"--lora-modules: {e}") from e
     return manager
 
 
