@@ -195,7 +195,8 @@ class Frontends:
     # ---- /v1/messages ----------------------------------------------------------------------
     async def _messages(self, scope: Scope, receive: Receive) -> Response:
         req = parse_model(await read_body(receive, self.max_body_bytes), MessagesRequest)
-        inner = await call(self.chat, scope, "/v1/chat/completions", messages.chat_body(req), outer_receive=receive)
+        inner = await call(self.chat, messages.thinking_scope(scope, req), "/v1/chat/completions",
+                           messages.chat_body(req), outer_receive=receive)
         if inner.status != 200:
             return JSONResponse(messages.from_openai_error(inner.status, await inner.json()), status_code=inner.status,
                                 headers=_relayed(inner.headers))

@@ -16,6 +16,10 @@ from typing import Any
 
 from llmserve.api.messages_protocol import MessagesRequest, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
+# ``thinking`` asked of chat: the instance checks that its template or model can do it
+# (server/formats.py); the gateway forwards it, a client's own is dropped (``thinking_scope``)
+THINKING_HEADER = "x-llmserve-thinking"
+
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
@@ -113,6 +117,13 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             if c.disable_parallel_tool_use:
                 body["parallel_tool_calls"] = False
     return body
+
+
+def thinking_scope(scope: dict[str, Any], req: MessagesRequest) -> dict[str, Any]:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k != THINKING_HEADER.encode()]
+    if req.thinking is not None and req.thinking.type != "adaptive":
+        headers.append((THINKING_HEADER.encode(), req.thinking.type.encode()))
+    return {**scope, "headers": headers}
 
 
 def stop_of(finish: str | None, stop_reason: Any, called: bool = False) -> tuple[str, str | None]:

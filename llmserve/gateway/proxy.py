@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 UPSTREAM_HEADER = "x-llmserve-upstream"
 PRIORITY_HEADER = "x-llmserve-priority"  # on the response: the priority the request ran at
 # Not x-priority: the gateway sends its own decision (see gateway/auth.py).
-_FORWARD_HEADERS = ("accept", "x-request-id", "traceparent", "tracestate")
+_FORWARD_HEADERS = ("accept", "x-request-id", "traceparent", "tracestate", "x-llmserve-thinking")  # (api/messages)
 _RETURN_HEADERS = ("content-type", "x-request-id")
 
 

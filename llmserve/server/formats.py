@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from llmserve.api.errors import APIError
+from llmserve.api.messages import THINKING_HEADER
 from llmserve.server.config import ServerConfig
 from llmserve.server.tool_formats import call_ids, parser_for_template
 
@@ -34,6 +36,25 @@ class OutputFormats:
 
     def skip_special_tokens(self, asked: bool, tool_mode: str) -> bool:
         return asked and not (tool_mode == "auto" and self.tool_parser in _SPECIAL_OPENERS)
+
+    def check_thinking(self, tokenizer: Any, headers: Any, tools: bool) -> None:
+        """/v1/messages' ``thinking`` (its translation names it in a header): a template with
+        Qwen3's ``enable_thinking`` switch takes it; without one, only what the model does anyway
+        is taken (it thinks where the server has a reasoning parser, else not)."""
+        ask = headers.get(THINKING_HEADER)
+        if ask not in ("enabled", "disabled"):
+            return
+        try:
+            if tokenizer is None or tokenizer.template_reads("enable_thinking", tools=tools):
+                return
+        except ValueError:  # no template: chat's own 400 follows
+            return
+        thinks = self.reasoning_parser is not None
+        if (ask == "enabled") != thinks:
+            does = "always thinks (--reasoning-parser)" if thinks else "returns no thinking (no --reasoning-parser)"
+            raise APIError(400, f"thinking.type {ask!r} cannot be honoured: the model's chat template has no "
+                                f"enable_thinking switch and the model {does}; leave thinking out",
+                           param="thinking", code="unsupported_parameter")
 
     def call_ids(self) -> Callable[[], str]:
         """Ids in the shape the model's template accepts back in the next turn, whatever notation

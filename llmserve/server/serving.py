@@ -221,6 +221,7 @@ class OpenAIServing:
         self.check_model(r.model)
         sp = self.sampling_params(r, chat=True)
         tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools and r.tool_mode != "none" else None
+        self.formats.check_thinking(self.tokenizer, raw.headers, bool(tools))
         ids = self.encode_chat(r.messages, r.add_generation_prompt, tools, r.chat_template_kwargs or {},
                                r.continue_final_message, r.tool_mode)
         await self.compile_grammar(sp, r)

@@ -102,15 +102,20 @@ def test_streamed_tool_use(client):
     jsonschema.validate(use[0].input, WEATHER_PARAMS)
 
 
-def test_thinking_as_anthropic_clients_send_it_is_taken(client):
-    """Claude Code and the SDK send it; the tiny model's template has no enable_thinking switch
-    and the model no reasoning: its answer is as without the field (a 400 before)."""
+def test_thinking_as_anthropic_clients_send_it_is_what_the_model_can_do(client):
+    """Claude Code and the SDK send it (a 400 by name before); the tiny model's template has no
+    enable_thinking switch and the server no reasoning parser: disabled is what it does anyway,
+    enabled a 400 naming thinking, on the instance and through the gateway."""
     kw = dict(model="tiny", max_tokens=1030, extra_body={**GREEDY, "stop_sequences": ["."]},
               messages=[{"role": "user", "content": "hi"}])
     plain = client.messages.create(**kw)
-    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
-        m = client.messages.create(**kw, thinking=thinking)
-        assert m.content == plain.content and [b.type for b in m.content] == ["text"]
+    m = client.messages.create(**kw, thinking={"type": "disabled"})
+    assert m.content == plain.content and [b.type for b in m.content] == ["text"]
+    with pytest.raises(anthropic.BadRequestError, match="thinking.type 'enabled' cannot be honoured"):
+        client.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 1024})
+    # a client's own header asks nothing: the translation sets it from the body
+    m = client.messages.create(**kw, extra_headers={"x-llmserve-thinking": "enabled"})
+    assert m.content == plain.content
 
 
 def test_output_config_json_schema(client):

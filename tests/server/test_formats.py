@@ -87,3 +87,26 @@ def test_reasoning_then_tool_call_whole_and_streamed():
     assert calls[0]["function"]["name"] == "get_weather"
     assert "".join(tc["function"]["arguments"] for tc in calls) == '{"city": "Paris"}'
     assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+def test_messages_thinking_is_taken_by_a_template_with_enable_thinking_or_as_the_model_does():
+    """/v1/messages' thinking (its header): Qwen3's switch takes either; without one, a 400
+    unless the ask is what the model does anyway."""
+    from llmserve.server.formats import OutputFormats
+
+    class Tok:
+        def __init__(self, switch: bool) -> None:
+            self.switch = switch
+
+        def template_reads(self, name: str, tools: bool = True) -> bool:
+            return self.switch and name == "enable_thinking"
+
+    for parser in (None, "qwen3"):
+        for ask in ("enabled", "disabled"):
+            OutputFormats("hermes", parser).check_thinking(Tok(True), {"x-llmserve-thinking": ask}, False)
+    OutputFormats("hermes", None).check_thinking(Tok(False), {"x-llmserve-thinking": "disabled"}, False)
+    OutputFormats("hermes", "deepseek_r1").check_thinking(Tok(False), {"x-llmserve-thinking": "enabled"}, False)
+    OutputFormats("hermes", None).check_thinking(Tok(False), {}, False)
+    for parser, ask in ((None, "enabled"), ("deepseek_r1", "disabled")):
+        with pytest.raises(APIError, match=f"thinking.type '{ask}' cannot be honoured"):
+            OutputFormats("hermes", parser).check_thinking(Tok(False), {"x-llmserve-thinking": ask}, False)

@@ -15,7 +15,7 @@ from tests.server.harness import start_engine
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = make_tiny_llama(tmp_path_factory.mktemp("model"))
+    model = make_tiny_llama(tmp_path_factory.mktemp("model"), max_position_embeddings=2048)  # (a thinking budget)
     ep = start_engine(model, tmp_path_factory.mktemp("logs"), "--served-model-name", "tiny",
                       "--reasoning-parser", "deepseek_r1")
     yield ep
@@ -48,6 +48,17 @@ def test_responses_reasoning_item_and_tokens(server):
     again = client.responses.create(**{**kw, "input": [{"role": "user", "content": "Hi"}, final.output[0].model_dump(),
                                                        {"role": "user", "content": "More"}]})
     assert again.output[0].type == "reasoning"
+
+
+def test_messages_thinking_enabled_is_taken_disabled_is_a_400(server):
+    """A template without an enable_thinking switch on a reasoning server: the model always thinks."""
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    kw = dict(model="tiny", max_tokens=1030, messages=[{"role": "user", "content": "Hi"}],
+              extra_body={"temperature": 0, "stop_sequences": ["."]})
+    m = client.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert m.content[0].type == "thinking"
+    with pytest.raises(anthropic.BadRequestError, match="thinking.type 'disabled' cannot be honoured"):
+        client.messages.create(**kw, thinking={"type": "disabled"})
 
 
 def test_messages_thinking_block(server):
