@@ -117,7 +117,9 @@ def test_llmserve_serve_hosts_the_gateway_behind_the_guard(monkeypatch, tmp_path
 
     served = {}
     monkeypatch.setattr(serve, "build_provider", lambda cfg: FakeProvider())
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(kw))
+    # (serve binds its port first, then runs uvicorn's Server on that socket)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: served.update(
+        http=server.config.http, limit_concurrency=server.config.limit_concurrency, sockets=sockets))
     p = argparse.ArgumentParser()
     serve.add_serve_args(p)
     model = make_tiny_llama(tmp_path / "m")  # (serve refuses a model that is not there before anything starts)
