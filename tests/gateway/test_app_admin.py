@@ -60,18 +60,7 @@ def test_add_drain_and_remove_instances_at_run_time():
 def test_a_model_named_with_a_slash_is_administered(tmp_path):
     """vLLM serves a Hugging Face id as it is (``Qwen/Qwen2.5-0.5B-Instruct``): its canary,
     instances and timeline were a 404 ``Not Found``, so a rollout could not be driven by hand."""
-    from fastapi.testclient import TestClient
-
-    from llmserve.gateway.app import create_app
-    from llmserve.gateway.config import GatewayConfig
-
-    cfg = GatewayConfig.model_validate({
-        "models": [{"name": "org/m", "versions": [{"name": "v1", "weight": 1, "upstreams": []},
-                                                  {"name": "v2", "weight": 0, "upstreams": []}],
-                    "canary": {"version": "v2", "stable": "v1", "auto_start": False}}],
-        "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": str(tmp_path)}})
-    with TestClient(create_app(cfg)) as c:
-        c.headers["authorization"] = f"Bearer {ADMIN_KEY}"
+    with _canary_admin(tmp_path, "org/m") as c:
         for name in ("org/m", "org%2Fm"):
             assert c.get(f"/admin/models/{name}/canary").json()["state"] == "idle"
             assert c.get(f"/admin/models/{name}/canary/history").status_code == 200
@@ -89,18 +78,7 @@ def test_a_model_named_with_a_slash_is_administered(tmp_path):
 def test_a_canary_actions_reason_is_bounded_and_a_form_body_is_named(tmp_path):
     """The reason is kept in the rollout's history (up to history_size entries): a 4 MiB one
     each time was memory an admin script could fill by mistake; a scale's is capped alike."""
-    from fastapi.testclient import TestClient
-
-    from llmserve.gateway.app import create_app
-    from llmserve.gateway.config import GatewayConfig
-
-    cfg = GatewayConfig.model_validate({
-        "models": [{"name": "m", "versions": [{"name": "v1", "weight": 1, "upstreams": []},
-                                              {"name": "v2", "weight": 0, "upstreams": []}],
-                    "canary": {"version": "v2", "stable": "v1", "auto_start": False}}],
-        "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": str(tmp_path)}})
-    with TestClient(create_app(cfg)) as c:
-        c.headers["authorization"] = f"Bearer {ADMIN_KEY}"
+    with _canary_admin(tmp_path, "m") as c:
         r = c.post("/admin/models/m/canary/start", json={"reason": "a" * 501})
         assert r.status_code == 400 and r.json()["error"]["param"] == "reason", r.text
         r = c.post("/admin/models/m/canary/start", content=b"reason=x",
@@ -108,3 +86,21 @@ def test_a_canary_actions_reason_is_bounded_and_a_form_body_is_named(tmp_path):
         assert r.status_code == 400 and r.json()["error"]["message"].endswith('got "reason=x"'), r.text
         assert c.post("/admin/models/m/canary/start", json={"reason": "a" * 500}).status_code == 200
         assert c.get("/admin/models/m/canary/history").json()["events"][0]["reason"] == "a" * 500
+
+
+def _canary_admin(tmp_path, name: str):
+    """A gateway with no instances whose model ``name`` has a canary (v2 over v1), not started:
+    its test client, with the admin key."""
+    from fastapi.testclient import TestClient
+
+    from llmserve.gateway.app import create_app
+    from llmserve.gateway.config import GatewayConfig
+
+    cfg = GatewayConfig.model_validate({
+        "models": [{"name": name, "versions": [{"name": "v1", "weight": 1, "upstreams": []},
+                                               {"name": "v2", "weight": 0, "upstreams": []}],
+                    "canary": {"version": "v2", "stable": "v1", "auto_start": False}}],
+        "auth": {"admin_key": ADMIN_KEY}, "state": {"dir": str(tmp_path)}})
+    c = TestClient(create_app(cfg))
+    c.headers["authorization"] = f"Bearer {ADMIN_KEY}"
+    return c
