@@ -217,15 +217,7 @@ class EventStream:
 
     def _close_text(self, status: str = "completed") -> list[bytes]:
         item, self._text = self._text, None
-        if item is None:
-            return []
-        idx, part = self.output.index(item), item["content"][0]
-        item["status"] = status
-        return [self.event("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
-                           text=part["text"], logprobs=[]),
-                self.event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
-                           part=part),
-                self.event("response.output_item.done", output_index=idx, item=item)]
+        return self._close_part(item, status, "response.output_text.done", logprobs=[])
 
     def _open(self, item: dict[str, Any], part: dict[str, Any]) -> list[bytes]:
         """Add an item with one content part (a message's, a reasoning item's)."""
@@ -237,12 +229,15 @@ class EventStream:
 
     def _close_think(self, status: str = "completed") -> list[bytes]:
         item, self._think = self._think, None
+        return self._close_part(item, status, "response.reasoning_text.done")
+
+    def _close_part(self, item: dict[str, Any] | None, status: str, done: str, **extra: Any) -> list[bytes]:
+        """Finish an item with one content part (``_open``'s): its text's ``done``, the part's, the item's."""
         if item is None:
             return []
         idx, part = self.output.index(item), item["content"][0]
         item["status"] = status
-        return [self.event("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0,
-                           text=part["text"]),
+        return [self.event(done, item_id=item["id"], output_index=idx, content_index=0, text=part["text"], **extra),
                 self.event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0,
                            part=part),
                 self.event("response.output_item.done", output_index=idx, item=item)]
