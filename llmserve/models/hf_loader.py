@@ -15,7 +15,7 @@ import torch
 from llmserve.models.config import ModelConfig
 from llmserve.models.families import SUPPORTED_MODEL_TYPES, UnsupportedModel, text_config_of, text_weight_name
 from llmserve.models.files import read_json
-from llmserve.models.generation_defaults import read_sampling_defaults
+from llmserve.models.generation_defaults import sampling_defaults
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, check_shapes, check_weights
 
 INDEX = "model.safetensors.index.json"
@@ -39,12 +39,13 @@ def read_hf_config(folder: Path) -> ModelConfig:
     gen = folder / "generation_config.json"
     if gen.is_file():
         try:
-            eos = read_json(gen).get("eos_token_id")
+            g = read_json(gen)
+            eos = g.get("eos_token_id")
         except (OSError, ValueError, AttributeError) as e:
             raise ModelLoadError(f"{gen}: cannot read ({e})") from e
         extra = [eos] if isinstance(eos, int) else list(eos or [])
         config.eos_token_id = list(dict.fromkeys([*config.eos_token_id, *extra]))
-        config.sampling_defaults = read_sampling_defaults(folder)
+        config.sampling_defaults = sampling_defaults(g)  # (the file read once, for both)
     return config
 
 
