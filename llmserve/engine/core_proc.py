@@ -13,8 +13,8 @@ lists (``llmserve.engine.wire``), never pickle:
 
 - in (PULL): ``["add", request]``, ``["abort", id]``, ``["threads", n]``, ``["shutdown"]``,
   ``["lora_load", token, name, path]``, ``["lora_unload", token, name]``;
-- out (PUSH): ``["ready", info]`` or ``["failed", why, bad_model]`` once (``bad_model``: the
-  model cannot be loaded, a ``ModelLoadError``, not a bug), then per step
+- out (PUSH): ``["ready", info]`` or ``["failed", why, fault]`` once (``fault``: "model", a
+  ``ModelLoadError``, or "flag", a ``FlagError``, not a bug; "" a bug), then per step
   ``["out", outputs, stats_events, snapshot_or_None]``, ``["error", id, kind, msg]``
   when a request is refused, ``["lora", token, error_kind, msg, state]`` answering a LoRA
   command (the file is read on a worker thread), and ``["dead", why]`` before the child exits when a
