@@ -222,7 +222,7 @@ class BatchRunner:
                 if status not in _RETRY or _budget_spent(reply):
                     break
                 await asyncio.sleep(self.config.retry_interval_s)
-                batch = await asyncio.to_thread(self.store.get_batch, bid)
+                batch = await asyncio.to_thread(self.store.stored, bid)  # (no counts nor usage summed)
                 if batch is None or batch["status"] != "in_progress" or time.time() > batch["expires_at"]:
                     return  # cancelled or expired meanwhile: finalize fails the line
             result = line_result(bid, idx, cid, status=status, body=reply)

@@ -163,6 +163,13 @@ class BatchStore:
             return {"model": None, **obj, "request_counts": self._counts(self._db, bid),  # (model: older rows lack it)
                     "usage": obj.get("usage") or self._usage(self._db, bid)}
 
+    def stored(self, bid: str) -> dict[str, Any] | None:
+        """The batch's stored object alone (status, expires_at): no lines counted or summed,
+        for the runner's look between a line's retries."""
+        with self._lock:
+            row = self._db.execute("SELECT obj FROM batches WHERE id = ?", (bid,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     def list_batches(self, owner: str, limit: int, after: str | None) -> list[dict[str, Any]] | None:
         """Up to ``limit`` of the owner's batches, newest first (by created_at, then rowid: the
         order they were made in), past the batch ``after`` only; None when ``after`` names no
