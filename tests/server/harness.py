@@ -75,3 +75,8 @@ def start_engine(model: Path | str, tmp_path: Path, *args: str, wait: bool = Tru
     if wait:
         ep.wait_ready()
     return ep
+
+
+def post(ep: EngineProcess, path: str, body: dict, timeout: float = 60) -> httpx.Response:
+    """POST ``body`` as JSON to ``path`` on the engine."""
+    return httpx.post(ep.url + path, json=body, timeout=timeout)

@@ -3,11 +3,10 @@ tokens are kept, and usage counts those; -1 is max_model_len; 0 or over it is a 
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.helpers import make_tiny_llama
-from tests.server.harness import start_engine
+from tests.server.harness import post, start_engine
 
 CTX = 128
 
@@ -18,10 +17,6 @@ def server(tmp_path_factory):
     ep = start_engine(model, tmp_path_factory.mktemp("logs"), "--served-model-name", "tiny")
     yield ep
     ep.stop()
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=60)
 
 
 def test_truncate_prompt_tokens_on_completions(server):

@@ -3,11 +3,10 @@ and, with ``messages``, ``continue_final_message`` (vLLM's TokenizeChatRequest /
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.helpers import make_tiny_llama
-from tests.server.harness import start_engine
+from tests.server.harness import post, start_engine
 
 CTX = 128
 
@@ -24,10 +23,6 @@ def server(tmp_path_factory):
     ep = start_engine(model, tmp_path_factory.mktemp("logs"), "--served-model-name", "tiny")
     yield ep
     ep.stop()
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=60)
 
 
 def test_tokenize_returns_token_strs_as_vllm(server):
