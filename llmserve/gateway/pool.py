@@ -360,8 +360,10 @@ class Pool:
     def _broken(self, views: Sequence[InstanceView]) -> bool:
         if any(v.routable for v in views):
             return False
-        if self.failed is not None or not views:
-            return self.failed is not None
+        if self.failed is not None:
+            return True  # its controller gave up starting instances
+        if not views:
+            return False
         if self.can_grow and not any(v.accepting and v.ready for v in views):
             return False  # gone or dead (not ready): its owner replaces it, so wait for that one
         # Fail fast only where every instance has been ready once: one still starting may come.
