@@ -83,8 +83,8 @@ def _gguf_tool_use(path: Path) -> str | None:
 
 
 def gguf_end_ids(backend: RustTokenizer) -> list[int]:
-    vocab = backend.get_vocab()
-    return [vocab[t] for t in GGUF_END_TOKENS if t in vocab]
+    ids = (backend.token_to_id(t) for t in GGUF_END_TOKENS)  # (not the whole vocabulary as a dict)
+    return [i for i in ids if i is not None]
 
 
 class Tokenizer:
