@@ -217,6 +217,10 @@ def test_a_bad_admin_request_is_a_400_naming_its_field(served, method, path, bod
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "invalid_request" and err["param"] == param, r.text
     assert err["message"].startswith(says) and "'loc'" not in err["message"], err["message"]
+
+
+def test_a_malformed_admin_body_is_a_400_saying_so(served):
+    client, _, _ = served
     r = client.post("/admin/autoscale/scale", headers={**AUTH, "content-type": "application/json"}, content=b"{nope")
     assert r.status_code == 400 and r.json()["error"]["message"] == "malformed JSON in the request body"
 
