@@ -182,8 +182,15 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
              "usage": usage(first.get("usage") if first else None)}
     yield _event("message_start", message=start)
     chunks = _after(first, chunks)
-    index = -1
-    think_open = text_open = tool_open = False
+    index, open_ = -1, None  # the open block's index and type (None: none open)
+
+    def begin(block: dict[str, Any]) -> list[bytes]:
+        """Stop the open block, start ``block``."""
+        nonlocal index, open_
+        out = [_event("content_block_stop", index=index)] if open_ else []
+        index, open_ = index + 1, block["type"]
+        return out + [_event("content_block_start", index=index, content_block=block)]
+
     calls: dict[int, int] = {}  # tool call index -> block index
     finish, stop_reason, last_usage = None, None, None
     async for chunk in chunks:
@@ -195,36 +202,28 @@ async def stream_events(req: MessagesRequest, chunks: AsyncIterator[dict[str, An
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if thought := delta.get("reasoning") or delta.get("reasoning_content"):  # (one text, two names)
-                if not think_open:
-                    if text_open or tool_open:
-                        yield _event("content_block_stop", index=index)
-                    index, think_open, text_open, tool_open = index + 1, True, False, False
-                    yield _event("content_block_start", index=index,
-                                 content_block={"type": "thinking", "thinking": "", "signature": ""})
+                if open_ != "thinking":
+                    for e in begin({"type": "thinking", "thinking": "", "signature": ""}):
+                        yield e
                 yield _event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": thought})
             if delta.get("content"):
-                if not text_open:
-                    if tool_open or think_open:
-                        yield _event("content_block_stop", index=index)
-                    index, think_open, text_open, tool_open = index + 1, False, True, False
-                    yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                if open_ != "text":
+                    for e in begin({"type": "text", "text": ""}):
+                        yield e
                 yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": delta["content"]})
             for tc in delta.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 if tc.get("index", 0) not in calls:
-                    if think_open or text_open or tool_open:
-                        yield _event("content_block_stop", index=index)
-                    index, think_open, text_open, tool_open = index + 1, False, False, True
+                    for e in begin({"type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
+                                    "name": fn.get("name", ""), "input": {}}):
+                        yield e
                     calls[tc.get("index", 0)] = index
-                    yield _event("content_block_start", index=index, content_block={
-                        "type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
-                        "name": fn.get("name", ""), "input": {}})
                 if fn.get("arguments"):  # (chat streams one call after another: this is the open block)
                     yield _event("content_block_delta", index=calls[tc.get("index", 0)],
                                  delta={"type": "input_json_delta", "partial_json": fn["arguments"]})
             if choice.get("finish_reason"):
                 finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
-    if think_open or text_open or tool_open:
+    if open_:
         yield _event("content_block_stop", index=index)
     reason, seq = stop_of(finish, stop_reason, bool(calls))
     u = usage(last_usage)
