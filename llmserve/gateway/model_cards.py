@@ -57,9 +57,10 @@ class ModelCards:
             facts = await self._facts_for(gw, rt)
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "llmserve",
                         "root": name, "parent": None, **facts})
-            for alias, version in rt.config.aliases.items():  # (vLLM lists an adapter with its base as parent)
+            for alias, version in rt.config.aliases.items():  # (vLLM lists an adapter with its base as parent;
+                # with aliases every version's upstream model is named: runtime.py)
                 out.append({"id": alias, "object": "model", "created": self.created, "owned_by": "llmserve",
-                            "root": rt.upstream_models[version] or name, "parent": name, **facts})
+                            "root": rt.upstream_models[version], "parent": name, **facts})
         return out
 
     async def _facts_for(self, gw: Gateway, rt: ModelRuntime) -> dict[str, Any]:
