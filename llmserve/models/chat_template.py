@@ -19,6 +19,7 @@ server turns into a 400 response.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any, Sequence
@@ -126,19 +127,25 @@ class ChatTemplate:
         except TemplateError as e:
             raise ChatTemplateError(f"the model's chat template does not compile: {e}") from e
 
+    @functools.cached_property
+    def _ast(self) -> jinja2.nodes.Template:
+        return self._template.environment.parse(self.source)  # (milliseconds: once, not per request)
+
+    @functools.cached_property
+    def _variables(self) -> frozenset[str]:
+        import jinja2.meta
+
+        return frozenset(jinja2.meta.find_undeclared_variables(self._ast))
+
     def literal_text(self) -> str:
         """The template's own text and string constants, NUL-joined (to spot tokens it writes)."""
-        ast = self._template.environment.parse(self.source)
-        parts = {n.data for n in ast.find_all(jinja2.nodes.TemplateData)}
-        parts |= {n.value for n in ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
+        parts = {n.data for n in self._ast.find_all(jinja2.nodes.TemplateData)}
+        parts |= {n.value for n in self._ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
         return "\0".join(sorted(parts))
 
     def reads(self, name: str) -> bool:
         """Whether the template uses the variable ``name`` (e.g. ``tools``) given by the caller."""
-        import jinja2.meta
-
-        env = self._template.environment
-        return name in jinja2.meta.find_undeclared_variables(env.parse(self.source))
+        return name in self._variables
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                **variables: Any) -> str:
