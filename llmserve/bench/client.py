@@ -31,7 +31,7 @@ def endpoint_name(text: str) -> str:
     """``chat`` / ``completions``, or the path as ``vllm bench serve --endpoint`` takes it
     (``/v1/chat/completions``); anything else is left for argparse's choices to refuse."""
     path = text.strip().rstrip("/")
-    for name, tail in sorted(ENDPOINT_PATHS.items(), key=lambda kv: -len(kv[1])):
+    for name, tail in ENDPOINT_PATHS.items():  # (exact spellings: no order needed)
         if path in (name, tail, "/v1" + tail, tail.lstrip("/")):
             return name
     return text
