@@ -3,8 +3,8 @@
 ``cache_control`` (on the request, a block or a tool) is accepted and has no
 effect: the prefix cache reuses every shared prefix by itself. ``temperature``,
 ``top_p`` and ``top_k`` are taken although newer Anthropic SDKs no longer send
-them (older ones and agents do). Claude-specific features (extended thinking,
-effort, images, documents, server tools, workspaces) are refused by name. ``thinking``
+them (older ones and agents do). Claude-specific features (effort,
+images, documents, server tools, workspaces) are refused by name. ``thinking``
 is the template's ``enable_thinking`` (``messages.chat_body``); its budget is checked, not enforced.
 """
 
