@@ -88,9 +88,10 @@ class RedisResponseStore:
                 p.set(PREFIX + record.id, value, ex=max(int(self.max_age_s), 1))
                 p.zadd(INDEX, {record.id: record.created_at})
                 p.hset(OWNER_OF, record.id, record.owner)
-                if await r.zadd(OWNED + record.owner, {record.id: record.created_at}):  # (not a rewrite)
-                    p.zincrby(COUNTS, 1, record.owner)
-                await p.execute()
+                p.zadd(OWNED + record.owner, {record.id: record.created_at})  # (in the transaction: an
+                *_, added = await p.execute()                                # id is in no index alone)
+            if added:  # (not a rewrite)
+                await r.zincrby(COUNTS, 1, record.owner)
             for rid in await r.zrangebyscore(INDEX, "-inf", record.created_at - self.max_age_s):
                 await _forget(r, rid)  # expired: Redis dropped the record, the indexes follow
             while await r.zcard(INDEX) > self.max_records:
