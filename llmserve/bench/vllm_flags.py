@@ -33,7 +33,8 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
                    help="the model name sent; --model then names the tokenizer (where --tokenizer is not given)")
     g.add_argument("--result-dir", default=s, metavar="DIR", help="where --save-result writes (default: here)")
     g.add_argument("--result-filename", default=s, metavar="FILE",
-                   help="the file --save-result writes (default: vLLM's BACKEND-RATEqps-MODEL-TIME.json)")
+                   help="the file --save-result writes (default: vLLM's LABEL-RATEqps[-concurrencyN]-MODEL-TIME.json, "
+                   "LABEL being --label or the endpoint)")
 
 
 def fold(args: argparse.Namespace) -> None:
