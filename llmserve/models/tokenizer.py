@@ -102,8 +102,9 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
         self.chat_template = chat_template
         self.tool_chat_template = tool_chat_template  # renders a request with tools, when given
-        # tools or not -> the compiled template and its control tokens (_control_tokens)
-        self._compiled: dict[bool, tuple[ChatTemplate, re.Pattern[str] | None]] = {}
+        # a template's source -> it compiled and its control tokens (_control_tokens); one entry
+        # when the model has no tool_use template (a request with tools or not gets the same)
+        self._compiled: dict[str, tuple[ChatTemplate, re.Pattern[str] | None]] = {}
         self._added: dict[int, str] | None = None  # added tokens' text, and whether the vocabulary is byte-level
         self._byte_level = False
 
@@ -267,14 +268,14 @@ class Tokenizer:
     def _compile(self, tools: bool) -> tuple[ChatTemplate, re.Pattern[str] | None]:
         """The template a request with (or without) tools gets, compiled once with its control
         tokens, or a clear error when the model has none."""
-        if tools not in self._compiled:
-            source = (tools and self.tool_chat_template) or self.chat_template
-            if not source:
-                raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
-                                        "with a plain prompt instead")
+        source = (tools and self.tool_chat_template) or self.chat_template
+        if not source:
+            raise ChatTemplateError(f"model {self.name!r} has no chat template; use the completions API "
+                                    "with a plain prompt instead")
+        if source not in self._compiled:
             compiled = ChatTemplate(source)
-            self._compiled[tools] = compiled, self._control_tokens(compiled)
-        return self._compiled[tools]
+            self._compiled[source] = compiled, self._control_tokens(compiled)
+        return self._compiled[source]
 
     def _control_tokens(self, template: ChatTemplate) -> re.Pattern[str] | None:
         """Tokens a user may not inject: every special token, and added tokens the template writes
