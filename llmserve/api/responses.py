@@ -67,9 +67,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 def _reasoning_text(item: ReasoningItem) -> str:
     """A reasoning item's reasoning_text parts (an encrypted or summary-only one has none)."""
-    parts = (item.model_extra or {}).get("content")
-    return "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text") \
-        if isinstance(parts, list) else ""
+    return "".join(p.text or "" for p in item.content or [] if p.type == "reasoning_text")
 
 
 def chat_body(req: ResponsesRequest, history: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:

@@ -75,12 +75,21 @@ class FunctionCallOutputItem(_Strict):
     status: str | None = None
 
 
+class ReasoningPart(BaseModel):
+    """A reasoning item's content part: a reasoning_text's text is read, any other kind ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ReasoningItem(BaseModel):
     """Echoed back by agents: its reasoning_text parts are the next assistant turn's reasoning
     (a template may render them); an encrypted or summary-only one adds nothing."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["reasoning"]
+    content: Annotated[list[ReasoningPart], Field(max_length=Limits.CONTENT_PARTS)] | None = None
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem

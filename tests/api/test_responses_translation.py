@@ -141,3 +141,22 @@ def test_reasoning_is_an_item_before_the_message_whole_and_streamed():
         assert r.usage.output_tokens_details.reasoning_tokens == 4
         # the next turn's prompt replays the reasoning (a template may render it)
         assert responses.assistant_message(obj["output"])["reasoning_content"] == "hm ok"
+
+
+def test_a_reasoning_input_item_is_the_next_assistant_turns_reasoning_and_a_bad_one_a_400():
+    from llmserve.api.errors import APIError
+    from llmserve.api.parse import parse_model
+
+    def parsed(reasoning: dict) -> ResponsesRequest:
+        body = {"model": "tiny", "input": [{"type": "message", "role": "user", "content": "hi"}, reasoning,
+                                           {"type": "message", "role": "assistant", "content": "ok"}]}
+        return parse_model(json.dumps(body).encode(), ResponsesRequest)
+
+    item = {"type": "reasoning", "id": "rs_1", "summary": [],
+            "content": [{"type": "reasoning_text", "text": "a"}, {"type": "other"}, {"type": "reasoning_text", "text": "b"}]}
+    msgs = responses.input_messages(parsed(item))
+    assert msgs[-1] == {"role": "assistant", "content": "ok", "reasoning_content": "ab"}
+    # a part's text that is no string is the caller's 400 (it was a TypeError, a 500)
+    with pytest.raises(APIError) as e:
+        parsed({**item, "content": [{"type": "reasoning_text", "text": 5}]})
+    assert e.value.status == 400
