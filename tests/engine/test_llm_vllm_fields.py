@@ -57,6 +57,9 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(llm):
     assert out.prompt_token_ids == ids[-3:]
     assert out.outputs[0].token_ids == llm.generate({"prompt_token_ids": ids[-3:]}, greedy())[0].outputs[0].token_ids
     assert llm.generate(ids, greedy(truncate_prompt_tokens=-1))[0].prompt_token_ids == ids
+    most = llm.engine.max_model_len  # -1 cuts a longer prompt to the context (which then leaves no room)
+    with pytest.raises(ValueError, match=f"the prompt has {most} tokens"):
+        llm.generate(ids * (most // len(ids) + 2), greedy(truncate_prompt_tokens=-1))
 
 
 def test_detokenize_false_gives_token_ids_only(llm):
