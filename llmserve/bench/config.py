@@ -18,11 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from llmserve.bench.client import EndpointConfig
 from llmserve.bench.datasets import GROUNDED_INSTRUCTIONS
-from llmserve.bench.metrics import SLO
+from llmserve.bench.metrics import LATENCY_METRICS, SLO
 from llmserve.flags import Flag
 
 DatasetName = Literal["random", "shared-prefix", "multi-turn", "input-grounded", "jsonl", "sharegpt"]
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 class _Frozen(BaseModel):

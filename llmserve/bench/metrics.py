@@ -32,6 +32,7 @@ import numpy as np
 from llmserve.bench.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")  # the latencies a Summary holds
 
 
 @dataclass(slots=True, frozen=True)
@@ -184,7 +185,7 @@ class Summary:
             "max_in_flight": self.max_in_flight,
             "output_token_sources": dict(self.output_sources),
         }
-        for name in ("ttft", "tpot", "itl", "e2el"):
+        for name in LATENCY_METRICS:
             s: LatencyStats = getattr(self, name)
             d[f"mean_{name}_ms"] = s.mean_ms
             d[f"median_{name}_ms"] = s.median_ms

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llmserve.bench.metrics import Summary
+from llmserve.bench.metrics import LATENCY_METRICS, Summary
 from llmserve.bench.records import RequestRecord
 from llmserve.bench.server_metrics import cross_check
 
@@ -91,7 +91,7 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def summary_table(s: Summary, title: str, metrics: Any = tuple(LATENCY_NAMES)) -> Table:
+def summary_table(s: Summary, title: str, metrics: Any = LATENCY_METRICS) -> Table:
     d = s.to_flat_dict()
     t = Table(title=title, show_header=False, min_width=56)
     t.add_column("metric")
@@ -155,7 +155,7 @@ def server_check_table(server: dict[str, Any], s: Summary) -> Table | str:
 def render_result(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
     counts = result.meta.get("token_counts", "")
-    metrics = result.config.get("percentile_metrics") or tuple(LATENCY_NAMES)
+    metrics = result.config.get("percentile_metrics") or LATENCY_METRICS
     console.print(summary_table(result.summary, "Serving Benchmark Result", metrics))
     if len(result.per_class) > 1:
         console.print(class_table(result.per_class))
