@@ -39,6 +39,9 @@ def test_truncate_prompt_tokens_on_completions(server):
     assert post(server, "/v1/completions", {"prompt": long, "max_tokens": 1}).status_code == 400
     r = post(server, "/v1/completions", {"prompt": long, "max_tokens": 1, "truncate_prompt_tokens": 10})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10
+    # -1 keeps max_model_len tokens (then no room is left to generate: a 400 counting the kept ones)
+    r = post(server, "/v1/completions", {"prompt": long, "max_tokens": 1, "truncate_prompt_tokens": -1})
+    assert r.status_code == 400 and f"the prompt has {CTX} tokens" in r.json()["error"]["message"], r.text
 
 
 def test_truncate_prompt_tokens_on_chat_and_its_bounds(server):
