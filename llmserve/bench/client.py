@@ -66,6 +66,10 @@ class EndpointConfig(BaseModel):
     @classmethod
     def _url(cls, url: str) -> str:
         parts = urlsplit(url)
+        try:
+            parts.port  # (a port past 65535, or not a number, raises: it would be a traceback at connect)
+        except ValueError:
+            parts = parts._replace(netloc="")
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"base URL must be http(s)://host:port[/path], got {url!r}")
         return url

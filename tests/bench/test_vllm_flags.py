@@ -52,6 +52,9 @@ def test_contradicting_or_unknown_spellings_are_flag_errors(fake_server, capsys)
     assert "--backend openai-chat sends chat" in out and "\n" not in out
     assert main(["--base-url", "http://127.0.0.1:9/v1", "--host", "h", "--model", "m"]) == 2
     assert "--base-url and --host/--port" in capsys.readouterr().out
+    for bad in (["--port", "99999"], ["--base-url", "http://127.0.0.1:99999/v1"]):  # a flag error, no traceback
+        assert main([*bad, "--model", "m", "--ready-check-timeout-sec", "0"]) == 2
+        assert "base URL must be" in capsys.readouterr().out
     assert run(fake_server, "--percentile-metrics", "ttft,latency") == 2
     assert "--percentile-metrics" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # TGI's own API is not what this bench sends
