@@ -37,7 +37,7 @@ from llmserve.server.disconnect import until_disconnect
 from llmserve.server.engine_errors import engine_error
 from llmserve.server.responses import ChoiceWriter, ResponseMeta, mean_logprob, reasoning_total, usage
 from llmserve.server.resume import check_resume
-from llmserve.server.sampling_defaults import given, sampling_defaults
+from llmserve.server.sampling_defaults import default_max_tokens, given, room_capped, sampling_defaults
 from llmserve.server.stream_buffer import ReaderTooSlow, StreamBuffer
 from llmserve.server.truncation import truncate_prompts
 from llmserve.tracing.instance import request_telemetry
@@ -110,8 +110,8 @@ class OpenAIServing:
             if logprobs is not None and logprobs > cfg.max_logprobs:
                 raise APIError(400, f"logprobs must be at most {cfg.max_logprobs}", param="logprobs")
         d = self.defaults
-        if max_tokens is None:  # the model's recommendation, else chat's "to the context's end", completions' 16
-            max_tokens = d.get("max_tokens", None if chat else 16)
+        if max_tokens is None:
+            max_tokens = default_max_tokens(d, chat, cfg.max_tokens_limit)
         if r.n > cfg.max_n:
             raise APIError(400, f"n must be at most {cfg.max_n}, got {r.n}", param="n")
         if r.best_of is not None and r.best_of > cfg.max_n:
@@ -260,6 +260,7 @@ class OpenAIServing:
     async def _serve(self, prompts: list[list[int]], sp: SamplingParams, r, raw: Request, *, chat: bool,
                      echo: list[str] | None = None):
         n_tokens = sum(len(p) for p in prompts)
+        sp = room_capped(sp, self.defaults, r, prompts, self.engine.max_model_len)
         resume = check_resume(r, len(prompts))
         self._admit(n_tokens)
         tracker = _Tracker(self, n_tokens, request_telemetry(raw.scope))

@@ -61,6 +61,31 @@ def test_omitted_fields_take_the_models_and_given_ones_win(tmp_path):
         ServerConfig(generation_config=str(tmp_path / "nowhere"))
 
 
+def test_the_models_max_tokens_is_a_cap_not_a_demand():
+    """Like vLLM's: a request that asked for no length is never refused for the recommendation."""
+    assert _params({"max_tokens": 32768}, {}, max_tokens_limit=4096).max_tokens == 4096
+    assert _params({"max_tokens": 32768}, {}, chat=True, max_tokens_limit=4096).max_tokens == 4096
+    with pytest.raises(Exception, match="at most 4096"):  # one the request gives is still checked
+        _params({"max_tokens": 32768}, {"max_tokens": 5000}, max_tokens_limit=4096)
+
+
+def test_an_engine_caps_the_models_max_tokens_at_the_contexts_room(tmp_path):
+    folder = make_tiny_llama(tmp_path / "model", max_position_embeddings=64)
+    (folder / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100_000}))
+    ep = start_engine(folder, tmp_path)
+    try:
+        for path, body in (("/v1/completions", {"prompt": "x y z"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+            r = httpx.post(ep.url + path, json={**body, "ignore_eos": True}, timeout=60)
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 64  # to the context's end
+        given = httpx.post(ep.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100}, timeout=60)
+        assert given.status_code == 400  # a length the request asks for that does not fit stays a 400
+    finally:
+        ep.stop()
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = make_tiny_llama(tmp_path_factory.mktemp("model"))
