@@ -20,7 +20,9 @@ next request's first byte on a kept-alive connection) and a body timeout (from
 the end of the head to the end of the body), both answered 408 and closed; and a
 send timeout: a client that takes no bytes for that long, while the response waits
 on it, is dropped. The open-connection cap is uvicorn's ``limit_concurrency``; a
-request beyond it gets 503 as OpenAI's error JSON, answered here.
+request beyond it gets 503 as OpenAI's error JSON, answered here. A refused
+connection closes lingering (the answer, a FIN, then the client's late bytes dropped
+for ``LINGER_S``), so a client still uploading reads its answer instead of a reset.
 
 Per request it costs an addition and a compare on each parser callback; besides
 the one header timer a new connection gets, a timer is armed only while a head or
@@ -90,6 +92,11 @@ class _Phase(enum.Enum):
     HEAD = "head"  # a request's head is expected or arriving
     BODY = "body"  # its head is in, its body is arriving
     DONE = "done"  # the request is in; the app answers, or the connection idles
+    LINGER = "linger"  # refused and answered: what the client still sends is read and dropped
+
+
+# After a refusal, how long a client that is still sending is read from before the close.
+LINGER_S = 2.0
 
 
 class _Refused(Exception):
@@ -130,6 +137,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._phase is _Phase.LINGER:
+            return
         if self._phase is not _Phase.BODY:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
@@ -246,7 +255,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.abort()
                 return
         elif cycle is not None and self._phase is _Phase.BODY:  # answered early (a 413): just stop
-            self.transport.close()
+            self._close_lingering()
             return
         body = json.dumps(error_body(message, error_type(status), code=code)).encode()
         head = [STATUS_LINE[status]]
@@ -257,4 +266,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
                     % len(body))
         self.transport.write(b"".join(head) + body)
-        self.transport.close()
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Close a connection whose client may still be sending (nginx's lingering close).
+        Closing with its bytes unread in our buffer sends a reset, and a reset can destroy
+        the answer in the client's buffer before it reads it: so the answer goes out with
+        a FIN, and what still comes is read and dropped for a moment before the close."""
+        self._phase = _Phase.LINGER
+        self._cancel_read()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # after the answer's bytes are out
+        self.loop.call_later(LINGER_S, self.transport.close)

@@ -104,7 +104,7 @@ def dribble_body(port: int, path: str, give_up_s: float) -> bytes:
             try:
                 s.sendall(b"          ")
             except (BrokenPipeError, ConnectionResetError):
-                break
+                return read_all(s, timeout=1.0)  # what the server said before it stopped reading
             got = _poll(s)
             if got is not None:
                 return got + read_all(s, timeout=1.0)

@@ -155,6 +155,22 @@ def test_requests_over_the_connection_cap_get_503_at_once(server):
              SLACK_S, "a 200 below the cap")
 
 
+def test_a_refused_client_still_uploading_reads_the_answer_not_a_reset(server):
+    """Refused at the cap while its body is still on the way (as an SDK uploading a big
+    request is): the 503 comes with a FIN and the rest of the upload is taken and dropped.
+    A plain close with the body unread in the server's buffer resets the connection, and
+    the client's upload fails with the answer unread."""
+    idle = [connect(server.port) for _ in range(LIMITS.max_connections)]
+    try:
+        with connect(server.port) as s:
+            s.sendall(post("/echo", b"x" * (8 << 20)))  # several socket buffers: refused mid-upload
+            reply = read_all(s)
+        assert status(reply) == 503 and b"server_overloaded" in reply
+    finally:
+        for c in idle:
+            c.close()
+
+
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="header_timeout_s"):
         HttpLimits(max_header_bytes=1, max_url_bytes=1, header_timeout_s=0, body_timeout_s=1,

@@ -28,14 +28,15 @@ def _model_facts(engine: Any) -> dict[str, Any]:
 def add_model_routes(app: FastAPI, inst: Any) -> None:
     """The model routes on the instance's app (``inst``: ``server.app.Instance``)."""
     cfg = inst.config
+    created = int(time.time())  # one time per server, as the gateway's: a list and a retrieve agree
 
     def cards() -> list[dict[str, Any]]:
         names = cfg.served_names(inst.model_name) if inst.model_name else []
-        facts, now = _model_facts(inst.engine), int(time.time())
-        return [{"id": n, "object": "model", "created": now, "owned_by": "llmserve",
+        facts = _model_facts(inst.engine)
+        return [{"id": n, "object": "model", "created": created, "owned_by": "llmserve",
                  "max_model_len": inst.engine.max_model_len if inst.engine else None,
                  "root": inst.engine.model_name if inst.engine else n, "parent": None,
-                 **facts} for n in names] + (adapter_cards(inst.engine, names[0], now) if names else [])
+                 **facts} for n in names] + (adapter_cards(inst.engine, names[0], created) if names else [])
 
     @app.get("/version")  # vLLM's: which server build answers
     async def version():

@@ -5,6 +5,7 @@ openai SDK's list and retrieve, and the anthropic SDK's (``type``, ``display_nam
 from __future__ import annotations
 
 import datetime
+import time
 
 import anthropic
 import httpx
@@ -27,6 +28,17 @@ def test_both_sdks_list_and_retrieve_the_models(host):
     one = a.models.retrieve(listed[0].id)
     assert (one.id, one.type) == (listed[0].id, "model") and one.created_at is not None
     assert o.models.retrieve(listed[0].id).id == listed[0].id
+
+
+def test_a_models_created_time_holds_from_one_call_to_the_next(host):
+    """One time per server (the model's), not the clock at each call: a list and a retrieve a
+    second apart agree, as the two SDKs' views above must."""
+    url, key = host
+    o = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+    first = {m.id: m.created for m in o.models.list().data}
+    time.sleep(1.05)  # into the next second at least
+    assert {m.id: m.created for m in o.models.list().data} == first
+    assert {i: o.models.retrieve(i).created for i in first} == first
 
 
 def test_an_instance_answers_vllms_version(engine):
