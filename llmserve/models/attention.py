@@ -95,8 +95,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     t, h, d = q.shape
     kvh = k_cache.shape[1]
     groups = meta.groups_for(window)
+    # (the kernel reads heads 8 floats at a time: other head sizes take the torch path)
     kernel = _decode_kernel() if k_cache.dtype in (torch.float32, torch.float16) and q.dtype == torch.float32 \
-        and softcap is None else None
+        and softcap is None and d % 8 == 0 else None
     if kernel is not None and len(groups) == 1 and groups[0].q_len == 1 and groups[0].lens is not None:
         g = groups[0]  # a pure decode step (the common case): no output copy
         return kernel.paged_decode_attention(q, k_cache, v_cache, g.kv_index, g.lens, scale).view(t, h * d)

@@ -51,6 +51,18 @@ def test_tied_embeddings_and_mha():
     assert [done[str(i)] for i in range(2)] == [m.hf_greedy(p, GREEDY.max_tokens) for p in prompts]
 
 
+def test_a_head_size_the_decode_kernel_does_not_take():
+    """Head size 12 (not a multiple of the kernel's 8 floats): decode takes the torch path
+    instead of failing at the first step of a model that loaded."""
+    m = make_tiny(seed=4, hidden=36, heads=3, kv_heads=1)
+    prompts = _prompts(2, (9, 21), m.config.vocab_size)
+    eng = m.engine(block_size=4, max_num_batched_tokens=8, num_kv_blocks=128)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    done = run_to_completion(eng)
+    assert [done[str(i)] for i in range(2)] == [m.hf_greedy(p, GREEDY.max_tokens) for p in prompts]
+
+
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_shared_prefixes_preemption_and_chunking_together(tiny, prefix_caching):
     """Prefixes shared inside a block, on a block boundary, and whole prompts; a pool so
