@@ -80,6 +80,10 @@ class PoolViews:
                              self.counts(), self.class_counts(), self.cost_dollars, self._active_override(now),
                              now, (self.history.decisions(limit=1) or [None])[0], self.executor.gave_up)
 
+    def gave_up_starting(self) -> bool:
+        """Whether the pool stopped starting instances (``lifecycle.max_start_failures``)."""
+        return self.executor.gave_up is not None
+
     def instance_views(self, include_finished: bool = True) -> list[dict[str, Any]]:
         now = self.clock()
         out = [self.describe_instance(i, now) for i in self.book]

@@ -31,6 +31,7 @@ class Exported(Protocol):
 
     def counts(self) -> dict[InstanceState, int]: ...
     def override_active(self) -> bool: ...
+    def gave_up_starting(self) -> bool: ...
     def class_counts(self) -> dict[str, int]: ...
 
 
@@ -103,6 +104,8 @@ class _Gauges(Collector):
                                     labels=labels)
         override = GaugeMetricFamily(f"{P}override_active", "1 while a manual override is in force",
                                      labels=labels)
+        failed = GaugeMetricFamily(f"{P}pool_failed", "1 while the pool has given up starting instances "
+                                   "(max_start_failures in a row; POST /admin/autoscale/retry)", labels=labels)
         by_class = GaugeMetricFamily(f"{P}class_instances", "Instances held (billed) by capacity class",
                                      labels=labels + ["capacity_class"])
         for c in self._controllers:
@@ -114,6 +117,7 @@ class _Gauges(Collector):
             desired.add_metric(key, c.desired)
             arrival.add_metric(key, c.last_signals.arrival_rate if c.last_signals else 0.0)
             override.add_metric(key, 1.0 if c.override_active() else 0.0)
+            failed.add_metric(key, 1.0 if c.gave_up_starting() else 0.0)
             for cls, n in c.class_counts().items():
                 by_class.add_metric(key + [cls], n)
-        return [instances, desired, arrival, override, by_class]
+        return [instances, desired, arrival, override, failed, by_class]

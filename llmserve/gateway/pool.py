@@ -371,7 +371,7 @@ class Pool:
 
     def _broken_error(self, now: float) -> NoHealthyInstance:
         if self.failed is not None:
-            return NoHealthyInstance(self.failed, 60)  # not back before an operator acts
+            return NoHealthyInstance(self.failed, 60, "pool_failed")  # not back before an operator acts
         waits = [w for i in self._instances.values() if (w := i.breaker.reopens_in(now)) > 0]
         return NoHealthyInstance(f"no healthy instance in pool {self.name}: every instance is failing, "
                                  "not ready or draining", math.ceil(min(waits, default=5.0)))

@@ -24,9 +24,11 @@ class NoHealthyInstance(Exception):
     is not coming back soon. An empty pool, or one whose instances have never been
     ready yet (starting, scaling from zero), makes requests wait instead, unless
     its controller gave up starting them (``Pool.set_failed``: the message says why).
-    ``retry_after_s``: when the first breaker lets a probe through (else a health check's time).
+    ``retry_after_s``: when the first breaker lets a probe through (else a health check's time);
+    ``code``: the error code the client reads (``pool_failed`` for a pool that gave up).
     """
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int, code: str = "no_healthy_instance") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.code = code

@@ -345,7 +345,7 @@ class Proxy:
             ctx.waited(e.waited_s, cold=False)
             raise GatewayError(503, str(e), code="queue_timeout", headers={"retry-after": "1"}) from None
         except NoHealthyInstance as e:
-            raise GatewayError(503, str(e), code="no_healthy_instance",
+            raise GatewayError(503, str(e), code=e.code,
                                headers={"retry-after": str(e.retry_after_s)}) from None
         ctx.waited(lease.queued_s, cold)
         return lease

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
+
+from llmserve.autoscale.metrics import AutoscaleMetrics
 
 from llmserve.autoscale.managed import ControllerConfig
 from llmserve.autoscale.start_failures import gives_up
@@ -50,6 +53,14 @@ async def run_to_give_up(ctl, provider, clock, limit: int) -> None:
 async def test_a_pool_gives_up_then_fails_requests_at_once_until_retried(caplog):
     ctl, provider, pool, clock = make_controller(restart_backoff_s=1.0, max_restart_backoff_s=1.0,
                                                  max_start_failures=3)
+    registry = CollectorRegistry()
+    ctl.metrics = AutoscaleMetrics(registry)
+    ctl.metrics.attach(ctl)
+
+    def failed_gauge() -> float | None:
+        return registry.get_sample_value("llmserve:autoscale_pool_failed", {"model": "m", "version": "v1"})
+
+    assert failed_gauge() == 0.0
     queued = asyncio.ensure_future(pool.acquire(RouteRequest(), PriorityClass.REALTIME))
     with caplog.at_level("INFO", logger="llmserve.autoscale"):
         await run_to_give_up(ctl, provider, clock, 3)
@@ -68,10 +79,15 @@ async def test_a_pool_gives_up_then_fails_requests_at_once_until_retried(caplog)
     with pytest.raises(NoHealthyInstance, match="instances in a row failed before getting ready"):
         pool.enqueue(RouteRequest(), PriorityClass.REALTIME)  # a new one: at once, not after a timeout
     assert any(e["kind"] == "pool_failed" for e in ctl.history.events())
+    assert failed_gauge() == 1.0  # what an alert fires on
+    with pytest.raises(NoHealthyInstance) as refused:
+        pool.enqueue(RouteRequest(), PriorityClass.REALTIME)
+    assert refused.value.code == "pool_failed"  # the client's error code: not a breaker's
 
     assert ctl.retry() and not ctl.retry()
     await step(ctl, clock)
     assert len(ctl.instances) == 1 and ctl.describe()["failed"] is None and pool.failed is None
+    assert failed_gauge() == 0.0
     [iid] = ctl.instances
     provider.engines[iid].state = "ready"
     await step(ctl, clock)

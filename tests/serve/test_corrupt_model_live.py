@@ -35,6 +35,7 @@ def test_a_corrupt_model_fails_the_pool_with_its_reason_until_retried(tmp_path):
         assert r.status_code == 503 and time.monotonic() - t0 < 5, r.text
         message = r.json()["error"]["message"]
         assert "instances in a row failed before getting ready" in message and "exited with code" in message
+        assert r.json()["error"]["code"] == "pool_failed"  # not a breaker's no_healthy_instance
         time.sleep(2.0)  # well past the back-off: nothing more is started
         assert len(serve.instances()) == LIMIT
         log = serve.log()
