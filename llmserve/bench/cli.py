@@ -53,6 +53,16 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         add_flags(parser.add_argument_group(title), model)
     add_vllm_flags(parser)
     sub = parser.add_subparsers(dest="bench_command", required=False, metavar="{compare}")
+    # A word where the sub-command goes that is not one was left by a flag bench does not have
+    # (``--bogus 3``): say so, not argparse's "invalid choice: '3' (choose from 'compare')".
+    say = parser.error
+
+    def error(message: str) -> None:
+        word = message.partition("argument {compare}: invalid choice: ")[2].rpartition(" (choose from")[0]
+        say(f"unrecognized arguments: {word.strip(chr(39))} (the value of an unknown flag? see --help)"
+            if word else message)
+
+    parser.error = error  # type: ignore[method-assign]
     cmp_parser = sub.add_parser("compare", help="print two saved results side by side with ratios")
     cmp_parser.add_argument("result_a")
     cmp_parser.add_argument("result_b")

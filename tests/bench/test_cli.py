@@ -118,6 +118,18 @@ def test_bad_flags_are_rejected():
     assert main(["--model", "m", "--max-concurrency", "0"]) == 2
 
 
+def test_an_unknown_flag_with_a_value_is_named_as_unrecognized_not_an_invalid_sub_command(capsys):
+    """argparse takes the value after an unknown flag for the sub-command; the error says what
+    went wrong instead of "invalid choice: '3' (choose from 'compare')"."""
+    with pytest.raises(SystemExit) as e:
+        parse(["--bogus-flag", "3", "--num-prompts", "4"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unrecognized arguments: 3 " in err and "invalid choice" not in err
+    with pytest.raises(SystemExit):
+        parse(["compare", "only-one.json"])  # the sub-command's own errors are untouched
+    assert "required: result_b" in capsys.readouterr().err
+
+
 def test_bad_inputs_exit_2_before_any_traffic(fake_server, tmp_path, capsys):
     trace = tmp_path / "t.csv"
     trace.write_text("5,1\n")
