@@ -28,6 +28,7 @@ class MemberDoc(BaseModel):
 class MembersDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     instances: dict[str, MemberDoc]
+    failed: str | None = None  # why the controller gave up starting instances (``Pool.set_failed``)
 
 
 class PoolMembers:
@@ -39,7 +40,7 @@ class PoolMembers:
 
     def snapshot(self) -> dict[str, Any]:
         return {"instances": {i["instance_id"]: {"url": i["url"], "draining": i["draining"]}
-                              for i in self.pool.snapshot()}}
+                              for i in self.pool.snapshot()}, "failed": self.pool.failed}
 
     def adopt(self, value: dict[str, Any]) -> None:
         self._want = MembersDoc.model_validate(value)
@@ -66,3 +67,5 @@ class PoolMembers:
                 self.pool.add_instance(m.url, iid)
             if self.pool.get(iid).accepting == m.draining:
                 self.pool.set_draining(iid, m.draining)
+        if self.pool.failed != self._want.failed:  # its requests fail at once too, with the reason
+            self.pool.set_failed(self._want.failed)

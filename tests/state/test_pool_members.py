@@ -42,3 +42,38 @@ def test_a_follower_mirrors_the_owners_pool():
         await w.stop()
         await r.stop()
     asyncio.run(go())
+
+
+def test_a_follower_learns_that_the_owners_pool_gave_up_and_that_it_was_retried():
+    """The owner's controller gave up starting instances: a follower's requests for the pool
+    fail at once with the owner's reason (they waited for a queue timeout before), and
+    after a retry they wait for instances again."""
+    from llmserve.gateway.balancer import RouteRequest
+    from llmserve.gateway.pool import NoHealthyInstance
+    from llmserve.priority import PriorityClass
+
+    async def go():
+        store = MemoryStore()
+        owner, follower = _replica(), _replica()
+        w, r = Replica(store), Replica(store)
+        w.add([PoolMembers("chat", "v1", owner.pools["v1"], "writer")])
+        r.add([PoolMembers("chat", "v1", follower.pools["v1"], "reader")])
+        await w.start()
+        await r.start()
+        owner.pools["v1"].set_failed("pool chat/v1 failed: 3 instances in a row failed: boom")
+        await w.sync()
+        await r.sync()
+        assert follower.pools["v1"].failed == owner.pools["v1"].failed
+        try:
+            follower.pools["v1"].enqueue(RouteRequest(), PriorityClass.REALTIME)
+            raise AssertionError("a request for a pool that gave up was queued")
+        except NoHealthyInstance as e:
+            assert "boom" in str(e) and e.code == "pool_failed"
+        owner.pools["v1"].set_failed(None)  # POST /admin/autoscale/retry on the owner
+        await w.sync()
+        await r.sync()
+        assert follower.pools["v1"].failed is None
+        assert not follower.pools["v1"].enqueue(RouteRequest(), PriorityClass.REALTIME).done  # waits again
+        await w.stop()
+        await r.stop()
+    asyncio.run(go())
