@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from llmserve.models.config import ModelConfig
-from llmserve.models.files import atomic_target, atomic_write_json
+from llmserve.models.files import atomic_target, atomic_write_json, read_json
 from llmserve.models.gguf_loader import GGUFLoader, _open
 from llmserve.models.hf_loader import HFLoader
 from llmserve.models.loader import ModelLoadError, UnsupportedFamily, WeightLoader
-from llmserve.models.tokenizer import Tokenizer, gguf_end_ids
+from llmserve.models.tokenizer import CACHE_FORMAT, CACHE_FORMAT_KEY, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,14 @@ def write_converted(folder: Path, source: Path, config: ModelConfig, weights: di
 
 
 
+def _cached_tokenizer_current(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole tokenizer cache of this version's format."""
+    try:
+        return read_json(folder / "tokenizer_config.json").get(CACHE_FORMAT_KEY) == CACHE_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_tokenizer(source: Path, store_dir: Path | None = None) -> Tokenizer:
     """The tokenizer of ``source``; with ``store_dir`` a GGUF-derived one is cached beside the weights."""
     source = Path(source)
@@ -140,12 +148,10 @@ def load_tokenizer(source: Path, store_dir: Path | None = None) -> Tokenizer:
     if not isinstance(loader, GGUFLoader):
         return Tokenizer.from_folder(source)
     folder = cache_dir(source, store_dir) if store_dir is not None else None
-    if folder is not None and (folder / "tokenizer_config.json").is_file():
+    if folder is not None and _cached_tokenizer_current(folder):
         try:
             tok = Tokenizer.from_folder(folder)
             tok.name = source.stem
-            # a cache written before llama.cpp's end tokens were read may lack them
-            tok.eos_token_ids = tuple(dict.fromkeys([*tok.eos_token_ids, *gguf_end_ids(tok.backend)]))
             return tok
         except ModelLoadError as e:
             log.warning("rebuilding a broken cached tokenizer in %s: %s", folder, e)

@@ -72,6 +72,12 @@ GGUF_END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|en
                    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
 
 
+# What a GGUF-derived tokenizer cache holds; a cache of an older format (or none) is rebuilt,
+# so what a later version reads from the GGUF (llama.cpp's end tokens, 2: the named tool_use
+# template) is never missing from a cache an earlier one wrote.
+CACHE_FORMAT_KEY, CACHE_FORMAT = "llmserve_cache_format", 2
+
+
 def _gguf_tool_use(path: Path) -> str | None:
     """The GGUF's ``tokenizer.chat_template.tool_use`` (llama.cpp's converter writes a named
     template there; transformers' GGUF reader keeps only the default)."""
@@ -162,6 +168,7 @@ class Tokenizer:
             [{"name": "default", "template": self.chat_template}, {"name": "tool_use", "template": self.tool_chat_template}]
         atomic_write_json(folder / "tokenizer_config.json", {
             "bos_token": self.bos_token, "eos_token": self.eos_token, "chat_template": template,
+            CACHE_FORMAT_KEY: CACHE_FORMAT,
         })
 
     # -- text ⇄ ids -----------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from llmserve.models.chat_template import ChatTemplateError
 from llmserve.models.model_source import cache_dir, load_tokenizer
-from llmserve.models.tokenizer import Tokenizer
+from llmserve.models.tokenizer import CACHE_FORMAT, Tokenizer
 from tests.helpers import make_tiny_gguf, make_tiny_llama
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
@@ -220,6 +220,9 @@ def test_a_gguf_ends_generation_where_llama_cpp_does(tiny_folder, tmp_path):
         tok = load_tokenizer(gguf, store)
         assert set(tok.eos_token_ids) == {tok.backend.token_to_id("<|im_end|>"), tok.backend.token_to_id("<|endoftext|>")}
         (cache_dir(gguf, store) / "generation_config.json").unlink(missing_ok=True)
+        config = cache_dir(gguf, store) / "tokenizer_config.json"
+        config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items()
+                                      if k != "llmserve_cache_format"}))  # as that version wrote it
     assert Tokenizer.from_folder(tiny_folder).eos_token_ids == (2,)  # a folder says its own
 
 
@@ -277,3 +280,12 @@ def test_a_gguf_s_named_tool_use_template_is_kept(tiny_folder, tmp_path):
     for _ in range(2):  # built, then from the cache
         tok = load_tokenizer(path, tmp_path / "store")
         assert tok.tool_chat_template == tool_use and tok.chat_template == Tokenizer.from_folder(tiny_folder).chat_template
+    # A cache an earlier version wrote (no format mark, no tool_use template) is rebuilt, not
+    # trusted: before, requests with tools rendered the default template until it was deleted.
+    [config] = (tmp_path / "store").rglob("tokenizer_config.json")
+    old = json.loads(config.read_text())
+    del old["llmserve_cache_format"]
+    old["chat_template"] = tok.chat_template
+    config.write_text(json.dumps(old))
+    assert load_tokenizer(path, tmp_path / "store").tool_chat_template == tool_use
+    assert json.loads(config.read_text())["llmserve_cache_format"] == CACHE_FORMAT  # and rewritten
