@@ -359,7 +359,7 @@ def _refuse_unsupported(engine_config: EngineConfig) -> None:
         return
     config, asked = refuse_unsupported(source), engine_config.max_model_len
     if config is not None and asked and asked > config.max_position_embeddings:
-        raise ValueError(f"--max-model-len {asked} is longer than the model's context "
+        raise ValueError(f"--max-model-len: {asked} is longer than the model's context "  # (the engine's words)
                          f"({config.max_position_embeddings} tokens)")
 
 
