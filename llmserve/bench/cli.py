@@ -173,11 +173,12 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_compare(args)
     console = Console()
     say = console.print
+    began = time.monotonic()  # one --ready-check-timeout-sec for the model list's wait and the test request's
     try:
         cfg = config_from_args(args, say)
         plan = prepare(cfg)
         assert plan.probe is not None
-        initial_test(cfg.endpoint, plan.probe, say)
+        initial_test(cfg.endpoint, plan.probe, say, since=began)
     except (ValueError, OSError, httpx.HTTPError) as e:
         why = flag_error(e, *(m for _, m in FLAG_GROUPS)) if isinstance(e, ValidationError) else str(e)
         console.print(f"[red]llmserve bench: {escape(why)}[/red]", soft_wrap=True)  # one line, however long

@@ -39,10 +39,11 @@ def unreachable(url: str, e: BaseException) -> str:
 
 
 def until_ready(attempt: Callable[[], T], timeout_s: float, url: str,
-                say: Callable[[str], None] | None = None) -> T:
+                say: Callable[[str], None] | None = None, since: float | None = None) -> T:
     """``attempt()`` until it returns; :class:`NotReady` is retried until ``timeout_s`` has
-    passed (then re-raised as a ValueError with its message), any other error is not."""
-    deadline = time.monotonic() + timeout_s
+    passed since ``since`` (a ``time.monotonic()``; default now), then re-raised as a
+    ValueError with its message; any other error is not."""
+    deadline = (time.monotonic() if since is None else since) + timeout_s
     waiting = False
     while True:
         try:
@@ -83,9 +84,11 @@ def first_served_model(endpoint: EndpointConfig, say: Callable[[str], None] | No
     return until_ready(ask, endpoint.ready_check_timeout_s, url, say)
 
 
-def initial_test(endpoint: EndpointConfig, probe: SampleRequest, say: Callable[[str], None] | None = None) -> None:
+def initial_test(endpoint: EndpointConfig, probe: SampleRequest, say: Callable[[str], None] | None = None,
+                 since: float | None = None) -> None:
     """One request before the run, as ``vllm bench serve`` sends: a server that is down or
-    refuses the request stops the run with one line, not a table of failures."""
+    refuses the request stops the run with one line, not a table of failures. ``since``: when
+    the wait began (the model list's wait before it counts against the same timeout)."""
 
     async def one():
         async with make_http_client(1) as client:
@@ -103,4 +106,4 @@ def initial_test(endpoint: EndpointConfig, probe: SampleRequest, say: Callable[[
             raise NotReady(failed)
         raise ValueError(failed)
 
-    until_ready(attempt, endpoint.ready_check_timeout_s, endpoint.url, say)
+    until_ready(attempt, endpoint.ready_check_timeout_s, endpoint.url, say, since)

@@ -64,7 +64,7 @@ def test_run_save_plot_and_compare(fake_server, tmp_path, tiny_tokenizer_dir, ca
 
 def test_all_failures_exit_nonzero_and_are_shown(fake_server, tmp_path, capsys, monkeypatch):
     # A server that answers the initial test request and then fails everything: the table shows it.
-    monkeypatch.setattr("llmserve.bench.cli.initial_test", lambda endpoint, probe, say: None)
+    monkeypatch.setattr("llmserve.bench.cli.initial_test", lambda endpoint, probe, say, since=None: None)
     out_file = tmp_path / "f.json"
     code = main(["--base-url", fake_server.url("/http500/v1"), "--model", "m", "--num-prompts", "4",
                  "--disable-tqdm", "--random-input-len", "4", "--save-result", str(out_file)])

@@ -157,3 +157,20 @@ def test_a_server_that_stays_down_stops_the_run_at_the_deadline(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith(f"Waiting up to 1.5 s for {base}/completions")
     assert f"cannot reach {base}/completions" in lines[-1] and "waited 1.5 s" in lines[-1]
+
+
+def test_the_test_requests_wait_counts_from_when_the_model_lists_wait_began():
+    """One --ready-check-timeout-sec for both waits (the model list's, then the test
+    request's): the second starts with what the first left, not a new timeout (2x before)."""
+    from llmserve.bench.ready import NotReady, until_ready
+
+    tries = []
+
+    def warming():
+        tries.append(time.monotonic())
+        raise NotReady("HTTP 503")
+
+    with pytest.raises(ValueError, match="HTTP 503"):  # the model list's wait used it all: one try, no sleep
+        until_ready(warming, 30.0, "http://x", since=time.monotonic() - 30.0)
+    assert len(tries) == 1
+    assert until_ready(lambda: "up", 30.0, "http://x", since=time.monotonic() - 60.0) == "up"  # ready: no wait
