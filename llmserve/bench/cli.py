@@ -59,7 +59,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
     def error(message: str) -> None:
         word = message.partition("argument {compare}: invalid choice: ")[2].rpartition(" (choose from")[0]
-        say(f"unrecognized arguments: {word.strip(chr(39))} (the value of an unknown flag? see --help)"
+        word = word.strip("'")
+        say(f"unrecognized arguments: {word} (the value of an unknown flag? see --help)"
             if word else message)
 
     parser.error = error  # type: ignore[method-assign]

@@ -40,8 +40,8 @@ def default_max_tokens(defaults: dict[str, Any], chat: bool, limit: int | None) 
 
 
 def room_capped(sp: Any, defaults: dict[str, Any], r: Any, prompts: list[list[int]], max_model_len: int) -> Any:
-    """The model's default ``max_tokens`` is a cap, as vLLM's (the smallest of it and the room
-    the context leaves, the shortest prompt's where there are several): a request that asked
+    """The model's default ``max_tokens`` is a cap, as vLLM's (the smaller of it and the room
+    the context leaves, the longest prompt's where there are several): a request that asked
     for no length is never refused for the model's recommendation. One it asked for is kept."""
     asked = r.max_tokens is not None or getattr(r, "max_completion_tokens", None) is not None
     if asked or "max_tokens" not in defaults or sp.max_tokens is None:
