@@ -8,6 +8,7 @@ runs the same thing standalone. :data:`EXAMPLES` is the help's epilog.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -113,9 +114,10 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("output")
     g.add_argument("--out", default=None, metavar="DIR", help="write summary.json, table.md and PNG plots here")
     g.add_argument("--no-plots", action="store_true")
-    g.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run the policies, and the static sizing's tries, N at a time in separate processes "
-                        "(results merged into one table)")
+    g.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="run the policies (the oracle too), and the static sizing's tries, N at a time in "
+                        "separate processes, results merged into one table (default: one per core, at most "
+                        "one per policy; 1: all in this process)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (simulated time, requests/s)")
 
     g = parser.add_argument_group("fidelity check (instead of a policy comparison)")
@@ -246,8 +248,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from llmserve.sim.oracle import oracle
-
     """Run every requested policy over the trace; print and optionally write the comparison."""
     if args.calibrate:
         return run_calibrate(args)
@@ -265,9 +265,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     if unknown or not policies:
         console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)} or oracle[/red]")
         return 2
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         console.print("[red]--jobs must be >= 1[/red]")
         return 2
+    cores = len(os.sched_getaffinity(0))
+    jobs = args.jobs or min(cores, len(policies))
     profile = profile_from_args(args)
     trace = trace_from_args(args)
     too_long = int(np.sum(trace.prompt_tokens + trace.output_tokens > profile.kv_capacity_tokens))
@@ -289,7 +291,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     static_n = static_instances(args.static_instances)
     if static_n is None and ("static" in policies or args.initial_instances is None):
         try:
-            static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log, jobs=args.jobs)
+            static_n, _ = size_static_for_peak(trace, profile, autoscale, sim, log=log, jobs=args.jobs or cores)
         except ValueError as e:
             if "static" in policies:
                 raise
@@ -298,11 +300,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     start = (args.initial_instances if args.initial_instances is not None
              else initial_instances(trace, static_n, autoscale.bounds.min_instances))
     static_n = static_n or 1  # not asked for and not sized: no run uses it
-    live = [p for p in policies if p != "oracle"]
     with RunProgress(trace.duration_s, console, enabled=not args.no_progress) as bars:
-        results = run_jobs(trace, profile, autoscale, sim, live, static_n, start, args.jobs, bars, log=log)
-    if "oracle" in policies:  # the schedule with perfect knowledge of the trace, for scale
-        results.append(oracle(trace, profile, autoscale, sim, target=args.oracle_target, log=log))
+        results = run_jobs(trace, profile, autoscale, sim, policies, static_n, start, jobs, bars, log=log,
+                           oracle_target=args.oracle_target)
     summaries = [r.summary for r in results]
     table_console = Console() if sys.stdout.isatty() else Console(width=200)
     print_comparison(summaries, title=f"{trace.name}, {profile.name}, cold start {profile.cold_start_s:g}s, "

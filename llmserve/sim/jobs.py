@@ -31,6 +31,7 @@ from llmserve.sim.simulator import SimConfig, Simulator
 from llmserve.sim.traces import Trace
 
 _ARRAYS = ("status", "ttft", "e2e")
+ORACLE = "oracle"  # beside the policies: the cheapest schedule that meets the SLO knowing the trace
 _progress: Any = None  # the child's end of the progress queue (set by its initializer)
 
 
@@ -40,7 +41,11 @@ def job(policy: str, static_n: int, start: int) -> tuple[str, int]:
 
 
 def simulate_one(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, policy: str, static_n: int,
-                 start: int, progress=None) -> SimResult:
+                 start: int, progress=None, oracle_target: float = 0.999, log=None) -> SimResult:
+    if policy == ORACLE:  # a schedule searched offline (several runs in turn), not a policy's config
+        from llmserve.sim.oracle import oracle
+
+        return oracle(trace, profile, base, sim, target=oracle_target, log=log)
     label, n0 = job(policy, static_n, start)
     cfg = base.model_copy(update={"policy": policy, "static": StaticConfig(instances=static_n)})
     s = Simulator(trace, profile, cfg, sim.model_copy(update={"initial_instances": n0}), label=label)
@@ -84,9 +89,11 @@ def _child(spec: dict) -> dict:
     label, _ = job(spec["policy"], spec["static_n"], spec["start"])
     q = _progress
     report = (lambda t, k: q.put((label, t, k))) if q is not None else None
+    said: list[str] = []  # the oracle's rounds, said by the parent once the run is back
     res = simulate_one(trace, profile, AutoscaleConfig.model_validate(spec["autoscale"]),
-                       SimConfig.model_validate(spec["sim"]), spec["policy"], spec["static_n"], spec["start"], report)
-    return to_plain(res)
+                       SimConfig.model_validate(spec["sim"]), spec["policy"], spec["static_n"], spec["start"], report,
+                       spec["oracle_target"], said.append)
+    return {**to_plain(res), "said": said}
 
 
 class RunProgress:
@@ -127,27 +134,32 @@ def _hms(t: float) -> str:
 
 def run_jobs(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig,
              policies: list[str], static_n: int, start: int, jobs: int, progress: RunProgress | None = None,
-             log=None) -> list[SimResult]:
-    """Every policy's run, ``jobs`` at a time; results in the order of ``policies``."""
-    return run_many(trace, profile, base, sim, [(p, static_n, start) for p in policies], jobs, progress, log=log)
+             log=None, oracle_target: float = 0.999) -> list[SimResult]:
+    """Every policy's run (``oracle`` too), ``jobs`` at a time; results in the order of ``policies``."""
+    return run_many(trace, profile, base, sim, [(p, static_n, start) for p in policies], jobs, progress, log=log,
+                    oracle_target=oracle_target)
 
 
 def run_many(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, runs: list[tuple[str, int, int]],
-             jobs: int, progress: RunProgress | None = None, log=None) -> list[SimResult]:
+             jobs: int, progress: RunProgress | None = None, log=None, oracle_target: float = 0.999
+             ) -> list[SimResult]:
     """``(policy, static size, starting size)`` runs, ``jobs`` at a time, results in order."""
     if jobs <= 1 or len(runs) <= 1:
         out = []
         for p, static_n, start in runs:
             cb = (lambda t, k, lb=job(p, static_n, start)[0]: progress.update(lb, t, k)) if progress else None
-            out.append(simulate_one(trace, profile, base, sim, p, static_n, start, cb))
+            out.append(simulate_one(trace, profile, base, sim, p, static_n, start, cb, oracle_target, log))
             _logged(out[-1], log)
         return out
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     plain_trace = {"name": trace.name, "duration_s": trace.duration_s, **_arrays(trace, _TRACE)}
     specs = [{"trace": plain_trace, "profile": profile.to_json(), "autoscale": base.model_dump(mode="json"),
-              "sim": sim.model_dump(mode="json"), "policy": p, "static_n": static_n, "start": start}
+              "sim": sim.model_dump(mode="json"), "policy": p, "static_n": static_n, "start": start,
+              "oracle_target": oracle_target}
              for p, static_n, start in runs]
+    # the oracle's rounds run one after another: it goes first, the policies' runs fill the other seats
+    order = sorted(range(len(specs)), key=lambda i: specs[i]["policy"] != ORACLE)
     done = threading.Event()
 
     def drain() -> None:  # progress from the children, shown here
@@ -163,15 +175,20 @@ def run_many(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, runs:
     reader.start()
     try:
         with ProcessPoolExecutor(min(jobs, len(specs)), mp_context=ctx, initializer=_init, initargs=(q,)) as pool:
-            plain = list(pool.map(_child, specs))
+            back = list(pool.map(_child, [specs[i] for i in order]))
     finally:
         done.set()
         reader.join()
+    plain = [d for _, d in sorted(zip(order, back), key=lambda x: x[0])]
+    del back
     results = []
     while plain:  # each child's raw bytes let go once converted: a 10 M day's are ~160 MB a run
-        results.append(from_plain(plain.pop(0), trace))
-    for r in results:
-        _logged(r, log)
+        d = plain.pop(0)
+        for line in d.pop("said"):
+            if log:
+                log(line)
+        results.append(from_plain(d, trace))
+        _logged(results[-1], log)
     return results
 
 
