@@ -62,6 +62,45 @@ class EngineProcHandle:
     ipc_dir: str
 
 
+IPC_PREFIX = "llmserve-engine-"
+
+
+def new_ipc_dir(tmp: str | None = None) -> str:
+    """A fresh folder for the two sockets, named after this process. A process killed before
+    its shutdown could remove its folder leaves it behind: folders of this user's processes
+    that are gone are removed first."""
+    import re
+    import shutil
+    import tempfile
+
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        m = re.fullmatch(re.escape(IPC_PREFIX) + r"(\d+)-\w+", name)
+        path = os.path.join(tmp, name)
+        if not m or _alive(int(m.group(1))):
+            continue
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-", dir=tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
 def can_fork() -> bool:
     """Fork only from a single-threaded process: a thread's held lock would be copied locked."""
     try:

@@ -374,8 +374,6 @@ def _engine_builder(engine_config: EngineConfig, own_process: bool) -> EngineSta
     if not core_proc.can_fork():
         log.warning("this process runs threads: the engine runs in a thread, not its own process")
         return lambda: InThreadEngine.start(lambda: build_engine(engine_config))
-    import tempfile
-
     try:
         tokenizer = load_engine_tokenizer(engine_config)  # before the fork: both sides share it
     except Exception as e:  # noqa: BLE001 - reported as the load failure, as in-thread
@@ -385,5 +383,5 @@ def _engine_builder(engine_config: EngineConfig, own_process: bool) -> EngineSta
             raise err
         return fail
     handle = core_proc.start(lambda: build_engine(engine_config, tokenizer),
-                             tempfile.mkdtemp(prefix="llmserve-engine-"))
+                             core_proc.new_ipc_dir())
     return lambda: MultiProcessEngine(handle, tokenizer).connect()

@@ -242,3 +242,22 @@ async def test_both_clients_are_one_seam_and_refuse_bad_input_alike(config):
     finally:
         local.shutdown()
         eng.shutdown()
+
+
+def test_socket_folders_of_killed_processes_are_removed_at_the_next_start(tmp_path):
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (reuse within the test is vanishingly unlikely)
+    dead = tmp_path / f"{core_proc.IPC_PREFIX}{gone.pid}-abc123"
+    live = tmp_path / f"{core_proc.IPC_PREFIX}{os.getppid()}-def456"
+    other = tmp_path / f"{core_proc.IPC_PREFIX}notapid"
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "in").touch()
+    fresh = core_proc.new_ipc_dir(str(tmp_path))
+    assert not dead.exists()
+    assert live.exists() and other.exists()  # a running process's, and a name it did not make
+    assert os.path.basename(fresh).startswith(f"{core_proc.IPC_PREFIX}{os.getpid()}-")
+    assert core_proc.new_ipc_dir(str(tmp_path)) != fresh and os.path.isdir(fresh)  # its own stays
