@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmserve.autoscale import AutoscaleConfig, StaticConfig
+from llmserve.sim.oracle import oracle
 from llmserve.sim.profile import InstanceProfile
 from llmserve.sim.results import SimResult, Summary
 from llmserve.sim.simulator import SimConfig, Simulator
@@ -43,8 +44,6 @@ def job(policy: str, static_n: int, start: int) -> tuple[str, int]:
 def simulate_one(trace: Trace, profile, base: AutoscaleConfig, sim: SimConfig, policy: str, static_n: int,
                  start: int, progress=None, oracle_target: float = 0.999, log=None) -> SimResult:
     if policy == ORACLE:  # a schedule searched offline (several runs in turn), not a policy's config
-        from llmserve.sim.oracle import oracle
-
         return oracle(trace, profile, base, sim, target=oracle_target, log=log)
     label, n0 = job(policy, static_n, start)
     cfg = base.model_copy(update={"policy": policy, "static": StaticConfig(instances=static_n)})
