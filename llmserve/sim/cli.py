@@ -8,7 +8,6 @@ runs the same thing standalone. :data:`EXAMPLES` is the help's epilog.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rich.console import Console
 
 from llmserve.autoscale import AutoscaleConfig, BoundsConfig, SLOConfig
 from llmserve.autoscale.config import POLICY_NAMES
+from llmserve.engine.threads import available_cores
 from llmserve.gateway.balancer import columns
 from llmserve.serve.deployment import deep_merge
 from llmserve.flags import add_flags, given
@@ -268,7 +268,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         console.print("[red]--jobs must be >= 1[/red]")
         return 2
-    cores = len(os.sched_getaffinity(0))
+    cores = available_cores()
     jobs = args.jobs or min(cores, len(policies))
     profile = profile_from_args(args)
     trace = trace_from_args(args)
