@@ -35,8 +35,11 @@ import ctypes
 import gc
 import logging
 import os
+import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -63,23 +66,20 @@ class EngineProcHandle:
 
 
 IPC_PREFIX = "llmserve-engine-"
+_IPC_NAME = re.compile(re.escape(IPC_PREFIX) + r"(\d+)-\w+")  # the owner's pid, then mkdtemp's suffix
 
 
 def new_ipc_dir(tmp: str | None = None) -> str:
     """A fresh folder for the two sockets, named after this process. A process killed before
     its shutdown could remove its folder leaves it behind: folders of this user's processes
     that are gone are removed first."""
-    import re
-    import shutil
-    import tempfile
-
     tmp = tmp or tempfile.gettempdir()
     try:
         names = os.listdir(tmp)
     except OSError:
         names = []
     for name in names:
-        m = re.fullmatch(re.escape(IPC_PREFIX) + r"(\d+)-\w+", name)
+        m = _IPC_NAME.fullmatch(name)
         path = os.path.join(tmp, name)
         if not m or _alive(int(m.group(1))):
             continue

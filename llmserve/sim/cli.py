@@ -25,7 +25,7 @@ from llmserve.sim.calibrate import calibrate, read_measurements
 from llmserve.sim.canary_power import add_canary_power_args, run_canary_power
 from llmserve.sim.cli_checks import check_simulate_args, lengths, static_instances
 from llmserve.sim.compare import initial_instances, size_static_for_peak
-from llmserve.sim.jobs import RunProgress, run_jobs
+from llmserve.sim.jobs import ORACLE, RunProgress, run_jobs
 from llmserve.sim.plots import write_plots
 from llmserve.sim.profile import BUILTIN_PROFILES, DEFAULT_PROFILE, load_profile, save_profile
 from llmserve.sim.report import markdown_table, print_comparison, write_summaries
@@ -261,7 +261,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         return run_canary_power(args)
     console = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in (*POLICY_NAMES, "oracle")]
+    unknown = [p for p in policies if p not in (*POLICY_NAMES, ORACLE)]
     if unknown or not policies:
         console.print(f"[red]unknown policies {unknown}; use {', '.join(POLICY_NAMES)} or oracle[/red]")
         return 2
